@@ -1,0 +1,342 @@
+"""Deterministic, resumable, process-sharded streams over random-access sources.
+
+The training input of lbjax is one global stream of examples: the concatenation of one permutation
+of the dataset per epoch. Stream position `k` holds example `perm(seed, k // N)[k % N]`, where `N` is
+the dataset size and `perm(seed, e) = np.random.default_rng([seed, e]).permutation(N)` (the identity
+when shuffling is off). A global batch of size `B` is the next `B` stream positions; it may straddle
+an epoch boundary, and `B` may change from one batch to the next (batch-size schedules). Process `p`
+of `P` receives positions `[p*B/P, (p+1)*B/P)` of each batch, so the content of the global batch does
+not depend on how many processes read it, and the whole state of the stream is one integer (examples
+consumed) plus the seed.
+
+Sources are anything with `__len__` and a vectorised `take(indices)`; `ArraySource` wraps in-memory
+numpy arrays. Per-example randomness (augmentation) is seeded from `(seed, stream position)` with
+`example_rngs`, so it is independent of the number of processes and of resumption.
+"""
+
+from collections.abc import Callable, Iterator, Mapping
+import math
+import numbers
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+Transform = Callable[[Batch, np.ndarray], Batch]
+
+# Domain tag that separates augmentation seeds from the epoch-permutation seeds `[seed, epoch]`.
+_EXAMPLE_RNG_TAG = 0x6C626A61
+
+
+@runtime_checkable
+class RandomAccessSource(Protocol):
+  """A dataset that can gather any set of examples at once.
+
+  `take(indices)` returns a dict of arrays whose leading dimension is `len(indices)`; row `i` is
+  example `indices[i]`.
+  """
+
+  def __len__(self) -> int:
+    ...
+
+  def take(self, indices: np.ndarray) -> Batch:
+    ...
+
+
+class ArraySource:
+  """Random-access source over in-memory arrays with equal leading dimensions.
+
+  Example: `ArraySource(images=x, labels=y)` with `x` of shape [N, 28, 28] and `y` of shape [N].
+  """
+
+  def __init__(self, **arrays: np.ndarray):
+    """Wraps `arrays` (name -> array, all with the same leading dimension N >= 1)."""
+    if not arrays:
+      raise ValueError(
+          "ArraySource needs at least one named array, e.g. ArraySource(images=x, labels=y).")
+    converted = {}
+    for name, array in arrays.items():
+      array = np.asarray(array)
+      if array.ndim == 0:
+        raise ValueError(
+            f"ArraySource array {name!r} is a scalar; every array needs a leading example "
+            "dimension.")
+      converted[name] = array
+    sizes = {name: array.shape[0] for name, array in converted.items()}
+    if len(set(sizes.values())) != 1:
+      raise ValueError(
+          f"ArraySource arrays must have equal leading dimensions (one row per example), got "
+          f"{sizes}.")
+    num_examples = next(iter(sizes.values()))
+    if num_examples == 0:
+      raise ValueError("ArraySource arrays are empty (leading dimension 0); a source needs "
+                       "at least one example.")
+    self._arrays = converted
+    self._num_examples = num_examples
+
+  @property
+  def arrays(self) -> Mapping[str, np.ndarray]:
+    """The wrapped arrays, by name (a new dict; the arrays themselves are not copied)."""
+    return dict(self._arrays)
+
+  def __len__(self) -> int:
+    return self._num_examples
+
+  def take(self, indices: np.ndarray) -> Batch:
+    """Gathers examples `indices` (1-D integer array, each in [0, N)) from every array."""
+    indices = np.asarray(indices)
+    if indices.ndim != 1 or not (indices.size == 0 or np.issubdtype(indices.dtype, np.integer)):
+      raise ValueError(
+          f"take() expects a 1-D integer index array, got shape {indices.shape} and dtype "
+          f"{indices.dtype}.")
+    if indices.size and (indices.min() < 0 or indices.max() >= self._num_examples):
+      raise IndexError(
+          f"take() indices must lie in [0, {self._num_examples}), got range "
+          f"[{indices.min()}, {indices.max()}].")
+    indices = indices.astype(np.int64, copy=False)
+    return {name: array[indices] for name, array in self._arrays.items()}
+
+  def __repr__(self) -> str:
+    fields = ", ".join(f"{k}={v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
+    return f"ArraySource({fields})"
+
+
+def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+  """Order of the examples in `epoch`: `np.random.default_rng([seed, epoch]).permutation(N)`."""
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def example_rngs(seed: int, positions: np.ndarray) -> list[np.random.Generator]:
+  """One independent generator per stream position, seeded from `(seed, position)` only.
+
+  Use inside a `TrainStream` transform for per-example augmentation: the random draws of an
+  example then depend only on the seed and its stream position, not on the number of processes,
+  the batch it landed in, or whether the run was resumed.
+
+  Args:
+    seed: a non-negative integer, normally the stream's seed.
+    positions: 1-D integer array of stream positions (the transform's second argument).
+
+  Returns:
+    A list of `np.random.Generator`, one per position, in order.
+  """
+  _check_seed(seed)
+  positions = np.asarray(positions)
+  if positions.ndim != 1:
+    raise ValueError(f"positions must be a 1-D array, got shape {positions.shape}.")
+  return [np.random.default_rng([seed, _EXAMPLE_RNG_TAG, int(p)]) for p in positions]
+
+
+def _check_seed(seed: Any) -> None:
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+
+
+def _check_source(source: Any) -> int:
+  if not (hasattr(source, "take") and hasattr(source, "__len__")):
+    raise TypeError(
+        f"source must have __len__ and take(indices) (see lbjax.data.RandomAccessSource), got "
+        f"{type(source).__name__}. Wrap in-memory arrays with lbjax.data.ArraySource(...).")
+  num_examples = len(source)
+  if num_examples <= 0:
+    raise ValueError(f"source is empty (len(source) == {num_examples}).")
+  return num_examples
+
+
+def _check_processes(process_index: Any, process_count: Any) -> None:
+  for name, value in (("process_index", process_index), ("process_count", process_count)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+      raise TypeError(f"{name} must be an integer, got {value!r}.")
+  if process_count < 1:
+    raise ValueError(f"process_count must be >= 1, got {process_count}.")
+  if not 0 <= process_index < process_count:
+    raise ValueError(
+        f"process_index must lie in [0, process_count={process_count}), got {process_index}.")
+
+
+def _check_global_batch_size(global_batch_size: Any, process_count: int) -> None:
+  if (isinstance(global_batch_size, bool) or not isinstance(global_batch_size, numbers.Integral)
+      or global_batch_size < 1):
+    raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}.")
+  if global_batch_size % process_count:
+    raise ValueError(
+        f"global_batch_size={global_batch_size} is not divisible by process_count="
+        f"{process_count}; every process must get an equal share. Choose a batch size that is a "
+        f"multiple of {process_count}.")
+
+
+def _apply_transform(transform: Transform | None, examples: Batch, positions: np.ndarray) -> Batch:
+  if transform is None:
+    return examples
+  out = transform(examples, positions)
+  if not isinstance(out, Mapping):
+    raise TypeError(
+        f"transform must return a dict of arrays, got {type(out).__name__}.")
+  out = {name: np.asarray(value) for name, value in out.items()}
+  for name, value in out.items():
+    if value.ndim == 0 or value.shape[0] != len(positions):
+      raise ValueError(
+          f"transform output {name!r} has shape {value.shape}; expected a leading dimension of "
+          f"{len(positions)} (one row per example).")
+  return out
+
+
+class TrainStream:
+  """Deterministic, resumable, process-sharded stream of training batches whose size may change.
+
+  Stream position `k` is example `perm(seed, k // N)[k % N]` with `perm` from `epoch_permutation`
+  (identity if `shuffle=False`). `next_batch(B)` consumes the next `B` positions; this process gets
+  positions `[p*B/P, (p+1)*B/P)` of them. The state is `examples_consumed` (global), so a stream
+  saved with `P` processes resumes exactly with any other process count.
+  """
+
+  def __init__(self, source: RandomAccessSource, *, seed: int, process_index: int = 0,
+               process_count: int = 1, shuffle: bool = True, transform: Transform | None = None):
+    """Creates the stream at position 0.
+
+    Args:
+      source: a `RandomAccessSource` (e.g. `ArraySource`).
+      seed: non-negative integer; determines the epoch permutations.
+      process_index: this process's index p in [0, process_count).
+      process_count: number of processes P reading the same global stream.
+      shuffle: permute each epoch (True) or read examples in order (False).
+      transform: optional `transform(examples, stream_positions) -> examples`, applied to this
+        process's share of each batch; seed per-example randomness with `example_rngs`.
+    """
+    self.num_examples: int = _check_source(source)
+    _check_seed(seed)
+    _check_processes(process_index, process_count)
+    if transform is not None and not callable(transform):
+      raise TypeError(f"transform must be callable or None, got {type(transform).__name__}.")
+    self._source = source
+    self._seed = int(seed)
+    self._process_index = int(process_index)
+    self._process_count = int(process_count)
+    self._shuffle = bool(shuffle)
+    self._transform = transform
+    self._examples_consumed = 0
+    self._permutations: dict[int, np.ndarray] = {}
+
+  @property
+  def seed(self) -> int:
+    """The seed of the epoch permutations."""
+    return self._seed
+
+  @property
+  def examples_consumed(self) -> int:
+    """Global number of stream positions consumed so far (all processes together)."""
+    return self._examples_consumed
+
+  def epoch(self) -> float:
+    """Exact position of the next batch in epochs: examples consumed / num_examples."""
+    return self._examples_consumed / self.num_examples
+
+  def example_indices(self, positions: np.ndarray) -> np.ndarray:
+    """Dataset indices of the examples at global stream `positions` (1-D non-negative ints)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if not self._shuffle:
+      return positions % self.num_examples
+    epochs = positions // self.num_examples
+    offsets = positions % self.num_examples
+    indices = np.empty_like(positions)
+    for epoch in np.unique(epochs):
+      in_epoch = epochs == epoch
+      indices[in_epoch] = self._permutation(int(epoch))[offsets[in_epoch]]
+    return indices
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if epoch not in self._permutations:
+      if len(self._permutations) >= 2:
+        del self._permutations[min(self._permutations)]
+      self._permutations[epoch] = epoch_permutation(self._seed, epoch, self.num_examples)
+    return self._permutations[epoch]
+
+  def next_batch(self, global_batch_size: int) -> Batch:
+    """Consumes the next `global_batch_size` positions; returns this process's share.
+
+    Args:
+      global_batch_size: size B of the global batch; must be divisible by process_count.
+
+    Returns:
+      Dict of host-local numpy arrays with leading dimension B / process_count, ready for
+      `jax.make_array_from_process_local_data`.
+    """
+    _check_global_batch_size(global_batch_size, self._process_count)
+    share = global_batch_size // self._process_count
+    start = self._examples_consumed + self._process_index * share
+    positions = np.arange(start, start + share, dtype=np.int64)
+    examples = self._source.take(self.example_indices(positions))
+    examples = _apply_transform(self._transform, examples, positions)
+    self._examples_consumed += int(global_batch_size)
+    return examples
+
+  def get_state(self) -> dict[str, int]:
+    """JSON-serialisable state: examples consumed plus what the positions depend on."""
+    return {
+        "examples_consumed": self._examples_consumed,
+        "seed": self._seed,
+        "num_examples": self.num_examples,
+        "shuffle": int(self._shuffle),
+    }
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    """Restores a state from `get_state`; raises if it belongs to another seed/dataset/order."""
+    expected = self.get_state()
+    if not isinstance(state, Mapping) or set(state) != set(expected):
+      raise ValueError(
+          f"TrainStream state must be a dict with keys {sorted(expected)}, got "
+          f"{state!r}. Pass the dict returned by TrainStream.get_state().")
+    for key in ("seed", "num_examples", "shuffle"):
+      if int(state[key]) != expected[key]:
+        raise ValueError(
+            f"TrainStream state does not fit this stream: state {key}={state[key]!r} but the "
+            f"stream has {key}={expected[key]!r}. Restore it into a stream built with the same "
+            "dataset, seed and shuffle setting.")
+    consumed = state["examples_consumed"]
+    if isinstance(consumed, bool) or not isinstance(consumed, numbers.Integral) or consumed < 0:
+      raise ValueError(
+          f"TrainStream state examples_consumed must be a non-negative integer, got {consumed!r}.")
+    self._examples_consumed = int(consumed)
+
+
+def eval_batches(source: RandomAccessSource, global_batch_size: int, *, process_index: int = 0,
+                 process_count: int = 1, transform: Transform | None = None) -> Iterator[Batch]:
+  """Every example of `source` exactly once, in order, in padded fixed-size batches.
+
+  Global batch `i` covers dataset indices `[i*B, (i+1)*B)`; this process gets `[p*B/P, (p+1)*B/P)`
+  of it. Indices past the end are padding: they repeat the last example and have `mask` 0. All
+  processes yield the same number of batches, `ceil(N / B)`.
+
+  Args:
+    source: a `RandomAccessSource`; must not already have a field named `mask`.
+    global_batch_size: B, divisible by process_count.
+    process_index: this process's index p.
+    process_count: number of processes P.
+    transform: optional `transform(examples, indices) -> examples` (deterministic preprocessing).
+
+  Yields:
+    This process's share of each batch plus `mask`, float32 [B/P] (1 real, 0 padding).
+  """
+  num_examples = _check_source(source)
+  _check_processes(process_index, process_count)
+  _check_global_batch_size(global_batch_size, process_count)
+  if transform is not None and not callable(transform):
+    raise TypeError(f"transform must be callable or None, got {type(transform).__name__}.")
+  return _eval_batches(source, num_examples, global_batch_size, process_index, process_count,
+                       transform)
+
+
+def _eval_batches(source, num_examples, global_batch_size, process_index, process_count,
+                  transform) -> Iterator[Batch]:
+  share = global_batch_size // process_count
+  for batch in range(math.ceil(num_examples / global_batch_size)):
+    start = batch * global_batch_size + process_index * share
+    indices = np.arange(start, start + share, dtype=np.int64)
+    real = indices < num_examples
+    indices = np.minimum(indices, num_examples - 1)
+    examples = _apply_transform(transform, source.take(indices), indices)
+    if "mask" in examples:
+      raise ValueError("eval_batches adds a 'mask' field, but the examples already have one; "
+                       "rename the source's 'mask' field.")
+    examples["mask"] = real.astype(np.float32)
+    yield examples
