@@ -1,0 +1,123 @@
+"""Ghost batch normalisation: BatchNorm whose training statistics come from fixed-size groups.
+
+Ioffe & Szegedy's BatchNorm (cited by papers/000 §3 for AlexNet-BN and ResNet-50) normalises each
+channel with the mean and variance of the batch. In the papers' data-parallel runs every replica
+normalises its own share of the batch, so the statistics depend on the per-replica batch, not on the
+global one. `GhostBatchNorm` makes that explicit and independent of the device count: with
+`group_size=g`, a training batch of `N = k*g` examples is split into `k` groups of `g` consecutive
+examples and each group is normalised with its own statistics (Hoffer et al. 2017, "ghost batch
+normalisation", cited by papers/000 §2).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lbjax.models import validation
+
+
+class GhostBatchNorm(nnx.Module):
+  """BatchNorm over the last (channel) axis with per-group statistics in training.
+
+  Training, for each group `G` of `g` consecutive examples and channel `c` (all other axes are
+  reduced as well, e.g. height and width of an NHWC image):
+
+    mu_G = mean_{n in G, spatial} x,   var_G = mean_{n in G, spatial} (x - mu_G)^2   (biased)
+    y = scale * (x - mu_G) / sqrt(var_G + epsilon) + bias
+
+  and the running averages move towards the mean over the `k = N/g` groups:
+
+    running_mean <- momentum * running_mean + (1 - momentum) * mean_G mu_G
+    running_var  <- momentum * running_var  + (1 - momentum) * mean_G var_G
+
+  Evaluation normalises with `running_mean` and `running_var`. `group_size=None` uses the whole
+  batch as one group (plain BatchNorm). Statistics are computed in float32 whatever `dtype` is;
+  the output is cast to `dtype`.
+
+  Attributes:
+    scale: `nnx.Param` [C], initialised to ones (or zeros with `zero_init_scale=True`).
+    bias: `nnx.Param` [C], initialised to zeros.
+    running_mean: `nnx.BatchStat` [C], initialised to zeros.
+    running_var: `nnx.BatchStat` [C], initialised to ones.
+  """
+
+  def __init__(self, num_features: int, *, group_size: int | None = None,
+               momentum: float = 0.9, epsilon: float = 1e-5,
+               zero_init_scale: bool = False, dtype: jnp.dtype = jnp.float32,
+               param_dtype: jnp.dtype = jnp.float32):
+    """Creates the layer.
+
+    Args:
+      num_features: number of channels C (size of the last input axis).
+      group_size: examples per normalisation group in training; None for the whole batch.
+      momentum: decay of the running averages, in [0, 1).
+      epsilon: added to the variance before the square root, > 0.
+      zero_init_scale: initialise `scale` to zeros (used for the last BN of a residual branch).
+      dtype: dtype of the output.
+      param_dtype: dtype of the parameters and running statistics.
+
+    Raises:
+      ValueError: on a non-positive `num_features`/`group_size`, `momentum` outside [0, 1) or a
+        non-positive `epsilon`.
+    """
+    validation.check_positive_int("num_features", num_features)
+    if group_size is not None:
+      validation.check_positive_int("group_size (None for the whole batch)", group_size)
+    if not 0.0 <= momentum < 1.0:
+      raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
+    if not epsilon > 0.0:
+      raise ValueError(f"epsilon must be > 0, got {epsilon!r}.")
+    self.num_features = num_features
+    self.group_size = group_size
+    self.momentum = momentum
+    self.epsilon = epsilon
+    self.dtype = dtype
+    scale_init = jnp.zeros if zero_init_scale else jnp.ones
+    self.scale = nnx.Param(scale_init((num_features,), param_dtype))
+    self.bias = nnx.Param(jnp.zeros((num_features,), param_dtype))
+    self.running_mean = nnx.BatchStat(jnp.zeros((num_features,), param_dtype))
+    self.running_var = nnx.BatchStat(jnp.ones((num_features,), param_dtype))
+
+  def check_batch(self, batch_size: int) -> None:
+    """Raises a `ValueError` if a training batch of `batch_size` cannot be split into groups."""
+    if self.group_size is not None and batch_size % self.group_size:
+      raise ValueError(
+          f"The batch size {batch_size} is not divisible by the BatchNorm group size "
+          f"{self.group_size}; use a batch that is a multiple of {self.group_size} or change "
+          "the group size (bn_group_size).")
+
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """Normalises `x` of shape [N, ..., C]; updates the running averages when `train`."""
+    if x.ndim < 2 or x.shape[-1] != self.num_features:
+      raise ValueError(
+          f"GhostBatchNorm expects an input of shape [N, ..., {self.num_features}], "
+          f"got shape {x.shape}.")
+    x32 = x.astype(jnp.float32)
+    scale = self.scale[...].astype(jnp.float32)
+    bias = self.bias[...].astype(jnp.float32)
+    if not train:
+      mean = self.running_mean[...].astype(jnp.float32)
+      var = self.running_var[...].astype(jnp.float32)
+      y = (x32 - mean) * (scale * jax.lax.rsqrt(var + self.epsilon)) + bias
+      return y.astype(self.dtype)
+
+    batch_size = x.shape[0]
+    self.check_batch(batch_size)
+    group_size = self.group_size or batch_size
+    grouped = x32.reshape((batch_size // group_size, group_size) + x.shape[1:])
+    # Per group: reduce over the examples of the group and every non-channel axis.
+    reduce_axes = tuple(range(1, grouped.ndim - 1))
+    group_mean = jnp.mean(grouped, axis=reduce_axes, keepdims=True)
+    group_var = jnp.mean(jnp.square(grouped - group_mean), axis=reduce_axes, keepdims=True)
+    y = (grouped - group_mean) * (scale * jax.lax.rsqrt(group_var + self.epsilon)) + bias
+
+    channels = self.num_features
+    mean_over_groups = jnp.mean(group_mean.reshape(-1, channels), axis=0)
+    var_over_groups = jnp.mean(group_var.reshape(-1, channels), axis=0)
+    m = self.momentum
+    stat_dtype = self.running_mean[...].dtype
+    self.running_mean[...] = (
+        m * self.running_mean[...] + (1.0 - m) * mean_over_groups).astype(stat_dtype)
+    self.running_var[...] = (
+        m * self.running_var[...] + (1.0 - m) * var_over_groups).astype(stat_dtype)
+    return y.reshape(x.shape).astype(self.dtype)

@@ -1,0 +1,101 @@
+"""The LSTM cell of papers/001 §5.1: TensorFlow's BasicLSTMCell with one fused kernel.
+
+For input x_t [N, D] and carry (c_{t-1}, h_{t-1}) [N, H] each:
+
+  [i, j, f, o] = split([x_t, h_{t-1}] @ W + b, 4)          W: [D+H, 4H], b: [4H]
+  c_t = c_{t-1} * sigmoid(f + forget_bias) + sigmoid(i) * tanh(j)
+  h_t = tanh(c_t) * sigmoid(o)
+
+So the MNIST model's cell kernel (D = H = 128) is the 256x512 matrix of §5.1.1 and each PTB layer's
+(D = H = 200) the 400x800 matrix of §5.1.2.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lbjax.models import validation
+
+LSTMCarry = tuple[jax.Array, jax.Array]
+
+
+def lstm_step(kernel: jax.Array, bias: jax.Array, carry: LSTMCarry, x: jax.Array,
+              forget_bias: float) -> tuple[LSTMCarry, jax.Array]:
+  """One BasicLSTMCell step (formula in the module docstring); returns ((c_t, h_t), h_t)."""
+  c, h = carry
+  gates = jnp.concatenate([x, h], axis=-1) @ kernel + bias
+  i, j, f, o = jnp.split(gates, 4, axis=-1)
+  new_c = c * jax.nn.sigmoid(f + forget_bias) + jax.nn.sigmoid(i) * jnp.tanh(j)
+  new_h = jnp.tanh(new_c) * jax.nn.sigmoid(o)
+  return (new_c, new_h), new_h
+
+
+class LSTMCell(nnx.Module):
+  """BasicLSTMCell with a fused [input_size + hidden_size, 4*hidden_size] kernel (gates i, j, f, o).
+
+  Attributes:
+    kernel: `nnx.Param` [input_size + hidden_size, 4 * hidden_size], Glorot-uniform (TensorFlow's
+      default for this cell).
+    bias: `nnx.Param` [4 * hidden_size], zeros; `forget_bias` is added to f on top of it.
+  """
+
+  def __init__(self, input_size: int, hidden_size: int, *, forget_bias: float = 1.0,
+               rngs: nnx.Rngs):
+    """Creates the cell.
+
+    Args:
+      input_size: size D of x_t.
+      hidden_size: size H of c_t and h_t.
+      forget_bias: constant added to the forget-gate pre-activation (1.0 in BasicLSTMCell).
+      rngs: `nnx.Rngs` for the kernel initialisation.
+
+    Raises:
+      ValueError: on non-positive sizes.
+    """
+    validation.check_positive_int("input_size", input_size)
+    validation.check_positive_int("hidden_size", hidden_size)
+    self.input_size = input_size
+    self.hidden_size = hidden_size
+    self.forget_bias = float(forget_bias)
+    self.kernel = nnx.Param(jax.nn.initializers.glorot_uniform()(
+        rngs.params(), (input_size + hidden_size, 4 * hidden_size), jnp.float32))
+    self.bias = nnx.Param(jnp.zeros((4 * hidden_size,), jnp.float32))
+
+  def initial_carry(self, batch_size: int) -> LSTMCarry:
+    """Zero (c, h), each [batch_size, hidden_size] float32."""
+    validation.check_positive_int("batch_size", batch_size)
+    zeros = jnp.zeros((batch_size, self.hidden_size), jnp.float32)
+    return zeros, zeros
+
+  def _check(self, carry: LSTMCarry, inputs: jax.Array, expected: str) -> None:
+    if inputs.shape[-1] != self.input_size:
+      raise ValueError(f"LSTMCell expects inputs of shape {expected}, got shape {inputs.shape}.")
+    expected_carry = (inputs.shape[0], self.hidden_size)
+    if (not isinstance(carry, tuple) or len(carry) != 2
+        or any(getattr(a, "shape", None) != expected_carry for a in carry)):
+      shapes = jax.tree.map(jnp.shape, carry)
+      raise ValueError(
+          f"LSTMCell expects a carry (c, h) of two arrays of shape {list(expected_carry)}, "
+          f"got {shapes}; build it with `initial_carry(batch_size)`.")
+
+  def __call__(self, carry: LSTMCarry, x: jax.Array) -> tuple[LSTMCarry, jax.Array]:
+    """One step: x [N, input_size] -> ((c_t, h_t), h_t)."""
+    if getattr(x, "ndim", None) != 2:
+      raise ValueError(f"LSTMCell expects x of shape [N, {self.input_size}], got shape "
+                       f"{getattr(x, 'shape', None)}.")
+    self._check(carry, x, f"[N, {self.input_size}]")
+    return lstm_step(self.kernel[...], self.bias[...], carry, x, self.forget_bias)
+
+  def unroll(self, carry: LSTMCarry, inputs: jax.Array) -> tuple[LSTMCarry, jax.Array]:
+    """Runs the cell over time with `jax.lax.scan`: inputs [N, T, input_size] -> (carry_T, [N, T, H])."""
+    if getattr(inputs, "ndim", None) != 3:
+      raise ValueError(f"LSTMCell.unroll expects inputs of shape [N, T, {self.input_size}], "
+                       f"got shape {getattr(inputs, 'shape', None)}.")
+    self._check(carry, inputs, f"[N, T, {self.input_size}]")
+    kernel, bias = self.kernel[...], self.bias[...]
+
+    def step(carry, x):
+      return lstm_step(kernel, bias, carry, x, self.forget_bias)
+
+    carry, outputs = jax.lax.scan(step, carry, jnp.swapaxes(inputs, 0, 1))
+    return carry, jnp.swapaxes(outputs, 0, 1)

@@ -1,0 +1,126 @@
+"""The two-layer word-level PTB language model of papers/001 §5.1.2 (Zaremba et al. 2014, "small").
+
+Tokens are embedded into 200 features, run through two 200-unit BasicLSTMCell layers (each cell
+kernel a 400x800 matrix plus an 800 bias) and projected onto the 10,000-word vocabulary:
+
+  e_t = E[w_t],  h^1_t = LSTM_1(h^1_{t-1}, D(e_t)),  h^2_t = LSTM_2(h^2_{t-1}, D(h^1_t)),
+  logits_t = D(h^2_t) @ W + b
+
+where D is dropout (Zaremba et al.: on the non-recurrent connections only), active only in
+training with `dropout_rate > 0`. Parameters with the defaults:
+10000*200 + 2*(400*800 + 800) + 200*10000 + 10000 = 4,651,600.
+
+The carry (c, h) of every layer is an explicit input and output, so truncated back-propagation
+through time carries it across consecutive batches of one epoch; the incoming carry is passed
+through `jax.lax.stop_gradient`, so gradients never flow into the previous batch.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lbjax.models import validation
+from lbjax.models.lstm_cell import LSTMCarry, LSTMCell
+
+PtbCarry = tuple[LSTMCarry, ...]
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+  """Inverted dropout: zero with probability `rate`, scale the kept entries by 1/(1 - rate)."""
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+class PtbLSTM(nnx.Module):
+  """Embedding -> `num_layers` LSTM layers -> softmax layer over the vocabulary."""
+
+  def __init__(self, vocab_size: int = 10000, embed_size: int = 200, hidden_size: int = 200,
+               num_layers: int = 2, dropout_rate: float = 0.0, *, rngs: nnx.Rngs):
+    """Builds the model.
+
+    Args:
+      vocab_size: number of words V.
+      embed_size: word-embedding size.
+      hidden_size: units per LSTM layer.
+      num_layers: number of stacked LSTM layers.
+      dropout_rate: probability of dropping an activation on the non-recurrent connections
+        (embedding output, between layers, before the softmax layer), in [0, 1).
+      rngs: `nnx.Rngs` for parameter initialisation.
+
+    Raises:
+      ValueError: on non-positive sizes or `dropout_rate` outside [0, 1).
+    """
+    validation.check_positive_int("vocab_size", vocab_size)
+    validation.check_positive_int("embed_size", embed_size)
+    validation.check_positive_int("hidden_size", hidden_size)
+    validation.check_positive_int("num_layers", num_layers)
+    if not 0.0 <= dropout_rate < 1.0:
+      raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate!r}.")
+    self.vocab_size = vocab_size
+    self.hidden_size = hidden_size
+    self.num_layers = num_layers
+    self.dropout_rate = float(dropout_rate)
+    self.embed = nnx.Embed(vocab_size, embed_size, rngs=rngs)
+    self.layers = nnx.List([
+        LSTMCell(embed_size if i == 0 else hidden_size, hidden_size, forget_bias=1.0, rngs=rngs)
+        for i in range(num_layers)])
+    self.softmax = nnx.Linear(hidden_size, vocab_size, rngs=rngs)
+
+  def initial_carry(self, batch_size: int) -> PtbCarry:
+    """Zero carry: one (c, h) pair of [batch_size, hidden_size] float32 arrays per layer."""
+    return tuple(layer.initial_carry(batch_size) for layer in self.layers)
+
+  def _check_carry(self, carry: object, batch_size: int) -> None:
+    expected = (batch_size, self.hidden_size)
+    ok = (isinstance(carry, (tuple, list)) and len(carry) == self.num_layers
+          and all(isinstance(pair, (tuple, list)) and len(pair) == 2
+                  and all(getattr(a, "shape", None) == expected for a in pair)
+                  for pair in carry))
+    if not ok:
+      raise ValueError(
+          f"PtbLSTM expects a carry of {self.num_layers} (c, h) pairs of arrays of shape "
+          f"{list(expected)}, got {jax.tree.map(jnp.shape, carry)}; build it with "
+          "`initial_carry(batch_size)`.")
+
+  def __call__(self, tokens: jax.Array, carry: PtbCarry, *, train: bool,
+               dropout_key: jax.Array | None = None) -> tuple[jax.Array, PtbCarry]:
+    """Runs the model over a [N, T] int block of tokens.
+
+    Args:
+      tokens: [N, T] integer word ids in [0, vocab_size).
+      carry: the state after the previous block (or `initial_carry(N)`).
+      train: enables dropout when `dropout_rate > 0`.
+      dropout_key: PRNG key for dropout; required when `train` and `dropout_rate > 0`.
+
+    Returns:
+      (logits [N, T, vocab_size] float32, new carry).
+
+    Raises:
+      ValueError: on a wrong token rank/dtype, a malformed carry or a missing `dropout_key`.
+    """
+    shape = getattr(tokens, "shape", None)
+    if shape is None or len(shape) != 2 or shape[1] == 0:
+      raise ValueError(f"PtbLSTM expects tokens of shape [N, T] (T >= 1), got shape {shape}.")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f"PtbLSTM expects integer tokens of shape [N, T], got dtype "
+                       f"{tokens.dtype}; convert with `.astype(jnp.int32)`.")
+    self._check_carry(carry, shape[0])
+    use_dropout = train and self.dropout_rate > 0.0
+    if use_dropout and dropout_key is None:
+      raise ValueError(
+          f"PtbLSTM with dropout_rate={self.dropout_rate} needs a dropout_key when train=True; "
+          "pass `dropout_key=jax.random.key(...)` (a fresh key per step).")
+    keys = (jax.random.split(dropout_key, self.num_layers + 1) if use_dropout
+            else [None] * (self.num_layers + 1))
+
+    def maybe_dropout(x, key):
+      return _dropout(x, self.dropout_rate, key) if use_dropout else x
+
+    x = maybe_dropout(self.embed(tokens), keys[0])
+    new_carry = []
+    for layer, layer_carry, key in zip(self.layers, carry, keys[1:]):
+      layer_carry = jax.tree.map(jax.lax.stop_gradient, tuple(layer_carry))
+      layer_carry, x = layer.unroll(layer_carry, x)
+      new_carry.append(layer_carry)
+      x = maybe_dropout(x, key)
+    return self.softmax(x).astype(jnp.float32), tuple(new_carry)

@@ -1,0 +1,238 @@
+"""ResNet v1.5 (He et al. 2016, as trained with LARS in papers/000 §5 and LEGW in papers/001 §5.2).
+
+"v1.5" is ResNet v1 with the stride of a downsampling bottleneck block in its 3x3 convolution rather
+than in the first 1x1 (as in torchvision and the flax examples). Convolutions have no bias (each is
+followed by BatchNorm); padding is symmetric like torchvision's (3 for the 7x7 stem, 1 for 3x3), so
+ResNet-50 with 1000 classes has exactly 25,557,032 parameters.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lbjax.models import validation
+from lbjax.models.batch_norm import GhostBatchNorm
+
+BLOCK_TYPES = ("bottleneck", "basic")
+
+# He et al. (2015) initialisation, as torchvision: N(0, 2 / (k*k*out_channels)).
+_conv_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+class _BNSettings:
+  """The BatchNorm/dtype settings every block of one ResNet shares."""
+
+  def __init__(self, group_size, momentum, epsilon, zero_init_last, dtype, param_dtype):
+    self.group_size = group_size
+    self.momentum = momentum
+    self.epsilon = epsilon
+    self.zero_init_last = zero_init_last
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+
+  def batch_norm(self, features: int, *, last: bool = False) -> GhostBatchNorm:
+    return GhostBatchNorm(
+        features, group_size=self.group_size, momentum=self.momentum, epsilon=self.epsilon,
+        zero_init_scale=last and self.zero_init_last, dtype=self.dtype,
+        param_dtype=self.param_dtype)
+
+  def conv(self, in_features: int, out_features: int, kernel_size: int, stride: int,
+           rngs: nnx.Rngs) -> nnx.Conv:
+    pad = (kernel_size - 1) // 2
+    return nnx.Conv(
+        in_features, out_features, (kernel_size, kernel_size), strides=(stride, stride),
+        padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=_conv_init,
+        dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
+
+
+class _Shortcut(nnx.Module):
+  """Projection shortcut: 1x1 convolution with stride, then BatchNorm."""
+
+  def __init__(self, in_features: int, out_features: int, stride: int,
+               settings: _BNSettings, rngs: nnx.Rngs):
+    self.conv = settings.conv(in_features, out_features, 1, stride, rngs)
+    self.bn = settings.batch_norm(out_features)
+
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    return self.bn(self.conv(x), train=train)
+
+
+class BottleneckBlock(nnx.Module):
+  """1x1 (f) -> 3x3 (f, stride) -> 1x1 (4f) with BN after each conv, plus the shortcut.
+
+  out = relu(BN3(conv3(relu(BN2(conv2(relu(BN1(conv1(x)))))))) + shortcut(x)), where shortcut is
+  the identity when shapes agree and a strided 1x1 projection with BN otherwise.
+  """
+
+  expansion = 4
+
+  def __init__(self, in_features: int, features: int, stride: int,
+               settings: _BNSettings, rngs: nnx.Rngs):
+    out_features = features * self.expansion
+    self.conv1 = settings.conv(in_features, features, 1, 1, rngs)
+    self.bn1 = settings.batch_norm(features)
+    self.conv2 = settings.conv(features, features, 3, stride, rngs)
+    self.bn2 = settings.batch_norm(features)
+    self.conv3 = settings.conv(features, out_features, 1, 1, rngs)
+    self.bn3 = settings.batch_norm(out_features, last=True)
+    self.shortcut = (_Shortcut(in_features, out_features, stride, settings, rngs)
+                     if stride != 1 or in_features != out_features else None)
+
+  def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """The residual branch F(x) (before the addition)."""
+    y = nnx.relu(self.bn1(self.conv1(x), train=train))
+    y = nnx.relu(self.bn2(self.conv2(y), train=train))
+    return self.bn3(self.conv3(y), train=train)
+
+  def shortcut_path(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """The shortcut branch: identity or projection."""
+    return x if self.shortcut is None else self.shortcut(x, train=train)
+
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    return nnx.relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
+
+
+class BasicBlock(nnx.Module):
+  """3x3 (f, stride) -> 3x3 (f) with BN after each conv, plus the shortcut (ResNet-18/34).
+
+  out = relu(BN2(conv2(relu(BN1(conv1(x))))) + shortcut(x)).
+  """
+
+  expansion = 1
+
+  def __init__(self, in_features: int, features: int, stride: int,
+               settings: _BNSettings, rngs: nnx.Rngs):
+    self.conv1 = settings.conv(in_features, features, 3, stride, rngs)
+    self.bn1 = settings.batch_norm(features)
+    self.conv2 = settings.conv(features, features, 3, 1, rngs)
+    self.bn2 = settings.batch_norm(features, last=True)
+    self.shortcut = (_Shortcut(in_features, features, stride, settings, rngs)
+                     if stride != 1 or in_features != features else None)
+
+  def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """The residual branch F(x) (before the addition)."""
+    y = nnx.relu(self.bn1(self.conv1(x), train=train))
+    return self.bn2(self.conv2(y), train=train)
+
+  def shortcut_path(self, x: jax.Array, *, train: bool) -> jax.Array:
+    """The shortcut branch: identity or projection."""
+    return x if self.shortcut is None else self.shortcut(x, train=train)
+
+  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    return nnx.relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
+
+
+class ResNet(nnx.Module):
+  """ResNet v1.5 for NHWC images.
+
+  Stem: 7x7/2 conv (64 filters by default), BN, ReLU, 3x3/2 max-pool; with `small_inputs=True`
+  the CIFAR stem instead: 3x3/1 conv, BN, ReLU, no pooling. Then `len(stage_sizes)` stages; stage
+  `i` has `stage_sizes[i]` blocks with `num_filters * 2**i` filters (x4 output for bottlenecks)
+  and stride 2 in its first block for `i > 0`. Head: global average pool, dense layer.
+
+  Parameters are `nnx.Param`; BatchNorm running averages are `nnx.BatchStat`; there is no other
+  state. `dtype` is the compute dtype (e.g. bfloat16); parameters stay in `param_dtype` and the
+  logits are returned in float32.
+  """
+
+  def __init__(self, stage_sizes: Sequence[int], *, block: str = "bottleneck",
+               num_classes: int, num_filters: int = 64, small_inputs: bool = False,
+               bn_group_size: int | None = None, zero_init_last_bn_scale: bool = True,
+               bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
+               dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
+               input_channels: int = 3, rngs: nnx.Rngs):
+    """Builds the network.
+
+    Args:
+      stage_sizes: blocks per stage, e.g. (3, 4, 6, 3) for ResNet-50.
+      block: 'bottleneck' (ResNet-50/101/152) or 'basic' (ResNet-18/34).
+      num_classes: size of the output layer.
+      num_filters: filters of the stem and of the first stage (64 in the paper).
+      small_inputs: CIFAR stem (3x3 stride-1 conv, no max-pool) for 32x32 inputs.
+      bn_group_size: examples per BatchNorm group in training (ghost BN); None: whole batch.
+      zero_init_last_bn_scale: initialise the scale of the last BN of each residual branch to 0
+        (Goyal et al. 2017), so every block starts as relu(shortcut(x)).
+      bn_momentum: decay of the BatchNorm running averages.
+      bn_epsilon: BatchNorm epsilon.
+      dtype: compute dtype.
+      param_dtype: parameter dtype.
+      input_channels: channels of the input images.
+      rngs: `nnx.Rngs` for parameter initialisation.
+
+    Raises:
+      ValueError: on an unknown `block` or non-positive sizes.
+    """
+    stage_sizes = validation.check_positive_int_sequence("stage_sizes", stage_sizes)
+    if block not in BLOCK_TYPES:
+      raise ValueError(f"Unknown block type {block!r}; expected one of {BLOCK_TYPES}.")
+    validation.check_positive_int("num_classes", num_classes)
+    validation.check_positive_int("num_filters", num_filters)
+    validation.check_positive_int("input_channels", input_channels)
+    if bn_group_size is not None:
+      validation.check_positive_int("bn_group_size (None for the whole batch)", bn_group_size)
+    settings = _BNSettings(bn_group_size, bn_momentum, bn_epsilon, zero_init_last_bn_scale,
+                           dtype, param_dtype)
+    self.bn_group_size = bn_group_size
+    self.small_inputs = small_inputs
+    self.input_channels = input_channels
+    self.dtype = dtype
+    self.stem_conv = settings.conv(input_channels, num_filters, 3 if small_inputs else 7,
+                                   1 if small_inputs else 2, rngs)
+    self.stem_bn = settings.batch_norm(num_filters)
+    block_cls = BottleneckBlock if block == "bottleneck" else BasicBlock
+    blocks = []
+    in_features = num_filters
+    for i, num_blocks in enumerate(stage_sizes):
+      features = num_filters * 2**i
+      for j in range(num_blocks):
+        stride = 2 if i > 0 and j == 0 else 1
+        blocks.append(block_cls(in_features, features, stride, settings, rngs))
+        in_features = features * block_cls.expansion
+    self.blocks = nnx.List(blocks)
+    self.head = nnx.Linear(in_features, num_classes, dtype=dtype, param_dtype=param_dtype,
+                           rngs=rngs)
+
+  def __call__(self, images: jax.Array, *, train: bool) -> jax.Array:
+    """Maps images [N, H, W, C] (float) to logits [N, num_classes] (float32).
+
+    Raises:
+      ValueError: on a wrong rank/channel count/dtype, or, when `train`, a batch not divisible by
+        `bn_group_size`.
+    """
+    expected = f"[N, H, W, {self.input_channels}]"
+    if getattr(images, "ndim", None) != 4 or images.shape[-1] != self.input_channels:
+      raise ValueError(f"ResNet expects images of shape {expected}, got shape "
+                       f"{getattr(images, 'shape', None)}.")
+    validation.check_floating_array("images", images, expected)
+    if train:
+      self.stem_bn.check_batch(images.shape[0])
+    x = images.astype(self.dtype)
+    x = nnx.relu(self.stem_bn(self.stem_conv(x), train=train))
+    if not self.small_inputs:
+      x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    for block in self.blocks:
+      x = block(x, train=train)
+    x = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
+    return self.head(x).astype(jnp.float32)
+
+
+def ResNet50(num_classes: int = 1000, **kwargs) -> ResNet:  # pylint: disable=invalid-name
+  """ResNet-50 v1.5: bottleneck blocks (3, 4, 6, 3); 25,557,032 parameters for 1000 classes."""
+  return ResNet((3, 4, 6, 3), block="bottleneck", num_classes=num_classes, **kwargs)
+
+
+def ResNet18(num_classes: int, **kwargs) -> ResNet:  # pylint: disable=invalid-name
+  """ResNet-18: basic blocks (2, 2, 2, 2); 11,689,512 parameters for 1000 classes."""
+  return ResNet((2, 2, 2, 2), block="basic", num_classes=num_classes, **kwargs)
+
+
+def ResNetTiny(num_classes: int = 10, **kwargs) -> ResNet:  # pylint: disable=invalid-name
+  """A tiny ResNet for tests and smoke runs: basic blocks (1, 1), 8 filters, CIFAR stem.
+
+  Any `ResNet` keyword (e.g. `num_filters`, `small_inputs`, `bn_group_size`) overrides the defaults.
+  """
+  kwargs.setdefault("num_filters", 8)
+  kwargs.setdefault("small_inputs", True)
+  return ResNet((1, 1), block="basic", num_classes=num_classes, **kwargs)

@@ -1,0 +1,31 @@
+"""Argument checks shared by the lbjax models: each raises a `ValueError` naming the fix."""
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+
+
+def check_positive_int(name: str, value: object) -> int:
+  """Returns `value` if it is a positive int, else raises a `ValueError` naming `name`."""
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"{name} must be a positive int, got {value!r}.")
+  return value
+
+
+def check_positive_int_sequence(name: str, value: object) -> tuple[int, ...]:
+  """Returns `value` as a tuple if it is a non-empty sequence of positive ints."""
+  if (not isinstance(value, Sequence) or isinstance(value, str) or not value
+      or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
+             for v in value)):
+    raise ValueError(
+        f"{name} must be a non-empty sequence of positive ints, got {value!r}.")
+  return tuple(value)
+
+
+def check_floating_array(name: str, array: object, expected_shape: str) -> None:
+  """Raises a `ValueError` unless `array` has a floating dtype."""
+  dtype = getattr(array, "dtype", None)
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(
+        f"{name} must be a floating-point array of shape {expected_shape}, "
+        f"got dtype {dtype}; convert it with `.astype(jnp.float32)`.")
