@@ -1,0 +1,176 @@
+"""CIFAR-10 (TFDS `cifar10`) with the standard ResNet augmentation, numpy only.
+
+Training: zero-pad each 32x32 image by 4 pixels, take a random 32x32 crop and flip it horizontally
+with probability 1/2 (He et al. 2016, Sec. 4.2); evaluation: the image unchanged. Both end with the
+per-channel normalisation by the CIFAR-10 training-set mean and standard deviation and give float32
+NHWC images and int32 labels. The whole batch is cropped and flipped with one gather; randomness
+comes from `example_rngs(seed, stream position)`, so a batch is the same for any number of
+processes and after a resume.
+"""
+
+import numbers
+import os
+
+import numpy as np
+
+from lbjax.data import imagenet
+from lbjax.data import stream
+
+# Per-channel statistics of the CIFAR-10 training images, RGB on the 0-255 scale.
+CIFAR10_MEAN_RGB = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
+CIFAR10_STDDEV_RGB = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
+
+DEFAULT_PADDING = 4
+
+
+def sample_crop_offsets_and_flips(rngs: list[np.random.Generator],
+                                  padding: int = DEFAULT_PADDING) -> tuple[np.ndarray, np.ndarray]:
+  """Draws, per example, a crop offset in the padded image and whether to flip.
+
+  Args:
+    rngs: one generator per example (from `example_rngs`).
+    padding: pixels of zero padding on each side; offsets lie in [0, 2 * padding].
+
+  Returns:
+    `offsets` int64 [b, 2] (row, column) and `flips` bool [b].
+  """
+  offsets = np.zeros((len(rngs), 2), np.int64)
+  flips = np.zeros(len(rngs), bool)
+  for i, rng in enumerate(rngs):
+    offsets[i] = rng.integers(0, 2 * padding + 1, size=2)
+    flips[i] = rng.random() < 0.5
+  return offsets, flips
+
+
+def pad_crop_flip(images: np.ndarray, offsets: np.ndarray, flips: np.ndarray, *,
+                  padding: int = DEFAULT_PADDING) -> np.ndarray:
+  """Zero-pads a batch, crops each image at its offset to the original size, flips where asked.
+
+  Output pixel `[i, r, c]` is `padded[i, offsets[i, 0] + r, offsets[i, 1] + c']` with
+  `c' = W - 1 - c` if `flips[i]` else `c`, where `padded` has `padding` zeros on each side.
+
+  Args:
+    images: [b, H, W, C] batch.
+    offsets: int [b, 2] row/column offsets in [0, 2 * padding].
+    flips: bool [b].
+    padding: zero padding on each side.
+
+  Returns:
+    [b, H, W, C] with the dtype of `images`.
+  """
+  images = np.asarray(images)
+  offsets = np.asarray(offsets)
+  flips = np.asarray(flips, bool)
+  if images.ndim != 4:
+    raise ValueError(f"images must be a batch [b, H, W, C], got shape {images.shape}.")
+  batch, height, width, _ = images.shape
+  if padding < 0:
+    raise ValueError(f"padding must be >= 0, got {padding}.")
+  if offsets.shape != (batch, 2) or flips.shape != (batch,):
+    raise ValueError(
+        f"expected offsets of shape {(batch, 2)} and flips of shape {(batch,)}, got "
+        f"{offsets.shape} and {flips.shape}.")
+  if offsets.size and (offsets.min() < 0 or offsets.max() > 2 * padding):
+    raise ValueError(f"offsets must lie in [0, {2 * padding}], got range "
+                     f"[{offsets.min()}, {offsets.max()}].")
+  padded = np.pad(images, ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+  rows = offsets[:, 0, None] + np.arange(height)
+  columns = np.where(flips[:, None], np.arange(width)[::-1], np.arange(width))
+  columns = offsets[:, 1, None] + columns
+  return padded[np.arange(batch)[:, None, None], rows[:, :, None], columns[:, None, :]]
+
+
+def _stacked_images(examples: stream.Batch) -> np.ndarray:
+  if "image" not in examples or "label" not in examples:
+    raise KeyError(f"expected examples with 'image' and 'label', got {sorted(examples)}.")
+  images = examples["image"]
+  if images.dtype == object:
+    images = np.stack(list(images))
+  if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+    raise ValueError(
+        f"expected uint8 CIFAR images [b, 32, 32, 3], got {images.dtype} {images.shape}.")
+  return images
+
+
+def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> stream.Transform:
+  """The training transform: pad, random crop, random flip, normalisation.
+
+  Args:
+    seed: the stream's seed; example `k` is augmented with `example_rngs(seed, [k])`.
+    padding: zero padding on each side before the random crop.
+
+  Returns:
+    `transform(examples, positions) -> {"image": float32 [b, 32, 32, 3], "label": int32 [b]}`.
+  """
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+  if padding < 0:
+    raise ValueError(f"padding must be >= 0, got {padding}.")
+
+  def transform(examples: stream.Batch, positions: np.ndarray) -> stream.Batch:
+    images = _stacked_images(examples)
+    offsets, flips = sample_crop_offsets_and_flips(stream.example_rngs(seed, positions), padding)
+    augmented = pad_crop_flip(images, offsets, flips, padding=padding)
+    return {
+        "image": imagenet.normalize_images(augmented, CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
+        "label": np.asarray(examples["label"]).astype(np.int32),
+    }
+
+  return transform
+
+
+def cifar10_eval_transform() -> stream.Transform:
+  """The evaluation transform: normalisation only."""
+
+  def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
+    del indices  # Evaluation preprocessing is deterministic.
+    return {
+        "image": imagenet.normalize_images(
+            _stacked_images(examples), CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
+        "label": np.asarray(examples["label"]).astype(np.int32),
+    }
+
+  return transform
+
+
+def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[str] | None = None,
+                         seed: int, process_index: int = 0, process_count: int = 1,
+                         num_threads: int | None = None) -> stream.TrainStream:
+  """Shuffled, augmented CIFAR-10 training stream (`cifar10` from TFDS).
+
+  Args:
+    split: TFDS split.
+    data_dir: TFDS data folder (None: TFDS default).
+    seed: shuffling and augmentation seed.
+    process_index: this process's index.
+    process_count: number of processes reading the stream.
+    num_threads: decoding threads (None: `imagenet.default_num_threads()`).
+
+  Returns:
+    A `TrainStream` whose batches are `{"image": float32 [b, 32, 32, 3], "label": int32 [b]}`.
+  """
+  transform = cifar10_train_transform(seed=seed)
+  source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
+  return stream.TrainStream(source, seed=seed, process_index=process_index,
+                            process_count=process_count, transform=transform)
+
+
+def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
+                         data_dir: str | os.PathLike[str] | None = None, process_index: int = 0,
+                         process_count: int = 1, num_threads: int | None = None):
+  """Every CIFAR-10 test example once, normalised, in padded batches (`eval_batches`).
+
+  Args:
+    global_batch_size: global batch size, divisible by process_count.
+    split: TFDS split.
+    data_dir: TFDS data folder (None: TFDS default).
+    process_index: this process's index.
+    process_count: number of processes.
+    num_threads: decoding threads (None: `imagenet.default_num_threads()`).
+
+  Returns:
+    Iterator of `{"image": float32 [b, 32, 32, 3], "label": int32 [b], "mask": float32 [b]}`.
+  """
+  source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
+  return stream.eval_batches(source, global_batch_size, process_index=process_index,
+                             process_count=process_count, transform=cifar10_eval_transform())
