@@ -5,6 +5,14 @@ read TFDS, as they are the optional `[tfds]` extra). It imports neither `lbjax.m
 `lbjax.train`.
 """
 
+from lbjax.data.data_dir import DATA_DIR_ENV
+from lbjax.data.data_dir import default_data_dir
+from lbjax.data.mnist import load_mnist_idx
+from lbjax.data.mnist import load_mnist_tfds
+from lbjax.data.ptb import PtbCorpus
+from lbjax.data.ptb import PtbStream
+from lbjax.data.ptb import ptb_eval_batches
+from lbjax.data.sharding import process_slice
 from lbjax.data.stream import ArraySource
 from lbjax.data.stream import Batch
 from lbjax.data.stream import epoch_permutation
@@ -13,3 +21,6 @@ from lbjax.data.stream import example_rngs
 from lbjax.data.stream import RandomAccessSource
 from lbjax.data.stream import TrainStream
 from lbjax.data.stream import Transform
+from lbjax.data.synthetic import synthetic_images
+from lbjax.data.synthetic import synthetic_mnist
+from lbjax.data.synthetic import synthetic_ptb_tokens

@@ -21,6 +21,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from lbjax.data.sharding import check_process
+from lbjax.data.sharding import process_slice
+
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch, np.ndarray], Batch]
 
@@ -143,28 +146,6 @@ def _check_source(source: Any) -> int:
   return num_examples
 
 
-def _check_processes(process_index: Any, process_count: Any) -> None:
-  for name, value in (("process_index", process_index), ("process_count", process_count)):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-      raise TypeError(f"{name} must be an integer, got {value!r}.")
-  if process_count < 1:
-    raise ValueError(f"process_count must be >= 1, got {process_count}.")
-  if not 0 <= process_index < process_count:
-    raise ValueError(
-        f"process_index must lie in [0, process_count={process_count}), got {process_index}.")
-
-
-def _check_global_batch_size(global_batch_size: Any, process_count: int) -> None:
-  if (isinstance(global_batch_size, bool) or not isinstance(global_batch_size, numbers.Integral)
-      or global_batch_size < 1):
-    raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}.")
-  if global_batch_size % process_count:
-    raise ValueError(
-        f"global_batch_size={global_batch_size} is not divisible by process_count="
-        f"{process_count}; every process must get an equal share. Choose a batch size that is a "
-        f"multiple of {process_count}.")
-
-
 def _apply_transform(transform: Transform | None, examples: Batch, positions: np.ndarray) -> Batch:
   if transform is None:
     return examples
@@ -205,7 +186,7 @@ class TrainStream:
     """
     self.num_examples: int = _check_source(source)
     _check_seed(seed)
-    _check_processes(process_index, process_count)
+    check_process(process_index, process_count)
     if transform is not None and not callable(transform):
       raise TypeError(f"transform must be callable or None, got {type(transform).__name__}.")
     self._source = source
@@ -261,10 +242,9 @@ class TrainStream:
       Dict of host-local numpy arrays with leading dimension B / process_count, ready for
       `jax.make_array_from_process_local_data`.
     """
-    _check_global_batch_size(global_batch_size, self._process_count)
-    share = global_batch_size // self._process_count
-    start = self._examples_consumed + self._process_index * share
-    positions = np.arange(start, start + share, dtype=np.int64)
+    mine = process_slice(global_batch_size, self._process_index, self._process_count)
+    positions = np.arange(self._examples_consumed + mine.start, self._examples_consumed + mine.stop,
+                          dtype=np.int64)
     examples = self._source.take(self.example_indices(positions))
     examples = _apply_transform(self._transform, examples, positions)
     self._examples_consumed += int(global_batch_size)
@@ -318,20 +298,17 @@ def eval_batches(source: RandomAccessSource, global_batch_size: int, *, process_
     This process's share of each batch plus `mask`, float32 [B/P] (1 real, 0 padding).
   """
   num_examples = _check_source(source)
-  _check_processes(process_index, process_count)
-  _check_global_batch_size(global_batch_size, process_count)
+  mine = process_slice(global_batch_size, process_index, process_count)
   if transform is not None and not callable(transform):
     raise TypeError(f"transform must be callable or None, got {type(transform).__name__}.")
-  return _eval_batches(source, num_examples, global_batch_size, process_index, process_count,
-                       transform)
+  return _eval_batches(source, num_examples, global_batch_size, mine, transform)
 
 
-def _eval_batches(source, num_examples, global_batch_size, process_index, process_count,
-                  transform) -> Iterator[Batch]:
-  share = global_batch_size // process_count
+def _eval_batches(source: RandomAccessSource, num_examples: int, global_batch_size: int,
+                  mine: slice, transform: Transform | None) -> Iterator[Batch]:
   for batch in range(math.ceil(num_examples / global_batch_size)):
-    start = batch * global_batch_size + process_index * share
-    indices = np.arange(start, start + share, dtype=np.int64)
+    offset = batch * global_batch_size
+    indices = np.arange(offset + mine.start, offset + mine.stop, dtype=np.int64)
     real = indices < num_examples
     indices = np.minimum(indices, num_examples - 1)
     examples = _apply_transform(transform, source.take(indices), indices)

