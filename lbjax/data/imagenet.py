@@ -128,8 +128,12 @@ class TfdsSource:
 
 def _open_tfds_data_source(name: str, split: str, data_dir: Any):
   """`tfds.data_source(..., download=False)` with a clear error when the data is not prepared."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError as err:
+    raise ImportError(
+        f"Reading {name!r} needs tensorflow-datasets and pillow: pip install 'lbjax[tfds]'."
+    ) from err
   data_dir = None if data_dir is None else os.fspath(data_dir)
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
@@ -277,8 +281,10 @@ def crop_and_resize(image: np.ndarray, box: CropBox, size: tuple[int, int]) -> n
 
   One PIL bilinear resampling (antialiased when shrinking) of the window; returns uint8.
   """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-
+  try:
+    from PIL import Image  # pylint: disable=g-import-not-at-top
+  except ImportError as err:
+    raise ImportError("Resizing images needs pillow: pip install 'lbjax[tfds]'.") from err
   image = as_rgb(image)
   height, width = image.shape[:2]
   if not (0 <= box.top and box.top + box.height <= height and 0 <= box.left
