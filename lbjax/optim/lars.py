@@ -1,0 +1,132 @@
+"""LARS: layer-wise adaptive rate scaling (papers/000, Algorithm 1; papers/003, eq. 23)."""
+
+from typing import Any
+
+import optax
+
+from lbjax.optim import layerwise
+from lbjax.optim import validation
+
+DENOMINATORS = ("paper", "optax")
+
+
+def lars_rate(trust_coefficient: Any = 1e-3, eps: Any = 0.0, denominator: str = "paper"):
+  """The LARS local LR as a `LayerRate` (papers/000, Algorithm 1, line "compute the local LR").
+
+      denominator="paper":  lambda^l = eta * ||w^l|| / (||g^l|| + beta * ||w^l|| + eps)
+      denominator="optax":  lambda^l = eta * ||w^l|| / (||g^l + beta * w^l|| + eps)
+
+  The second is what `optax.lars` computes. With the zero-norm rule of `layerwise.safe_quotient`,
+  `lambda^l = eta` when `||w^l|| = 0` or the denominator is 0.
+
+  Args:
+    trust_coefficient: eta.
+    eps: added to the denominator.
+    denominator: "paper" (Algorithm 1) or "optax".
+
+  Returns:
+    A `layerwise.LayerRate`.
+  """
+  validation.check_positive("trust_coefficient", trust_coefficient)
+  validation.check_nonnegative("eps", eps)
+  validation.check_choice("denominator", denominator, DENOMINATORS)
+
+  def rate(w, g, weight_decay, layer):
+    w_norm = layer.norm(w)
+    if denominator == "paper":
+      den = layer.norm(g) + weight_decay * w_norm + eps
+    else:
+      den = layer.norm(g + weight_decay * w) + eps
+    return trust_coefficient * layerwise.safe_quotient(w_norm, den)
+
+  return rate
+
+
+def scale_by_lars(
+    trust_coefficient: Any = 1e-3,
+    weight_decay: Any = 0.0,
+    eps: Any = 0.0,
+    denominator: str = "paper",
+    mask: layerwise.MaskOrFn = None,
+    stacked: layerwise.StackedOrFn = None,
+    axis_name: layerwise.AxisName = None,
+) -> optax.GradientTransformation:
+  """The layer-wise part of LARS on its own: `u^l = lambda^l * (g^l + beta * w^l)`.
+
+  `lambda^l` is `lars_rate` (papers/000 Algorithm 1: `eta * ||w|| / (||g|| + beta * ||w||)`).
+  Unselected leaves pass through unchanged (no weight decay, no trust ratio). Composes with any optax
+  chain; `lars` is `chain(scale_by_lars, scale_by_learning_rate, trace)`.
+
+  Args:
+    trust_coefficient: eta (the LARS coefficient), > 0.
+    weight_decay: beta, >= 0, applied to selected leaves only.
+    eps: added to the trust-ratio denominator, >= 0.
+    denominator: "paper" (`||g|| + beta * ||w||`, Algorithm 1) or "optax" (`||g + beta * w||`).
+    mask: which leaves get LARS (pytree of bools or callable on params); default `ndim >= 2`.
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation`; `trust_ratios(state)` gives the `lambda^l` of the last step.
+  """
+  return layerwise.scale_by_layerwise_rate(
+      lars_rate(trust_coefficient, eps, denominator),
+      weight_decay=weight_decay,
+      mask=mask,
+      stacked=stacked,
+      axis_name=axis_name,
+  )
+
+
+def lars(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: Any = 0.9,
+    weight_decay: Any = 0.0,
+    trust_coefficient: Any = 1e-3,
+    eps: Any = 0.0,
+    nesterov: bool = False,
+    mask: layerwise.MaskOrFn = None,
+    stacked: layerwise.StackedOrFn = None,
+    denominator: str = "paper",
+    axis_name: layerwise.AxisName = None,
+) -> optax.GradientTransformation:
+  """SGD with LARS, exactly Algorithm 1 of papers/000.
+
+  For a selected leaf (layer `l`), with `gamma_t = learning_rate(t)`, `m = momentum`,
+  `beta = weight_decay`, `eta = trust_coefficient`:
+
+      lambda^l = eta * ||w_t^l|| / (||g_t^l|| + beta * ||w_t^l||)       (local LR)
+      v_{t+1}^l = m * v_t^l + gamma_t * lambda^l * (g_t^l + beta * w_t^l)
+      w_{t+1}^l = w_t^l - v_{t+1}^l
+
+  (the returned update is `-v_{t+1}`, since optax adds updates to the parameters). Leaves not
+  selected by `mask` get plain momentum SGD with the same `gamma_t`: `v = m * v + gamma_t * g`, no
+  weight decay, no trust ratio. `nesterov=True` returns `-(m * v_{t+1} + gamma_t * lambda * d)`
+  instead, as `optax.trace` does. Zero norms: `lambda^l = eta` when `||w^l|| = 0` or the denominator
+  is 0 (see `layerwise`), so a zero-initialised selected leaf moves by `gamma_t * eta * g`, never NaN.
+
+  Works under `optax.inject_hyperparams(lars)(learning_rate=..., ...)` (the numeric arguments become
+  hyper-parameters; pass callable `mask`/`stacked` through `static_args`) and `optax.MultiSteps`.
+
+  Args:
+    learning_rate: gamma, a float or an optax schedule of the update count.
+    momentum: m, in [0, 1).
+    weight_decay: beta, >= 0, applied to selected leaves only.
+    trust_coefficient: eta, > 0.
+    eps: added to the trust-ratio denominator, >= 0.
+    nesterov: Nesterov momentum.
+    mask: which leaves get LARS (pytree of bools or callable on params); default `ndim >= 2`.
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    denominator: "paper" (Algorithm 1) or "optax" (`||g + beta * w||`, as `optax.lars`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation`.
+  """
+  validation.check_nonnegative("learning_rate", learning_rate)
+  validation.check_momentum("momentum", momentum)
+  return optax.chain(
+      scale_by_lars(trust_coefficient, weight_decay, eps, denominator, mask, stacked, axis_name),
+      optax.scale_by_learning_rate(learning_rate),
+      optax.trace(decay=momentum, nesterov=nesterov),
+  )

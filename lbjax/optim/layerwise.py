@@ -1,0 +1,307 @@
+"""One layer-wise adaptive-rate transform with a pluggable statistic, shared masking and metrics.
+
+LARS, its optax variant, LAMB's trust ratio, PercentDelta and the median-curvature LR (MCLR) all scale
+each layer's update by a statistic of that layer's weights `w` and gradient `g` (papers/003, eq. 17-24).
+`scale_by_layerwise_rate` is that transform; the statistic is a `LayerRate`, a function
+`rate(w, g, weight_decay, layer) -> local rate` that reduces over a layer with the `LayerReducer` it is
+given (so that stacked layers and sharded parameters are handled in one place). For a selected leaf
+
+    u = rate(w, g, beta, layer) * (g + beta * w)
+
+and for an unselected leaf `u = g` (no weight decay, no rate). The last step's rate of every selected
+leaf is kept in the state and read back, without recomputation, by `trust_ratios(opt_state)`.
+
+Zero norms: every statistic is a coefficient times a quotient `num / den` of layer statistics
+(`||w|| / ||g||` and relatives). When `num` or `den` is zero or the quotient is not finite, the
+quotient is taken as 1 (`safe_quotient`). For LARS this gives the local LR `eta` (never NaN and never a
+raw step `lr * g`); for LAMB it gives the trust ratio 1 of optax and the LAMB paper.
+"""
+
+import dataclasses
+import math
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lbjax.optim import validation
+
+Params = Any
+MaskOrFn = Any
+StackedOrFn = Any
+AxisName = str | tuple[str, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReducer:
+  """Reductions over one layer of a leaf: all axes but the leading `stacked_axes` ones.
+
+  With `axis_name` set (inside `shard_map`/`pmap`), each device holds a disjoint slice of every
+  layer, and the reductions are completed across devices (`psum` for sums, `all_gather` for medians).
+
+  Attributes:
+    stacked_axes: number of leading axes that enumerate separate layers (0: the leaf is one layer).
+    ndim: number of dimensions of the leaf.
+    local_size: number of elements of one layer held on this device.
+    axis_name: named mapped axis the leaf is sharded over, or None.
+  """
+
+  stacked_axes: int
+  ndim: int
+  local_size: int
+  axis_name: AxisName = None
+
+  @property
+  def layer_axes(self) -> tuple[int, ...]:
+    """The axes that belong to one layer."""
+    return tuple(range(self.stacked_axes, self.ndim))
+
+  def sum(self, x: jax.Array) -> jax.Array:
+    """Sum of `x` over each layer, shape `x.shape[:stacked_axes]`, in float32 or wider."""
+    total = jnp.sum(x, axis=self.layer_axes, dtype=jnp.promote_types(x.dtype, jnp.float32))
+    if self.axis_name is not None:
+      total = jax.lax.psum(total, self.axis_name)
+    return total
+
+  def sum_of_squares(self, x: jax.Array) -> jax.Array:
+    """Squared L2 norm of each layer of `x`."""
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return self.sum(x * x)
+
+  def norm(self, x: jax.Array) -> jax.Array:
+    """L2 norm of each layer of `x`."""
+    return jnp.sqrt(self.sum_of_squares(x))
+
+  def size(self) -> jax.Array | int:
+    """Number of elements in one layer (over all devices)."""
+    if self.axis_name is None:
+      return self.local_size
+    return jax.lax.psum(self.local_size, self.axis_name)
+
+  def median(self, x: jax.Array) -> jax.Array:
+    """Median of `x` over each layer (gathers the layer across devices first)."""
+    if self.axis_name is not None and self.ndim > self.stacked_axes:
+      x = jax.lax.all_gather(x, self.axis_name, axis=self.stacked_axes, tiled=True)
+    flat = x.reshape(x.shape[: self.stacked_axes] + (-1,))
+    return jnp.median(flat.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=-1)
+
+
+class LayerRate(Protocol):
+  """A layer statistic: the local rate of one (possibly stacked) leaf."""
+
+  def __call__(
+      self, w: jax.Array, g: jax.Array, weight_decay: Any, layer: LayerReducer
+  ) -> jax.Array:
+    """Returns the local rate, shape `w.shape[:layer.stacked_axes]`."""
+
+
+def safe_quotient(num: jax.Array, den: jax.Array) -> jax.Array:
+  """`num / den`, or 1 where `num` or `den` is zero or the quotient is not finite (zero-norm rule)."""
+  ok = (num > 0) & (den > 0)
+  quotient = num / jnp.where(ok, den, 1)
+  return jnp.where(ok & jnp.isfinite(quotient), quotient, 1)
+
+
+class LayerwiseRateState(NamedTuple):
+  """State of `scale_by_layerwise_rate`.
+
+  Attributes:
+    rates: the local rate applied at the last update to every selected leaf (a scalar, or one value
+      per stacked layer; 0 before the first update), and `optax.MaskedNode()` for unselected leaves.
+  """
+
+  rates: Params
+
+
+def default_mask(params: Params, stacked: Params) -> Params:
+  """Selects leaves whose layers have 2 or more dimensions (kernels), excluding biases and scales."""
+  return jax.tree.map(lambda p, k: p.ndim - k >= 2, params, stacked)
+
+
+def _tree_like(name: str, value: Any, params: Params) -> Params:
+  """Resolves a pytree-or-callable option against `params` and checks its structure."""
+  tree = value(params) if callable(value) else value
+  # Inside optax.masked / multi_transform, leaves of other groups are MaskedNodes: a full-size
+  # option tree still matches there, and its entries for those leaves are dropped.
+  params_leaves, params_def = jax.tree.flatten(params, is_leaf=_is_masked)
+  try:
+    leaves = params_def.flatten_up_to(tree)
+  except (ValueError, TypeError) as error:
+    raise ValueError(
+        f"{name} must have the same tree structure as the parameters ({params_def}), or be a "
+        f"callable returning one; got {jax.tree.structure(tree)}. ({error})"
+    ) from error
+  leaves = [p if _is_masked(p) else x for p, x in zip(params_leaves, leaves)]
+  return jax.tree.unflatten(params_def, leaves)
+
+
+def _resolve_stacked(stacked: StackedOrFn, params: Params) -> Params:
+  """Number of leading stacked-layer axes of every leaf (a pytree of ints like `params`)."""
+  if stacked is None:
+    stacked = 0
+  if isinstance(stacked, int):
+    stacked = jax.tree.map(lambda _: stacked, params)
+  tree = _tree_like("stacked", stacked, params)
+  for path, p, k in _zip_with_path(params, tree):
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= p.ndim:
+      raise ValueError(
+          f"stacked for leaf {path} (shape {p.shape}) must be an int in [0, {p.ndim}], got {k!r}."
+      )
+  return tree
+
+
+def _resolve_mask(mask: MaskOrFn, params: Params, stacked: Params) -> Params:
+  """A pytree of Python bools like `params` saying which leaves get the layer-wise rate."""
+  if mask is None:
+    return default_mask(params, stacked)
+  tree = _tree_like("mask", mask, params)
+  for path, _, selected in _zip_with_path(params, tree):
+    if not isinstance(selected, bool):
+      raise ValueError(
+          f"mask for leaf {path} must be a Python bool (True: layer-wise rate and weight decay; "
+          f"False: plain update), got {selected!r}."
+      )
+  return tree
+
+
+def _zip_with_path(params: Params, other: Params):
+  """Yields `(path, param_leaf, other_leaf)` for every leaf of `params`."""
+  with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
+  others = treedef.flatten_up_to(other)
+  for (path, leaf), value in zip(with_path, others):
+    yield jax.tree_util.keystr(path), leaf, value
+
+
+def scale_by_layerwise_rate(
+    rate: LayerRate,
+    *,
+    weight_decay: Any = 0.0,
+    mask: MaskOrFn = None,
+    stacked: StackedOrFn = None,
+    axis_name: AxisName = None,
+) -> optax.GradientTransformation:
+  """Scales each selected layer's update `g + beta * w` by a layer statistic `rate`.
+
+  For a selected leaf (layer `l`), with `beta = weight_decay`:
+
+      u^l = rate(w^l, g^l, beta) * (g^l + beta * w^l)
+
+  which is the local-LR step of papers/000 Algorithm 1 (with `rate = lars_rate`) and of papers/003
+  eq. 21-24. Unselected leaves pass `u = g` through. Chain with `optax.scale_by_learning_rate` and
+  `optax.trace` for the full optimizer, as `lars` does.
+
+  Args:
+    rate: the `LayerRate` statistic.
+    weight_decay: beta, added to selected leaves only; a float or an array (not a schedule).
+    mask: which leaves get weight decay and the rate: a pytree of Python bools with the structure
+      of the parameters, or a callable `params -> such a pytree`. Default: leaves whose layers have
+      `ndim >= 2` (kernels; biases and norm scales excluded).
+    stacked: number of leading axes of a leaf that enumerate separate layers (one rate per slice),
+      as an int for all leaves, a pytree of ints, or a callable `params -> pytree of ints`.
+      Default 0 (every leaf is one layer).
+    axis_name: inside `shard_map`/`pmap`, the mapped axis the parameters are sharded over; layer
+      reductions are summed over it. Every leaf must then hold a disjoint slice of its layers on each
+      device (a replicated leaf would be counted once per device). Leave None under `jax.jit`, where
+      sharded norms are global already.
+
+  Returns:
+    An `optax.GradientTransformation` whose state is a `LayerwiseRateState`.
+  """
+  validation.check_nonnegative("weight_decay", weight_decay)
+  skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+
+  def layout(params):
+    stacked_tree = _resolve_stacked(stacked, params)
+    return _resolve_mask(mask, params, stacked_tree), stacked_tree
+
+  def init_fn(params):
+    selected, stacked_tree = layout(params)
+
+    def init_rate(p, is_selected, k):
+      if not is_selected:
+        return optax.MaskedNode()
+      return jnp.zeros(p.shape[:k], jnp.promote_types(p.dtype, jnp.float32))
+
+    return LayerwiseRateState(rates=jax.tree.map(init_rate, params, selected, stacked_tree))
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(
+          "layer-wise rates need the parameters: call update(grads, state, params), "
+          "not update(grads, state)."
+      )
+    selected, stacked_tree = layout(params)
+    updates_def = jax.tree.structure(updates)
+    flat_g = updates_def.flatten_up_to(updates)
+    flat_w = updates_def.flatten_up_to(params)
+    flat_sel = updates_def.flatten_up_to(selected)
+    flat_k = updates_def.flatten_up_to(stacked_tree)
+    new_updates, new_rates = [], []
+    for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k):
+      if not is_selected:
+        new_updates.append(g)
+        new_rates.append(optax.MaskedNode())
+        continue
+      layer = LayerReducer(
+          stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=axis_name
+      )
+      local_rate = rate(w, g, weight_decay, layer)
+      direction = g if skip_decay else g + weight_decay * w
+      scale = local_rate.reshape(local_rate.shape + (1,) * (w.ndim - k))
+      new_updates.append((scale * direction).astype(g.dtype))
+      new_rates.append(local_rate.astype(jnp.promote_types(w.dtype, jnp.float32)))
+    return (
+        jax.tree.unflatten(updates_def, new_updates),
+        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
+    )
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _is_state(x: Any) -> bool:
+  return isinstance(x, LayerwiseRateState)
+
+
+def _is_masked(x: Any) -> bool:
+  return isinstance(x, optax.MaskedNode)
+
+
+def trust_ratios(opt_state: Any) -> Params:
+  """The per-layer rates of the last update, found anywhere inside an optax state.
+
+  Looks through chains, `optax.inject_hyperparams`, `optax.MultiSteps`, `optax.masked` and
+  `optax.multi_transform` states for `LayerwiseRateState`s (from `lars`, `lamb`, `percent_delta`,
+  `mclr` or any `scale_by_layerwise_rate`). Several such states over the same parameters (e.g. in a
+  `multi_transform`) are merged leaf by leaf.
+
+  Args:
+    opt_state: an optimizer state.
+
+  Returns:
+    A pytree with the structure of the parameters: for a selected leaf, the local rate it was
+    scaled by at the last update (for `lars`, `eta * ||w|| / (||g|| + beta * ||w||)`; a scalar, or a
+    vector with one value per stacked layer; 0 before the first update); NaN (a float32 scalar) for
+    leaves no layer-wise transform selected.
+
+  Raises:
+    ValueError: if `opt_state` holds no `LayerwiseRateState`.
+  """
+  states = [x for x in jax.tree.leaves(opt_state, is_leaf=_is_state) if _is_state(x)]
+  if not states:
+    raise ValueError(
+        "trust_ratios found no LayerwiseRateState in the optimizer state: build the optimizer with "
+        "lbjax.optim.lars/lamb/percent_delta/mclr or scale_by_layerwise_rate."
+    )
+  flat, treedef = jax.tree.flatten(states[0].rates, is_leaf=_is_masked)
+  for other in states[1:]:
+    other_flat, other_def = jax.tree.flatten(other.rates, is_leaf=_is_masked)
+    if other_def.num_leaves != treedef.num_leaves:
+      raise ValueError(
+          "trust_ratios found layer-wise states over different parameter trees: "
+          f"{treedef} and {other_def}."
+      )
+    flat = [b if _is_masked(a) else a for a, b in zip(flat, other_flat)]
+  nan = jnp.full((), jnp.nan, jnp.float32)
+  return jax.tree.unflatten(treedef, [nan if _is_masked(r) else r for r in flat])
+

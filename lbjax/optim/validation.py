@@ -1,0 +1,63 @@
+"""Argument checks shared by the layer-wise optimizers.
+
+Every check runs when an optimizer is built, before any compute. Values that are only known inside a
+trace (for example hyper-parameters turned into arrays by `optax.inject_hyperparams`, which rebuilds the
+transform inside `update`) cannot be inspected and are accepted as they are; they were checked when the
+transform was first built from concrete values.
+"""
+
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def concrete_value(value: Any) -> float | None:
+  """Returns `value` as a Python float, or None if it is a schedule or traced.
+
+  Args:
+    value: a hyper-parameter: Python number, NumPy or JAX scalar, a tracer or a schedule (callable).
+
+  Raises:
+    TypeError: if `value` is neither a number, a scalar array nor a callable.
+  """
+  if callable(value) or isinstance(value, jax.core.Tracer):
+    return None
+  if isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"expected a number, got the bool {value!r}")
+  try:
+    array = np.asarray(value)
+  except TypeError as error:
+    raise TypeError(f"expected a number or a schedule, got {value!r}") from error
+  if array.shape != () or not np.issubdtype(array.dtype, np.number):
+    raise TypeError(f"expected a scalar number or a schedule, got {value!r}")
+  return float(array)
+
+
+def check_nonnegative(name: str, value: Any) -> None:
+  """Raises ValueError if the concrete `value` of hyper-parameter `name` is negative or not finite."""
+  number = concrete_value(value)
+  if number is not None and not (np.isfinite(number) and number >= 0.0):
+    raise ValueError(f"{name} must be a finite number >= 0, got {number}.")
+
+
+def check_positive(name: str, value: Any) -> None:
+  """Raises ValueError if the concrete `value` of hyper-parameter `name` is not > 0 and finite."""
+  number = concrete_value(value)
+  if number is not None and not (np.isfinite(number) and number > 0.0):
+    raise ValueError(f"{name} must be a finite number > 0, got {number}.")
+
+
+def check_momentum(name: str, value: Any) -> None:
+  """Raises ValueError unless the concrete `value` lies in [0, 1) (a decay rate)."""
+  number = concrete_value(value)
+  if number is not None and not 0.0 <= number < 1.0:
+    raise ValueError(
+        f"{name} must lie in [0, 1) (it is a decay rate; 0.9 is the usual choice), got {number}."
+    )
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+  """Raises ValueError unless `value` is one of `choices`."""
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
