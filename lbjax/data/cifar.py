@@ -100,7 +100,7 @@ def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> str
     padding: zero padding on each side before the random crop.
 
   Returns:
-    `transform(examples, positions) -> {"image": float32 [b, 32, 32, 3], "label": int32 [b]}`.
+    `transform(examples, positions) -> {"images": float32 [b, 32, 32, 3], "labels": int32 [b]}`.
   """
   if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
     raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
@@ -112,8 +112,8 @@ def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> str
     offsets, flips = sample_crop_offsets_and_flips(stream.example_rngs(seed, positions), padding)
     augmented = pad_crop_flip(images, offsets, flips, padding=padding)
     return {
-        "image": imagenet.normalize_images(augmented, CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
-        "label": np.asarray(examples["label"]).astype(np.int32),
+        "images": imagenet.normalize_images(augmented, CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
+        "labels": np.asarray(examples["label"]).astype(np.int32),
     }
 
   return transform
@@ -125,9 +125,9 @@ def cifar10_eval_transform() -> stream.Transform:
   def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
     del indices  # Evaluation preprocessing is deterministic.
     return {
-        "image": imagenet.normalize_images(
+        "images": imagenet.normalize_images(
             _stacked_images(examples), CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
-        "label": np.asarray(examples["label"]).astype(np.int32),
+        "labels": np.asarray(examples["label"]).astype(np.int32),
     }
 
   return transform
@@ -147,7 +147,7 @@ def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[st
     num_threads: decoding threads (None: `imagenet.default_num_threads()`).
 
   Returns:
-    A `TrainStream` whose batches are `{"image": float32 [b, 32, 32, 3], "label": int32 [b]}`.
+    A `TrainStream` whose batches are `{"images": float32 [b, 32, 32, 3], "labels": int32 [b]}`.
   """
   transform = cifar10_train_transform(seed=seed)
   source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
@@ -169,7 +169,7 @@ def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
     num_threads: decoding threads (None: `imagenet.default_num_threads()`).
 
   Returns:
-    Iterator of `{"image": float32 [b, 32, 32, 3], "label": int32 [b], "mask": float32 [b]}`.
+    Iterator of `{"images": float32 [b, 32, 32, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
   source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
   return stream.eval_batches(source, global_batch_size, process_index=process_index,

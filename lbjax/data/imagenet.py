@@ -392,7 +392,7 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
     num_threads: threads for the per-example crops; None means `default_num_threads()`.
 
   Returns:
-    `transform(examples, positions) -> {"image": float32 [b, s, s, 3], "label": int32 [b]}`.
+    `transform(examples, positions) -> {"images": float32 [b, s, s, 3], "labels": int32 [b]}`.
   """
   seed = _check_seed(seed)
   image_size = _check_image_size(image_size)
@@ -407,7 +407,7 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
       return random_flip_left_right(cropped, rngs[i])
 
     crops = _map_threaded(augment, range(len(images)), num_threads)
-    return {"image": normalize_images(np.stack(crops)), "label": _labels_of(examples)}
+    return {"images": normalize_images(np.stack(crops)), "labels": _labels_of(examples)}
 
   return transform
 
@@ -422,7 +422,7 @@ def imagenet_eval_transform(*, image_size: int = 224,
     del indices  # Evaluation preprocessing is deterministic.
     images = _images_of(examples)
     crops = _map_threaded(lambda image: center_crop_eval(image, image_size), images, num_threads)
-    return {"image": normalize_images(np.stack(crops)), "label": _labels_of(examples)}
+    return {"images": normalize_images(np.stack(crops)), "labels": _labels_of(examples)}
 
   return transform
 
@@ -443,7 +443,7 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
     num_threads: decoding/augmentation threads (None: `default_num_threads()`).
 
   Returns:
-    A `TrainStream` whose batches are `{"image": float32 [b, s, s, 3], "label": int32 [b]}`.
+    A `TrainStream` whose batches are `{"images": float32 [b, s, s, 3], "labels": int32 [b]}`.
   """
   transform = imagenet_train_transform(seed=seed, image_size=image_size, num_threads=num_threads)
   source = TfdsSource("imagenet2012", split=split, data_dir=data_dir, num_threads=num_threads)
@@ -467,7 +467,7 @@ def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
     num_threads: decoding/preprocessing threads (None: `default_num_threads()`).
 
   Returns:
-    Iterator of `{"image": float32 [b, s, s, 3], "label": int32 [b], "mask": float32 [b]}`.
+    Iterator of `{"images": float32 [b, s, s, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
   transform = imagenet_eval_transform(image_size=image_size, num_threads=num_threads)
   source = TfdsSource("imagenet2012", split=split, data_dir=data_dir, num_threads=num_threads)

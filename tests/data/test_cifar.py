@@ -27,12 +27,12 @@ def _reference_pad_crop_flip(image, offset, flip, padding):
 def test_train_and_eval_batches_shapes_under_mock_data(mock_cifar10):
   del mock_cifar10
   batch = cifar.cifar10_train_stream(seed=0, num_threads=2).next_batch(4)
-  assert set(batch) == {"image", "label"}
-  assert batch["image"].shape == (4, 32, 32, 3) and batch["image"].dtype == np.float32
-  assert batch["label"].shape == (4,) and batch["label"].dtype == np.int32
+  assert set(batch) == {"images", "labels"}
+  assert batch["images"].shape == (4, 32, 32, 3) and batch["images"].dtype == np.float32
+  assert batch["labels"].shape == (4,) and batch["labels"].dtype == np.int32
   batches = list(cifar.cifar10_eval_batches(4, num_threads=1))
   assert len(batches) == 3  # ceil(10 / 4)
-  assert all(b["image"].shape == (4, 32, 32, 3) for b in batches)
+  assert all(b["images"].shape == (4, 32, 32, 3) for b in batches)
   np.testing.assert_array_equal(batches[-1]["mask"], [1, 1, 0, 0])
 
 
@@ -42,8 +42,8 @@ def test_eval_is_normalisation_only(mock_cifar10):
   assert raw["image"].dtype == np.uint8 and raw["image"].shape == (4, 32, 32, 3)
   batch = next(cifar.cifar10_eval_batches(4))
   expected = (raw["image"] - np.array(cifar.CIFAR10_MEAN_RGB)) / np.array(cifar.CIFAR10_STDDEV_RGB)
-  np.testing.assert_allclose(batch["image"], expected, rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(batch["label"], raw["label"])
+  np.testing.assert_allclose(batch["images"], expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(batch["labels"], raw["label"])
 
 
 def test_pad_crop_flip_matches_per_example_reference():
@@ -88,9 +88,9 @@ def test_normalisation_statistics():
   pixels = np.rint(mean + ks[:, None] * std)
   images = np.broadcast_to(pixels[:, None, None, :], (3, 32, 32, 3)).astype(np.uint8)
   out = cifar.cifar10_eval_transform()({"image": images, "label": np.arange(3)}, np.arange(3))
-  assert out["image"].dtype == np.float32
-  np.testing.assert_allclose(out["image"][:, 5, 7], (pixels - mean) / std, atol=1e-6)
-  np.testing.assert_allclose(out["image"][:, 5, 7], np.broadcast_to(ks[:, None], (3, 3)),
+  assert out["images"].dtype == np.float32
+  np.testing.assert_allclose(out["images"][:, 5, 7], (pixels - mean) / std, atol=1e-6)
+  np.testing.assert_allclose(out["images"][:, 5, 7], np.broadcast_to(ks[:, None], (3, 3)),
                              atol=0.5 / std.min())
 
 
@@ -105,16 +105,16 @@ def test_augmentation_is_deterministic_resumable_and_process_independent():
                                  transform=transform) for p in range(4)]
   for batch in reference:
     shares = [quarter.next_batch(8) for quarter in quarters]
-    for key in ("image", "label"):
+    for key in ("images", "labels"):
       np.testing.assert_array_equal(batch[key], np.concatenate([s[key] for s in shares]))
   resumed = stream.TrainStream(source, seed=3, transform=transform)
   resumed.set_state({**single.get_state(), "examples_consumed": 8})
-  np.testing.assert_array_equal(resumed.next_batch(8)["image"], reference[1]["image"])
+  np.testing.assert_array_equal(resumed.next_batch(8)["images"], reference[1]["images"])
   # Augmentation really happens: the images are not just the normalised originals.
   plain = cifar.cifar10_eval_transform()(source.take(single.example_indices(np.arange(8))),
                                          np.arange(8))
-  assert not np.array_equal(plain["image"], reference[0]["image"])
-  np.testing.assert_array_equal(plain["label"], reference[0]["label"])
+  assert not np.array_equal(plain["images"], reference[0]["images"])
+  np.testing.assert_array_equal(plain["labels"], reference[0]["labels"])
 
 
 def test_missing_dataset_error_names_dataset_dir_and_build_command(tmp_path):

@@ -27,11 +27,11 @@ def test_train_batches_have_fixed_shape_and_dtypes(mock_imagenet):
   assert len({image.shape for image in raw["image"]}) > 1  # The mock images differ in size.
   train = imagenet.imagenet_train_stream(image_size=_IMAGE_SIZE, seed=0, num_threads=2)
   batch = train.next_batch(4)
-  assert set(batch) == {"image", "label"}
-  assert batch["image"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
-  assert batch["image"].dtype == np.float32
-  assert batch["label"].dtype == np.int32
-  assert np.all(np.isfinite(batch["image"]))
+  assert set(batch) == {"images", "labels"}
+  assert batch["images"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
+  assert batch["images"].dtype == np.float32
+  assert batch["labels"].dtype == np.int32
+  assert np.all(np.isfinite(batch["images"]))
 
 
 def test_eval_batches_cover_split_once_with_padding_mask(mock_imagenet):
@@ -39,13 +39,13 @@ def test_eval_batches_cover_split_once_with_padding_mask(mock_imagenet):
   batches = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=1))
   assert len(batches) == 3  # ceil(10 / 4)
   for batch in batches:
-    assert batch["image"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
-    assert batch["image"].dtype == np.float32
-    assert batch["label"].dtype == np.int32
+    assert batch["images"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
+    assert batch["images"].dtype == np.float32
+    assert batch["labels"].dtype == np.int32
   np.testing.assert_array_equal(batches[-1]["mask"], [1, 1, 0, 0])
   again = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=2))
   for first, second in zip(batches, again):
-    np.testing.assert_array_equal(first["image"], second["image"])
+    np.testing.assert_array_equal(first["images"], second["images"])
 
 
 def test_crop_box_sampler_obeys_area_and_aspect_bounds():
@@ -144,9 +144,9 @@ def test_normalization_uses_imagenet_statistics():
   constant = np.full((20, 24, 3), [200, 100, 50], np.uint8)
   examples = {"image": np.stack([constant]), "label": np.array([3])}
   batch = imagenet.imagenet_eval_transform(image_size=8, num_threads=1)(examples, np.arange(1))
-  np.testing.assert_allclose(batch["image"][0], np.broadcast_to(
+  np.testing.assert_allclose(batch["images"][0], np.broadcast_to(
       (np.array([200, 100, 50]) - mean) / std, (8, 8, 3)), rtol=1e-6)
-  np.testing.assert_array_equal(batch["label"], [3])
+  np.testing.assert_array_equal(batch["labels"], [3])
 
 
 def _ragged_source(num_examples=12):
@@ -166,15 +166,15 @@ def test_augmentation_is_deterministic_resumable_and_process_independent():
                                transform=transform) for p in range(2)]
   for batch in reference:
     shares = [half.next_batch(8) for half in halves]
-    for key in ("image", "label"):
+    for key in ("images", "labels"):
       np.testing.assert_array_equal(batch[key], np.concatenate([s[key] for s in shares]))
   resumed = stream.TrainStream(source, seed=7, transform=transform)
   resumed.set_state({**single.get_state(), "examples_consumed": 16})
-  np.testing.assert_array_equal(resumed.next_batch(8)["image"], reference[2]["image"])
+  np.testing.assert_array_equal(resumed.next_batch(8)["images"], reference[2]["images"])
   other = stream.TrainStream(source, seed=8, shuffle=False,
                              transform=imagenet.imagenet_train_transform(seed=8, image_size=8))
   unshuffled = stream.TrainStream(source, seed=7, shuffle=False, transform=transform)
-  assert not np.array_equal(other.next_batch(8)["image"], unshuffled.next_batch(8)["image"])
+  assert not np.array_equal(other.next_batch(8)["images"], unshuffled.next_batch(8)["images"])
 
 
 def test_missing_dataset_error_names_dataset_dir_and_build_command(tmp_path):
