@@ -1,0 +1,216 @@
+"""Tests of the PTB corpus, the stateful window stream and the evaluation windows."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lbjax import data
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data):
+  return data.PtbCorpus.from_dir(shared_data)
+
+
+def test_vocabulary_and_token_counts_match_mikolovs_ptb(corpus):
+  assert corpus.vocab_size == 10000
+  assert "<unk>" in corpus.word_to_id and "<eos>" in corpus.word_to_id
+  assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (929589, 73760, 82430)
+  eos = corpus.word_to_id["<eos>"]
+  assert [int((split == eos).sum()) for split in (corpus.train, corpus.valid, corpus.test)] == [
+      42068, 3370, 3761]  # one <eos> per line
+  assert all(split.dtype == np.int32 for split in (corpus.train, corpus.valid, corpus.test))
+  assert corpus.train.max() == 9999 and corpus.train.min() == 0
+
+
+def test_ids_are_by_descending_frequency(corpus):
+  counts = np.bincount(corpus.train, minlength=corpus.vocab_size)
+  assert (np.diff(counts) <= 0).all()
+  assert corpus.vocab[:3] == ("the", "<unk>", "<eos>")
+
+
+def test_tokens_decode_to_the_text(corpus):
+  assert corpus.decode(corpus.train[:4]) == ["aer", "banknote", "berlitz", "calloway"]
+  assert corpus.decode(corpus.valid[:6]) == ["consumers", "may", "want", "to", "move", "their"]
+
+
+def test_ties_are_alphabetical_and_unknown_words_map_to_unk():
+  corpus = data.PtbCorpus.from_texts(" b a <unk> \n a c b \n", " a zz \n", " c \n")
+  assert corpus.vocab == ("<eos>", "a", "b", "<unk>", "c")
+  assert corpus.decode(corpus.train) == ["b", "a", "<unk>", "<eos>", "a", "c", "b", "<eos>"]
+  assert corpus.decode(corpus.valid) == ["a", "<unk>", "<eos>"]
+  with pytest.raises(ValueError, match="no <unk>"):
+    data.PtbCorpus.from_texts(" a \n", " b \n", " a \n")
+
+
+def test_missing_files_say_where_to_get_ptb(tmp_path):
+  (tmp_path / "ptb.train.txt").write_text(" a \n")
+  with pytest.raises(FileNotFoundError, match="ptb.valid.txt not found.*simple-examples"):
+    data.PtbCorpus.from_dir(tmp_path)
+  with pytest.raises(FileNotFoundError, match="not a directory"):
+    data.PtbCorpus.from_dir(tmp_path / "absent")
+
+
+def test_non_utf8_file_raises(tmp_path):
+  for name in ("train", "valid", "test"):
+    (tmp_path / f"ptb.{name}.txt").write_text(" a \n")
+  (tmp_path / "ptb.test.txt").write_bytes(b"\xff\xfe a \n")
+  with pytest.raises(ValueError, match="ptb.test.txt is not UTF-8"):
+    data.PtbCorpus.from_dir(tmp_path)
+
+
+TOKENS = np.arange(103, dtype=np.int32)  # distinct ids show exactly where each window comes from
+
+
+def test_windows_follow_the_standard_row_layout():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  rows = TOKENS[:100].reshape(4, 25)
+  assert stream.windows_per_epoch(4) == 8  # (25 - 1) // 3
+  for i in range(8):
+    batch = stream.next_batch(4)
+    np.testing.assert_array_equal(batch["inputs"], rows[:, 3 * i:3 * i + 3])
+    np.testing.assert_array_equal(batch["targets"], rows[:, 3 * i + 1:3 * i + 4])
+    np.testing.assert_array_equal(batch["targets"][:, :-1], batch["inputs"][:, 1:])
+    assert batch["reset_carry"] == (i == 0) and batch["reset_carry"].dtype == np.bool_
+    assert batch["inputs"].dtype == batch["targets"].dtype == np.int32
+  assert stream.epoch() == 1.0
+  assert stream.next_batch(4)["reset_carry"]  # the next epoch starts over and resets the carry
+  assert stream.get_state()["epochs_completed"] == 1
+
+
+def test_epoch_is_exact_within_an_epoch():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  for _ in range(3):
+    stream.next_batch(4)
+  assert stream.epoch() == 3 / 8
+
+
+def test_two_process_rows_make_up_the_single_process_window():
+  single = data.PtbStream(TOKENS, seq_len=5)
+  shards = [data.PtbStream(TOKENS, seq_len=5, process_index=p, process_count=2) for p in range(2)]
+  for _ in range(6):
+    batch = single.next_batch(4)
+    parts = [s.next_batch(4) for s in shards]
+    for key in ("inputs", "targets"):
+      assert parts[0][key].shape == (2, 5)
+      np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), batch[key])
+    assert parts[0]["reset_carry"] == parts[1]["reset_carry"] == batch["reset_carry"]
+
+
+def test_batch_size_changes_only_at_epoch_boundaries():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  stream.next_batch(4)
+  with pytest.raises(ValueError, match="only at an epoch boundary"):
+    stream.next_batch(2)
+  for _ in range(7):
+    stream.next_batch(4)
+  batch = stream.next_batch(2)  # epoch 1 with two rows of 51 tokens
+  assert batch["reset_carry"] and batch["inputs"].shape == (2, 3)
+  np.testing.assert_array_equal(batch["inputs"], TOKENS[:102].reshape(2, 51)[:, :3])
+  assert stream.epoch() == 1 + 1 / 16
+
+
+def test_resume_mid_epoch_is_exact_also_across_batch_size_change():
+  def run(stream, sizes):
+    return [stream.next_batch(size) for size in sizes]
+
+  sizes = [4] * 8 + [2] * 3
+  reference = run(data.PtbStream(TOKENS, seq_len=3), sizes)
+  for split in (3, 8, 9):
+    first = data.PtbStream(TOKENS, seq_len=3)
+    run(first, sizes[:split])
+    resumed = data.PtbStream(TOKENS, seq_len=3)
+    resumed.set_state(json.loads(json.dumps(first.get_state())))
+    assert resumed.epoch() == first.epoch()
+    for got, want in zip(run(resumed, sizes[split:]), reference[split:]):
+      for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"num_tokens": 50}, "does not fit this stream: state num_tokens"),
+    ({"seq_len": 4}, "does not fit this stream: state seq_len"),
+    ({"windows_done": 8, "batch_size": 4}, "not below the 8 windows"),
+    ({"epochs_completed": -1}, "non-negative integer"),
+])
+def test_state_mismatch_raises(change, match):
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  with pytest.raises(ValueError, match=match):
+    stream.set_state({**stream.get_state(), **change})
+
+
+def test_state_of_a_train_stream_raises():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  with pytest.raises(ValueError, match="must be a dict with keys"):
+    stream.set_state({"examples_consumed": 0, "seed": 0, "num_examples": 103, "shuffle": 0})
+
+
+@pytest.mark.parametrize("kwargs, batch_size, error, match", [
+    ({"seq_len": 3, "process_count": 2}, 3, ValueError, "not divisible by process_count=2"),
+    ({"seq_len": 30}, 4, ValueError, "too few for batch size 4 and seq_len 30"),
+    ({"seq_len": 0}, 4, ValueError, "seq_len must be a positive integer"),
+    ({"process_index": 1}, 4, ValueError, "process_index"),
+])
+def test_bad_stream_arguments_raise(kwargs, batch_size, error, match):
+  with pytest.raises(error, match=match):
+    data.PtbStream(TOKENS, **kwargs).next_batch(batch_size)
+
+
+def test_non_token_input_raises():
+  with pytest.raises(ValueError, match="1-D integer array"):
+    data.PtbStream(np.zeros((3, 4), np.int32))
+
+
+def test_eval_with_one_row_scores_every_prediction_once():
+  batches = list(data.ptb_eval_batches(TOKENS, 1, seq_len=5))
+  assert len(batches) == 21  # ceil(102 / 5)
+  mask = np.concatenate([b["mask"][0] for b in batches])
+  targets = np.concatenate([b["targets"][0] for b in batches])
+  inputs = np.concatenate([b["inputs"][0] for b in batches])
+  np.testing.assert_array_equal(targets[mask == 1], TOKENS[1:])
+  np.testing.assert_array_equal(inputs[mask == 1], TOKENS[:-1])
+  assert [bool(b["reset_carry"]) for b in batches] == [True] + [False] * 20
+
+
+def test_eval_rows_and_processes():
+  single = list(data.ptb_eval_batches(TOKENS, 4, seq_len=7))
+  rows = TOKENS[:100].reshape(4, 25)
+  assert sum(b["mask"].sum() for b in single) == 4 * 24
+  targets = np.concatenate([b["targets"] for b in single], axis=1)
+  mask = np.concatenate([b["mask"] for b in single], axis=1)
+  np.testing.assert_array_equal(targets[mask == 1].reshape(4, 24), rows[:, 1:])
+  shards = [list(data.ptb_eval_batches(TOKENS, 4, seq_len=7, process_index=p, process_count=2))
+            for p in range(2)]
+  for i, batch in enumerate(single):
+    for key in ("inputs", "targets", "mask"):
+      np.testing.assert_array_equal(
+          np.concatenate([shards[0][i][key], shards[1][i][key]]), batch[key])
+
+
+def test_eval_perplexity_equals_the_full_corpus_perplexity():
+  tokens = data.synthetic_ptb_tokens(500, 13, seed=0)
+  rng = np.random.default_rng(0)
+  log_probs = np.log(rng.dirichlet(np.ones(13), size=13))  # a fixed bigram model p(next | current)
+  direct = -log_probs[tokens[:-1], tokens[1:]].mean()
+  total_ce, total_tokens = 0.0, 0.0
+  for batch in data.ptb_eval_batches(tokens, 1, seq_len=20):
+    ce = -log_probs[batch["inputs"], batch["targets"]]
+    total_ce += float((ce * batch["mask"]).sum())
+    total_tokens += float(batch["mask"].sum())
+  assert total_tokens == 499
+  np.testing.assert_allclose(np.exp(total_ce / total_tokens), np.exp(direct), rtol=1e-12)
+
+
+def test_real_validation_set_is_covered(corpus):
+  stream = data.PtbStream(corpus.train, seq_len=20)
+  assert stream.windows_per_epoch(20) == 2323  # (929589 // 20 - 1) // 20
+  scored = sum(b["mask"].sum() for b in data.ptb_eval_batches(corpus.valid, 10, seq_len=20))
+  assert scored == 10 * (73760 // 10 - 1)
+
+
+def test_eval_bad_arguments_raise():
+  with pytest.raises(ValueError, match="too few for 60 evaluation rows"):
+    data.ptb_eval_batches(TOKENS, 60)
+  with pytest.raises(ValueError, match="not divisible by process_count=3"):
+    data.ptb_eval_batches(TOKENS, 4, process_count=3)
