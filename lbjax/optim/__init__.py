@@ -5,6 +5,9 @@ Algorithm 1), LAMB's trust ratio, PercentDelta and the median-curvature LR (pape
 statistics of it. `trust_ratios(opt_state)` reads the last step's per-layer rates for logging.
 """
 
+from lbjax.optim.lamb import lamb
+from lbjax.optim.lamb import lamb_rate
+from lbjax.optim.lamb import scale_by_lamb_trust_ratio
 from lbjax.optim.lars import lars
 from lbjax.optim.lars import lars_rate
 from lbjax.optim.lars import scale_by_lars
@@ -12,6 +15,13 @@ from lbjax.optim.layerwise import LayerRate
 from lbjax.optim.layerwise import LayerReducer
 from lbjax.optim.layerwise import LayerwiseRateState
 from lbjax.optim.layerwise import default_mask
+from lbjax.optim.layerwise import layerwise_sgd
 from lbjax.optim.layerwise import safe_quotient
 from lbjax.optim.layerwise import scale_by_layerwise_rate
 from lbjax.optim.layerwise import trust_ratios
+from lbjax.optim.median_curvature import mclr
+from lbjax.optim.median_curvature import median_curvature_rate
+from lbjax.optim.median_curvature import scale_by_median_curvature
+from lbjax.optim.percent_delta import percent_delta
+from lbjax.optim.percent_delta import percent_delta_rate
+from lbjax.optim.percent_delta import scale_by_percent_delta

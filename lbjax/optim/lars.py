@@ -123,10 +123,9 @@ def lars(
   Returns:
     An `optax.GradientTransformation`.
   """
-  validation.check_nonnegative("learning_rate", learning_rate)
-  validation.check_momentum("momentum", momentum)
-  return optax.chain(
+  return layerwise.layerwise_sgd(
       scale_by_lars(trust_coefficient, weight_decay, eps, denominator, mask, stacked, axis_name),
-      optax.scale_by_learning_rate(learning_rate),
-      optax.trace(decay=momentum, nesterov=nesterov),
+      learning_rate,
+      momentum,
+      nesterov,
   )

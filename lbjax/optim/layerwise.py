@@ -84,7 +84,11 @@ class LayerReducer:
     if self.axis_name is not None and self.ndim > self.stacked_axes:
       x = jax.lax.all_gather(x, self.axis_name, axis=self.stacked_axes, tiled=True)
     flat = x.reshape(x.shape[: self.stacked_axes] + (-1,))
-    return jnp.median(flat.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=-1)
+    median = jnp.median(flat.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=-1)
+    if self.axis_name is not None:
+      # Every device computed the same median; pmax (exact on equal values) marks it replicated.
+      median = jax.lax.pmax(median, self.axis_name)
+    return median
 
 
 class LayerRate(Protocol):
@@ -305,3 +309,34 @@ def trust_ratios(opt_state: Any) -> Params:
   nan = jnp.full((), jnp.nan, jnp.float32)
   return jax.tree.unflatten(treedef, [nan if _is_masked(r) else r for r in flat])
 
+
+
+def layerwise_sgd(
+    scaling: optax.GradientTransformation,
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: Any = 0.9,
+    nesterov: bool = False,
+) -> optax.GradientTransformation:
+  """Momentum SGD on top of a layer-wise scaling, with the learning rate inside the momentum.
+
+      v_{t+1} = m * v_t + gamma_t * u_t,    w_{t+1} = w_t - v_{t+1}
+
+  where `u_t` is the output of `scaling` (papers/000 Algorithm 1 puts `gamma_t` inside `v`, which
+  matters when `gamma_t` changes: this is not `optax.sgd`, which scales after the momentum).
+
+  Args:
+    scaling: a layer-wise transform such as `scale_by_lars`.
+    learning_rate: gamma, a float or an optax schedule of the update count.
+    momentum: m, in [0, 1).
+    nesterov: return `-(m * v_{t+1} + gamma_t * u_t)` instead (as `optax.trace`).
+
+  Returns:
+    An `optax.GradientTransformation`.
+  """
+  validation.check_nonnegative("learning_rate", learning_rate)
+  validation.check_momentum("momentum", momentum)
+  return optax.chain(
+      scaling,
+      optax.scale_by_learning_rate(learning_rate),
+      optax.trace(decay=momentum, nesterov=nesterov),
+  )

@@ -34,8 +34,8 @@ def lars_step(w, g, v, lr, m, beta, eta, selected, eps=0.0, denominator="paper")
 
 
 def lamb_step(w, g, m1, m2, t, lr, b1, b2, eps, beta, selected):
-  """LAMB (You et al. 2019, Alg. 2 without bias-correction differences): Adam direction r + beta*w
-  scaled by ||w|| / ||r + beta*w|| (1 if either norm is zero). Returns (w, m1, m2, ratio)."""
+  """One LAMB step (You et al. 2019): bias-corrected Adam direction r, decoupled weight decay, and
+  the trust ratio ||w|| / ||r + beta*w|| (1 if either norm is zero). Returns (w, m1, m2, ratio)."""
   m1 = b1 * m1 + (1 - b1) * g
   m2 = b2 * m2 + (1 - b2) * g * g
   m_hat = m1 / (1 - b1**t)

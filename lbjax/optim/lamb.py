@@ -1,0 +1,94 @@
+"""LAMB: the layer-wise trust ratio of LARS applied to the Adam direction (You et al., 2019)."""
+
+from typing import Any
+
+import optax
+
+from lbjax.optim import layerwise
+from lbjax.optim import validation
+
+
+def lamb_rate():
+  """The LAMB trust ratio as a `LayerRate`: `||w^l|| / ||u^l + beta * w^l||`.
+
+  `u` is the incoming (Adam) direction. With the zero-norm rule of `layerwise.safe_quotient` the
+  ratio is 1 when either norm is zero, as in optax and the LAMB paper.
+
+  Returns:
+    A `layerwise.LayerRate`.
+  """
+
+  def rate(w, u, weight_decay, layer):
+    return layerwise.safe_quotient(layer.norm(w), layer.norm(u + weight_decay * w))
+
+  return rate
+
+
+def scale_by_lamb_trust_ratio(
+    weight_decay: Any = 0.0,
+    mask: layerwise.MaskOrFn = None,
+    stacked: layerwise.StackedOrFn = None,
+    axis_name: layerwise.AxisName = None,
+) -> optax.GradientTransformation:
+  """The trust-ratio part of LAMB on its own: `u^l <- ||w^l|| / ||d^l|| * d^l`, `d = u + beta * w`.
+
+  Composes after any direction (Adam in `lamb`; other preconditioners work the same way).
+  Unselected leaves pass through unchanged (no weight decay, no trust ratio).
+
+  Args:
+    weight_decay: beta, >= 0 (decoupled, added to the direction before the ratio), selected leaves.
+    mask: which leaves get the trust ratio (pytree of bools or callable); default `ndim >= 2`.
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation`; `trust_ratios(state)` gives the ratios of the last step.
+  """
+  return layerwise.scale_by_layerwise_rate(
+      lamb_rate(), weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name
+  )
+
+
+def lamb(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-6,
+    eps_root: Any = 0.0,
+    weight_decay: Any = 0.0,
+    mask: layerwise.MaskOrFn = None,
+    stacked: layerwise.StackedOrFn = None,
+    axis_name: layerwise.AxisName = None,
+) -> optax.GradientTransformation:
+  """LAMB: Adam direction, decoupled weight decay, layer-wise trust ratio.
+
+      r_t = m_hat_t / (sqrt(v_hat_t + eps_root) + eps)            (Adam, bias-corrected)
+      w_{t+1}^l = w_t^l - gamma_t * ||w_t^l|| / ||r_t^l + beta * w_t^l|| * (r_t^l + beta * w_t^l)
+
+  for selected leaves; unselected leaves take the plain Adam step `-gamma_t * r_t`. With every leaf
+  selected this is `optax.lamb` (whose `mask` only governs weight decay).
+
+  Args:
+    learning_rate: gamma, a float or an optax schedule of the update count.
+    b1: Adam's first-moment decay, in [0, 1).
+    b2: Adam's second-moment decay, in [0, 1).
+    eps: added to the root of the second moment, >= 0.
+    eps_root: added inside the root, >= 0.
+    weight_decay: beta, >= 0, selected leaves only.
+    mask: which leaves get weight decay and the trust ratio; default `ndim >= 2`.
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation`.
+  """
+  validation.check_nonnegative("learning_rate", learning_rate)
+  validation.check_momentum("b1", b1)
+  validation.check_momentum("b2", b2)
+  validation.check_nonnegative("eps", eps)
+  validation.check_nonnegative("eps_root", eps_root)
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+      scale_by_lamb_trust_ratio(weight_decay, mask, stacked, axis_name),
+      optax.scale_by_learning_rate(learning_rate),
+  )

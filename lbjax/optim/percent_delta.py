@@ -1,0 +1,88 @@
+"""PercentDelta: a layer-wise LR that fixes the mean relative change of the weights (papers/003 eq. 24)."""
+
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+
+from lbjax.optim import layerwise
+
+
+def percent_delta_rate():
+  """The PercentDelta rate as a `LayerRate` (papers/003 eq. 24, Abuelhaija 2017).
+
+      rate^l = size(w^l) / || d^l / w^l ||_1,     d = g + beta * w
+
+  so that a step `gamma * rate * d` changes the weights of the layer by `gamma` on average, in
+  relative terms: `mean_i |step_i / w_i| = gamma`. The relative change of a zero weight is undefined:
+  zero weights are left out of both `size` and the sum. If no weight is nonzero or `d` vanishes on
+  all of them, the rate is 1 (the zero-norm rule of `layerwise.safe_quotient`).
+
+  Returns:
+    A `layerwise.LayerRate`.
+  """
+
+  def rate(w, g, weight_decay, layer):
+    d = g + weight_decay * w
+    nonzero = w != 0
+    relative = jnp.where(nonzero, jnp.abs(d) / jnp.where(nonzero, jnp.abs(w), 1), 0)
+    return layerwise.safe_quotient(layer.sum(nonzero.astype(jnp.float32)), layer.sum(relative))
+
+  return rate
+
+
+def scale_by_percent_delta(
+    weight_decay: Any = 0.0,
+    mask: layerwise.MaskOrFn = None,
+    stacked: layerwise.StackedOrFn = None,
+    axis_name: layerwise.AxisName = None,
+) -> optax.GradientTransformation:
+  """The layer-wise part of PercentDelta: `u^l = size(w^l) / ||d^l / w^l||_1 * d^l`, `d = g + beta*w`.
+
+  Args:
+    weight_decay: beta, >= 0, selected leaves only.
+    mask: which leaves get the rate (pytree of bools or callable); default `ndim >= 2`.
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation`; `trust_ratios(state)` gives the rates of the last step.
+  """
+  return layerwise.scale_by_layerwise_rate(
+      percent_delta_rate(), weight_decay=weight_decay, mask=mask, stacked=stacked,
+      axis_name=axis_name,
+  )
+
+
+def percent_delta(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: Any = 0.9,
+    weight_decay: Any = 0.0,
+    nesterov: bool = False,
+    mask: layerwise.MaskOrFn = None,
+    stacked: layerwise.StackedOrFn = None,
+    axis_name: layerwise.AxisName = None,
+) -> optax.GradientTransformation:
+  """Momentum SGD with the PercentDelta layer-wise LR (papers/003 eq. 24).
+
+      eta_g = gamma_t * size(w^l) / ||d^l / w^l||_1,   v = m * v + eta_g * d^l,   w = w - v
+
+  with `d = g + beta * w` on selected leaves; unselected leaves get plain momentum SGD. With
+  `momentum=0`, `gamma` is the mean relative change of the weights per step.
+
+  Args:
+    learning_rate: gamma, a float or an optax schedule of the update count.
+    momentum: m, in [0, 1).
+    weight_decay: beta, >= 0, selected leaves only.
+    nesterov: Nesterov momentum.
+    mask: which leaves get the rate; default `ndim >= 2`.
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation`.
+  """
+  return layerwise.layerwise_sgd(
+      scale_by_percent_delta(weight_decay, mask, stacked, axis_name), learning_rate, momentum,
+      nesterov,
+  )
