@@ -173,14 +173,15 @@ def load_mnist_idx(data_dir: str | os.PathLike[str] | None, split: str, *,
 
 
 def load_mnist_tfds(split: str, data_dir: str | os.PathLike[str] | None = None) -> ArraySource:
-  """Loads an MNIST split from a prepared TFDS `mnist` dataset, in the same format as the idx loader.
+  """Loads an MNIST split from a prepared TFDS `mnist` dataset in the format of the idx loader.
 
   Reads `tfds.data_source('mnist', split=split, data_dir=data_dir, download=False)` (random access,
   no TensorFlow needed); nothing is downloaded.
 
   Args:
     split: a TFDS split of mnist: 'train', 'test', or a slice such as 'train[:1000]'.
-    data_dir: TFDS data folder; None means TFDS's default (`~/tensorflow_datasets` or `$TFDS_DATA_DIR`).
+    data_dir: TFDS data folder; None means TFDS's default (`$TFDS_DATA_DIR` or
+      `~/tensorflow_datasets`).
 
   Returns:
     `ArraySource(images=float32 [N, 28, 28] in [0, 1], labels=int32 [N])`.

@@ -167,6 +167,10 @@ class PtbStream:
   An epoch with global batch size B is the `(L - 1) // T` windows of the [B, L] row layout, in
   order; `reset_carry` is True on the first window of each epoch. The batch size may change only
   at an epoch boundary. Same interface as `TrainStream`.
+
+  Attributes:
+    num_examples: number of tokens in the stream. Progress is measured by `epoch()` (exact, in
+      windows); a batch of B rows covers about B * T of these tokens.
   """
 
   def __init__(self, tokens: np.ndarray, *, seq_len: int = 20, process_index: int = 0,

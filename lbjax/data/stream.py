@@ -1,17 +1,22 @@
 """Deterministic, resumable, process-sharded streams over random-access sources.
 
-The training input of lbjax is one global stream of examples: the concatenation of one permutation
-of the dataset per epoch. Stream position `k` holds example `perm(seed, k // N)[k % N]`, where `N` is
-the dataset size and `perm(seed, e) = np.random.default_rng([seed, e]).permutation(N)` (the identity
-when shuffling is off). A global batch of size `B` is the next `B` stream positions; it may straddle
-an epoch boundary, and `B` may change from one batch to the next (batch-size schedules). Process `p`
-of `P` receives positions `[p*B/P, (p+1)*B/P)` of each batch, so the content of the global batch does
-not depend on how many processes read it, and the whole state of the stream is one integer (examples
-consumed) plus the seed.
+The training input of lbjax is one global stream of examples: the concatenation of one
+permutation of the dataset per epoch. Stream position `k` holds example
+`perm(seed, k // N)[k % N]`, where `N` is the dataset size and
+`perm(seed, e) = np.random.default_rng([seed, e]).permutation(N)` (the identity when shuffling is
+off). A global batch of size `B` is the next `B` stream positions; it may straddle an epoch
+boundary, and `B` may change from one batch to the next (batch-size schedules). Process `p` of `P`
+receives positions `[p*B/P, (p+1)*B/P)` of each batch, so the content of the global batch does
+not depend on how many processes read it, and the whole state of the stream is one integer
+(examples consumed) plus the seed.
 
-Sources are anything with `__len__` and a vectorised `take(indices)`; `ArraySource` wraps in-memory
-numpy arrays. Per-example randomness (augmentation) is seeded from `(seed, stream position)` with
-`example_rngs`, so it is independent of the number of processes and of resumption.
+Sources are anything with `__len__` and a vectorised `take(indices)`; `ArraySource` wraps
+in-memory numpy arrays. Per-example randomness (augmentation) is seeded from
+`(seed, stream position)` with `example_rngs`, so it is independent of the number of processes
+and of resumption.
+
+lbjax does not use grain's samplers here: a batch size that changes between steps (and mid-epoch)
+with an exact one-integer resume point is simpler to state and test directly.
 """
 
 from collections.abc import Callable, Iterator, Mapping

@@ -1,4 +1,4 @@
-"""Tests of the MNIST loaders against the real idx files, tiny hand-made idx files, and TFDS mocks."""
+"""Tests of the MNIST loaders on the real idx files, tiny hand-made idx files and TFDS mocks."""
 
 import gzip
 import hashlib
