@@ -74,7 +74,9 @@ class BatchSizeSchedule:
 
   def __post_init__(self):
     if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, Sequence):
-      raise TypeError(f"sizes must be a sequence of batch sizes such as (128, 640), got {self.sizes!r}.")
+      raise TypeError(
+          f"sizes must be a sequence of batch sizes such as (128, 640), got {self.sizes!r}."
+      )
     if not self.sizes:
       raise ValueError("sizes must hold at least one batch size, got an empty sequence.")
     sizes = tuple(

@@ -39,9 +39,9 @@ def polynomial_decay(
     v(e) = end + (init - end) * (1 - clip((e - b) / (T - b), 0, 1)) ** power
 
   so v = init for e <= b and v = end for e >= T. With b = 0 this is the global rate of
-  Algorithm 1 of papers/000, gamma_t = gamma_0 * (1 - t/T)^2, and the poly decay of papers/001 §3.2,
-  eta * (1 - i/I)^p, with the iteration ratio i/I written as the epoch ratio e/T (equal for a fixed
-  batch size). Both papers use power 2.
+  Algorithm 1 of papers/000, gamma_t = gamma_0 * (1 - t/T)^2, and the poly decay of papers/001
+  §3.2, eta * (1 - i/I)^p, with the iteration ratio i/I written as the epoch ratio e/T (equal for
+  a fixed batch size). Both papers use power 2.
 
   Args:
     init_value: value up to `begin_epoch`, >= 0.

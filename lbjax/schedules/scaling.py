@@ -19,7 +19,7 @@ from typing import NamedTuple
 from lbjax.schedules import validation
 
 GOYAL_WARMUP_EPOCHS = 5.0
-"""Warm-up length of Goyal et al. (papers/001 §3.1: "manually set the warmup length at five epochs")."""
+"""Warm-up epochs of Goyal et al. (papers/001 §3.1: "set the warmup length at five epochs")."""
 
 
 class ScaledRecipe(NamedTuple):
@@ -66,7 +66,7 @@ def sqrt_scaling(
     *,
     warmup_epochs: float = 0.0,
 ) -> ScaledRecipe:
-  """Sqrt scaling rule: `lr = base_lr * sqrt(k)`, `k = batch_size / base_batch_size` (papers/001 §2.3).
+  """Sqrt scaling rule: `lr = base_lr * sqrt(k)`, `k = batch_size / base_batch_size` (§2.3, 001).
 
   Args:
     base_batch_size: batch size of the baseline recipe, a positive int.

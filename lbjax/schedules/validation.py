@@ -37,7 +37,7 @@ def check_non_negative(name: str, value: object) -> float:
 
 
 def check_positive_int(name: str, value: object) -> int:
-  """Returns `value` as an int; raises unless it is an integer >= 1 (floats such as 8.0 are refused)."""
+  """Returns `value` as an int; raises unless it is an integer >= 1 (a float such as 8.0 is not)."""
   if isinstance(value, bool) or not isinstance(value, numbers.Integral):
     raise TypeError(
         f"{name} must be a positive integer, got {value!r} ({type(value).__name__}); "
@@ -57,7 +57,7 @@ def check_momentum(name: str, value: object) -> float:
 
 
 def check_boundaries(name: str, boundaries: object) -> tuple[float, ...]:
-  """Returns epoch boundaries as a tuple of floats; raises unless they are > 0 and strictly increasing."""
+  """Returns epoch boundaries as a tuple of floats; raises unless > 0 and strictly increasing."""
   if isinstance(boundaries, (str, bytes)) or not isinstance(boundaries, Sequence):
     raise TypeError(
         f"{name} must be a sequence of epochs such as (30, 60, 80), got {boundaries!r}."

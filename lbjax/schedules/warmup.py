@@ -24,10 +24,10 @@ def linear_warmup(
     v(e) = schedule(e)                            for e >= w
 
   The ramp ends at `schedule(w)`, so the result is continuous at the end of warm-up for any
-  `schedule`. For a schedule that is flat up to `w` (a constant, a multi-step decay, or a decay whose
-  `begin_epoch` is `w`) the ramp ends at the peak; for a decay measured from epoch 0 it ends at the
-  decayed value. `init_value` 0 is the LEGW ramp ("increases LR from 0", papers/001 §3.2); papers/000
-  (footnote 2) starts from 0.001.
+  `schedule`. For a schedule that is flat up to `w` (a constant, a multi-step decay, or a decay
+  whose `begin_epoch` is `w`) the ramp ends at the peak; for a decay measured from epoch 0 it ends
+  at the decayed value. `init_value` 0 is the LEGW ramp ("increases LR from 0", papers/001 §3.2);
+  papers/000 (footnote 2) starts from 0.001.
 
   Args:
     schedule: the schedule that takes over at epoch `warmup_epochs` (absolute epochs).
