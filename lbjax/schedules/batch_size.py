@@ -270,7 +270,7 @@ def hybrid_schedule(
   lr_factors, lr_boundaries = [], []
   for boundary, factor in zip(boundaries, factors):
     previous = sizes[-1]
-    if previous / factor <= max_batch_size:
+    if previous / factor <= max_batch_size * (1 + 1e-9):  # Tolerates rounding, e.g. 21 / 0.7.
       grown, lr_factor = _grow(previous, factor), 1.0
     else:
       grown, lr_factor = max_batch_size, factor * max_batch_size / previous

@@ -125,6 +125,13 @@ def test_hybrid_with_a_large_maximum_is_the_growing_batch_schedule():
   assert hybrid.learning_rate_schedule(199) == 0.1
 
 
+def test_hybrid_growth_that_lands_on_the_maximum_up_to_rounding_keeps_the_lr():
+  """21 / 0.7 is 30.000000000000004 in floating point: B reaches B_max = 30 and eps stays."""
+  hybrid = schedules.hybrid_schedule(21, 1.0, (5,), 0.7, max_batch_size=30)
+  assert hybrid.batch_size_schedule.sizes == (21, 30)
+  assert hybrid.learning_rate_schedule(10) == 1.0
+
+
 @pytest.mark.parametrize(
     "build, error, match",
     [
