@@ -129,6 +129,11 @@ def per_layer_curvature_radius(
       params, grads)
 
 
+_per_layer_curvature_radius_jit = jax.jit(
+    per_layer_curvature_radius,
+    static_argnames=("weight_decay", "quantile_levels", "min_abs_weight", "min_abs_grad"))
+
+
 def curvature_radius_rows(
     params: PyTree,
     grads: PyTree,
@@ -139,12 +144,11 @@ def curvature_radius_rows(
     min_abs_grad: float = 0.0,
 ) -> list[CurvatureRadiusRow]:
   """Host-side rows of `per_layer_curvature_radius`, one per leaf, named by pytree path."""
-  stats = jax.device_get(jax.jit(
-      lambda p, g: per_layer_curvature_radius(
-          p, g, weight_decay=weight_decay, quantile_levels=quantile_levels,
-          min_abs_weight=min_abs_weight, min_abs_grad=min_abs_grad))(params, grads))
-  leaves = jax.tree.leaves(stats, is_leaf=lambda x: isinstance(x, CurvatureRadiusStats))
   levels = tuple(float(q) for q in quantile_levels)
+  stats = jax.device_get(_per_layer_curvature_radius_jit(
+      params, grads, weight_decay=weight_decay, quantile_levels=levels,
+      min_abs_weight=min_abs_weight, min_abs_grad=min_abs_grad))
+  leaves = jax.tree.leaves(stats, is_leaf=lambda x: isinstance(x, CurvatureRadiusStats))
   return [
       CurvatureRadiusRow(
           layer=layer_name(path),

@@ -74,6 +74,9 @@ def per_layer_norms(params: PyTree, grads: PyTree) -> PerLayerNorms:
   return PerLayerNorms(w_norm, g_norm, ratio, mean_abs)
 
 
+_per_layer_norms_jit = jax.jit(per_layer_norms)
+
+
 def layer_norms(params: PyTree, grads: PyTree) -> list[LayerNormRow]:
   """Rows of the per-layer norms table, in pytree leaf order (host-side; fetches the values).
 
@@ -86,7 +89,7 @@ def layer_norms(params: PyTree, grads: PyTree) -> list[LayerNormRow]:
     ||w||/||grad||, mean |grad|.
   """
   check_matching_trees(params, grads, "layer_norms")
-  stats = jax.device_get(jax.jit(per_layer_norms)(params, grads))
+  stats = jax.device_get(_per_layer_norms_jit(params, grads))
   columns = [jax.tree.leaves(field) for field in stats]
   return [
       LayerNormRow(layer_name(path), tuple(jnp.shape(p)), *(float(c[i]) for c in columns))

@@ -282,7 +282,8 @@ def compressed_pmean(
 
   Args:
     grads: this device's gradient pytree.
-    state: this device's compressor state.
+    state: this device's compressor state. The QSGD key is the same on every device (pass it
+      replicated); an error-feedback residual is per device (shard it over `axis_name`).
     compressor: a `GradientCompressor`; a stochastic one must have been built with the same
       `axis_name` so that devices draw different randomness.
     axis_name: the data-parallel axis bound by the enclosing `shard_map`/`pmap`.
@@ -328,7 +329,7 @@ def bits_per_step(params: optax.Params, compressor: GradientCompressor) -> BitsP
   if not isinstance(compressor, GradientCompressor):
     raise TypeError(
         f"bits_per_step: compressor must be a GradientCompressor, got {type(compressor).__name__}.")
-  sizes = [math.prod(leaf.shape) for leaf in jax.tree.leaves(params)]
+  sizes = [math.prod(jnp.shape(leaf)) for leaf in jax.tree.leaves(params)]
   if not sizes:
     raise ValueError("bits_per_step: params has no leaves.")
   compressed = float(sum(compressor.bits_per_leaf(n) for n in sizes))

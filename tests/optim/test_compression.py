@@ -190,6 +190,26 @@ def test_compressed_pmean_one_bit_is_mean_of_local_decodes():
   np.testing.assert_allclose(np.asarray(mean), np.tile(local.mean(0), (8, 1)), rtol=1e-5, atol=1e-6)
 
 
+def test_compressed_pmean_error_feedback_keeps_a_residual_per_device():
+  mesh = _data_mesh()
+  steps = jax.random.normal(jax.random.key(5), (3, 8, 6))
+  comp = compression.one_bit(error_feedback=True)
+  mapped = jax.jit(jax.shard_map(
+      lambda g, state: compression.compressed_pmean(g, state, comp, "data"), mesh=mesh,
+      in_specs=(P("data"), P("data")), out_specs=(P(), P("data"))))
+  sharding = jax.sharding.NamedSharding(mesh, P("data"))
+  state = jax.device_put(comp.init(steps[0]), sharding)
+  sent = 0.0
+  for g in steps:
+    mean, state = mapped(jax.device_put(g, sharding), state)
+    sent = sent + np.asarray(mean)
+  # Per device: sum of sent = sum of true - residual, so the device means satisfy the same.
+  true_sum = np.asarray(steps.sum(0))
+  residual = np.asarray(state.residual)
+  assert np.abs(residual).max() > 0.01
+  np.testing.assert_allclose(sent[0], (true_sum - residual).mean(0), atol=1e-5)
+
+
 def test_bits_per_step_on_small_tree():
   params = {"w": jnp.zeros((10, 10)), "b": jax.ShapeDtypeStruct((10,), jnp.float32)}
   assert compression.bits_per_step(params, compression.no_compression()) == (3520.0, 3520, 1.0)
