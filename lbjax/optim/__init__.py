@@ -5,6 +5,7 @@ Algorithm 1), LAMB's trust ratio, PercentDelta and the median-curvature LR (pape
 statistics of it. `trust_ratios(opt_state)` reads the last step's per-layer rates for logging.
 """
 
+from lbjax.optim import compression
 from lbjax.optim.lamb import lamb
 from lbjax.optim.lamb import lamb_rate
 from lbjax.optim.lamb import scale_by_lamb_trust_ratio
