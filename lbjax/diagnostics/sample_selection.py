@@ -29,7 +29,8 @@ def small_loss_discard_weights(per_example_loss: jax.Array, discard_fraction: fl
         f"{jnp.shape(per_example_loss)}; compute the loss per sample without reducing it.")
   if isinstance(discard_fraction, bool) or not 0.0 <= discard_fraction < 1.0:
     raise ValueError(
-        f"small_loss_discard_weights: discard_fraction must be in [0, 1), got {discard_fraction!r}.")
+        "small_loss_discard_weights: discard_fraction must be in [0, 1), got "
+        f"{discard_fraction!r}.")
   batch = jnp.shape(per_example_loss)[0]
   num_discard = int(discard_fraction * batch)
   order = jnp.argsort(jax.lax.stop_gradient(per_example_loss), stable=True)

@@ -12,7 +12,8 @@ scalars (the two group means of 1-bit SGD, the norm of QSGD).
 * QSGD with s levels (Alistarh et al. 2017; papers/004, "Controllable quantization"):
   Q_s(v)_i = ||v||_2 sgn(v_i) xi_i(v, s), with, for l/s <= |v_i|/||v|| <= (l+1)/s,
   P[xi_i = (l+1)/s] = s|v_i|/||v|| - l, P[xi_i = l/s] = 1 - (s|v_i|/||v|| - l).
-  Unbiased, E||Q_s(v)||^2 <= (1 + min(n/s^2, sqrt(n)/s)) ||v||^2 and E||Q_s(v)||_0 <= s(s + sqrt(n)).
+  Unbiased, E||Q_s(v)||^2 <= (1 + min(n/s^2, sqrt(n)/s)) ||v||^2 and
+  E||Q_s(v)||_0 <= s(s + sqrt(n)).
 """
 
 from collections.abc import Callable, Hashable

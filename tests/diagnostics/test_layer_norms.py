@@ -55,7 +55,8 @@ def test_zero_gradient_gives_infinite_ratio_not_nan():
 def test_jitted_on_sharded_params_matches_unsharded():
   params, grads = _tree()
   mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-  shard = lambda x: jax.device_put(x, NamedSharding(mesh, P("data") if x.shape[0] % 8 == 0 else P()))
+  spec = lambda x: P("data") if x.shape[0] % 8 == 0 else P()
+  shard = lambda x: jax.device_put(x, NamedSharding(mesh, spec(x)))
   sharded = jax.jit(diagnostics.per_layer_norms)(jax.tree.map(shard, params),
                                                   jax.tree.map(shard, grads))
   local = diagnostics.per_layer_norms(params, grads)
