@@ -1,0 +1,232 @@
+"""LSTMCell, MnistLSTM and PtbLSTM against a hand-written NumPy LSTM; counts, carry, dropout."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lbjax.models import LSTMCell, MnistLSTM, PtbLSTM
+
+
+def _sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def _np_lstm_step(kernel, bias, c, h, x, forget_bias=1.0):
+  """TensorFlow BasicLSTMCell: gates i, j, f, o from one fused matmul over [x, h]."""
+  gates = np.concatenate([x, h], axis=1) @ kernel + bias
+  i, j, f, o = np.split(gates, 4, axis=1)
+  c = c * _sigmoid(f + forget_bias) + _sigmoid(i) * np.tanh(j)
+  return c, np.tanh(c) * _sigmoid(o)
+
+
+def _np(x):
+  return np.asarray(x, np.float64)
+
+
+def _count(model):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def _randomise(model, seed=0):
+  """Gives every parameter (biases included) random values so that no gate term hides."""
+  rng = np.random.default_rng(seed)
+  state = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(
+      lambda x: jnp.asarray(0.5 * rng.standard_normal(x.shape), jnp.float32), state))
+  return model
+
+
+# ------------------------------------------------------------------------------------ LSTMCell
+
+
+def test_cell_forget_bias_on_f_gate_by_hand():
+  cell = LSTMCell(3, 2, rngs=nnx.Rngs(0))
+  cell.kernel[...] = jnp.zeros_like(cell.kernel[...])
+  # All gate pre-activations 0: c' = c * sigmoid(0 + 1) + sigmoid(0) * tanh(0) = c * sigmoid(1).
+  (c, h), out = cell((jnp.ones((1, 2)), jnp.zeros((1, 2))), jnp.ones((1, 3)))
+  np.testing.assert_allclose(c, _sigmoid(1.0) * np.ones((1, 2)), rtol=1e-6)
+  np.testing.assert_allclose(h, np.tanh(_sigmoid(1.0)) * 0.5 * np.ones((1, 2)), rtol=1e-6)
+  np.testing.assert_array_equal(out, h)
+
+
+def test_cell_and_unroll_match_numpy():
+  cell = _randomise(LSTMCell(3, 2, forget_bias=0.7, rngs=nnx.Rngs(0)))
+  assert cell.kernel.shape == (5, 8) and cell.bias.shape == (8,)
+  k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+  xs = jax.random.normal(k1, (2, 4, 3))
+  carry = (jax.random.normal(k2, (2, 2)), jax.random.normal(k3, (2, 2)))
+  kernel, bias = _np(cell.kernel[...]), _np(cell.bias[...])
+  c, h = _np(carry[0]), _np(carry[1])
+  expected = []
+  for t in range(4):
+    c, h = _np_lstm_step(kernel, bias, c, h, _np(xs[:, t]), forget_bias=0.7)
+    expected.append(h)
+  (c_t, h_t), outputs = cell.unroll(carry, xs)
+  np.testing.assert_allclose(outputs, np.stack(expected, axis=1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(c_t, c, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(h_t, h, rtol=1e-5, atol=1e-6)
+  (c_1, h_1), out_1 = cell(carry, xs[:, 0])
+  np.testing.assert_allclose(out_1, outputs[:, 0], rtol=1e-6)
+
+
+def test_cell_validation():
+  with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+    LSTMCell(3, 0, rngs=nnx.Rngs(0))
+  cell = LSTMCell(3, 2, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"inputs of shape \[N, 3\], got shape \(1, 4\)"):
+    cell(cell.initial_carry(1), jnp.ones((1, 4)))
+  with pytest.raises(ValueError, match=r"carry \(c, h\) of two arrays of shape \[1, 2\]"):
+    cell(cell.initial_carry(2), jnp.ones((1, 3)))
+  with pytest.raises(ValueError, match=r"inputs of shape \[N, T, 3\]"):
+    cell.unroll(cell.initial_carry(1), jnp.ones((1, 3)))
+
+
+# ----------------------------------------------------------------------------------- MnistLSTM
+
+
+def test_mnist_lstm_matches_paper_shapes_and_count():
+  model = nnx.eval_shape(lambda: MnistLSTM(rngs=nnx.Rngs(0)))
+  # papers/001 §5.1.1: 128x28 transform, 256x512 cell kernel, 10-way classifier on 128 units.
+  assert model.transform.kernel.shape == (28, 128)
+  assert model.cell.kernel.shape == (256, 512) and model.cell.bias.shape == (512,)
+  assert model.classifier.kernel.shape == (128, 10)
+  assert _count(model) == (28 * 128 + 128) + (256 * 512 + 512) + (128 * 10 + 10) == 136_586
+
+
+def test_mnist_lstm_matches_numpy_unroll():
+  model = _randomise(MnistLSTM(num_classes=3, input_size=4, transform_size=5, hidden_size=6,
+                               rngs=nnx.Rngs(0)))
+  images = jax.random.uniform(jax.random.key(2), (2, 7, 4))
+  x = _np(images) @ _np(model.transform.kernel[...]) + _np(model.transform.bias[...])
+  c = h = np.zeros((2, 6))
+  for t in range(7):
+    c, h = _np_lstm_step(_np(model.cell.kernel[...]), _np(model.cell.bias[...]), c, h, x[:, t])
+  expected = h @ _np(model.classifier.kernel[...]) + _np(model.classifier.bias[...])
+  logits = model(images, train=True)
+  assert logits.shape == (2, 3) and logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(model(images[..., None], train=False), logits)
+
+
+def test_mnist_lstm_validation():
+  with pytest.raises(ValueError, match="transform_size must be a positive int"):
+    MnistLSTM(transform_size=0, rngs=nnx.Rngs(0))
+  model = MnistLSTM(num_classes=3, input_size=4, transform_size=5, hidden_size=6,
+                    rngs=nnx.Rngs(0))
+  expected = r"images of shape \[N, T, 4\] or \[N, T, 4, 1\]"
+  with pytest.raises(ValueError, match=expected + r", got shape \(2, 7, 5\)"):
+    model(jnp.ones((2, 7, 5)), train=False)
+  with pytest.raises(ValueError, match=expected + r", got shape \(2, 7, 4, 3\)"):
+    model(jnp.ones((2, 7, 4, 3)), train=False)
+  with pytest.raises(ValueError, match=expected + r", got shape \(28,\)"):
+    model(jnp.ones((28,)), train=False)
+  with pytest.raises(ValueError, match="floating-point array"):
+    model(jnp.ones((2, 7, 4), jnp.uint8), train=False)
+
+
+# ------------------------------------------------------------------------------------- PtbLSTM
+
+
+def _tiny_ptb(dropout_rate=0.0):
+  return _randomise(PtbLSTM(vocab_size=11, embed_size=4, hidden_size=3, num_layers=2,
+                            dropout_rate=dropout_rate, rngs=nnx.Rngs(0)))
+
+
+def _tokens(n=2, t=6, seed=3):
+  return jax.random.randint(jax.random.key(seed), (n, t), 0, 11, jnp.int32)
+
+
+def test_ptb_lstm_matches_paper_shapes_and_count():
+  model = nnx.eval_shape(lambda: PtbLSTM(rngs=nnx.Rngs(0)))
+  # papers/001 §5.1.2: embedding 200, two layers with 400x800 cell kernels, 10k-way softmax.
+  assert model.embed.embedding.shape == (10000, 200)
+  assert [layer.kernel.shape for layer in model.layers] == [(400, 800), (400, 800)]
+  assert model.softmax.kernel.shape == (200, 10000)
+  assert _count(model) == 10000 * 200 + 2 * (400 * 800 + 800) + (200 * 10000 + 10000)
+  assert _count(model) == 4_651_600
+  assert not nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+
+
+def test_ptb_lstm_matches_numpy_and_returns_final_carry():
+  model = _tiny_ptb()
+  tokens = _tokens()
+  x = _np(model.embed.embedding[...])[np.asarray(tokens)]
+  final = []
+  for layer in model.layers:
+    c = h = np.zeros((2, 3))
+    outputs = []
+    for t in range(tokens.shape[1]):
+      c, h = _np_lstm_step(_np(layer.kernel[...]), _np(layer.bias[...]), c, h, x[:, t])
+      outputs.append(h)
+    x = np.stack(outputs, axis=1)
+    final.append((c, h))
+  expected = x @ _np(model.softmax.kernel[...]) + _np(model.softmax.bias[...])
+  logits, carry = model(tokens, model.initial_carry(2), train=False)
+  assert logits.shape == (2, 6, 11) and logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+  for (c, h), (c_np, h_np) in zip(carry, final):
+    np.testing.assert_allclose(c, c_np, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h, h_np, rtol=1e-5, atol=1e-6)
+
+
+def test_ptb_lstm_two_halves_with_carry_equal_whole_sequence():
+  model = _tiny_ptb()
+  tokens = _tokens(t=6)
+  whole, whole_carry = model(tokens, model.initial_carry(2), train=False)
+  first, carry = model(tokens[:, :3], model.initial_carry(2), train=False)
+  second, carry = model(tokens[:, 3:], carry, train=False)
+  np.testing.assert_allclose(jnp.concatenate([first, second], axis=1), whole, rtol=1e-5,
+                             atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               carry, whole_carry)
+
+
+def test_ptb_lstm_truncates_gradients_at_the_incoming_carry():
+  model = _tiny_ptb()
+  carry = jax.tree.map(lambda x: x + 0.3, model.initial_carry(2))
+
+  def loss(carry):
+    return jnp.sum(model(_tokens(), carry, train=False)[0] ** 2)
+
+  grads = jax.grad(loss)(carry)
+  jax.tree.map(lambda g: np.testing.assert_array_equal(g, 0.0), grads)
+
+
+def test_ptb_lstm_dropout_is_deterministic_by_key_and_off_in_eval():
+  model = _tiny_ptb(dropout_rate=0.5)
+  tokens, carry = _tokens(), model.initial_carry(2)
+  key_a, key_b = jax.random.key(0), jax.random.key(1)
+  a1, _ = model(tokens, carry, train=True, dropout_key=key_a)
+  a2, _ = model(tokens, carry, train=True, dropout_key=key_a)
+  b, _ = model(tokens, carry, train=True, dropout_key=key_b)
+  evaluated, _ = model(tokens, carry, train=False, dropout_key=key_a)
+  np.testing.assert_array_equal(a1, a2)
+  assert not np.allclose(a1, b)
+  assert not np.allclose(a1, evaluated)
+  no_dropout = _tiny_ptb(dropout_rate=0.0)
+  np.testing.assert_array_equal(no_dropout(tokens, carry, train=True)[0],
+                                no_dropout(tokens, carry, train=False)[0])
+  np.testing.assert_allclose(evaluated, no_dropout(tokens, carry, train=False)[0], rtol=1e-6)
+
+
+def test_ptb_lstm_validation():
+  with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\)"):
+    PtbLSTM(dropout_rate=1.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+    PtbLSTM(vocab_size=0, rngs=nnx.Rngs(0))
+  model = _tiny_ptb(dropout_rate=0.5)
+  carry = model.initial_carry(2)
+  with pytest.raises(ValueError, match="needs a dropout_key when train=True"):
+    model(_tokens(), carry, train=True)
+  with pytest.raises(ValueError, match=r"tokens of shape \[N, T\] \(T >= 1\), got shape \(6,\)"):
+    model(_tokens()[0], carry, train=False)
+  with pytest.raises(ValueError, match="integer tokens"):
+    model(_tokens().astype(jnp.float32), carry, train=False)
+  with pytest.raises(ValueError, match=r"carry of 2 \(c, h\) pairs of arrays of shape \[2, 3\]"):
+    model(_tokens(), carry[:1], train=False)
+  with pytest.raises(ValueError, match=r"carry of 2 \(c, h\) pairs of arrays of shape \[2, 3\]"):
+    model(_tokens(), model.initial_carry(3), train=False)
+  with pytest.raises(ValueError, match="batch_size must be a positive int"):
+    model.initial_carry(0)
