@@ -1,0 +1,309 @@
+"""`train_and_evaluate`: the training loop from a config to a trained, evaluated, checkpointed run.
+
+One clock: the data stream's position in epochs (examples consumed / train-set size) decides the batch
+size (a batch-size schedule), the learning rate (warm-up and decay in epochs), evaluation and the end of
+training, so every recipe stays right when the batch size changes mid-run.
+
+The loop never waits for the device between steps: metrics of each step stay on the device and are
+fetched together every `log_every` steps; the health check (non-finite loss or update) rides along.
+"""
+
+import dataclasses
+import math
+import pathlib
+import signal
+import threading
+import time
+from typing import Any
+
+from absl import logging
+from flax import nnx
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+
+from lbjax import optim
+from lbjax.train import config as config_lib
+from lbjax.train import optimizer as optimizer_lib
+from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
+from lbjax.train.metrics import MetricsWriter, ProgressLine
+from lbjax.train.state import TrainState
+from lbjax.train.step import make_eval_step, make_train_step
+from lbjax.train.tasks import build_task, initial_carry
+
+
+class NonFiniteError(FloatingPointError):
+  """Training produced a non-finite loss or update; the state and checkpoints stay the last good ones."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What a finished (or preempted) run returns."""
+  state: TrainState
+  eval_metrics: dict[str, float]
+  step: int
+  epoch: float
+  examples_seen: int
+  compiled_batch_sizes: tuple[int, ...]
+  preempted: bool
+
+
+class _PreemptionFlag:
+  """Set by SIGTERM; read at step boundaries. Multi-process runs agree via JAX's preemption sync point."""
+
+  def __init__(self):
+    self._event = threading.Event()
+    self._previous = None
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._event.set())
+
+  def should_stop(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      return multihost_utils.reached_preemption_sync_point(step) or self._event.is_set()
+    return self._event.is_set()
+
+  def restore(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+  count = jax.process_count()
+  return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0] * count,) + v.shape[1:])
+          for k, v in local.items()}
+
+
+def _place(tree: Any, shardings: Any) -> Any:
+  """Puts host values (identical on every process) onto the mesh with the given shardings.
+
+  `make_array_from_callback` lets each process fill only its own devices, so this works for any
+  sharding in single- and multi-process runs alike.
+  """
+  def place(value, sharding):
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda v: place(v, shardings), tree)
+  return jax.tree.map(place, tree, shardings)
+
+
+def _host_scalar(value: float, sharding) -> jax.Array:
+  return jax.make_array_from_process_local_data(sharding, np.asarray(value, np.float32), ())
+
+
+def _flatten(tree: Any) -> dict[str, float]:
+  flat = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    name = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+    values = np.ravel(np.asarray(leaf, np.float64))
+    for i, value in enumerate(values):
+      if np.isfinite(value):
+        flat[name if values.size == 1 else f"{name}[{i}]"] = float(value)
+  return flat
+
+
+class _Run:
+  """The state of one `train_and_evaluate` call (kept in one place so the loop reads top to bottom)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: pathlib.Path):
+    self.config = config
+    self.workdir = workdir
+    devices = jax.devices()[:config.mesh.num_devices] if config.mesh.num_devices > 0 else None
+    self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    config_lib.validate(config, data_parallel_size=data_parallel_size(self.mesh))
+    self.task = build_task(config)
+    self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
+    self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
+    self.optimizer = optimizer_lib.build_optimizer(config)
+    self.batch_sharding = batch_sharding(self.mesh)
+    self.replicated = replicated(self.mesh)
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+    self.checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+    self.compiled: dict[int, Any] = {}
+    self.compile_seconds: dict[int, float] = {}
+
+  def initial_state(self) -> TrainState:
+    model = self.task.build_model(nnx.Rngs(self.config.seed))
+    self.graphdef, params, model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
+    self.model = model
+    params = nnx.to_pure_dict(params)
+    params = _place(params, jax.tree.map(lambda x: parameter_sharding(self.mesh, x.shape), params))
+    abstract_opt_state = jax.eval_shape(self.optimizer.init, params)
+    opt_state = jax.jit(self.optimizer.init, out_shardings=jax.tree.map(
+        lambda x: parameter_sharding(self.mesh, x.shape), abstract_opt_state))(params)
+    model_state = nnx.to_pure_dict(model_state)
+    model_state = _place(model_state, jax.tree.map(lambda _: self.replicated, model_state))
+    rng = jax.random.key_data(jax.random.key(self.config.seed))
+    step, first_nonfinite_step, rng = _place((np.int32(0), np.int32(-1), rng), self.replicated)
+    return TrainState(step, params, opt_state, model_state, rng, None, first_nonfinite_step)
+
+  def zero_carry(self, global_batch_size: int) -> Any:
+    if not self.task.carries_state:
+      return None
+    carry = initial_carry(self.model, global_batch_size)
+    per_process = global_batch_size // self.process_count
+    start = self.process_index * per_process
+    local = jax.tree.map(lambda x: x[start:start + per_process], carry)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+        self.batch_sharding, x, (global_batch_size,) + x.shape[1:]), local)
+
+  def num_microbatches(self, global_batch_size: int) -> int:
+    share = global_batch_size // data_parallel_size(self.mesh)
+    limit = self.config.max_device_batch
+    return share // limit if 0 < limit < share else 1
+
+  def train_step(self, global_batch_size: int, state: TrainState, batch, learning_rate):
+    """The compiled step for this global batch size (compiled once, on first use)."""
+    if global_batch_size not in self.compiled:
+      start = time.perf_counter()
+      step = make_train_step(self.graphdef, self.task, self.optimizer, self.mesh,
+                             self.num_microbatches(global_batch_size))
+      state_shardings = jax.tree.map(lambda x: x.sharding, state)
+      batch_shardings = jax.tree.map(lambda x: x.sharding, batch)
+      self.compiled[global_batch_size] = jax.jit(
+          step, in_shardings=(state_shardings, batch_shardings, self.replicated),
+          out_shardings=(state_shardings, self.replicated), donate_argnums=(0,),
+      ).lower(state, batch, learning_rate).compile()
+      self.compile_seconds[global_batch_size] = time.perf_counter() - start
+    return self.compiled[global_batch_size]
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    if not hasattr(self, "_eval_step"):
+      self._eval_step = jax.jit(make_eval_step(self.graphdef, self.task))
+    batch_size = self.config.eval_batch_size
+    carry = self.zero_carry(batch_size)
+    totals = None
+    for local in self.task.make_eval_batches(batch_size, self.process_index, self.process_count):
+      local.pop("reset_carry", None)  # the carry starts at zero and runs through the whole split
+      sums, carry = self._eval_step(state.params, state.model_state,
+                                    _global_batch(local, self.batch_sharding), carry)
+      totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+    totals = {k: float(v) for k, v in jax.device_get(totals).items()}
+    return self.task.summarize(totals)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> TrainResult:
+  """Trains and evaluates the run `config` describes, checkpointing into `workdir`.
+
+  If `workdir` already holds a checkpoint of the same recipe, the run resumes from it exactly (same
+  parameters, optimizer state, RNG, data position); a checkpoint of a different recipe is an error.
+  SIGTERM saves a checkpoint at the next step boundary and returns with `preempted=True`.
+
+  Raises:
+    ValueError: invalid config (before any compute) or an incompatible checkpoint in `workdir`.
+    FileNotFoundError: missing data (the message says where to get it).
+    NonFiniteError: a non-finite loss or update; nothing after the last good step is written.
+  """
+  workdir = pathlib.Path(workdir)
+  run = _Run(config, workdir)
+  state = run.initial_state()
+  stream = run.task.make_train_stream(run.process_index, run.process_count)
+  examples_seen, carry_batch_size = 0, None
+  latest = run.checkpointer.latest_step()
+  if latest is not None:
+    meta = run.checkpointer.restore_meta(latest)
+    config_lib.check_resumable(meta["config"], config, str(workdir))
+    carry_batch_size = meta["carry_batch_size"]
+    state = state._replace(carry=run.zero_carry(carry_batch_size) if carry_batch_size else None)
+    state = run.checkpointer.restore_state(latest, abstract_like(state))
+    stream.set_state(meta["stream"])
+    examples_seen = meta["examples_seen"]
+    logging.info("Resumed from %s at step %d (epoch %.4f).", run.checkpointer.directory, latest, stream.epoch())
+
+  writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=config.tensorboard)
+  progress = ProgressLine(config.num_epochs, enabled=run.process_index == 0 and config.progress)
+  progress.reset_window(examples_seen, stream.epoch())
+  preemption = _PreemptionFlag()
+  step = int(jax.device_get(state.step))
+  pending: list[dict[str, jax.Array]] = []
+  next_eval = (math.floor(stream.epoch() / config.eval_every_epochs) + 1) * config.eval_every_epochs
+  eval_metrics: dict[str, float] = {}
+  preempted = False
+
+  def save() -> None:
+    check_health()
+    meta = {"stream": stream.get_state(), "examples_seen": examples_seen, "epoch": stream.epoch(),
+            "carry_batch_size": carry_batch_size, "config": config.to_json()}
+    run.checkpointer.save(step, state, meta)
+
+  def check_health() -> None:
+    bad_step = int(jax.device_get(state.first_nonfinite_step))
+    if bad_step >= 0:
+      run.checkpointer.wait()
+      last = run.checkpointer.latest_step()
+      kept = f"the last good checkpoint (step {last}) in {run.checkpointer.directory} is unharmed" \
+          if last is not None else "no checkpoint was written"
+      raise NonFiniteError(
+          f"Non-finite loss or update at step {bad_step}: training stopped and the state was not "
+          f"updated from that step on; {kept}. Lower the learning rate, lengthen the warm-up, or check "
+          "the data.")
+
+  def flush_metrics() -> None:
+    nonlocal pending
+    if not pending:
+      return
+    values = jax.device_get(pending)
+    check_health()
+    record = {k: float(np.mean([v[k] for v in values])) for k in values[0] if k != "learning_rate"}
+    record["learning_rate"] = float(values[-1]["learning_rate"])
+    record["examples_per_second"] = progress.show(step, stream.epoch(), examples_seen, record["loss"])
+    record.update(epoch=stream.epoch(), examples_seen=examples_seen, batch_size=current_batch_size)
+    writer.write("train", step, record)
+    if config.optimizer.name in optimizer_lib.LAYERWISE_OPTIMIZERS:
+      writer.write("trust_ratio", step, _flatten(jax.device_get(optim.trust_ratios(state.opt_state))))
+    pending = []
+
+  current_batch_size = run.batch_size_schedule(stream.epoch())
+  try:
+    while stream.epoch() < config.num_epochs:
+      epoch = stream.epoch()
+      current_batch_size = run.batch_size_schedule(epoch)
+      local = stream.next_batch(current_batch_size)
+      if run.task.carries_state:
+        reset = bool(local.pop("reset_carry"))
+        if reset or carry_batch_size != current_batch_size:
+          state = state._replace(carry=run.zero_carry(current_batch_size))
+          carry_batch_size = current_batch_size
+      batch = _global_batch(local, run.batch_sharding)
+      learning_rate = _host_scalar(run.lr_schedule(epoch), run.replicated)
+      compiled_before = len(run.compiled)
+      train_step = run.train_step(current_batch_size, state, batch, learning_rate)
+      if len(run.compiled) > compiled_before:
+        writer.write("compile", step, {"batch_size": current_batch_size,
+                                       "seconds": run.compile_seconds[current_batch_size]})
+      state, metrics = train_step(state, batch, learning_rate)
+      if len(run.compiled) > compiled_before:
+        progress.reset_window(examples_seen, stream.epoch())
+      step += 1
+      examples_seen += current_batch_size
+      pending.append(metrics)
+      if step % config.log_every == 0:
+        flush_metrics()
+      if stream.epoch() >= next_eval and stream.epoch() < config.num_epochs:
+        flush_metrics()
+        eval_metrics = run.evaluate(state)
+        writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch()))
+        next_eval = (math.floor(stream.epoch() / config.eval_every_epochs) + 1) * config.eval_every_epochs
+        progress.reset_window(examples_seen, stream.epoch())
+      if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
+        save()
+      if preemption.should_stop(step):
+        flush_metrics()
+        save()
+        preempted = True
+        logging.warning("SIGTERM: saved a checkpoint at step %d; exiting.", step)
+        break
+    flush_metrics()
+    if not preempted:
+      eval_metrics = run.evaluate(state)
+      writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch(), final=True))
+      if run.checkpointer.latest_step() != step:
+        save()
+  finally:
+    preemption.restore()
+    run.checkpointer.close()
+    writer.close()
+  return TrainResult(state, eval_metrics, step, stream.epoch(), examples_seen,
+                     tuple(run.compiled), preempted)

@@ -1,0 +1,145 @@
+"""The compiled train and eval steps.
+
+One train step is compiled per distinct global batch size (a batch-size schedule has a handful). When a
+device's share of the batch exceeds `max_device_batch`, the step splits the batch into `k` micro-batches
+and accumulates their gradients inside the compiled step with `lax.scan` (the papers' `iter_size`):
+
+  g = (1/k) * sum_j grad L(w; micro-batch j)
+
+Each micro-batch takes an equal slice of every device's share, so no example crosses devices, and
+BatchNorm groups (ghost batch norm) are the same as in the true batch. BatchNorm running statistics
+are the mean over micro-batches of the statistics each micro-batch would write, which equals the one
+update the true batch makes. Hence accumulation gives the same update as the true large batch.
+"""
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import optax
+
+from lbjax.train.mesh import DATA_AXES, data_parallel_size
+from lbjax.train.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+class Task(Protocol):
+  """What the step needs from a model/dataset pairing (see `lbjax.train.tasks`)."""
+
+  def train_loss(self, model: nnx.Module, batch: Batch, carry: Any, dropout_key: jax.Array
+                 ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """Mean training loss, extra metrics (means over the batch) and the new carry."""
+
+  def eval_sums(self, model: nnx.Module, batch: Batch, carry: Any) -> tuple[dict[str, jax.Array], Any]:
+    """Sums over the (masked) batch, e.g. {'loss_sum', 'correct', 'count'}, and the new carry."""
+
+
+def _split_microbatches(tree: Any, num_microbatches: int, mesh: Mesh) -> Any:
+  """[B, ...] -> [k, B/k, ...] where micro-batch j holds the j-th slice of every device's share."""
+  shards = data_parallel_size(mesh)
+
+  def split(x):
+    per_micro = x.shape[0] // (shards * num_microbatches)
+    x = x.reshape(shards, num_microbatches, per_micro, *x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1).reshape(num_microbatches, shards * per_micro, *x.shape[3:])
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, DATA_AXES)))
+
+  return jax.tree.map(split, tree)
+
+
+def _merge_microbatches(tree: Any, mesh: Mesh) -> Any:
+  """Inverse of `_split_microbatches`."""
+  shards = data_parallel_size(mesh)
+
+  def merge(x):
+    num_microbatches, rows = x.shape[:2]
+    x = x.reshape(num_microbatches, shards, rows // shards, *x.shape[2:])
+    x = jnp.swapaxes(x, 0, 1).reshape(num_microbatches * rows, *x.shape[3:])
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(DATA_AXES)))
+
+  return jax.tree.map(merge, tree)
+
+
+def _all_finite(tree: Any) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.GradientTransformation,
+                    mesh: Mesh, num_microbatches: int
+                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
+  """Returns `step(state, batch, learning_rate) -> (state, metrics)` (not yet jitted).
+
+  `learning_rate` is the value of the run's epoch schedule at this batch, computed on the host and
+  written into the `inject_hyperparams` state, so warm-up and decay follow epochs whatever the batch
+  size. A non-finite loss or update leaves the state unchanged and records the step in
+  `first_nonfinite_step`; every later step is then a no-op, so the state stays the last good one.
+  """
+
+  def loss_fn(params, model_state, batch, carry, key):
+    model = nnx.merge(graphdef, params, model_state)
+    loss, metrics, new_carry = task.train_loss(model, batch, carry, key)
+    new_model_state = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+    return loss, (metrics, new_model_state, new_carry)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def gradients(state: TrainState, batch: Batch, key: jax.Array):
+    if num_microbatches == 1:
+      (loss, (metrics, model_state, carry)), grads = grad_fn(
+          state.params, state.model_state, batch, state.carry, key)
+      return loss, metrics, model_state, carry, grads
+    micro_batches = _split_microbatches(batch, num_microbatches, mesh)
+    micro_carries = _split_microbatches(state.carry, num_microbatches, mesh)
+
+    def accumulate(totals, inputs):
+      index, micro_batch, micro_carry = inputs
+      (loss, (metrics, model_state, carry)), grads = grad_fn(
+          state.params, state.model_state, micro_batch, micro_carry, jax.random.fold_in(key, index))
+      totals = jax.tree.map(jnp.add, totals, (loss, metrics, model_state, grads))
+      return totals, carry
+
+    first = jax.tree.map(lambda x: x[0], (micro_batches, micro_carries))
+    shapes = jax.eval_shape(lambda b, c: grad_fn(state.params, state.model_state, b, c, key), *first)
+    (_, (metric_shapes, model_state_shapes, _)), grad_shapes = shapes
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         (shapes[0][0], metric_shapes, model_state_shapes, grad_shapes))
+    totals, carries = jax.lax.scan(
+        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries))
+    loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
+    return loss, metrics, model_state, _merge_microbatches(carries, mesh), grads
+
+  def step(state: TrainState, batch: Batch, learning_rate: jax.Array):
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    loss, metrics, model_state, carry, grads = gradients(state, batch, key)
+    hyperparams = dict(state.opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))
+    opt_state = state.opt_state._replace(hyperparams=hyperparams)
+    updates, opt_state = optimizer.update(grads, opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & _all_finite(updates)
+    healthy = state.first_nonfinite_step < 0
+    accept = finite & healthy
+    updated = TrainState(state.step + 1, params, opt_state, model_state, state.rng, carry,
+                         state.first_nonfinite_step)
+    new_state = jax.tree.map(lambda new, old: jnp.where(accept, new, old), updated, state)
+    new_state = new_state._replace(first_nonfinite_step=jnp.where(
+        healthy & ~finite, state.step, state.first_nonfinite_step))
+    metrics = dict(metrics, loss=loss, learning_rate=learning_rate, grad_norm=optax.tree.norm(grads),
+                   update_norm=optax.tree.norm(updates))
+    return new_state, metrics
+
+  return step
+
+
+def make_eval_step(graphdef: nnx.GraphDef, task: Task):
+  """Returns `eval_step(params, model_state, batch, carry) -> (sums, carry)` (not yet jitted)."""
+
+  def eval_step(params, model_state, batch, carry):
+    model = nnx.merge(graphdef, params, model_state)
+    return task.eval_sums(model, batch, carry)
+
+  return eval_step

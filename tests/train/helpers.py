@@ -1,0 +1,67 @@
+"""Tiny run configs shared by the trainer tests."""
+
+import jax
+import numpy as np
+
+from lbjax.train import default_config
+
+
+def tiny_classifier_config(**overrides):
+  """A 16-unit MNIST LSTM on 256 synthetic digits: 8 steps of 32 per epoch."""
+  config = default_config()
+  config.model = "mnist_lstm"
+  config.model_options.transform_size = 16
+  config.model_options.hidden_size = 16
+  config.dataset = "synthetic_mnist"
+  config.data_options.num_train_examples = 256
+  config.data_options.num_eval_examples = 64
+  config.batch_size = 32
+  config.eval_batch_size = 32
+  config.num_epochs = 1.0
+  config.lr.base = 0.05
+  config.log_every = 4
+  config.progress = False
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def tiny_resnet_config(**overrides):
+  """ResNetTiny with ghost BN (groups of 8) on 8x8 synthetic images."""
+  config = tiny_classifier_config()
+  config.model = "resnet_tiny"
+  config.model_options = {"bn_group_size": 8, "num_filters": 4}
+  config.dataset = "synthetic_images"
+  config.data_options.image_size = 8
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def tiny_language_model_config(**overrides):
+  """An 8-unit 2-layer PTB LSTM on 4,000 synthetic tokens (vocabulary 20)."""
+  config = default_config()
+  config.model = "ptb_lstm"
+  config.model_options = {"embed_size": 8, "hidden_size": 8, "dropout_rate": 0.1}
+  config.dataset = "synthetic_ptb"
+  config.data_options = {"vocab_size": 20, "num_train_tokens": 4000, "num_eval_tokens": 800, "seq_len": 10}
+  config.batch_size = 16
+  config.eval_batch_size = 16
+  config.num_epochs = 2.0
+  config.lr.base = 0.5
+  config.log_every = 4
+  config.progress = False
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+def host_tree(tree):
+  """A pytree of device arrays as numpy arrays."""
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def assert_trees_equal(a, b):
+  """Bit-identical pytrees."""
+  jax.tree.map(np.testing.assert_array_equal, host_tree(a), host_tree(b))
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), host_tree(a), host_tree(b))

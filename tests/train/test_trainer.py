@@ -1,0 +1,97 @@
+"""The trainer: sharding, accumulation, batch-size schedules, exact resume, health and validation."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lbjax import data as lbdata
+from lbjax.train import NonFiniteError, train_and_evaluate
+from lbjax.train.checkpointing import Checkpointer
+from tests.train import helpers
+
+
+def _records(workdir, kind):
+  with open(workdir / "metrics.jsonl") as f:
+    return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def test_eight_device_run_equals_one_device_run(tmp_path):
+  sharded = train_and_evaluate(helpers.tiny_classifier_config(), tmp_path / "8")
+  single = train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.num_devices": 1}), tmp_path / "1")
+  assert sharded.step == single.step == 8
+  helpers.assert_trees_close(sharded.state.params, single.state.params)
+  helpers.assert_trees_close(sharded.state.opt_state, single.state.opt_state)
+  assert sharded.eval_metrics["accuracy"] == pytest.approx(single.eval_metrics["accuracy"])
+
+
+def test_accumulating_4_micro_batches_of_16_equals_the_true_batch_of_64(tmp_path):
+  """Same update (parameters, momentum and ghost-BN statistics) from 4 x 16 as from one batch of 64."""
+  overrides = {"batch_size": 64, "mesh.num_devices": 1, "optimizer.name": "lars", "lr.base": 1.0}
+  true_batch = train_and_evaluate(helpers.tiny_resnet_config(**overrides), tmp_path / "true")
+  accumulated = train_and_evaluate(
+      helpers.tiny_resnet_config(max_device_batch=16, **overrides), tmp_path / "accumulated")
+  assert true_batch.step == accumulated.step == 4
+  helpers.assert_trees_close(true_batch.state.params, accumulated.state.params, rtol=2e-5, atol=2e-6)
+  helpers.assert_trees_close(true_batch.state.model_state, accumulated.state.model_state)
+  helpers.assert_trees_close(true_batch.state.opt_state, accumulated.state.opt_state, rtol=2e-5, atol=2e-6)
+
+
+def test_three_size_batch_schedule_compiles_exactly_three_steps(tmp_path):
+  config = helpers.tiny_classifier_config(batch_sizes=(16, 32, 64), batch_size_boundaries=(0.25, 0.5),
+                                          num_epochs=1.0)
+  result = train_and_evaluate(config, tmp_path)
+  assert result.compiled_batch_sizes == (16, 32, 64)
+  assert [r["batch_size"] for r in _records(tmp_path, "compile")] == [16, 32, 64]
+  # 0.25 epoch of 256 examples at 16, 0.25 at 32, 0.5 at 64: 4 + 2 + 2 steps, every example once.
+  assert result.step == 8 and result.examples_seen == 256 and result.epoch == 1.0
+
+
+@pytest.mark.parametrize("make_config", [helpers.tiny_classifier_config, helpers.tiny_language_model_config])
+def test_interrupted_and_resumed_run_is_bit_identical(tmp_path, make_config):
+  """Stop half-way, restart in the same workdir: parameters, optimizer state, RNG, data position and
+  (PTB) the carried LSTM state continue exactly."""
+  full = train_and_evaluate(make_config(), tmp_path / "full")
+  total = make_config().num_epochs
+  train_and_evaluate(make_config(num_epochs=total / 2), tmp_path / "resumed")
+  resumed = train_and_evaluate(make_config(), tmp_path / "resumed")
+  assert resumed.step == full.step
+  helpers.assert_trees_equal(resumed.state, full.state)
+  assert resumed.eval_metrics == full.eval_metrics
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+  """A batch of NaNs at step 5: the run stops naming step 5; checkpoints 1-5 hold finite states."""
+  next_batch = lbdata.TrainStream.next_batch
+  calls = []
+
+  def poisoned_next_batch(self, global_batch_size):
+    batch = next_batch(self, global_batch_size)
+    calls.append(None)
+    if len(calls) == 6:
+      batch["images"] = np.full_like(batch["images"], np.nan)
+    return batch
+
+  monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
+  config = helpers.tiny_classifier_config(checkpoint_every_steps=1, log_every=100)
+  with pytest.raises(NonFiniteError, match=r"Non-finite loss or update at step 5: .*last good checkpoint "
+                     r"\(step 5\)"):
+    train_and_evaluate(config, tmp_path)
+  checkpointer = Checkpointer(tmp_path)
+  assert checkpointer.latest_step() == 5
+  assert checkpointer.restore_meta(5)["examples_seen"] == 5 * 32
+  assert not _records(tmp_path, "train")  # nothing was logged past the bad step
+
+
+def test_workdir_of_another_run_is_refused(tmp_path):
+  train_and_evaluate(helpers.tiny_classifier_config(num_epochs=0.25), tmp_path)
+  with pytest.raises(ValueError, match="holds a checkpoint of a different run.*lr"):
+    train_and_evaluate(helpers.tiny_classifier_config(**{"lr.base": 0.2}), tmp_path)
+
+
+def test_trust_ratios_are_logged_for_lars(tmp_path):
+  train_and_evaluate(helpers.tiny_classifier_config(**{"optimizer.name": "lars", "lr.base": 1.0}), tmp_path)
+  ratios = _records(tmp_path, "trust_ratio")
+  assert len(ratios) == 2  # every log_every = 4 of 8 steps
+  kernels = {k: v for k, v in ratios[-1].items() if k.endswith("kernel")}
+  assert kernels and all(v > 0 for v in kernels.values())
