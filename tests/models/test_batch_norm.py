@@ -105,3 +105,15 @@ def test_call_validation():
   with pytest.raises(ValueError, match=r"shape \[N, \.\.\., 3\]"):
     bn(jnp.ones((4, 2)), train=True)
   bn(jnp.ones((6, 3)), train=False)  # Groups only matter in training.
+
+
+def test_sharded_batch_gives_the_same_result_as_one_device():
+  devices = np.array(jax.devices())
+  mesh = jax.sharding.Mesh(devices, ("data",))
+  x = _random((2 * len(devices), 3))
+  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+  bn_single, bn_sharded = GhostBatchNorm(3, group_size=2), GhostBatchNorm(3, group_size=2)
+  expected = bn_single(x, train=True)
+  y = nnx.jit(lambda bn, x: bn(x, train=True))(bn_sharded, sharded)
+  np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(bn_sharded.running_var[...], bn_single.running_var[...], rtol=1e-5)
