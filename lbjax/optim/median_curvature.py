@@ -2,7 +2,6 @@
 
 from typing import Any
 
-import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
@@ -24,8 +23,8 @@ def median_curvature_rate():
   """
 
   def rate(w, g, weight_decay, layer):
-    w_m = layer.median(jnp.abs(w))
-    g_m = layer.median(jnp.abs(g))
+    w_m = layer.median_abs(w)
+    g_m = layer.median_abs(g)
     return layerwise.safe_quotient(w_m, g_m + weight_decay * w_m)
 
   return rate
@@ -43,8 +42,7 @@ def scale_by_median_curvature(
     weight_decay: beta, >= 0, selected leaves only.
     mask: which leaves get the rate (pytree of bools or callable); default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
-    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap` (the layer is
-      gathered across it for the median), or None.
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
 
   Returns:
     An `optax.GradientTransformation`; `trust_ratios(state)` gives the `R_m` of the last step.

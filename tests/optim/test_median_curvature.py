@@ -58,3 +58,20 @@ def test_shard_map_median_gathers_the_layer():
   got = jax.jit(rates)(grads, params)
   np.testing.assert_allclose(got["w"], ref.median_curvature_rate(params["w"], grads["w"], 0.0),
                              rtol=1e-6)
+
+
+def test_median_abs_by_bisection_is_exact():
+  rng = np.random.default_rng(96)
+  cases = [
+      rng.normal(size=(7, 3)) * 10.0 ** rng.integers(-6, 3, size=(7, 3)),  # odd size, wide range
+      rng.normal(size=(4, 6)),  # even size: mean of the two middle values
+      np.array([[0.0, 0.0, 0.0, 2.0], [-2.0, 1.0, -1.0, 0.0]]),  # ties and zeros
+  ]
+  for x in cases:
+    x = x.astype(np.float32)
+    layer = optim.LayerReducer(stacked_axes=0, ndim=x.ndim, local_size=x.size)
+    np.testing.assert_allclose(jax.jit(layer.median_abs)(x), np.median(np.abs(x)), rtol=1e-7)
+  stacked = rng.normal(size=(3, 5, 2)).astype(np.float32)
+  layer = optim.LayerReducer(stacked_axes=1, ndim=3, local_size=10)
+  np.testing.assert_allclose(layer.median_abs(stacked),
+                             np.median(np.abs(stacked).reshape(3, -1), axis=1), rtol=1e-7)
