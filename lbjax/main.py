@@ -26,12 +26,15 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.ini
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 shows it
   if _COORDINATOR.value is not None or _DISTRIBUTED.value:
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                                process_id=_PROCESS_ID.value)
   from lbjax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  logging.info("JAX devices: %d (%d local) on %d processes.", jax.device_count(), jax.local_device_count(),
-               jax.process_count())
+  if jax.process_index() == 0:
+    print(f"JAX: {jax.device_count()} {jax.devices()[0].platform} devices ({jax.local_device_count()} local) "
+          f"on {jax.process_count()} process(es).", flush=True)
   result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   if jax.process_index() == 0:
     status = "preempted (checkpoint saved)" if result.preempted else "done"

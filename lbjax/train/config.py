@@ -20,7 +20,7 @@ LANGUAGE_MODEL_DATASETS = ("ptb", "synthetic_ptb")
 
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
 # watched or where it runs, not what it computes.
-OPERATIONAL_FIELDS = ("log_every", "checkpoint_every_steps", "keep_checkpoints", "tensorboard", "mesh",
+OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard", "mesh",
                       "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "progress")
 
 
@@ -32,8 +32,17 @@ def default_config() -> ml_collections.ConfigDict:
   config.model_options = ml_collections.ConfigDict()
   config.dataset = "mnist"
   config.data_dir = ""  # "" = LBJAX_DATA_DIR or ../shared/data (see lbjax.data.default_data_dir)
-  # Dataset options: mnist_format ('idx' or 'tfds'), image_size, num_train_examples (synthetic), ...
   config.data_options = ml_collections.ConfigDict()
+  config.data_options.mnist_format = "idx"  # mnist: 'idx' (LeCun's files) or 'tfds'
+  config.data_options.image_size = 0  # imagenet/cifar10/synthetic_images; 0 = the dataset's own
+  config.data_options.seq_len = 20  # ptb: BPTT window
+  config.data_options.eval_split = "valid"  # ptb: 'valid' or 'test'
+  config.data_options.num_train_examples = 2048  # synthetic_mnist/synthetic_images
+  config.data_options.num_eval_examples = 512
+  config.data_options.num_classes = 10  # synthetic_images
+  config.data_options.vocab_size = 50  # synthetic_ptb
+  config.data_options.num_train_tokens = 20000
+  config.data_options.num_eval_tokens = 4000
   config.seed = 0
   config.num_epochs = 1.0
 
@@ -134,6 +143,8 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
   errors += _check_choice("lr.warmup", config.lr.warmup, WARMUPS)
   errors += _check_choice("lr.decay", config.lr.decay, DECAYS)
   errors += _check_choice("scaling.rule", config.scaling.rule, SCALING_RULES)
+  errors += _check_choice("data_options.mnist_format", config.data_options.mnist_format, ("idx", "tfds"))
+  errors += _check_choice("data_options.eval_split", config.data_options.eval_split, ("valid", "test"))
   language_model = config.model == "ptb_lstm"
   if (config.dataset in LANGUAGE_MODEL_DATASETS) != language_model and config.model in MODELS \
       and config.dataset in DATASETS:

@@ -210,7 +210,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     state = run.checkpointer.restore_state(latest, abstract_like(state))
     stream.set_state(meta["stream"])
     examples_seen = meta["examples_seen"]
-    logging.info("Resumed from %s at step %d (epoch %.4f).", run.checkpointer.directory, latest, stream.epoch())
+    if run.process_index == 0 and config.progress:
+      print(f"Resumed from {run.checkpointer.directory} at step {latest} (epoch {stream.epoch():.4f}).",
+            flush=True)
 
   writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=config.tensorboard)
   progress = ProgressLine(config.num_epochs, enabled=run.process_index == 0 and config.progress)

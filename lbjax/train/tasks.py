@@ -122,7 +122,7 @@ def _array_task(config, train_source, eval_source, num_classes, *, small_inputs,
 
 def _mnist_task(config) -> ClassificationTask:
   options = config.data_options
-  if options.get("mnist_format", "idx") == "tfds":
+  if options.mnist_format == "tfds":
     train = lbdata.load_mnist_tfds("train", config.data_dir or None)
     test = lbdata.load_mnist_tfds("test", config.data_dir or None)
   else:
@@ -133,14 +133,14 @@ def _mnist_task(config) -> ClassificationTask:
 
 def _synthetic_image_task(config, *, mnist: bool) -> ClassificationTask:
   options = config.data_options
-  num_train = options.get("num_train_examples", 2048)
-  num_eval = options.get("num_eval_examples", 512)
-  num_classes = options.get("num_classes", 10)
+  num_train = options.num_train_examples
+  num_eval = options.num_eval_examples
+  num_classes = options.num_classes
   if mnist:
     train = lbdata.synthetic_mnist(num_train, seed=config.seed, split="train")
     test = lbdata.synthetic_mnist(num_eval, seed=config.seed, split="test")
     return _array_task(config, train, test, 10, small_inputs=True, input_channels=1)
-  image_size = options.get("image_size", 32)
+  image_size = options.image_size or 32
   kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes)
   train = lbdata.synthetic_images(num_train, **kwargs, seed=config.seed, split="train")
   test = lbdata.synthetic_images(num_eval, **kwargs, seed=config.seed, split="test")
@@ -148,7 +148,7 @@ def _synthetic_image_task(config, *, mnist: bool) -> ClassificationTask:
 
 
 def _vision_task(config, dataset: str) -> ClassificationTask:
-  image_size = config.data_options.get("image_size", 224 if dataset == "imagenet" else 32)
+  image_size = config.data_options.image_size or (224 if dataset == "imagenet" else 32)
   data_dir = config.data_dir or None
   if dataset == "imagenet":
     train_stream, eval_batches, num_classes = lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, 1000
@@ -171,16 +171,16 @@ def _vision_task(config, dataset: str) -> ClassificationTask:
 
 def _language_model_task(config) -> LanguageModelTask:
   options = config.data_options
-  seq_len = options.get("seq_len", 20)
+  seq_len = options.seq_len
   if config.dataset == "ptb":
     corpus = lbdata.PtbCorpus.from_dir(_data_dir(config))
-    train_tokens, eval_tokens = corpus.train, corpus.split(options.get("eval_split", "valid"))
+    train_tokens, eval_tokens = corpus.train, corpus.split(options.eval_split)
     vocab_size = corpus.vocab_size
   else:
-    vocab_size = options.get("vocab_size", 50)
-    train_tokens = lbdata.synthetic_ptb_tokens(options.get("num_train_tokens", 20000), vocab_size,
+    vocab_size = options.vocab_size
+    train_tokens = lbdata.synthetic_ptb_tokens(options.num_train_tokens, vocab_size,
                                                seed=config.seed, split="train")
-    eval_tokens = lbdata.synthetic_ptb_tokens(options.get("num_eval_tokens", 4000), vocab_size,
+    eval_tokens = lbdata.synthetic_ptb_tokens(options.num_eval_tokens, vocab_size,
                                               seed=config.seed, split="valid")
   model_options = _model_options(config)
   model_options.setdefault("vocab_size", vocab_size)

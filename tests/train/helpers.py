@@ -42,7 +42,7 @@ def tiny_language_model_config(**overrides):
   config.model = "ptb_lstm"
   config.model_options = {"embed_size": 8, "hidden_size": 8, "dropout_rate": 0.1}
   config.dataset = "synthetic_ptb"
-  config.data_options = {"vocab_size": 20, "num_train_tokens": 4000, "num_eval_tokens": 800, "seq_len": 10}
+  config.data_options.update({"vocab_size": 20, "num_train_tokens": 4000, "num_eval_tokens": 800, "seq_len": 10})
   config.batch_size = 16
   config.eval_batch_size = 16
   config.num_epochs = 2.0

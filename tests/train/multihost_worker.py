@@ -1,0 +1,27 @@
+"""One process of the multi-host test: `python -m tests.train.multihost_worker ID COUNT PORT WORKDIR OUT`.
+
+Runs the tiny classifier on this process's 2 CPU devices as part of a `jax.distributed` job on
+127.0.0.1 (or alone, COUNT=1, on all its devices) and saves the final parameters to OUT (process 0).
+"""
+
+import sys
+
+import jax
+import numpy as np
+
+
+def main(process_id: int, num_processes: int, port: int, workdir: str, out: str) -> None:
+  if num_processes > 1:
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id,
+                               initialization_timeout=120)
+  from lbjax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
+  from tests.train.helpers import tiny_classifier_config  # pylint: disable=g-import-not-at-top
+  result = train_and_evaluate(tiny_classifier_config(), workdir)
+  if jax.process_index() == 0:
+    leaves = jax.tree_util.tree_leaves_with_path(result.state.params)
+    np.savez(out, **{jax.tree_util.keystr(path): np.asarray(leaf.addressable_data(0)) for path, leaf in leaves},
+             accuracy=result.eval_metrics["accuracy"], devices=jax.device_count())
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

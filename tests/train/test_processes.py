@@ -1,0 +1,83 @@
+"""Runs in real subprocesses: the CLI on MNIST, SIGTERM preemption, and two jax.distributed processes."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from lbjax.train import train_and_evaluate
+from lbjax.train.checkpointing import Checkpointer
+from tests.train import helpers
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _env(num_devices: int) -> dict[str, str]:
+  return dict(os.environ, JAX_NUM_CPU_DEVICES=str(num_devices), JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_cli_mnist_lstm_learns_in_a_fraction_of_an_epoch(tmp_path, shared_data):
+  """papers/001's MNIST LSTM from the command line on the real files: 0.2 epoch (94 steps of 128)."""
+  command = [sys.executable, "-m", "lbjax.main", "--config", str(REPO / "configs" / "mnist_lstm.py"),
+             "--workdir", str(tmp_path), "--config.num_epochs=0.2", f"--config.data_dir={shared_data}"]
+  done = subprocess.run(command, env=_env(1), capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(tmp_path / "metrics.jsonl") as f:
+    final = [r for r in map(json.loads, f) if r["kind"] == "eval"][-1]
+  assert final["accuracy"] > 0.6  # chance is 0.1
+  assert "ex/s" in done.stdout and "done: step 94" in done.stdout
+
+
+def test_sigterm_saves_a_restorable_checkpoint_and_exits_0(tmp_path):
+  script = ("from tests.train import helpers; from lbjax.train import train_and_evaluate; "
+            "r = train_and_evaluate(helpers.tiny_classifier_config(num_epochs=500.0, eval_every_epochs=1000.0, "
+            f"checkpoint_every_steps=0), {str(tmp_path)!r}); print('preempted' if r.preempted else 'finished')")
+  process = subprocess.Popen([sys.executable, "-c", script], env=_env(8), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  metrics = tmp_path / "metrics.jsonl"
+  deadline = time.monotonic() + 300
+  while not (metrics.exists() and '"train"' in metrics.read_text()):
+    assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+    time.sleep(0.2)
+  process.send_signal(signal.SIGTERM)
+  stdout, stderr = process.communicate(timeout=300)
+  assert process.returncode == 0, stderr[-3000:]
+  assert stdout.strip().endswith("preempted")
+  step = Checkpointer(tmp_path).latest_step()
+  assert step is not None and step >= 4
+  resumed_epochs = (step + 8) * 32 / 256
+  resumed = train_and_evaluate(helpers.tiny_classifier_config(num_epochs=resumed_epochs), tmp_path)
+  assert resumed.step == step + 8 and not resumed.preempted
+
+
+def test_two_processes_of_two_devices_equal_one_process_of_four(tmp_path):
+  port = _free_port()
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(tmp_path / "multi"),
+       str(tmp_path / "multi.npz")], env=_env(2), cwd=REPO, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  single = subprocess.run(
+      [sys.executable, "-m", "tests.train.multihost_worker", "0", "1", "0", str(tmp_path / "single"),
+       str(tmp_path / "single.npz")], env=_env(4), cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert single.returncode == 0, single.stderr[-3000:]
+  for worker in workers:
+    _, stderr = worker.communicate(timeout=600)
+    assert worker.returncode == 0, stderr[-3000:]
+  multi, one = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
+  assert multi["devices"] == one["devices"] == 4
+  assert sorted(multi.files) == sorted(one.files)
+  for name in multi.files:
+    np.testing.assert_allclose(multi[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
