@@ -87,7 +87,9 @@ class PtbLSTM(nnx.Module):
     """Runs the model over a [N, T] int block of tokens.
 
     Args:
-      tokens: [N, T] integer word ids in [0, vocab_size).
+      tokens: [N, T] integer word ids in [0, vocab_size). Concrete tokens out of that range raise
+        a `ValueError`; traced ones (under `jit`) cannot be checked, so an out-of-range id embeds
+        as NaN and the loss turns non-finite (never silently wraps around).
       carry: the state after the previous block (or `initial_carry(N)`).
       train: enables dropout when `dropout_rate > 0`.
       dropout_key: PRNG key for dropout; required when `train` and `dropout_rate > 0`.
@@ -96,7 +98,8 @@ class PtbLSTM(nnx.Module):
       (logits [N, T, vocab_size] float32, new carry).
 
     Raises:
-      ValueError: on a wrong token rank/dtype, a malformed carry or a missing `dropout_key`.
+      ValueError: on a wrong token rank/dtype, out-of-range concrete tokens, a malformed carry or a
+        missing `dropout_key`.
     """
     shape = getattr(tokens, "shape", None)
     if shape is None or len(shape) != 2 or shape[1] == 0:
@@ -104,6 +107,11 @@ class PtbLSTM(nnx.Module):
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"PtbLSTM expects integer tokens of shape [N, T], got dtype "
                        f"{tokens.dtype}; convert with `.astype(jnp.int32)`.")
+    if not isinstance(tokens, jax.core.Tracer):
+      low, high = int(jnp.min(tokens)), int(jnp.max(tokens))
+      if low < 0 or high >= self.vocab_size:
+        raise ValueError(f"PtbLSTM tokens must be word ids in [0, {self.vocab_size}), got values "
+                         f"in [{low}, {high}].")
     self._check_carry(carry, shape[0])
     use_dropout = train and self.dropout_rate > 0.0
     if use_dropout and dropout_key is None:
@@ -116,7 +124,9 @@ class PtbLSTM(nnx.Module):
     def maybe_dropout(x, key):
       return _dropout(x, self.dropout_rate, key) if use_dropout else x
 
-    x = maybe_dropout(self.embed(tokens), keys[0])
+    in_range = (tokens >= 0) & (tokens < self.vocab_size)
+    embedded = jnp.where(in_range[..., None], self.embed(tokens), jnp.nan)
+    x = maybe_dropout(embedded, keys[0])
     new_carry = []
     for layer, layer_carry, key in zip(self.layers, carry, keys[1:]):
       layer_carry = jax.tree.map(jax.lax.stop_gradient, tuple(layer_carry))

@@ -222,6 +222,10 @@ def test_ptb_lstm_validation():
     model(_tokens(), carry, train=True)
   with pytest.raises(ValueError, match=r"tokens of shape \[N, T\] \(T >= 1\), got shape \(6,\)"):
     model(_tokens()[0], carry, train=False)
+  with pytest.raises(ValueError, match=r"word ids in \[0, 11\), got values in \[-1, 10\]"):
+    model(_tokens().at[0, 0].set(-1).at[0, 1].set(10), carry, train=False)
+  traced = jax.jit(lambda t: model(t, carry, train=False)[0])(_tokens().at[0, 0].set(11))
+  assert np.all(np.isnan(traced[0])) and np.all(np.isfinite(traced[1]))
   with pytest.raises(ValueError, match="integer tokens"):
     model(_tokens().astype(jnp.float32), carry, train=False)
   with pytest.raises(ValueError, match=r"carry of 2 \(c, h\) pairs of arrays of shape \[2, 3\]"):

@@ -24,6 +24,11 @@ def test_resnet50_has_exactly_25557032_parameters():
   convs = [m for _, m in nnx.iter_graph(model) if isinstance(m, nnx.Conv)]
   assert len(convs) == 53 and all(c.bias is None for c in convs)
   assert _count(model, nnx.BatchStat) == 2 * 26_560  # scale/bias count equals mean/var count.
+  # Abstract forward at 224x224 in bfloat16 (no compute): float32 logits [N, 1000].
+  logits = nnx.eval_shape(lambda m, x: m(x, train=True), nnx.eval_shape(
+      lambda: ResNet50(dtype=jnp.bfloat16, rngs=nnx.Rngs(0))),
+                          jax.ShapeDtypeStruct((2, 224, 224, 3), jnp.bfloat16))
+  assert logits.shape == (2, 1000) and logits.dtype == jnp.float32
 
 
 def test_resnet50_is_v1_5_stride_in_the_3x3_conv():
