@@ -162,7 +162,7 @@ class ResNet(nnx.Module):
       rngs: `nnx.Rngs` for parameter initialisation.
 
     Raises:
-      ValueError: on an unknown `block` or non-positive sizes.
+      ValueError: on an unknown `block`, non-positive sizes or BatchNorm settings out of range.
     """
     stage_sizes = validation.check_positive_int_sequence("stage_sizes", stage_sizes)
     if block not in BLOCK_TYPES:
@@ -172,6 +172,10 @@ class ResNet(nnx.Module):
     validation.check_positive_int("input_channels", input_channels)
     if bn_group_size is not None:
       validation.check_positive_int("bn_group_size (None for the whole batch)", bn_group_size)
+    if not 0.0 <= bn_momentum < 1.0:
+      raise ValueError(f"bn_momentum must be in [0, 1), got {bn_momentum!r}.")
+    if not bn_epsilon > 0.0:
+      raise ValueError(f"bn_epsilon must be > 0, got {bn_epsilon!r}.")
     settings = _BNSettings(bn_group_size, bn_momentum, bn_epsilon, zero_init_last_bn_scale,
                            dtype, param_dtype)
     self.bn_group_size = bn_group_size

@@ -123,23 +123,25 @@ def test_train_updates_batch_stats_eval_uses_them():
 
 
 def test_functional_split_merge_in_jit():
+  """The trainer's pattern: params and BN statistics split out, merged inside a jitted grad."""
   model = ResNetTiny(5, bn_group_size=2, rngs=nnx.Rngs(0))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  assert not nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Any(nnx.Param, nnx.BatchStat))))
+  graphdef, params, batch_stats = nnx.split(model, nnx.Param, nnx.BatchStat)  # Nothing else.
+  batch_stats = nnx.to_pure_dict(batch_stats)
 
   @jax.jit
-  def step(params, rest, x):
+  def step(params, batch_stats, x):
     def loss(params):
-      m = nnx.merge(graphdef, params, rest, copy=True)  # Fresh Variables in this trace.
+      m = nnx.merge(graphdef, params, batch_stats)
       logits = m(x, train=True)
-      return jnp.mean(logits**2), nnx.state(m, nnx.BatchStat)
-    (value, new_rest), grads = jax.value_and_grad(loss, has_aux=True)(params)
-    return value, new_rest, grads
+      return jnp.mean(logits**2), nnx.to_pure_dict(nnx.state(m, nnx.BatchStat))
+    (value, new_stats), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, new_stats, grads
 
-  value, new_rest, grads = step(params, rest, _images(4))
+  value, new_stats, grads = step(params, batch_stats, _images(4))
   assert np.isfinite(value)
   assert jax.tree.structure(grads) == jax.tree.structure(params)
-  changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != b)), new_rest, rest))
+  changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != b)), new_stats,
+                                         batch_stats))
   assert all(changed)
 
 
@@ -162,7 +164,9 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(stage_sizes=(1,), num_classes=0), "num_classes must be a positive int"),
     (dict(stage_sizes=(1,), num_filters=-4), "num_filters must be a positive int"),
     (dict(stage_sizes=(1,), bn_group_size=0), "bn_group_size"),
-    (dict(stage_sizes=(1,), bn_momentum=1.5), "momentum must be in"),
+    (dict(stage_sizes=(1,), bn_momentum=1.5), r"bn_momentum must be in \[0, 1\), got 1.5"),
+    (dict(stage_sizes=(1,), bn_epsilon=-1.0), "bn_epsilon must be > 0"),
+    (dict(stage_sizes="34"), "stage_sizes must be a non-empty sequence of positive ints"),
 ])
 def test_constructor_validation(kwargs, message):
   kwargs.setdefault("num_classes", 3)
