@@ -79,6 +79,16 @@ def default_config() -> ml_collections.ConfigDict:
   config.scaling.rule = "none"
   config.scaling.base_batch_size = 128
 
+  # papers/003 §3.1: drop the smallest-loss fraction of each batch for the first epochs.
+  config.loss = ml_collections.ConfigDict()
+  config.loss.discard_fraction = 0.0
+  config.loss.discard_until_epoch = 0.0
+
+  config.diagnostics = ml_collections.ConfigDict()
+  # papers/001 §4: L(x, g) = |g^T H g| / ||g||^2 on the first `lipschitz_batch_size` eval examples.
+  config.diagnostics.lipschitz_every = 0  # steps; 0 = off
+  config.diagnostics.lipschitz_batch_size = 128
+
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1
   config.mesh.fsdp = 1
@@ -177,6 +187,18 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
                   f"(config.num_epochs={config.num_epochs}); shorten the warm-up or train longer. "
                   "(With scaling.rule='legw' the warm-up grows with the batch size: this is checked "
                   "again after scaling.)")
+  if not 0.0 <= config.loss.discard_fraction < 1.0:
+    errors.append(f"config.loss.discard_fraction must be in [0, 1), got {config.loss.discard_fraction}.")
+  if config.loss.discard_fraction > 0 and language_model:
+    errors.append("config.loss.discard_fraction applies to classification; the PTB language model has no "
+                  "per-example loss to rank. Set it to 0.")
+  if config.diagnostics.lipschitz_every < 0:
+    errors.append(f"config.diagnostics.lipschitz_every must be >= 0 (0 = off), got "
+                  f"{config.diagnostics.lipschitz_every}.")
+  if config.diagnostics.lipschitz_every and (config.diagnostics.lipschitz_batch_size <= 0 or
+                                             config.diagnostics.lipschitz_batch_size % data_parallel_size):
+    errors.append(f"config.diagnostics.lipschitz_batch_size={config.diagnostics.lipschitz_batch_size} must "
+                  f"be a positive multiple of the data-parallel size {data_parallel_size}.")
   if not config.lr.base > 0:
     errors.append(f"config.lr.base must be > 0, got {config.lr.base}.")
   if config.log_every < 1:

@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
@@ -46,7 +47,7 @@ class TrainResult:
   step: int
   epoch: float
   examples_seen: int
-  compiled_batch_sizes: tuple[int, ...]
+  compiled_batch_sizes: tuple[int, ...]  # one entry per compiled train step, in order
   preempted: bool
 
 
@@ -154,20 +155,41 @@ class _Run:
     limit = self.config.max_device_batch
     return share // limit if 0 < limit < share else 1
 
-  def train_step(self, global_batch_size: int, state: TrainState, batch, learning_rate):
-    """The compiled step for this global batch size (compiled once, on first use)."""
-    if global_batch_size not in self.compiled:
+  def train_step(self, global_batch_size: int, discard_fraction: float, state: TrainState, batch,
+                 learning_rate):
+    """The compiled step for this global batch size (and loss variant), compiled once, on first use."""
+    key = (global_batch_size, discard_fraction)
+    if key not in self.compiled:
       start = time.perf_counter()
       step = make_train_step(self.graphdef, self.task, self.optimizer, self.mesh,
-                             self.num_microbatches(global_batch_size))
+                             self.num_microbatches(global_batch_size), discard_fraction)
       state_shardings = jax.tree.map(lambda x: x.sharding, state)
       batch_shardings = jax.tree.map(lambda x: x.sharding, batch)
-      self.compiled[global_batch_size] = jax.jit(
+      self.compiled[key] = jax.jit(
           step, in_shardings=(state_shardings, batch_shardings, self.replicated),
           out_shardings=(state_shardings, self.replicated), donate_argnums=(0,),
       ).lower(state, batch, learning_rate).compile()
-      self.compile_seconds[global_batch_size] = time.perf_counter() - start
-    return self.compiled[global_batch_size]
+      self.compile_seconds[key] = time.perf_counter() - start
+    return self.compiled[key]
+
+  def lipschitz(self, state: TrainState) -> float:
+    """L(x, g) = |g^T H g| / ||g||^2 along the gradient on the first eval examples (papers/001 §4)."""
+    if not hasattr(self, "_lipschitz"):
+      size = self.config.diagnostics.lipschitz_batch_size
+      local = next(iter(self.task.make_eval_batches(size, self.process_index, self.process_count)))
+      local = {k: v for k, v in local.items() if k not in ("mask", "reset_carry")}
+      batch = _global_batch(local, self.batch_sharding)
+      carry = self.zero_carry(size)
+      key = jax.random.key(self.config.seed)
+
+      def loss_fn(params, batch, model_state):
+        model = nnx.merge(self.graphdef, params, model_state)
+        return self.task.train_loss(model, batch, carry, key)[0]
+
+      fn = jax.jit(lambda params, model_state: diagnostics.lipschitz_along_gradient(
+          lambda p, b: loss_fn(p, b, model_state), params, batch))
+      self._lipschitz = lambda s: fn(s.params, s.model_state)
+    return float(jax.device_get(self._lipschitz(state)))
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
     if not hasattr(self, "_eval_step"):
@@ -250,6 +272,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     check_health()
     record = {k: float(np.mean([v[k] for v in values])) for k in values[0] if k != "learning_rate"}
     record["learning_rate"] = float(values[-1]["learning_rate"])
+    if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
+      record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(
+          record["noise_scale_grad_norm_sq"], record["noise_scale_trace_sigma"])))
     record["examples_per_second"] = progress.show(step, stream.epoch(), examples_seen, record["loss"])
     record.update(epoch=stream.epoch(), examples_seen=examples_seen, batch_size=current_batch_size)
     writer.write("train", step, record)
@@ -270,11 +295,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
           carry_batch_size = current_batch_size
       batch = _global_batch(local, run.batch_sharding)
       learning_rate = _host_scalar(run.lr_schedule(epoch), run.replicated)
+      discard_fraction = config.loss.discard_fraction if epoch < config.loss.discard_until_epoch else 0.0
       compiled_before = len(run.compiled)
-      train_step = run.train_step(current_batch_size, state, batch, learning_rate)
+      train_step = run.train_step(current_batch_size, discard_fraction, state, batch, learning_rate)
       if len(run.compiled) > compiled_before:
-        writer.write("compile", step, {"batch_size": current_batch_size,
-                                       "seconds": run.compile_seconds[current_batch_size]})
+        writer.write("compile", step, {
+            "batch_size": current_batch_size, "discard_fraction": discard_fraction,
+            "seconds": run.compile_seconds[(current_batch_size, discard_fraction)]})
       state, metrics = train_step(state, batch, learning_rate)
       if len(run.compiled) > compiled_before:
         progress.reset_window(examples_seen, stream.epoch())
@@ -283,6 +310,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       pending.append(metrics)
       if step % config.log_every == 0:
         flush_metrics()
+      if config.diagnostics.lipschitz_every and step % config.diagnostics.lipschitz_every == 0:
+        writer.write("lipschitz", step, {"lipschitz": run.lipschitz(state), "epoch": stream.epoch(),
+                                         "batch_size": current_batch_size})
       if stream.epoch() >= next_eval and stream.epoch() < config.num_epochs:
         flush_metrics()
         eval_metrics = run.evaluate(state)
@@ -308,4 +338,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     run.checkpointer.close()
     writer.close()
   return TrainResult(state, eval_metrics, step, stream.epoch(), examples_seen,
-                     tuple(run.compiled), preempted)
+                     tuple(batch_size for batch_size, _ in run.compiled), preempted)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
+from lbjax import diagnostics
 from lbjax.train.mesh import DATA_AXES, data_parallel_size
 from lbjax.train.state import TrainState
 
@@ -30,9 +31,13 @@ Batch = dict[str, jax.Array]
 class Task(Protocol):
   """What the step needs from a model/dataset pairing (see `lbjax.train.tasks`)."""
 
-  def train_loss(self, model: nnx.Module, batch: Batch, carry: Any, dropout_key: jax.Array
-                 ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-    """Mean training loss, extra metrics (means over the batch) and the new carry."""
+  def train_loss(self, model: nnx.Module, batch: Batch, carry: Any, dropout_key: jax.Array,
+                 discard_fraction: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """Mean training loss, extra metrics (means over the batch) and the new carry.
+
+    `discard_fraction` p > 0 drops the floor(p*B) smallest-loss examples of the batch (papers/003
+    §3.1); tasks that cannot do this refuse it at config validation.
+    """
 
   def eval_sums(self, model: nnx.Module, batch: Batch, carry: Any) -> tuple[dict[str, jax.Array], Any]:
     """Sums over the (masked) batch, e.g. {'loss_sum', 'correct', 'count'}, and the new carry."""
@@ -70,7 +75,7 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.GradientTransformation,
-                    mesh: Mesh, num_microbatches: int
+                    mesh: Mesh, num_microbatches: int, discard_fraction: float = 0.0
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
   """Returns `step(state, batch, learning_rate) -> (state, metrics)` (not yet jitted).
 
@@ -78,11 +83,17 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
   written into the `inject_hyperparams` state, so warm-up and decay follow epochs whatever the batch
   size. A non-finite loss or update leaves the state unchanged and records the step in
   `first_nonfinite_step`; every later step is then a no-op, so the state stays the last good one.
+
+  With `num_microbatches = k >= 2` the step also reports, nearly for free, the two ingredients of the
+  gradient noise scale B_simple = tr(Sigma)/|G|^2 (McCandlish et al. 2018, appendix A.1), from the
+  micro-batch gradients (B/k examples) and their mean (B examples): `noise_scale_grad_norm_sq` and
+  `noise_scale_trace_sigma`. Average each over steps before dividing.
+  With `discard_fraction > 0` the smallest-loss examples are dropped within each micro-batch.
   """
 
   def loss_fn(params, model_state, batch, carry, key):
     model = nnx.merge(graphdef, params, model_state)
-    loss, metrics, new_carry = task.train_loss(model, batch, carry, key)
+    loss, metrics, new_carry = task.train_loss(model, batch, carry, key, discard_fraction)
     new_model_state = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
     return loss, (metrics, new_model_state, new_carry)
 
@@ -100,17 +111,25 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
       index, micro_batch, micro_carry = inputs
       (loss, (metrics, model_state, carry)), grads = grad_fn(
           state.params, state.model_state, micro_batch, micro_carry, jax.random.fold_in(key, index))
+      metrics = dict(metrics, micro_grad_norm_sq=optax.tree.norm(grads, squared=True))
       totals = jax.tree.map(jnp.add, totals, (loss, metrics, model_state, grads))
       return totals, carry
 
     first = jax.tree.map(lambda x: x[0], (micro_batches, micro_carries))
     shapes = jax.eval_shape(lambda b, c: grad_fn(state.params, state.model_state, b, c, key), *first)
     (_, (metric_shapes, model_state_shapes, _)), grad_shapes = shapes
+    metric_shapes = dict(metric_shapes, micro_grad_norm_sq=shapes[0][0])
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                          (shapes[0][0], metric_shapes, model_state_shapes, grad_shapes))
     totals, carries = jax.lax.scan(
         accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries))
     loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
+    batch_size = jax.tree.leaves(batch)[0].shape[0]
+    estimate = diagnostics.noise_scale_estimates(
+        metrics.pop("micro_grad_norm_sq"), optax.tree.norm(grads, squared=True),
+        batch_size // num_microbatches, batch_size)
+    metrics = dict(metrics, noise_scale_grad_norm_sq=estimate.grad_norm_sq,
+                   noise_scale_trace_sigma=estimate.trace_sigma)
     return loss, metrics, model_state, _merge_microbatches(carries, mesh), grads
 
   def step(state: TrainState, batch: Batch, learning_rate: jax.Array):

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from lbjax import data as lbdata
+from lbjax import diagnostics
 from lbjax import models
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -46,11 +47,15 @@ class ClassificationTask:
   make_eval_batches: Callable[[int, int, int], Iterator[dict[str, np.ndarray]]]
   carries_state: bool = False
 
-  def train_loss(self, model, batch, carry, dropout_key):
+  def train_loss(self, model, batch, carry, dropout_key, discard_fraction=0.0):
     del dropout_key
     logits = model(batch["images"], train=True)
-    loss = models.softmax_cross_entropy(logits, batch["labels"])
-    return loss, {"accuracy": models.accuracy(logits, batch["labels"])}, carry
+    metrics = {"accuracy": models.accuracy(logits, batch["labels"])}
+    if not discard_fraction:
+      return models.softmax_cross_entropy(logits, batch["labels"]), metrics, carry
+    per_example = models.per_example_cross_entropy(logits, batch["labels"])
+    kept = diagnostics.small_loss_discard_weights(per_example, discard_fraction)
+    return jnp.sum(kept * per_example) / jnp.sum(kept), metrics, carry
 
   def eval_sums(self, model, batch, carry):
     logits = model(batch["images"], train=False)
@@ -75,7 +80,8 @@ class LanguageModelTask:
   uses_dropout: bool = False
   carries_state: bool = True
 
-  def train_loss(self, model, batch, carry, dropout_key):
+  def train_loss(self, model, batch, carry, dropout_key, discard_fraction=0.0):
+    del discard_fraction  # refused for language models by config validation
     logits, carry = model(batch["inputs"], carry, train=True,
                           dropout_key=dropout_key if self.uses_dropout else None)
     loss = models.softmax_cross_entropy(logits, batch["targets"])

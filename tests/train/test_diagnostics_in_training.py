@@ -1,0 +1,54 @@
+"""papers/001 §4, papers/003 §3 and McCandlish et al. as trainer options."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lbjax.train import train_and_evaluate
+from lbjax.train.tasks import ClassificationTask
+from tests.train import helpers
+
+
+def _records(workdir, kind):
+  with open(workdir / "metrics.jsonl") as f:
+    return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def test_accumulating_step_logs_the_gradient_noise_scale(tmp_path):
+  train_and_evaluate(helpers.tiny_classifier_config(batch_size=64, max_device_batch=2), tmp_path)
+  records = _records(tmp_path, "train")
+  assert records and all("gradient_noise_scale" in r for r in records)
+  assert all(r["noise_scale_trace_sigma"] > 0 for r in records)  # micro-batch gradients are noisier
+
+
+def test_lipschitz_estimate_is_logged_every_n_steps(tmp_path):
+  config = helpers.tiny_classifier_config(**{"diagnostics.lipschitz_every": 2, "diagnostics.lipschitz_batch_size": 32})
+  train_and_evaluate(config, tmp_path)
+  records = _records(tmp_path, "lipschitz")
+  assert [r["step"] for r in records] == [2, 4, 6, 8]
+  assert all(np.isfinite(r["lipschitz"]) and r["lipschitz"] >= 0 for r in records)
+
+
+def test_discarding_small_losses_for_the_first_epochs_compiles_one_more_step(tmp_path):
+  config = helpers.tiny_classifier_config(**{"loss.discard_fraction": 0.25, "loss.discard_until_epoch": 0.5})
+  train_and_evaluate(config, tmp_path)
+  compiles = [(r["batch_size"], r["discard_fraction"]) for r in _records(tmp_path, "compile")]
+  assert compiles == [(32, 0.25), (32, 0.0)]
+
+
+def test_discarding_averages_the_loss_over_the_kept_largest_losses():
+  logits = jnp.log(jnp.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7], [0.2, 0.8]]))
+  labels = jnp.array([0, 0, 0, 0])
+  task = ClassificationTask(None, None, None)
+  loss, _, _ = task.train_loss(lambda images, train: logits, {"images": None, "labels": labels}, None, None,
+                               discard_fraction=0.5)
+  assert float(loss) == pytest.approx(-(np.log(0.3) + np.log(0.2)) / 2, rel=1e-6)
+
+
+def test_a_small_first_epoch_batch_is_a_batch_size_schedule(tmp_path):
+  """papers/003 §3.2 (small batch in the first epoch, then the large one) needs no special code."""
+  config = helpers.tiny_classifier_config(batch_sizes=(16, 64), batch_size_boundaries=(1.0,), num_epochs=2.0)
+  result = train_and_evaluate(config, tmp_path)
+  assert result.compiled_batch_sizes == (16, 64) and result.step == 256 // 16 + 256 // 64
