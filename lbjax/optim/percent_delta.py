@@ -23,10 +23,12 @@ def percent_delta_rate():
   """
 
   def rate(w, g, weight_decay, layer):
-    d = g + weight_decay * w
     nonzero = w != 0
-    relative = jnp.where(nonzero, jnp.abs(d) / jnp.where(nonzero, jnp.abs(w), 1), 0)
-    return layerwise.safe_quotient(layer.sum(nonzero.astype(jnp.float32)), layer.sum(relative))
+    safe_w = jnp.where(nonzero, w, 1)
+    relative = jnp.where(nonzero, jnp.abs((g + weight_decay * w) / safe_w), 0)  # |d_i / w_i|
+    return layerwise.safe_quotient(
+        layer.count(nonzero).astype(relative.dtype), layer.sum(relative)
+    )
 
   return rate
 
