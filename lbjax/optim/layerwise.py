@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lbjax.optim import validation
@@ -189,7 +190,8 @@ def _resolve_stacked(stacked: StackedOrFn, params: Params) -> Params:
   for path, p, k in _zip_with_path(params, tree):
     if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= p.ndim:
       raise ValueError(
-          f"stacked for leaf {path} (shape {p.shape}) must be an int in [0, {p.ndim}], got {k!r}."
+          f"stacked for leaf {path} (shape {p.shape}) must be a Python int in [0, {p.ndim}], got "
+          f"{k!r}. (Under optax.inject_hyperparams, pass static_args=('stacked',).)"
       )
   return tree
 
@@ -200,12 +202,13 @@ def _resolve_mask(mask: MaskOrFn, params: Params, stacked: Params) -> Params:
     return default_mask(params, stacked)
   tree = _tree_like("mask", mask, params)
   for path, _, selected in _zip_with_path(params, tree):
-    if not isinstance(selected, bool):
+    if not isinstance(selected, (bool, np.bool_)):
       raise ValueError(
           f"mask for leaf {path} must be a Python bool (True: layer-wise rate and weight decay; "
-          f"False: plain update), got {selected!r}."
+          f"False: plain update), got {selected!r}. (Under optax.inject_hyperparams, pass a "
+          "callable mask with static_args=('mask',).)"
       )
-  return tree
+  return jax.tree.map(bool, tree)
 
 
 def _zip_with_path(params: Params, other: Params):

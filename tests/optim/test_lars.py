@@ -314,3 +314,14 @@ def test_bad_arguments_give_clear_errors(kwargs, message):
   with pytest.raises(ValueError, match=message):
     opt = optim.lars(**args)
     opt.init(make_tree(0))
+
+
+def test_inject_hyperparams_with_static_callable_mask_and_stacked():
+  params = {"blocks": np.ones((2, 3, 4), np.float32), "bias": np.ones((2, 4), np.float32)}
+  grads = jax.tree.map(lambda p: 0.5 * p, params)
+  factory = optax.inject_hyperparams(optim.lars, static_args=("mask", "stacked"))
+  opt = factory(learning_rate=0.1, mask=lambda p: {"blocks": True, "bias": False}, stacked=1)
+  _, state = jax.jit(opt.update)(grads, opt.init(params), params)
+  ratios = optim.trust_ratios(state)
+  np.testing.assert_allclose(ratios["blocks"], [2e-3, 2e-3], rtol=1e-6)  # eta * ||w|| / ||g||
+  assert np.isnan(ratios["bias"])
