@@ -1,0 +1,76 @@
+"""The shared layer-wise machinery: pluggable statistics, Nesterov, argument checks, import hygiene."""
+
+import subprocess
+import sys
+
+import numpy as np
+import optax
+import pytest
+
+from lbjax import optim
+from tests.optim import numpy_reference as ref
+from tests.optim.test_lars import make_tree
+
+
+def test_custom_statistic_plugs_into_the_shared_transform():
+  def unit_step(w, g, weight_decay, layer):  # every selected layer moves by a unit-norm step
+    return optim.safe_quotient(1.0, layer.norm(g + weight_decay * w))
+
+  params, grads = make_tree(100), make_tree(101)
+  opt = optim.layerwise_sgd(optim.scale_by_layerwise_rate(unit_step), 0.1, momentum=0.0)
+  updates, state = opt.update(grads, opt.init(params), params)
+  for k in ("conv", "dense"):
+    np.testing.assert_allclose(np.linalg.norm(updates[k]), 0.1, rtol=1e-5)
+    np.testing.assert_allclose(optim.trust_ratios(state)[k], 1 / np.linalg.norm(grads[k]),
+                               rtol=1e-5)
+  np.testing.assert_allclose(updates["bias"], -0.1 * grads["bias"], rtol=1e-6)
+
+
+def test_nesterov_lars_matches_numpy():
+  lr, m, beta, eta = 0.5, 0.9, 1e-3, 1e-3
+  params = make_tree(102)
+  grads_seq = [make_tree(103 + t, scale=0.1) for t in range(3)]
+  opt = optim.lars(lr, m, beta, eta, nesterov=True, mask=lambda p: {k: True for k in p})
+  state = opt.init(params)
+  got = params
+  for grads in grads_seq:
+    updates, state = opt.update(grads, state, got)
+    got = optax.apply_updates(got, updates)
+  w = {k: v.astype(np.float64) for k, v in params.items()}
+  v = {k: np.zeros_like(x) for k, x in w.items()}
+  for grads in grads_seq:
+    for k in w:
+      step = lr * ref.lars_local_lr(w[k], grads[k], eta, beta) * (grads[k] + beta * w[k])
+      v[k] = m * v[k] + step
+      w[k] = w[k] - (m * v[k] + step)  # Nesterov: look ahead along the new velocity
+  for k in w:
+    np.testing.assert_allclose(got[k], w[k], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: optim.lamb(-1e-3), "learning_rate"),
+    (lambda: optim.lamb(1e-3, b1=1.0), "b1"),
+    (lambda: optim.lamb(1e-3, b2=-0.1), "b2"),
+    (lambda: optim.lamb(1e-3, weight_decay=-1.0), "weight_decay"),
+    (lambda: optim.percent_delta(0.1, momentum=1.5), "momentum"),
+    (lambda: optim.mclr(0.1, weight_decay=-1e-4), "weight_decay"),
+    (lambda: optim.lars(float("nan")), "learning_rate"),
+])
+def test_relatives_reject_bad_arguments(build, message):
+  with pytest.raises(ValueError, match=message):
+    build()
+
+
+def test_non_numeric_hyperparameter_is_a_type_error():
+  with pytest.raises(TypeError, match="number"):
+    optim.lars("0.1")
+
+
+def test_importing_optim_pulls_in_no_flax_tfds_or_other_lbjax():
+  code = ("import sys, lbjax.optim; "
+          "bad = [m for m in sys.modules if m.split('.')[0] in ('flax', 'tensorflow_datasets', "
+          "'tensorflow') or (m.startswith('lbjax.') and not m.startswith('lbjax.optim'))]; "
+          "print(bad); sys.exit(1 if bad else 0)")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"JAX_PLATFORMS": "cpu", "PATH": ""}, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
