@@ -102,8 +102,8 @@ class PtbLSTM(nnx.Module):
         missing `dropout_key`.
     """
     shape = getattr(tokens, "shape", None)
-    if shape is None or len(shape) != 2 or shape[1] == 0:
-      raise ValueError(f"PtbLSTM expects tokens of shape [N, T] (T >= 1), got shape {shape}.")
+    if shape is None or len(shape) != 2 or 0 in shape:
+      raise ValueError(f"PtbLSTM expects tokens of shape [N, T] (N, T >= 1), got shape {shape}.")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise ValueError(f"PtbLSTM expects integer tokens of shape [N, T], got dtype "
                        f"{tokens.dtype}; convert with `.astype(jnp.int32)`.")

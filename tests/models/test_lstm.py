@@ -220,7 +220,7 @@ def test_ptb_lstm_validation():
   carry = model.initial_carry(2)
   with pytest.raises(ValueError, match="needs a dropout_key when train=True"):
     model(_tokens(), carry, train=True)
-  with pytest.raises(ValueError, match=r"tokens of shape \[N, T\] \(T >= 1\), got shape \(6,\)"):
+  with pytest.raises(ValueError, match=r"tokens of shape \[N, T\] \(N, T >= 1\), got shape \(6,\)"):
     model(_tokens()[0], carry, train=False)
   with pytest.raises(ValueError, match=r"word ids in \[0, 11\), got values in \[-1, 10\]"):
     model(_tokens().at[0, 0].set(-1).at[0, 1].set(10), carry, train=False)
