@@ -16,6 +16,7 @@ OPTIMIZERS = ("sgd", "momentum", "lars", "lamb", "adam", "percent_delta", "mclr"
 WARMUPS = ("none", "linear", "constant")
 DECAYS = ("constant", "poly", "multistep", "exponential", "cosine")
 SCALING_RULES = ("none", "linear", "sqrt", "legw", "goyal")
+COMPRESSIONS = ("none", "one_bit", "qsgd")
 LANGUAGE_MODEL_DATASETS = ("ptb", "synthetic_ptb")
 
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
@@ -83,6 +84,12 @@ def default_config() -> ml_collections.ConfigDict:
   config.loss = ml_collections.ConfigDict()
   config.loss.discard_fraction = 0.0
   config.loss.discard_until_epoch = 0.0
+
+  # papers/004: compress each device's gradient before the data-parallel reduction (shard_map step).
+  config.compression = ml_collections.ConfigDict()
+  config.compression.name = "none"  # none | one_bit | qsgd
+  config.compression.levels = 4  # QSGD s
+  config.compression.error_feedback = True  # 1-bit SGD
 
   config.diagnostics = ml_collections.ConfigDict()
   # papers/001 §4: L(x, g) = |g^T H g| / ||g||^2 on the first `lipschitz_batch_size` eval examples.
@@ -153,6 +160,18 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
   errors += _check_choice("lr.warmup", config.lr.warmup, WARMUPS)
   errors += _check_choice("lr.decay", config.lr.decay, DECAYS)
   errors += _check_choice("scaling.rule", config.scaling.rule, SCALING_RULES)
+  errors += _check_choice("compression.name", config.compression.name, COMPRESSIONS)
+  if config.compression.name != "none":
+    if config.mesh.fsdp != 1:
+      errors.append(f"config.compression.name={config.compression.name!r} compresses whole per-device "
+                    f"gradients and needs replicated parameters: set config.mesh.fsdp=1 (got {config.mesh.fsdp}).")
+    if config.max_device_batch > 0 and any(
+        size // data_parallel_size > config.max_device_batch for size in batch_sizes(config)):
+      errors.append("gradient compression does not combine with gradient accumulation yet: raise "
+                    "config.max_device_batch above the per-device batch or set config.compression.name='none'.")
+    if config.compression.name == "qsgd" and (not isinstance(config.compression.levels, int)
+                                               or config.compression.levels < 1):
+      errors.append(f"config.compression.levels (QSGD s) must be an integer >= 1, got {config.compression.levels!r}.")
   errors += _check_choice("data_options.mnist_format", config.data_options.mnist_format, ("idx", "tfds"))
   errors += _check_choice("data_options.eval_split", config.data_options.eval_split, ("valid", "test"))
   language_model = config.model == "ptb_lstm"

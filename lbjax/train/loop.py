@@ -31,7 +31,7 @@ from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train.state import TrainState
-from lbjax.train.step import make_eval_step, make_train_step
+from lbjax.train.step import make_eval_step, make_train_step, per_device_compression_state
 from lbjax.train.tasks import build_task, initial_carry
 
 
@@ -118,6 +118,7 @@ class _Run:
     self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
     self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
     self.optimizer = optimizer_lib.build_optimizer(config)
+    self.compressor = optimizer_lib.build_compressor(config)
     self.batch_sharding = batch_sharding(self.mesh)
     self.replicated = replicated(self.mesh)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
@@ -138,7 +139,18 @@ class _Run:
     model_state = _place(model_state, jax.tree.map(lambda _: self.replicated, model_state))
     rng = jax.random.key_data(jax.random.key(self.config.seed))
     step, first_nonfinite_step, rng = _place((np.int32(0), np.int32(-1), rng), self.replicated)
-    return TrainState(step, params, opt_state, model_state, rng, None, first_nonfinite_step)
+    return TrainState(step, params, opt_state, model_state, rng, None, first_nonfinite_step,
+                      self.initial_compression_state(params))
+
+  def initial_compression_state(self, params) -> Any:
+    if self.compressor is None:
+      return None
+    state = jax.device_get(jax.jit(self.compressor.init)(params))
+    if not per_device_compression_state(state):
+      return _place(state, self.replicated)
+    devices = data_parallel_size(self.mesh)
+    per_device = jax.tree.map(lambda x: np.broadcast_to(x, (devices,) + x.shape), state)
+    return _place(per_device, self.batch_sharding)
 
   def zero_carry(self, global_batch_size: int) -> Any:
     if not self.task.carries_state:
@@ -162,7 +174,7 @@ class _Run:
     if key not in self.compiled:
       start = time.perf_counter()
       step = make_train_step(self.graphdef, self.task, self.optimizer, self.mesh,
-                             self.num_microbatches(global_batch_size), discard_fraction)
+                             self.num_microbatches(global_batch_size), discard_fraction, self.compressor)
       state_shardings = jax.tree.map(lambda x: x.sharding, state)
       batch_shardings = jax.tree.map(lambda x: x.sharding, batch)
       self.compiled[key] = jax.jit(
@@ -241,6 +253,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   progress.reset_window(examples_seen, stream.epoch())
   preemption = _PreemptionFlag()
   step = int(jax.device_get(state.step))
+  if run.compressor is not None:
+    bits = optim.compression.bits_per_step(state.params, run.compressor)
+    writer.write("compression", step, {
+        "name": config.compression.name, "bits_per_device_step": bits.compressed,
+        "uncompressed_bits": bits.uncompressed, "ratio": bits.ratio})
   pending: list[dict[str, jax.Array]] = []
   next_eval = (math.floor(stream.epoch() / config.eval_every_epochs) + 1) * config.eval_every_epochs
   eval_metrics: dict[str, float] = {}

@@ -23,7 +23,9 @@ import optax
 
 from lbjax import optim
 from lbjax import schedules
+from lbjax.optim import compression
 from lbjax.train import config as config_lib
+from lbjax.train.mesh import DATA_AXES
 
 LAYERWISE_OPTIMIZERS = ("lars", "lamb", "percent_delta", "mclr")
 
@@ -95,6 +97,16 @@ def momentum_sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.9, n
   """SGD with momentum (`optax.sgd`) and L2 weight decay on kernels added to the gradient."""
   decay = optax.add_decayed_weights(weight_decay, mask=_weight_decay_mask) if weight_decay else optax.identity()
   return optax.chain(decay, optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov))
+
+
+def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientCompressor | None:
+  """The gradient compressor of `config.compression` (papers/004), or None."""
+  c = config.compression
+  if c.name == "one_bit":
+    return compression.one_bit(error_feedback=c.error_feedback)
+  if c.name == "qsgd":
+    return compression.qsgd(c.levels, seed=config.seed, axis_name=DATA_AXES)
+  return None
 
 
 def build_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

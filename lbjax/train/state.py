@@ -19,6 +19,8 @@ class TrainState(NamedTuple):
     first_nonfinite_step: -1 while every loss and update has been finite; otherwise the step at which
       the first non-finite value appeared. From then on the step leaves the state untouched, so the
       state stays the last good one.
+    compression_state: the gradient compressor's state (QSGD's key; 1-bit SGD's error-feedback
+      residual, one per device along a leading axis) or `None` without compression.
   """
   step: jax.Array
   params: Any
@@ -27,3 +29,4 @@ class TrainState(NamedTuple):
   rng: jax.Array
   carry: Any
   first_nonfinite_step: jax.Array
+  compression_state: Any = None

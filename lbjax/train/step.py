@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
 from lbjax import diagnostics
+from lbjax.optim import compression
 from lbjax.train.mesh import DATA_AXES, data_parallel_size
 from lbjax.train.state import TrainState
 
@@ -74,8 +75,14 @@ def _all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def per_device_compression_state(state: Any) -> bool:
+  """Whether a compressor state differs per device (1-bit SGD's error-feedback residual)."""
+  return isinstance(state, compression.ErrorFeedbackState)
+
+
 def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.GradientTransformation,
-                    mesh: Mesh, num_microbatches: int, discard_fraction: float = 0.0
+                    mesh: Mesh, num_microbatches: int, discard_fraction: float = 0.0,
+                    compressor: compression.GradientCompressor | None = None
                     ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
   """Returns `step(state, batch, learning_rate) -> (state, metrics)` (not yet jitted).
 
@@ -89,6 +96,11 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
   micro-batch gradients (B/k examples) and their mean (B examples): `noise_scale_grad_norm_sq` and
   `noise_scale_trace_sigma`. Average each over steps before dividing.
   With `discard_fraction > 0` the smallest-loss examples are dropped within each micro-batch.
+
+  With a `compressor` (papers/004: 1-bit SGD, QSGD) the gradient is computed per device inside
+  `jax.shard_map`: each device compresses its own gradient and the decoded values are averaged
+  (`lbjax.optim.compression.compressed_pmean`), which is what a compressed all-reduce delivers.
+  BatchNorm statistics are then per device, as in the papers' per-replica BN.
   """
 
   def loss_fn(params, model_state, batch, carry, key):
@@ -132,9 +144,33 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
                    noise_scale_trace_sigma=estimate.trace_sigma)
     return loss, metrics, model_state, _merge_microbatches(carries, mesh), grads
 
+  def compressed_gradients(state: TrainState, batch: Batch, key: jax.Array):
+    per_device = per_device_compression_state(state.compression_state)
+    state_spec = P(DATA_AXES) if per_device else P()
+
+    def local(params, model_state, batch, carry, key, compression_state):
+      key = jax.random.fold_in(key, jax.lax.axis_index(DATA_AXES))
+      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry, key)
+      if per_device:
+        compression_state = jax.tree.map(lambda x: x[0], compression_state)
+      grads, compression_state = compression.compressed_pmean(grads, compression_state, compressor, DATA_AXES)
+      if per_device:
+        compression_state = jax.tree.map(lambda x: x[None], compression_state)
+      loss, metrics, model_state = jax.lax.pmean((loss, metrics, model_state), DATA_AXES)
+      return loss, metrics, model_state, carry, grads, compression_state
+
+    sharded = jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), P(), P(DATA_AXES), P(DATA_AXES), P(), state_spec),
+        out_specs=(P(), P(), P(), P(DATA_AXES), P(), state_spec), check_vma=False)
+    return sharded(state.params, state.model_state, batch, state.carry, key, state.compression_state)
+
   def step(state: TrainState, batch: Batch, learning_rate: jax.Array):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, metrics, model_state, carry, grads = gradients(state, batch, key)
+    compression_state = state.compression_state
+    if compressor is None:
+      loss, metrics, model_state, carry, grads = gradients(state, batch, key)
+    else:
+      loss, metrics, model_state, carry, grads, compression_state = compressed_gradients(state, batch, key)
     hyperparams = dict(state.opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))
     opt_state = state.opt_state._replace(hyperparams=hyperparams)
     updates, opt_state = optimizer.update(grads, opt_state, state.params)
@@ -143,7 +179,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
     healthy = state.first_nonfinite_step < 0
     accept = finite & healthy
     updated = TrainState(state.step + 1, params, opt_state, model_state, state.rng, carry,
-                         state.first_nonfinite_step)
+                         state.first_nonfinite_step, compression_state)
     new_state = jax.tree.map(lambda new, old: jnp.where(accept, new, old), updated, state)
     new_state = new_state._replace(first_nonfinite_step=jnp.where(
         healthy & ~finite, state.step, state.first_nonfinite_step))
