@@ -12,6 +12,7 @@ Variant keys (`get_config("key=value,...")`):
   optimizer: momentum (default) | adam (the adaptive baseline of papers/001 §5.2).
   lr:        baseline learning rate at B=128.
   epochs:    number of epochs (default 25).
+  warmup:    LEGW warm-up of the B=128 baseline in epochs (default 0.15625; scaled x k by legw).
 """
 
 from lbjax.train import check_variant_keys, default_config, parse_variant
@@ -26,7 +27,7 @@ BASE_WARMUP_EPOCHS = 0.15625
 
 def get_config(arg: str | None = None):
   variant = parse_variant(arg)
-  check_variant_keys(variant, ("batch", "rule", "optimizer", "lr", "epochs"), "configs/mnist_lstm.py")
+  check_variant_keys(variant, ("batch", "rule", "optimizer", "lr", "epochs", "warmup"), "configs/mnist_lstm.py")
   config = default_config()
   config.model = "mnist_lstm"
   config.dataset = "mnist"
@@ -42,7 +43,7 @@ def get_config(arg: str | None = None):
   config.lr.decay = "constant"
   if config.scaling.rule == "legw":
     config.lr.warmup = "linear"
-    config.lr.warmup_epochs = BASE_WARMUP_EPOCHS
+    config.lr.warmup_epochs = float(variant.get("warmup", BASE_WARMUP_EPOCHS))
   config.log_every = 100
   config.checkpoint_every_steps = 2000
   return config

@@ -1,0 +1,38 @@
+"""Reading a run's `metrics.jsonl` (written by `lbjax.train`): evaluations and the final result."""
+
+import json
+import pathlib
+from typing import Any
+
+
+def read_records(workdir: str | pathlib.Path, kind: str | None = None) -> list[dict[str, Any]]:
+  """The JSON records of `<workdir>/metrics.jsonl`, optionally only those of one `kind`.
+
+  A run that resumed after an interruption may have logged a step twice; the last record of each
+  (kind, step) wins, and records come back sorted by step.
+
+  Raises:
+    FileNotFoundError: if the workdir holds no metrics.jsonl (the run never started).
+  """
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} does not exist: no run has written metrics in {workdir}.")
+  latest: dict[tuple[str, int], dict[str, Any]] = {}
+  for line in path.read_text().splitlines():
+    if not line.strip():
+      continue
+    record = json.loads(line)
+    if kind is None or record["kind"] == kind:
+      latest[(record["kind"], record["step"])] = record
+  return sorted(latest.values(), key=lambda r: r["step"])
+
+
+def eval_curve(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
+  """The evaluation records of a run (step, epoch, loss, accuracy or perplexity), by step."""
+  return read_records(workdir, "eval")
+
+
+def final_eval(workdir: str | pathlib.Path) -> dict[str, Any] | None:
+  """The final evaluation of a finished run (the record marked `final`), or None if unfinished."""
+  finals = [r for r in eval_curve(workdir) if r.get("final")]
+  return finals[-1] if finals else None

@@ -1,0 +1,221 @@
+"""A batch-size sweep: one baseline config, scaling rules, batch sizes -> CSV, markdown table, plot.
+
+  python -m experiments.sweep --config configs/mnist_lstm.py --rules none,linear,sqrt,legw \
+      --batch_sizes 128,512,2048,8192 --out docs/results/mnist_lstm_legw --workdir runs/sweeps/mnist
+
+Each point (rule, batch size) is `get_config("batch=B,rule=R[,<variant>]")` of the config file, trained
+with `lbjax.train.train_and_evaluate` in `<workdir>/<rule>_b<B>`. After each point the sweep rewrites
+`<out>.csv` (columns `rule,batch_size,test_<metric>,...`), `<out>.md` and `<out>.png` (final test metric
+vs batch size, log2 x-axis, one line per rule: Figure 1 of papers/001).
+
+Resuming: points already in `<out>.csv` are skipped (delete a row to rerun it); an interrupted point
+resumes from the checkpoint in its workdir. Points whose recipe is identical to an earlier point's (same
+config apart from the rule name, same learning rate at every epoch; e.g. none/linear/sqrt at the
+baseline batch size) are run once and recorded for each rule with `same_as`.
+A run stopped by a non-finite loss is recorded as `diverged` with a NaN metric.
+"""
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+from typing import Sequence
+
+import ml_collections
+import numpy as np
+
+from experiments import config_files
+from experiments import run_records
+from experiments import sweep_table
+from lbjax import train
+from lbjax.train import optimizer as optimizer_lib
+
+RULES = ("none", "linear", "sqrt", "legw", "goyal")
+_FINGERPRINT_SAMPLES = 4001
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+  """What to sweep.
+
+  Attributes:
+    config_path: the config file; its `get_config` must understand the variant keys `batch` and `rule`.
+    rules: scaling rules, each one of `RULES`.
+    batch_sizes: global batch sizes, positive ints.
+    out: path prefix of the outputs (`<out>.csv`, `<out>.md`, `<out>.png`).
+    workdir: directory holding one run directory per point.
+    variant: extra variant keys for every point, e.g. `"epochs=5"`.
+    metric: "accuracy" or "perplexity" (the eval metric of the task).
+    title: title of the table and the plot.
+    max_device_batch: if > 0, `config.max_device_batch` of every point: larger batches are computed as
+      accumulated micro-batches of this size (the same update; much faster on CPU, where a whole 8K
+      batch of the MNIST LSTM runs ~6x slower per example than micro-batches of 512).
+  """
+  config_path: str
+  rules: tuple[str, ...]
+  batch_sizes: tuple[int, ...]
+  out: str
+  workdir: str
+  variant: str = ""
+  metric: str = "accuracy"
+  title: str = "Batch-size sweep"
+  max_device_batch: int = 0
+
+
+def check_spec(spec: SweepSpec) -> None:
+  """Raises ValueError naming every problem of `spec` before any training."""
+  errors = []
+  if not pathlib.Path(spec.config_path).is_file():
+    errors.append(f"config file {spec.config_path!r} does not exist.")
+  if not spec.rules:
+    errors.append("no scaling rules given; pass e.g. --rules none,linear,sqrt,legw.")
+  unknown = [r for r in spec.rules if r not in RULES]
+  if unknown:
+    errors.append(f"unknown scaling rule(s) {unknown}; choose from {', '.join(RULES)}.")
+  if not spec.batch_sizes:
+    errors.append("no batch sizes given; pass e.g. --batch_sizes 128,512,2048.")
+  bad = [b for b in spec.batch_sizes if not isinstance(b, int) or b <= 0]
+  if bad:
+    errors.append(f"batch sizes must be positive integers, got {bad}.")
+  if spec.metric not in ("accuracy", "perplexity"):
+    errors.append(f"metric must be 'accuracy' or 'perplexity', got {spec.metric!r}.")
+  if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
+    errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got "
+                  f"{spec.max_device_batch!r}.")
+  if any(k in spec.variant for k in ("batch=", "rule=")):
+    errors.append(f"variant {spec.variant!r} must not set batch or rule: the sweep sets them.")
+  if errors:
+    raise ValueError("Invalid sweep:\n  - " + "\n  - ".join(errors))
+
+
+def point_config(spec: SweepSpec, rule: str, batch_size: int) -> ml_collections.ConfigDict:
+  """The config of one point: `get_config("batch=<B>,rule=<R>[,<variant>]")`."""
+  variant = f"batch={batch_size},rule={rule}" + (f",{spec.variant}" if spec.variant else "")
+  config = config_files.load_config(spec.config_path, variant)
+  if spec.max_device_batch:
+    config.max_device_batch = spec.max_device_batch
+  return config
+
+
+def recipe_fingerprint(config: ml_collections.ConfigDict) -> str:
+  """What the run computes, apart from how the recipe was named: config minus `scaling`/`lr`, plus
+  the learning rate at `_FINGERPRINT_SAMPLES` epochs over training (warm-up included)."""
+  fields = json.loads(config.to_json())
+  for name in ("scaling", "lr", *train.config.OPERATIONAL_FIELDS):
+    fields.pop(name, None)
+  schedule = train.learning_rate_schedule(config)
+  epochs = np.linspace(0.0, config.num_epochs, _FINGERPRINT_SAMPLES)
+  fields["learning_rate"] = [float(f"{float(schedule(float(e))):.9g}") for e in epochs]
+  return json.dumps(fields, sort_keys=True)
+
+
+def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: str,
+               batch_size: int) -> sweep_table.SweepRow:
+  recipe = optimizer_lib.scaled_recipe(config)
+  warmup = recipe.warmup_epochs if (config.lr.warmup != "none" or rule == "goyal") else 0.0
+  start = time.time()
+  try:
+    result = train.train_and_evaluate(config, workdir)
+  except train.NonFiniteError as error:
+    print(f"  diverged: {error}", flush=True)
+    records = run_records.read_records(workdir, "train")
+    steps = records[-1]["step"] if records else 0
+    epochs = records[-1]["epoch"] if records else 0.0
+    return sweep_table.SweepRow(rule, batch_size, float("nan"), "diverged", recipe.learning_rate, warmup,
+                                epochs, steps, time.time() - start)
+  if result.preempted:
+    raise KeyboardInterrupt(f"point rule={rule}, batch={batch_size} was preempted (SIGTERM); its "
+                            f"checkpoint in {workdir} resumes on the next sweep.")
+  final = run_records.final_eval(workdir)
+  return sweep_table.SweepRow(rule, batch_size, float(final[METRIC_KEYS[config.dataset]]), "done",
+                              recipe.learning_rate, warmup, result.epoch, result.step, time.time() - start)
+
+
+METRIC_KEYS = {"mnist": "accuracy", "synthetic_mnist": "accuracy", "imagenet": "accuracy",
+               "cifar10": "accuracy", "synthetic_images": "accuracy", "ptb": "perplexity",
+               "synthetic_ptb": "perplexity"}
+
+
+def write_outputs(rows: list[sweep_table.SweepRow], spec: SweepSpec) -> None:
+  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from `rows`."""
+  out = pathlib.Path(spec.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  sweep_table.write_csv(rows, out.with_suffix(".csv"), spec.metric)
+  out.with_suffix(".md").write_text(sweep_table.markdown_table(rows, spec.metric, spec.title))
+  sweep_table.plot(rows, spec.metric, spec.title, out.with_suffix(".png"))
+
+
+def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
+  """Runs every point of `spec` not yet recorded in `<out>.csv`, writing the outputs after each.
+
+  Returns:
+    All rows of `<out>.csv` (earlier ones included), after the sweep.
+
+  Raises:
+    ValueError: an invalid spec, an invalid point config (all checked before any training), or a
+      metric that does not match the config's dataset.
+  """
+  check_spec(spec)
+  csv_path = pathlib.Path(spec.out).with_suffix(".csv")
+  rows = sweep_table.read_csv(csv_path, spec.metric)
+  done = {(r.rule, r.batch_size): r for r in rows}
+  configs = {(rule, b): point_config(spec, rule, b) for rule in spec.rules for b in spec.batch_sizes}
+  fingerprints = {}
+  for (rule, b), config in configs.items():
+    if METRIC_KEYS[config.dataset] != spec.metric:
+      raise ValueError(f"{spec.config_path} trains on {config.dataset!r}, whose test metric is "
+                       f"{METRIC_KEYS[config.dataset]!r}, but the sweep measures {spec.metric!r}; pass "
+                       f"--metric {METRIC_KEYS[config.dataset]}.")
+    fingerprints[(rule, b)] = recipe_fingerprint(config)
+  for b in spec.batch_sizes:
+    for rule in spec.rules:
+      if (rule, b) in done:
+        continue
+      twin = next((done[(other, b)] for other in RULES if (other, b) in done and not done[(other, b)].same_as
+                   and (other, b) in fingerprints and fingerprints[(other, b)] == fingerprints[(rule, b)]),
+                  None)
+      if twin is not None:
+        row = dataclasses.replace(twin, rule=rule, same_as=twin.rule)
+      else:
+        print(f"[sweep] rule={rule} batch={b} -> {spec.workdir}/{rule}_b{b}", flush=True)
+        row = _run_point(configs[(rule, b)], pathlib.Path(spec.workdir) / f"{rule}_b{b}", rule, b)
+        print(f"[sweep] rule={rule} batch={b}: {spec.metric}={row.metric:.4f} ({row.status}, "
+              f"{row.seconds:.0f} s)", flush=True)
+      done[(rule, b)] = row
+      rows = list(done.values())
+      write_outputs(rows, spec)
+  return list(done.values())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 128,512, got {text!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
+  """Command-line entry; see the module docstring."""
+  parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="config file, e.g. configs/mnist_lstm.py")
+  parser.add_argument("--rules", required=True, help="comma-separated scaling rules: " + ",".join(RULES))
+  parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
+  parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/mnist_lstm_legw")
+  parser.add_argument("--workdir", required=True, help="directory for the runs, e.g. runs/sweeps/mnist")
+  parser.add_argument("--variant", default="", help="extra variant keys for every point, e.g. epochs=5")
+  parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
+  parser.add_argument("--title", default="Batch-size sweep")
+  parser.add_argument("--max_device_batch", type=int, default=0,
+                      help="accumulate micro-batches of this size (0 = off); the same update, less memory")
+  args = parser.parse_args(argv)
+  spec = SweepSpec(config_path=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
+                   batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir, variant=args.variant,
+                   metric=args.metric, title=args.title,
+                   max_device_batch=args.max_device_batch)
+  return run_sweep(spec)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -1,0 +1,137 @@
+"""The results of a batch-size sweep: rows, the CSV file that records them, markdown table and plot."""
+
+import csv
+import dataclasses
+import math
+import pathlib
+
+FIELDS = ("rule", "batch_size", "status", "learning_rate", "warmup_epochs", "epochs", "steps", "seconds",
+          "same_as")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRow:
+  """One finished point of a sweep.
+
+  Attributes:
+    rule: the scaling rule (none, linear, sqrt, legw, goyal).
+    batch_size: the global batch size.
+    metric: the final test metric (accuracy in [0, 1] or perplexity); NaN if the run diverged.
+    status: "done" or "diverged" (a non-finite loss or update stopped it).
+    learning_rate: peak learning rate after scaling.
+    warmup_epochs: warm-up length in epochs after scaling (0 if none).
+    epochs: epochs trained.
+    steps: parameter updates made.
+    seconds: wall-clock seconds of the run (of its last session if it was resumed).
+    same_as: if not empty, the rule whose run at this batch size had the identical recipe and whose
+      result this row repeats (e.g. every rule but LEGW at the baseline batch size).
+  """
+  rule: str
+  batch_size: int
+  metric: float
+  status: str
+  learning_rate: float
+  warmup_epochs: float
+  epochs: float
+  steps: int
+  seconds: float
+  same_as: str = ""
+
+
+def metric_column(metric: str) -> str:
+  """The CSV column of a metric: `test_accuracy` or `test_perplexity`."""
+  return f"test_{metric}"
+
+
+def write_csv(rows: list[SweepRow], path: str | pathlib.Path, metric: str) -> None:
+  """Writes `rule,batch_size,test_<metric>,status,...`, one line per row, sorted by rule and batch."""
+  column = metric_column(metric)
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(("rule", "batch_size", column) + FIELDS[2:])
+    for r in sorted(rows, key=lambda r: (r.rule, r.batch_size)):
+      writer.writerow((r.rule, r.batch_size, f"{r.metric:.6g}", r.status, f"{r.learning_rate:.6g}",
+                       f"{r.warmup_epochs:.6g}", f"{r.epochs:.6g}", r.steps, f"{r.seconds:.1f}", r.same_as))
+
+
+def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
+  """The rows of a CSV written by `write_csv`; [] if the file does not exist.
+
+  Raises:
+    ValueError: if the file exists but lacks the columns `write_csv` writes for `metric`.
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    return []
+  column = metric_column(metric)
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    missing = {"rule", "batch_size", column, *FIELDS} - set(reader.fieldnames or ())
+    if missing:
+      raise ValueError(f"{path} lacks the column(s) {sorted(missing)}: it was not written by a sweep "
+                       f"measuring {metric!r}; move it away or choose another --out.")
+    return [SweepRow(rule=d["rule"], batch_size=int(d["batch_size"]), metric=float(d[column]),
+                     status=d["status"], learning_rate=float(d["learning_rate"]),
+                     warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),
+                     steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"])
+            for d in reader]
+
+
+def _format_metric(row: SweepRow | None, metric: str) -> str:
+  if row is None:
+    return "–"
+  if row.status != "done" or math.isnan(row.metric):
+    return row.status
+  return f"{100 * row.metric:.2f}%" if metric == "accuracy" else f"{row.metric:.2f}"
+
+
+def markdown_table(rows: list[SweepRow], metric: str, title: str) -> str:
+  """A markdown page: the metric by batch size (rows) and rule (columns), then every run's recipe."""
+  rules = list(dict.fromkeys(r.rule for r in rows))
+  sizes = sorted({r.batch_size for r in rows})
+  cell = {(r.rule, r.batch_size): r for r in rows}
+  lines = [f"# {title}", "", f"Final test {metric} by batch size and scaling rule.", "",
+           "| batch size | " + " | ".join(rules) + " |", "|---:|" + "---:|" * len(rules)]
+  for size in sizes:
+    lines.append(f"| {size} | " + " | ".join(_format_metric(cell.get((rule, size)), metric)
+                                              for rule in rules) + " |")
+  lines += ["", "Runs (peak LR and warm-up after the scaling rule; `same as`: identical recipe, one run):", "",
+            "| rule | batch | peak LR | warm-up epochs | epochs | steps | seconds | status | same as |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+  for r in sorted(rows, key=lambda r: (rules.index(r.rule), r.batch_size)):
+    lines.append(f"| {r.rule} | {r.batch_size} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | "
+                 f"{r.epochs:g} | {r.steps} | {r.seconds:.0f} | {r.status} | {r.same_as} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[SweepRow], metric: str, title: str, path: str | pathlib.Path) -> None:
+  """Final test metric vs batch size (log2 x-axis), one line per rule, like papers/001 Figure 1.
+
+  Diverged points are drawn as crosses at the bottom of the axes.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  figure, axes = plt.subplots(figsize=(6, 4))
+  scale = 100.0 if metric == "accuracy" else 1.0
+  for rule in dict.fromkeys(r.rule for r in rows):
+    points = sorted((r for r in rows if r.rule == rule), key=lambda r: r.batch_size)
+    done = [r for r in points if r.status == "done" and not math.isnan(r.metric)]
+    line, = axes.plot([r.batch_size for r in done], [scale * r.metric for r in done], marker="o",
+                      label=rule)
+    failed = [r.batch_size for r in points if r not in done]
+    if failed:
+      axes.plot(failed, [0] * len(failed), marker="x", linestyle="none", color=line.get_color(),
+                transform=axes.get_xaxis_transform(), clip_on=False)
+  axes.set_xscale("log", base=2)
+  sizes = sorted({r.batch_size for r in rows})
+  axes.set_xticks(sizes, [str(s) for s in sizes])
+  axes.set_xlabel("batch size")
+  axes.set_ylabel(f"test {metric}" + (" (%)" if metric == "accuracy" else ""))
+  axes.set_title(title)
+  axes.grid(alpha=0.3)
+  axes.legend(title="scaling rule")
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)

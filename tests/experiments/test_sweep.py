@@ -1,0 +1,110 @@
+"""The batch-size sweep on a tiny synthetic config: outputs, recipes per rule, skipping, bad input."""
+
+import csv
+import math
+import pathlib
+
+import pytest
+
+from experiments import sweep
+from experiments import sweep_table
+
+TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_sweep_config.py"))
+
+
+def _spec(tmp_path, **overrides):
+  fields = dict(config_path=TINY_CONFIG, rules=("none", "linear"), batch_sizes=(32, 64),
+                out=str(tmp_path / "results" / "tiny"), workdir=str(tmp_path / "runs"), title="tiny")
+  fields.update(overrides)
+  return sweep.SweepSpec(**fields)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory):
+  tmp_path = tmp_path_factory.mktemp("sweep")
+  spec = _spec(tmp_path)
+  rows = sweep.run_sweep(spec)
+  return spec, rows
+
+
+def test_csv_has_one_row_per_point_with_the_scaled_recipe(finished_sweep):
+  spec, _ = finished_sweep
+  with open(pathlib.Path(spec.out).with_suffix(".csv"), newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert list(rows[0])[:3] == ["rule", "batch_size", "test_accuracy"]
+  points = {(r["rule"], int(r["batch_size"])): r for r in rows}
+  assert set(points) == {("none", 32), ("none", 64), ("linear", 32), ("linear", 64)}
+  for r in rows:
+    assert 0.0 <= float(r["test_accuracy"]) <= 1.0
+    assert r["status"] == "done"
+  # Linear scaling doubles the LR from the B=32 baseline at B=64; no rule changes B=32.
+  assert float(points[("linear", 64)]["learning_rate"]) == pytest.approx(0.1)
+  assert float(points[("none", 64)]["learning_rate"]) == pytest.approx(0.05)
+  assert float(points[("linear", 32)]["learning_rate"]) == pytest.approx(0.05)
+  # 256 examples: 8 updates at B=32, 4 at B=64 (one epoch).
+  assert int(points[("none", 32)]["steps"]) == 8 and int(points[("linear", 64)]["steps"]) == 4
+
+
+def test_identical_recipes_run_once(finished_sweep):
+  spec, rows = finished_sweep
+  by_point = {(r.rule, r.batch_size): r for r in rows}
+  assert by_point[("linear", 32)].same_as == "none"
+  assert by_point[("linear", 32)].metric == by_point[("none", 32)].metric
+  assert not (pathlib.Path(spec.workdir) / "linear_b32").exists()
+  assert by_point[("linear", 64)].same_as == ""
+
+
+def test_markdown_and_plot(finished_sweep):
+  spec, rows = finished_sweep
+  out = pathlib.Path(spec.out)
+  table = out.with_suffix(".md").read_text()
+  header = [line for line in table.splitlines() if line.startswith("| batch size")]
+  assert header == ["| batch size | none | linear |"]
+  by_point = {(r.rule, r.batch_size): r for r in rows}
+  assert f"| 64 | {100 * by_point[('none', 64)].metric:.2f}% | {100 * by_point[('linear', 64)].metric:.2f}% |" \
+      in table
+  assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_finished_points_are_skipped(finished_sweep, monkeypatch):
+  spec, rows = finished_sweep
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished point was trained again")
+  monkeypatch.setattr(sweep.train, "train_and_evaluate", no_training)
+  again = {(r.rule, r.batch_size): r for r in sweep.run_sweep(spec)}
+  assert set(again) == {(r.rule, r.batch_size) for r in rows}
+  for r in rows:  # the CSV keeps 6 significant digits
+    assert again[(r.rule, r.batch_size)].metric == pytest.approx(r.metric, rel=1e-5)
+    assert again[(r.rule, r.batch_size)].steps == r.steps
+
+
+def test_csv_round_trip_keeps_diverged_points(tmp_path):
+  rows = [sweep_table.SweepRow("linear", 8192, float("nan"), "diverged", 5.12, 0.0, 0.4, 3, 1.0),
+          sweep_table.SweepRow("legw", 8192, 0.98, "done", 0.64, 10.0, 25.0, 184, 60.0)]
+  path = tmp_path / "rows.csv"
+  sweep_table.write_csv(rows, path, "accuracy")
+  back = {r.rule: r for r in sweep_table.read_csv(path, "accuracy")}
+  assert math.isnan(back["linear"].metric) and back["linear"].status == "diverged"
+  assert back["legw"].metric == 0.98 and back["legw"].warmup_epochs == 10.0
+  assert "| 8192 | diverged | 98.00% |" in sweep_table.markdown_table(rows, "accuracy", "t")
+  sweep_table.plot(rows, "accuracy", "t", tmp_path / "rows.png")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rules=("cubic",)), "unknown scaling rule"),
+    (dict(batch_sizes=(0, 64)), "positive integers"),
+    (dict(config_path="configs/missing.py"), "does not exist"),
+    (dict(metric="bleu"), "metric must be"),
+    (dict(variant="batch=64"), "must not set batch or rule"),
+    (dict(metric="perplexity"), "--metric accuracy"),
+])
+def test_bad_specs_are_rejected_before_training(tmp_path, overrides, message):
+  with pytest.raises(ValueError, match=message):
+    sweep.run_sweep(_spec(tmp_path, **overrides))
+  assert not (tmp_path / "runs").exists()
+
+
+def test_cli_parses_lists(tmp_path):
+  with pytest.raises(SystemExit):
+    sweep.main(["--config", TINY_CONFIG, "--rules", "none", "--batch_sizes", "32,abc", "--out", "x",
+                "--workdir", "y"])
