@@ -1,0 +1,68 @@
+"""Gradient accumulation: k micro-batches inside the compiled step vs one true batch.
+
+For a fixed global batch, `config.max_device_batch = batch / k` makes the trainer split each step
+into k micro-batches accumulated with `lax.scan` (the papers' `iter_size`). The table gives, per k,
+the throughput relative to k = 1 (interleaved in one process, medians) and the compiled step's
+memory from `compiled.memory_analysis()`: temporaries (activations, gradients in flight) and the
+peak estimate (arguments + outputs + temporaries - donated aliases).
+
+    python -m benchmarks.accumulation [--rounds 5] [--no-readme]
+"""
+
+import argparse
+
+from benchmarks import report
+from benchmarks import workloads
+
+CASES = (("resnet_tiny", 512, (1, 2, 4, 8)), ("mnist_lstm", 2048, (1, 2, 4, 8)),
+         ("resnet18", 64, (1, 4)))
+
+
+def memory_bytes(compiled) -> tuple[int, int]:
+  """(temporary bytes, peak estimate) of a compiled executable."""
+  analysis = compiled.memory_analysis()
+  temp = analysis.temp_size_in_bytes
+  peak = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes + temp
+          - analysis.alias_size_in_bytes)
+  return temp, peak
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--seconds-per-round", type=float, default=1.0)
+  parser.add_argument("--no-readme", action="store_true", help="print only")
+  args = parser.parse_args()
+  rows = []
+  for model, batch_size, splits in CASES:
+    steps = {}
+    for k in splits:
+      config = workloads.trainer_config(model, batch_size)
+      config.max_device_batch = batch_size // k if k > 1 else 0
+      steps[k] = workloads.TrainerStep(config)
+    probe = report.median_seconds({1: steps[1]}, rounds=1, repeats=1)[1]
+    repeats = max(1, round(args.seconds_per_round / max(probe, 1e-6)))
+    seconds = report.median_seconds(steps, rounds=args.rounds, repeats=repeats)
+    base_temp, base_peak = memory_bytes(steps[1].compiled)
+    for k in splits:
+      temp, peak = memory_bytes(steps[k].compiled)
+      rows.append([model, batch_size, k, batch_size // k, f"{batch_size / seconds[k]:,.0f}",
+                   f"{seconds[1] / seconds[k]:.3f}", f"{temp / 2**20:.1f}", f"{temp / base_temp:.2f}",
+                   f"{peak / 2**20:.1f}", f"{peak / base_peak:.2f}"])
+      print(rows[-1], flush=True)
+    for step in steps.values():
+      step.close()
+  table = report.markdown_table(
+      ["model", "global batch", "k", "micro-batch", "ex/s", "throughput vs k=1", "temp MiB",
+       "temp vs k=1", "peak MiB", "peak vs k=1"], rows)
+  notes = ("One CPU device, momentum SGD, synthetic data on the device. Memory is XLA's static "
+           "estimate for the compiled step (CPU backend); peak = arguments + outputs + temporaries "
+           "- donated aliases.")
+  print(table)
+  if not args.no_readme:
+    report.write_section("accumulation", "Gradient accumulation: k micro-batches vs one batch",
+                         report.header_lines() + "\n" + table + "\n\n" + notes)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,202 @@
+"""Cross-device bytes per train step, read from the compiled HLO on 8 simulated CPU devices.
+
+The trainer's step (`make_train_step`, jitted with the trainer's shardings) is lowered from abstract
+shapes (`jax.ShapeDtypeStruct` with shardings; nothing is allocated or run) and compiled for a mesh
+of 8 CPU devices with fsdp = 1 (pure data parallelism) and fsdp = 8 (parameters and optimizer state
+split). Every collective of the compiled module (all-reduce, all-gather, reduce-scatter, all-to-all,
+collective-permute) is summed with its payload, the size of the full array it reduces or gathers, times
+the trip count of the loops it sits in. The minimum for data parallelism is one all-reduce of the
+gradients, i.e. the parameter bytes; FSDP's minimum is a reduce-scatter of the gradients plus an
+all-gather of the parameters, twice the parameter bytes of payload (the same wire traffic as one
+all-reduce done as reduce-scatter + all-gather).
+
+    python -m benchmarks.collectives [--no-readme]
+"""
+
+import os
+
+os.environ["JAX_NUM_CPU_DEVICES"] = "8"  # before jax is imported (by the imports below)
+
+import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import collections
+import math
+import pathlib
+import re
+import tempfile
+
+from flax import nnx
+import jax
+import numpy as np
+
+from benchmarks import report
+from benchmarks import workloads
+from lbjax.train import loop
+from lbjax.train import mesh as mesh_lib
+from lbjax.train import state as state_lib
+from lbjax.train import step as step_lib
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_OP = re.compile(r"=\s*(?P<result>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) +
+                 r")(?P<start>-start)?\(")
+_SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4,
+          "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_TRIP = re.compile(r"\"known_trip_count\":\{\"n\":\"(\d+)\"")
+_CALLS = re.compile(r"(?:to_apply|calls|true_computation|false_computation|branch_computations)="
+                    r"\{?%?([\w.\-]+)")
+
+CASES = (("resnet50", 16, 224), ("mnist_lstm", 64, 28), ("ptb_lstm", 64, 0))
+
+
+def _shape_bytes(text: str) -> int:
+  return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in _SHAPE.findall(text))
+
+
+def _group_size(line: str) -> int:
+  """Number of devices in each replica group of a collective's HLO line."""
+  mesh_form = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  if mesh_form:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh_form.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh_form.group(2)))
+  iota_form = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+  if iota_form:
+    return int(iota_form.group(2))
+  explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+  return len(explicit.group(1).split(",")) if explicit else 1
+
+
+def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
+  """op name -> (count, payload bytes) per execution of the module's entry computation.
+
+  Collectives inside `while` bodies are multiplied by the loop's known trip count.
+  """
+  computations, current, entry = collections.defaultdict(list), None, None
+  for line in hlo.splitlines():
+    match = _COMPUTATION.match(line)
+    if match and not line[:1].isspace():
+      current = match.group("name")
+      if match.group(1):
+        entry = current
+      continue
+    if current is not None:
+      computations[current].append(line)
+
+  totals = collections.defaultdict(lambda: [0, 0])
+
+  def visit(name: str, multiplier: int, depth: int = 0) -> None:
+    if depth > 50:
+      return
+    for line in computations.get(name, ()):
+      op = _OP.search(line)
+      if op:
+        payload = _shape_bytes(op.group("result"))
+        if op.group("op") == "reduce-scatter":  # the result is one shard of the reduced array
+          payload *= _group_size(line)
+        totals[op.group("op")][0] += multiplier
+        totals[op.group("op")][1] += multiplier * payload
+      if " while(" in line:
+        body = re.search(r"body=%?([\w.\-]+)", line).group(1)
+        trip = _TRIP.search(line)
+        visit(body, multiplier * (int(trip.group(1)) if trip else 1), depth + 1)
+      elif " fusion(" not in line:
+        for callee in _CALLS.findall(line):
+          visit(callee, multiplier, depth + 1)
+
+  visit(entry, 1)
+  return {op: (count, size) for op, (count, size) in totals.items()}
+
+
+def abstract_step_inputs(config, run, image_size: int):
+  """Abstract (state, batch, learning rate) with the trainer's shardings, and the graphdef."""
+  model = nnx.eval_shape(lambda: run.task.build_model(nnx.Rngs(0)))
+  graphdef, params, model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
+  mesh = run.mesh
+
+  def with_sharding(tree, sharding_of):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding_of(x)),
+                        tree)
+
+  param_sharding = lambda x: mesh_lib.parameter_sharding(mesh, x.shape)
+  params = with_sharding(nnx.to_pure_dict(params), param_sharding)
+  opt_state = with_sharding(jax.eval_shape(run.optimizer.init, params), param_sharding)
+  model_state = with_sharding(nnx.to_pure_dict(model_state), lambda _: run.replicated)
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=run.replicated)
+  rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=run.replicated)
+  batch_size = config.batch_size
+  if run.task.carries_state:
+    carry = with_sharding(jax.eval_shape(lambda: model.initial_carry(batch_size)),
+                          lambda _: run.batch_sharding)
+    tokens = jax.ShapeDtypeStruct((batch_size, 20), np.int32, sharding=run.batch_sharding)
+    batch = {"inputs": tokens, "targets": tokens}
+  else:
+    carry = None
+    channels = 1 if config.model == "mnist_lstm" else 3
+    batch = {"images": jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), np.float32,
+                                            sharding=run.batch_sharding),
+             "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.batch_sharding)}
+  state = state_lib.TrainState(scalar(np.int32), params, opt_state, model_state, rng, carry,
+                               scalar(np.int32))
+  return graphdef, state, batch, scalar(np.float32)
+
+
+def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int) -> tuple[str, int]:
+  """The compiled train step's HLO text and the parameter bytes, for 8 devices and `fsdp`."""
+  config = workloads.trainer_config(model, batch_size, image_size=image_size or 32)
+  config.mesh.fsdp = fsdp
+  if model == "resnet50":
+    config.dataset = "synthetic_images"
+    config.data_options.num_classes = 1000
+    config.data_options.num_train_examples = 16
+    config.data_options.num_eval_examples = 16
+  with tempfile.TemporaryDirectory() as workdir:
+    run = loop._Run(config, pathlib.Path(workdir))  # pylint: disable=protected-access
+    run.checkpointer.close()
+  graphdef, state, batch, learning_rate = abstract_step_inputs(config, run, image_size)
+  step = step_lib.make_train_step(graphdef, run.task, run.optimizer, run.mesh, 1)
+  shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+  compiled = jax.jit(step, in_shardings=(shardings(state), shardings(batch), run.replicated),
+                     out_shardings=(shardings(state), run.replicated), donate_argnums=(0,)
+                     ).lower(state, batch, learning_rate).compile()
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
+  return compiled.as_text(), param_bytes
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default=",".join(c[0] for c in CASES))
+  parser.add_argument("--no-readme", action="store_true", help="print only")
+  args = parser.parse_args()
+  wanted = args.models.split(",")
+  rows = []
+  for model, batch_size, image_size in CASES:
+    if model not in wanted:
+      continue
+    for fsdp in (1, 8):
+      hlo, param_bytes = compiled_hlo(model, batch_size, image_size, fsdp)
+      per_op = collective_bytes(hlo)
+      total = sum(size for _, size in per_op.values())
+      minimum = param_bytes * (1 if fsdp == 1 else 2)
+      ops = ", ".join(f"{op} x{count}: {size / 2**20:.2f} MiB"
+                      for op, (count, size) in sorted(per_op.items()))
+      rows.append([model, f"8 = {8 // fsdp} data x {fsdp} fsdp", f"{param_bytes / 2**20:.2f}",
+                   f"{total / 2**20:.2f}", f"{minimum / 2**20:.2f}", f"{total / minimum:.2f}", ops])
+      print(rows[-1], flush=True)
+  table = report.markdown_table(
+      ["model", "mesh", "parameter MiB", "collective MiB / step", "minimum MiB", "ratio",
+       "by op (count: payload)"], rows)
+  notes = ("Momentum SGD, float32. Payload = bytes of the full array a collective reduces or "
+           "gathers (for reduce-scatter: result x group size), before the algorithm's factor (a ring all-reduce "
+           "sends 2(n-1)/n of it per device). The minimum is the parameter bytes for fsdp = 1 and "
+           "twice that for fsdp = 8 (reduce-scatter of gradients + all-gather of parameters). "
+           "Batch: ResNet-50 16 x 224x224 images, LSTMs 64 rows; the gradient traffic does not "
+           "depend on it.")
+  print(table)
+  if not args.no_readme:
+    report.write_section("collectives", "Cross-device bytes per step (8 simulated devices)",
+                         report.header_lines() + "\n" + table + "\n\n" + notes)
+
+
+if __name__ == "__main__":
+  main()

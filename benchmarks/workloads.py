@@ -1,0 +1,158 @@
+"""The models the trainer benchmarks run, as trainer configs, plus a hand-written baseline step.
+
+`trainer_config(model, batch_size)` is a `lbjax.train.default_config()` on that model's synthetic
+twin (no files needed); `TrainerStep` is the trainer's own compiled step (built on
+`lbjax.train.loop._Run`, the object `train_and_evaluate` runs, compiled exactly as it compiles), and `HandStep` the minimal `jax.jit` step a user
+would write for the same model, loss and optimizer (nnx.split/merge + optax, donated buffers).
+"""
+
+import pathlib
+import tempfile
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from lbjax import models
+from lbjax import train
+from lbjax.train import loop
+from lbjax.train import step as train_step_lib
+
+MODELS = ("mnist_lstm", "ptb_lstm", "resnet_tiny", "resnet18", "resnet50")
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+
+
+def trainer_config(model: str, batch_size: int, *, num_train_examples: int = 4096,
+                   image_size: int = 32) -> ml_collections.ConfigDict:
+  """A momentum-SGD trainer config for `model` on its synthetic dataset at `batch_size`.
+
+  Args:
+    model: one of `MODELS`.
+    batch_size: global batch size (for ptb_lstm: rows of 20-token windows).
+    num_train_examples: synthetic training-set size (tokens for ptb_lstm are 20x this).
+    image_size: side of the synthetic images (ResNets).
+  """
+  if model not in MODELS:
+    raise ValueError(f"Unknown model {model!r}; choose one of {', '.join(MODELS)}.")
+  config = train.default_config()
+  config.model = model
+  config.batch_size = batch_size
+  config.scaling.base_batch_size = batch_size
+  config.lr.base = LEARNING_RATE
+  config.optimizer.name = "momentum"
+  config.optimizer.momentum = MOMENTUM
+  config.progress = False
+  config.checkpoint_every_steps = 0
+  config.eval_batch_size = batch_size
+  if model == "mnist_lstm":
+    config.dataset = "synthetic_mnist"
+    config.data_options.num_train_examples = num_train_examples
+    config.data_options.num_eval_examples = batch_size
+  elif model == "ptb_lstm":
+    config.dataset = "synthetic_ptb"
+    config.data_options.vocab_size = 10000
+    config.data_options.num_train_tokens = 20 * num_train_examples
+    config.data_options.num_eval_tokens = 20 * batch_size + 1
+  else:
+    config.dataset = "synthetic_images"
+    config.data_options.image_size = image_size
+    config.data_options.num_train_examples = num_train_examples
+    config.data_options.num_eval_examples = batch_size
+    config.data_options.num_classes = 10
+  return config
+
+
+class TrainerStep:
+  """The trainer's compiled step for one config, ready to call repeatedly on one placed batch."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self._workdir = tempfile.TemporaryDirectory()
+    self.run = loop._Run(config, pathlib.Path(self._workdir.name))  # pylint: disable=protected-access
+    self.batch_size = config.batch_size
+    self.state = self.run.initial_state()
+    self.stream = self.run.task.make_train_stream(0, 1)
+    local = self.stream.next_batch(self.batch_size)
+    if self.run.task.carries_state:
+      local.pop("reset_carry")
+      self.state = self.state._replace(carry=self.run.zero_carry(self.batch_size))
+    self.host_batch = local
+    self.batch = loop._global_batch(local, self.run.batch_sharding)  # pylint: disable=protected-access
+    self.learning_rate = loop._host_scalar(LEARNING_RATE, self.run.replicated)  # pylint: disable=protected-access
+    self.compiled = self.compile()
+
+  def compile(self) -> jax.stages.Compiled:
+    """Compiles the step as `_Run.train_step` does: `make_train_step` with the run's micro-batch
+    count, jitted with the state's and batch's shardings and the state donated."""
+    run = self.run
+    step = train_step_lib.make_train_step(run.graphdef, run.task, run.optimizer, run.mesh,
+                                          run.num_microbatches(self.batch_size))
+    state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+    batch_shardings = jax.tree.map(lambda x: x.sharding, self.batch)
+    return jax.jit(step, in_shardings=(state_shardings, batch_shardings, run.replicated),
+                   out_shardings=(state_shardings, run.replicated), donate_argnums=(0,),
+                   ).lower(self.state, self.batch, self.learning_rate).compile()
+
+  def __call__(self) -> Any:
+    """One step on the fixed batch; returns the metrics (device arrays)."""
+    self.state, metrics = self.compiled(self.state, self.batch, self.learning_rate)
+    return metrics
+
+  def close(self) -> None:
+    """Closes the checkpointer and removes the scratch workdir."""
+    self.run.checkpointer.close()
+    self._workdir.cleanup()
+
+
+class HandStep:
+  """A minimal user-written step: value_and_grad of the same loss, optax momentum SGD, donation.
+
+  Uses the trainer's model builder and the same host batch, so only the step differs.
+  """
+
+  def __init__(self, trainer_step: TrainerStep):
+    run = trainer_step.run
+    model = run.task.build_model(nnx.Rngs(run.config.seed))
+    self.graphdef, params, model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
+    self.language_model = run.task.carries_state
+    optimizer = optax.sgd(LEARNING_RATE, momentum=MOMENTUM)
+    graphdef, language_model = self.graphdef, self.language_model
+
+    def loss_fn(params, model_state, batch, carry):
+      model = nnx.merge(graphdef, params, model_state)
+      if language_model:
+        logits, carry = model(batch["inputs"], carry, train=True)
+        loss = models.softmax_cross_entropy(logits, batch["targets"])
+      else:
+        logits = model(batch["images"], train=True)
+        loss = models.softmax_cross_entropy(logits, batch["labels"])
+      return loss, (nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)), carry)
+
+    def step(params, model_state, opt_state, batch, carry):
+      (loss, (model_state, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          params, model_state, batch, carry)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), model_state, opt_state, carry, loss
+
+    self._step = jax.jit(step, donate_argnums=(0, 1, 2, 4))
+    self.params, self.model_state = nnx.to_pure_dict(params), nnx.to_pure_dict(model_state)
+    self.opt_state = optimizer.init(self.params)
+    self.batch = {k: jnp.asarray(v) for k, v in trainer_step.host_batch.items()}
+    # One buffer per leaf (the zero carry may share one), as donation needs.
+    self.carry = (jax.tree.map(lambda x: jnp.array(np.array(x)), model.initial_carry(
+        trainer_step.batch_size)) if self.language_model else None)
+
+  def compiled(self) -> jax.stages.Compiled:
+    """The compiled executable of this step (for cost and memory analysis)."""
+    return self._step.lower(self.params, self.model_state, self.opt_state, self.batch,
+                            self.carry).compile()
+
+  def __call__(self) -> jax.Array:
+    """One step on the fixed batch; returns the loss."""
+    self.params, self.model_state, self.opt_state, self.carry, loss = self._step(
+        self.params, self.model_state, self.opt_state, self.batch, self.carry)
+    return loss
