@@ -1,11 +1,14 @@
 """The shared layer-wise machinery: pluggable statistics, Nesterov, argument checks, import hygiene."""
 
+import functools
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import optax
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lbjax import optim
 from tests.optim import numpy_reference as ref
@@ -74,3 +77,41 @@ def test_importing_optim_pulls_in_no_flax_tfds_or_other_lbjax():
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"JAX_PLATFORMS": "cpu", "PATH": ""}, check=False)
   assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", ["lars", "lars_optax", "lamb", "percent_delta", "mclr"])
+def test_every_statistic_under_shard_map_and_sharded_jit_equals_global(name):
+  build = {
+      "lars": lambda **kw: optim.scale_by_lars(weight_decay=1e-2, **kw),
+      "lars_optax": lambda **kw: optim.scale_by_lars(weight_decay=1e-2, denominator="optax", **kw),
+      "lamb": lambda **kw: optim.scale_by_lamb_trust_ratio(weight_decay=1e-2, **kw),
+      "percent_delta": lambda **kw: optim.scale_by_percent_delta(weight_decay=1e-2, **kw),
+      "mclr": lambda **kw: optim.scale_by_median_curvature(weight_decay=1e-2, **kw),
+  }[name]
+  rng = np.random.default_rng(110)
+  params = {"w": rng.normal(size=(16, 6)).astype(np.float32),
+            "stack": rng.normal(size=(2, 8, 3)).astype(np.float32)}
+  params["w"][:4, 0] = 0.0
+  grads = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), params)
+  stacked = {"w": 0, "stack": 1}
+  spec = {"w": P("data"), "stack": P(None, "data")}
+  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  opt = build(mask={"w": True, "stack": True}, stacked=stacked)
+  want, want_state = opt.update(grads, opt.init(params), params)
+  want_ratios = optim.trust_ratios(want_state)
+
+  local = build(mask={"w": True, "stack": True}, stacked=stacked, axis_name="data")
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, P()))
+  def update(g, p):
+    u, s = local.update(g, local.init(p), p)
+    return u, optim.trust_ratios(s)
+
+  got, got_ratios = jax.jit(update)(grads, params)
+  shard = lambda t: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), t, spec)
+  jit_got, jit_state = jax.jit(opt.update)(shard(grads), opt.init(shard(params)), shard(params))
+  for k in params:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got_ratios[k], want_ratios[k], rtol=1e-5)
+    np.testing.assert_allclose(jit_got[k], want[k], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(optim.trust_ratios(jit_state)[k], want_ratios[k], rtol=1e-5)
