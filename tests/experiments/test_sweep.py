@@ -108,3 +108,18 @@ def test_cli_parses_lists(tmp_path):
   with pytest.raises(SystemExit):
     sweep.main(["--config", TINY_CONFIG, "--rules", "none", "--batch_sizes", "32,abc", "--out", "x",
                 "--workdir", "y"])
+
+
+def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
+  from experiments import lr_grid  # pylint: disable=g-import-not-at-top
+  finals = lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs"))
+  best = lr_grid.write_outputs(finals, str(tmp_path / "grid"), "accuracy", "grid")
+  assert best == max(finals, key=lambda lr: finals[lr]["accuracy"])
+  with open(tmp_path / "grid.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["learning_rate"] for r in rows] == ["0.05", "0.5"] and all(r["steps"] == "8" for r in rows)
+  assert f"| {best:g} (best) |" in (tmp_path / "grid.md").read_text()
+  monkeypatch.setattr(lr_grid.train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
+  assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs")) == finals
+  with pytest.raises(ValueError, match="positive numbers"):
+    lr_grid.run_grid(TINY_CONFIG, [0.0], str(tmp_path / "runs"))

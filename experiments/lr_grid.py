@@ -1,0 +1,85 @@
+"""Tuning the baseline learning rate: one run per LR at the baseline batch size -> CSV and markdown.
+
+  python -m experiments.lr_grid --config configs/mnist_lstm.py --lrs 0.01,0.02,0.04,0.08,0.16 \
+      --variant epochs=5 --out docs/results/mnist_lstm_lr_grid --workdir runs/lr_grid
+
+Each LR runs `get_config("lr=<lr>[,<variant>]")` in `<workdir>/lr_<lr>` (a finished run is not trained
+again, an interrupted one resumes). Writes `<out>.csv` (`learning_rate,test_<metric>,steps`) and
+`<out>.md` with the best LR marked (highest accuracy, or lowest perplexity).
+"""
+
+import argparse
+import csv
+import pathlib
+import sys
+from typing import Sequence
+
+from experiments import config_files
+from experiments import run_records
+from lbjax import train
+
+
+def run_grid(config_path: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
+             metric: str = "accuracy") -> dict[float, dict]:
+  """Trains each LR not yet finished and returns {lr: final eval record}.
+
+  Raises:
+    ValueError: no learning rates, a non-positive one, or an unknown metric (before any training).
+  """
+  if not learning_rates or any(not lr > 0 for lr in learning_rates):
+    raise ValueError(f"learning rates must be a non-empty list of positive numbers, got {list(learning_rates)}.")
+  if metric not in ("accuracy", "perplexity"):
+    raise ValueError(f"metric must be 'accuracy' or 'perplexity', got {metric!r}.")
+  finals = {}
+  for lr in learning_rates:
+    run_dir = pathlib.Path(workdir) / f"lr_{lr:g}"
+    if not ((run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir)):
+      config = config_files.load_config(config_path, f"lr={lr:g}" + (f",{variant}" if variant else ""))
+      print(f"[lr_grid] lr={lr:g} -> {run_dir}", flush=True)
+      train.train_and_evaluate(config, run_dir)
+    finals[lr] = run_records.final_eval(run_dir)
+  return finals
+
+
+def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str) -> float:
+  """Writes `<out>.csv` and `<out>.md`; returns the best learning rate."""
+  out_path = pathlib.Path(out)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  pick = max if metric == "accuracy" else min
+  best = pick(finals, key=lambda lr: finals[lr][metric])
+  with open(out_path.with_suffix(".csv"), "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(("learning_rate", f"test_{metric}", "steps"))
+    for lr, record in sorted(finals.items()):
+      writer.writerow((f"{lr:g}", f"{record[metric]:.6g}", record["step"]))
+  lines = [f"# {title}", "", f"| learning rate | test {metric} | steps |", "|---:|---:|---:|"]
+  for lr, record in sorted(finals.items()):
+    value = f"{100 * record[metric]:.2f}%" if metric == "accuracy" else f"{record[metric]:.2f}"
+    lines.append(f"| {lr:g}{' (best)' if lr == best else ''} | {value} | {record['step']} |")
+  out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  return best
+
+
+def main(argv: Sequence[str] | None = None) -> float:
+  """Command-line entry; see the module docstring."""
+  parser = argparse.ArgumentParser(prog="python -m experiments.lr_grid", description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True)
+  parser.add_argument("--lrs", required=True, help="comma-separated learning rates")
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=5")
+  parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
+  parser.add_argument("--title", default="Baseline learning-rate grid")
+  args = parser.parse_args(argv)
+  try:
+    lrs = [float(t) for t in args.lrs.split(",") if t.strip()]
+  except ValueError:
+    parser.error(f"--lrs must be comma-separated numbers such as 0.01,0.02, got {args.lrs!r}")
+  finals = run_grid(args.config, lrs, args.workdir, args.variant, args.metric)
+  best = write_outputs(finals, args.out, args.metric, args.title)
+  print(f"[lr_grid] best learning rate {best:g}", flush=True)
+  return best
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
