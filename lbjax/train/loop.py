@@ -70,7 +70,8 @@ class _PreemptionFlag:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+def global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+  """Assembles every process's share of a batch into global arrays split by `sharding`."""
   count = jax.process_count()
   return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0] * count,) + v.shape[1:])
           for k, v in local.items()}
@@ -105,12 +106,14 @@ def _flatten(tree: Any) -> dict[str, float]:
   return flat
 
 
-class _Run:
-  """The state of one `train_and_evaluate` call (kept in one place so the loop reads top to bottom)."""
+class Run:
+  """A validated config turned into its parts: mesh, task, schedules, optimizer, compiled steps.
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: pathlib.Path):
+  `train_and_evaluate` drives one; `lbjax.train.layer_table` uses one to look at the first step.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
-    self.workdir = workdir
     devices = jax.devices()[:config.mesh.num_devices] if config.mesh.num_devices > 0 else None
     self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices)
     config_lib.validate(config, data_parallel_size=data_parallel_size(self.mesh))
@@ -122,7 +125,6 @@ class _Run:
     self.batch_sharding = batch_sharding(self.mesh)
     self.replicated = replicated(self.mesh)
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
-    self.checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
     self.compiled: dict[int, Any] = {}
     self.compile_seconds: dict[int, float] = {}
 
@@ -198,7 +200,7 @@ class _Run:
       size = self.config.diagnostics.lipschitz_batch_size
       local = next(iter(self.task.make_eval_batches(size, self.process_index, self.process_count)))
       local = {k: v for k, v in local.items() if k not in ("mask", "reset_carry")}
-      batch = _global_batch(local, self.batch_sharding)
+      batch = global_batch(local, self.batch_sharding)
       carry = self.zero_carry(size)
       key = jax.random.key(self.config.seed)
 
@@ -220,7 +222,7 @@ class _Run:
     for local in self.task.make_eval_batches(batch_size, self.process_index, self.process_count):
       local.pop("reset_carry", None)  # the carry starts at zero and runs through the whole split
       sums, carry = self._eval_step(state.params, state.model_state,
-                                    _global_batch(local, self.batch_sharding), carry)
+                                    global_batch(local, self.batch_sharding), carry)
       totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
     totals = {k: float(v) for k, v in jax.device_get(totals).items()}
     return self.task.summarize(totals)
@@ -239,21 +241,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     NonFiniteError: a non-finite loss or update; nothing after the last good step is written.
   """
   workdir = pathlib.Path(workdir)
-  run = _Run(config, workdir)
+  run = Run(config)
+  checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   state = run.initial_state()
   stream = run.task.make_train_stream(run.process_index, run.process_count)
   examples_seen, carry_batch_size = 0, None
-  latest = run.checkpointer.latest_step()
+  latest = checkpointer.latest_step()
   if latest is not None:
-    meta = run.checkpointer.restore_meta(latest)
+    meta = checkpointer.restore_meta(latest)
     config_lib.check_resumable(meta["config"], config, str(workdir))
     carry_batch_size = meta["carry_batch_size"]
     state = state._replace(carry=run.zero_carry(carry_batch_size) if carry_batch_size else None)
-    state = run.checkpointer.restore_state(latest, abstract_like(state))
+    state = checkpointer.restore_state(latest, abstract_like(state))
     stream.set_state(meta["stream"])
     examples_seen = meta["examples_seen"]
     if run.process_index == 0 and config.progress:
-      print(f"Resumed from {run.checkpointer.directory} at step {latest} (epoch {stream.epoch():.4f}).",
+      print(f"Resumed from {checkpointer.directory} at step {latest} (epoch {stream.epoch():.4f}).",
             flush=True)
 
   writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=config.tensorboard)
@@ -275,14 +278,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     check_health()
     meta = {"stream": stream.get_state(), "examples_seen": examples_seen, "epoch": stream.epoch(),
             "carry_batch_size": carry_batch_size, "config": config.to_json()}
-    run.checkpointer.save(step, state, meta)
+    checkpointer.save(step, state, meta)
 
   def check_health() -> None:
     bad_step = int(jax.device_get(state.first_nonfinite_step))
     if bad_step >= 0:
-      run.checkpointer.wait()
-      last = run.checkpointer.latest_step()
-      kept = f"the last good checkpoint (step {last}) in {run.checkpointer.directory} is unharmed" \
+      checkpointer.wait()
+      last = checkpointer.latest_step()
+      kept = f"the last good checkpoint (step {last}) in {checkpointer.directory} is unharmed" \
           if last is not None else "no checkpoint was written"
       raise NonFiniteError(
           f"Non-finite loss or update at step {bad_step}: training stopped and the state was not "
@@ -318,7 +321,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         if reset or carry_batch_size != current_batch_size:
           state = state._replace(carry=run.zero_carry(current_batch_size))
           carry_batch_size = current_batch_size
-      batch = _global_batch(local, run.batch_sharding)
+      batch = global_batch(local, run.batch_sharding)
       learning_rate = _host_scalar(run.lr_schedule(epoch), run.replicated)
       discard_fraction = config.loss.discard_fraction if epoch < config.loss.discard_until_epoch else 0.0
       compiled_before = len(run.compiled)
@@ -356,11 +359,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if not preempted:
       eval_metrics = run.evaluate(state)
       writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch(), final=True))
-      if run.checkpointer.latest_step() != step:
+      if checkpointer.latest_step() != step:
         save()
   finally:
     preemption.restore()
-    run.checkpointer.close()
+    checkpointer.close()
     writer.close()
   return TrainResult(state, eval_metrics, step, stream.epoch(), examples_seen,
                      tuple(batch_size for batch_size, _ in run.compiled), preempted)

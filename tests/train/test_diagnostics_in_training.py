@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lbjax.train import train_and_evaluate
+from lbjax.train.layer_table import first_step_layer_norms
 from lbjax.train.tasks import ClassificationTask
 from tests.train import helpers
 
@@ -68,3 +69,14 @@ def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, 
   bits = _records(tmp_path / "full", "compression")[0]
   assert bits["ratio"] > 5  # far fewer bits than float32
 
+
+
+def test_layer_table_of_the_first_step_matches_a_direct_computation():
+  """papers/000 Table 2 for a config: ||w||/||grad|| per layer at the initial parameters."""
+  rows = first_step_layer_norms(helpers.tiny_classifier_config())
+  by_layer = {row.layer: row for row in rows}
+  assert set(by_layer) == {"cell/bias", "cell/kernel", "classifier/bias", "classifier/kernel",
+                           "transform/bias", "transform/kernel"}
+  kernel = by_layer["cell/kernel"]
+  assert kernel.shape == (32, 64) and kernel.weight_norm > 0 and kernel.grad_norm > 0
+  assert kernel.ratio == pytest.approx(kernel.weight_norm / kernel.grad_norm, rel=1e-5)

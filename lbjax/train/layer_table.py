@@ -1,0 +1,56 @@
+"""Per-layer norms at the first iteration of a config's run: papers/000 Table 2 for your model.
+
+  python -m lbjax.train.layer_table --config configs/resnet50_imagenet.py:smoke --out layers.csv
+
+prints, for every parameter leaf, ||w||, ||grad||, ||w||/||grad|| and mean |grad| at the initial
+parameters on the run's first training batch, and writes them as CSV. LARS's local LR is
+eta times the ratio column (with weight decay 0); a ratio that varies by orders of magnitude between
+layers is why one global LR fails at large batch (papers/000 §4).
+"""
+
+from absl import app
+from absl import flags
+from flax import nnx
+import jax
+import ml_collections
+from ml_collections import config_flags
+
+from lbjax import diagnostics
+from lbjax.train.loop import Run, global_batch
+
+
+def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostics.LayerNormRow]:
+  """The per-layer norms table at the initial parameters, on the run's first training batch."""
+  run = Run(config)
+  state = run.initial_state()
+  stream = run.task.make_train_stream(run.process_index, run.process_count)
+  batch_size = run.batch_size_schedule(0.0)
+  local = stream.next_batch(batch_size)
+  local.pop("reset_carry", None)
+  batch = global_batch(local, run.batch_sharding)
+  carry = run.zero_carry(batch_size)
+  key = jax.random.key(config.seed)
+
+  def loss(params):
+    model = nnx.merge(run.graphdef, params, state.model_state)
+    return run.task.train_loss(model, batch, carry, key)[0]
+
+  grads = jax.jit(jax.grad(loss))(state.params)
+  return diagnostics.layer_norms(state.params, grads)
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).")
+_OUT = flags.DEFINE_string("out", None, "CSV file to write (optional).")
+
+
+def main(argv):
+  del argv
+  rows = first_step_layer_norms(_CONFIG.value)
+  print(diagnostics.format_table(rows))
+  if _OUT.value:
+    diagnostics.write_csv(rows, _OUT.value)
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
