@@ -8,7 +8,7 @@ from lbjax.optim import layerwise
 from lbjax.optim import validation
 
 
-def lamb_rate():
+def lamb_rate() -> layerwise.LayerRate:
   """The LAMB trust ratio as a `LayerRate`: `||w^l|| / ||u^l + beta * w^l||`.
 
   `u` is the incoming (Adam) direction. With the zero-norm rule of `layerwise.safe_quotient` the

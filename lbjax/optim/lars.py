@@ -10,7 +10,9 @@ from lbjax.optim import validation
 DENOMINATORS = ("paper", "optax")
 
 
-def lars_rate(trust_coefficient: Any = 1e-3, eps: Any = 0.0, denominator: str = "paper"):
+def lars_rate(
+    trust_coefficient: Any = 1e-3, eps: Any = 0.0, denominator: str = "paper"
+) -> layerwise.LayerRate:
   """The LARS local LR as a `LayerRate` (papers/000, Algorithm 1, line "compute the local LR").
 
       denominator="paper":  lambda^l = eta * ||w^l|| / (||g^l|| + beta * ||w^l|| + eps)

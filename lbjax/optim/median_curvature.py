@@ -7,7 +7,7 @@ import optax
 from lbjax.optim import layerwise
 
 
-def median_curvature_rate():
+def median_curvature_rate() -> layerwise.LayerRate:
   """The MCLR rate as a `LayerRate`: the median curvature radius `R_m` (papers/003 eq. 20, 22).
 
       R_m^l = |w_m| / (|g_m| + beta * |w_m|)      (eq. 22; eq. 20 when beta = 0)

@@ -8,7 +8,7 @@ import optax
 from lbjax.optim import layerwise
 
 
-def percent_delta_rate():
+def percent_delta_rate() -> layerwise.LayerRate:
   """The PercentDelta rate as a `LayerRate` (papers/003 eq. 24, Abuelhaija 2017).
 
       rate^l = size(w^l) / || d^l / w^l ||_1,     d = g + beta * w
