@@ -20,9 +20,7 @@ os.environ["JAX_NUM_CPU_DEVICES"] = "8"  # before jax is imported (by the import
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
 import collections
 import math
-import pathlib
 import re
-import tempfile
 
 from flax import nnx
 import jax
@@ -136,8 +134,10 @@ def abstract_step_inputs(config, run, image_size: int):
     batch = {"images": jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), np.float32,
                                             sharding=run.batch_sharding),
              "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.batch_sharding)}
-  state = state_lib.TrainState(scalar(np.int32), params, opt_state, model_state, rng, carry,
-                               scalar(np.int32))
+  fields = {"step": scalar(np.int32), "params": params, "opt_state": opt_state,
+            "model_state": model_state, "rng": rng, "carry": carry,
+            "first_nonfinite_step": scalar(np.int32)}
+  state = state_lib.TrainState(**{name: fields.get(name) for name in state_lib.TrainState._fields})
   return graphdef, state, batch, scalar(np.float32)
 
 
@@ -150,9 +150,7 @@ def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int) -> tup
     config.data_options.num_classes = 1000
     config.data_options.num_train_examples = 16
     config.data_options.num_eval_examples = 16
-  with tempfile.TemporaryDirectory() as workdir:
-    run = loop._Run(config, pathlib.Path(workdir))  # pylint: disable=protected-access
-    run.checkpointer.close()
+  run = loop.Run(config)
   graphdef, state, batch, learning_rate = abstract_step_inputs(config, run, image_size)
   step = step_lib.make_train_step(graphdef, run.task, run.optimizer, run.mesh, 1)
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)

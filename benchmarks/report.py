@@ -26,21 +26,22 @@ interleaved rounds, medians taken, because the machine is shared and noisy.
 """
 
 
-def median_seconds(functions: dict[str, Callable[[], object]], *, rounds: int, repeats: int,
-                   sync: Callable[[object], object] = jax.block_until_ready) -> dict[str, float]:
-  """Median wall time of one call of each function, interleaved over `rounds` rounds.
+def round_seconds(functions: dict[str, Callable[[], object]], *, rounds: int, repeats: int,
+                  sync: Callable[[object], object] = jax.block_until_ready
+                  ) -> dict[str, list[float]]:
+  """Seconds per call of each function in each of `rounds` interleaved rounds.
 
-  Each round calls every function `repeats` times in a row (after one untimed warm-up call in the
-  first round) and waits for the last result with `sync`.
+  Each round calls every function `repeats` times in a row (after one untimed warm-up call before
+  the first round) and waits for the last result with `sync`.
 
   Args:
     functions: name -> zero-argument callable returning something `sync` can wait on.
-    rounds: number of interleaved rounds (the median is over rounds).
+    rounds: number of interleaved rounds.
     repeats: calls per function per round.
     sync: waits for a result (default `jax.block_until_ready`).
 
   Returns:
-    name -> median seconds per call.
+    name -> list of `rounds` per-call times in seconds.
   """
   if rounds < 1 or repeats < 1:
     raise ValueError(f"rounds and repeats must be >= 1, got {rounds} and {repeats}.")
@@ -54,6 +55,13 @@ def median_seconds(functions: dict[str, Callable[[], object]], *, rounds: int, r
         result = function()
       sync(result)
       times[name].append((time.perf_counter() - start) / repeats)
+  return times
+
+
+def median_seconds(functions: dict[str, Callable[[], object]], *, rounds: int, repeats: int,
+                   sync: Callable[[object], object] = jax.block_until_ready) -> dict[str, float]:
+  """Median over `round_seconds`'s interleaved rounds of the seconds per call of each function."""
+  times = round_seconds(functions, rounds=rounds, repeats=repeats, sync=sync)
   return {name: statistics.median(values) for name, values in times.items()}
 
 

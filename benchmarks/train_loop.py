@@ -7,7 +7,7 @@ compiled step called back to back on one placed batch, measured in the same proc
 runs. The host work of one loop iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
-  global_batch    host -> device (`jax.make_array_from_process_local_data` per array)
+  global_batch    host -> device (`loop.global_batch`: `make_array_from_process_local_data` per array)
   device_put      the same transfer with `jax.device_put(batch, sharding)`, for comparison
   lr_scalar       the learning rate placed as a device scalar (`_host_scalar`)
   schedules       the host learning-rate and batch-size schedules
@@ -62,14 +62,9 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
   local = stream.next_batch(size)
   local.pop("reset_carry", None)
 
-  def next_batch():
-    if hasattr(stream, "windows_per_epoch") and stream.epoch() >= 1:
-      stream.set_state({**stream.get_state(), "epochs_completed": 0})
-    return stream.next_batch(size)
-
   pieces = {
-      "next_batch": next_batch,
-      "global_batch": lambda: loop._global_batch(local, run.batch_sharding),  # pylint: disable=protected-access
+      "next_batch": lambda: stream.next_batch(size),
+      "global_batch": lambda: loop.global_batch(local, run.batch_sharding),
       "device_put": lambda: jax.device_put(local, run.batch_sharding),
       "lr_scalar": lambda: loop._host_scalar(0.1, run.replicated),  # pylint: disable=protected-access
       "schedules": lambda: (run.lr_schedule(0.5), run.batch_size_schedule(0.5)),

@@ -2,12 +2,10 @@
 
 `trainer_config(model, batch_size)` is a `lbjax.train.default_config()` on that model's synthetic
 twin (no files needed); `TrainerStep` is the trainer's own compiled step (built on
-`lbjax.train.loop._Run`, the object `train_and_evaluate` runs, compiled exactly as it compiles), and `HandStep` the minimal `jax.jit` step a user
+`lbjax.train.loop.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and `HandStep` the minimal `jax.jit` step a user
 would write for the same model, loss and optimizer (nnx.split/merge + optax, donated buffers).
 """
 
-import pathlib
-import tempfile
 from typing import Any
 
 from flax import nnx
@@ -71,8 +69,7 @@ class TrainerStep:
   """The trainer's compiled step for one config, ready to call repeatedly on one placed batch."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    self._workdir = tempfile.TemporaryDirectory()
-    self.run = loop._Run(config, pathlib.Path(self._workdir.name))  # pylint: disable=protected-access
+    self.run = loop.Run(config)
     self.batch_size = config.batch_size
     self.state = self.run.initial_state()
     self.stream = self.run.task.make_train_stream(0, 1)
@@ -81,12 +78,12 @@ class TrainerStep:
       local.pop("reset_carry")
       self.state = self.state._replace(carry=self.run.zero_carry(self.batch_size))
     self.host_batch = local
-    self.batch = loop._global_batch(local, self.run.batch_sharding)  # pylint: disable=protected-access
+    self.batch = loop.global_batch(local, self.run.batch_sharding)
     self.learning_rate = loop._host_scalar(LEARNING_RATE, self.run.replicated)  # pylint: disable=protected-access
     self.compiled = self.compile()
 
   def compile(self) -> jax.stages.Compiled:
-    """Compiles the step as `_Run.train_step` does: `make_train_step` with the run's micro-batch
+    """Compiles the step as `Run.train_step` does: `make_train_step` with the run's micro-batch
     count, jitted with the state's and batch's shardings and the state donated."""
     run = self.run
     step = train_step_lib.make_train_step(run.graphdef, run.task, run.optimizer, run.mesh,
@@ -103,9 +100,9 @@ class TrainerStep:
     return metrics
 
   def close(self) -> None:
-    """Closes the checkpointer and removes the scratch workdir."""
-    self.run.checkpointer.close()
-    self._workdir.cleanup()
+    """Releases the device buffers of the state and batch."""
+    for leaf in jax.tree.leaves((self.state, self.batch)):
+      leaf.delete()
 
 
 class HandStep:
