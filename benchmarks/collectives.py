@@ -4,11 +4,11 @@ The trainer's step (`make_train_step`, jitted with the trainer's shardings) is l
 shapes (`jax.ShapeDtypeStruct` with shardings; nothing is allocated or run) and compiled for a mesh
 of 8 CPU devices with fsdp = 1 (pure data parallelism) and fsdp = 8 (parameters and optimizer state
 split). Every collective of the compiled module (all-reduce, all-gather, reduce-scatter, all-to-all,
-collective-permute) is summed with its payload, the size of the full array it reduces or gathers, times
-the trip count of the loops it sits in. The minimum for data parallelism is one all-reduce of the
-gradients, i.e. the parameter bytes; FSDP's minimum is a reduce-scatter of the gradients plus an
-all-gather of the parameters, twice the parameter bytes of payload (the same wire traffic as one
-all-reduce done as reduce-scatter + all-gather).
+collective-permute) is summed with its payload, the size of the full array it reduces or
+gathers, times the trip count of the loops it sits in, and converted to the bytes one device
+sends with ring algorithms. The minimum is the same for both meshes: one all-reduce of the
+gradients, 2(n-1)/n x the parameter bytes per device (FSDP's reduce-scatter of the gradients
+plus all-gather of the parameters sends the same).
 
     python -m benchmarks.collectives [--no-readme]
 """
@@ -65,8 +65,16 @@ def _group_size(line: str) -> int:
   return len(explicit.group(1).split(",")) if explicit else 1
 
 
-def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
-  """op name -> (count, payload bytes) per execution of the module's entry computation.
+def _ring_factor(op: str, group_size: int) -> float:
+  """Bytes each device sends per payload byte with ring algorithms (all-reduce = RS + AG)."""
+  if op == "collective-permute":
+    return 1.0
+  share = (group_size - 1) / group_size
+  return 2 * share if op == "all-reduce" else share
+
+
+def collective_bytes(hlo: str) -> dict[str, tuple[int, int, float]]:
+  """op name -> (count, payload bytes, ring bytes sent per device) per execution of the module.
 
   Collectives inside `while` bodies are multiplied by the loop's known trip count.
   """
@@ -81,7 +89,7 @@ def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
     if current is not None:
       computations[current].append(line)
 
-  totals = collections.defaultdict(lambda: [0, 0])
+  totals = collections.defaultdict(lambda: [0, 0, 0.0])
 
   def visit(name: str, multiplier: int, depth: int = 0) -> None:
     if depth > 50:
@@ -89,11 +97,12 @@ def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
     for line in computations.get(name, ()):
       op = _OP.search(line)
       if op:
-        payload = _shape_bytes(op.group("result"))
-        if op.group("op") == "reduce-scatter":  # the result is one shard of the reduced array
-          payload *= _group_size(line)
-        totals[op.group("op")][0] += multiplier
-        totals[op.group("op")][1] += multiplier * payload
+        name, size, payload = op.group("op"), _group_size(line), _shape_bytes(op.group("result"))
+        if name == "reduce-scatter":  # the result is one shard of the reduced array
+          payload *= size
+        totals[name][0] += multiplier
+        totals[name][1] += multiplier * payload
+        totals[name][2] += multiplier * payload * _ring_factor(name, size)
       if " while(" in line:
         body = re.search(r"body=%?([\w.\-]+)", line).group(1)
         trip = _TRIP.search(line)
@@ -103,7 +112,7 @@ def collective_bytes(hlo: str) -> dict[str, tuple[int, int]]:
           visit(callee, multiplier, depth + 1)
 
   visit(entry, 1)
-  return {op: (count, size) for op, (count, size) in totals.items()}
+  return {op: tuple(values) for op, values in totals.items()}
 
 
 def abstract_step_inputs(config, run, image_size: int):
@@ -174,20 +183,26 @@ def main() -> None:
     for fsdp in (1, 8):
       hlo, param_bytes = compiled_hlo(model, batch_size, image_size, fsdp)
       per_op = collective_bytes(hlo)
-      total = sum(size for _, size in per_op.values())
-      minimum = param_bytes * (1 if fsdp == 1 else 2)
+      payload = sum(values[1] for values in per_op.values())
+      wire = sum(values[2] for values in per_op.values())
+      minimum = 2 * 7 / 8 * param_bytes
       ops = ", ".join(f"{op} x{count}: {size / 2**20:.2f} MiB"
-                      for op, (count, size) in sorted(per_op.items()))
-      rows.append([model, f"8 = {8 // fsdp} data x {fsdp} fsdp", f"{param_bytes / 2**20:.2f}",
-                   f"{total / 2**20:.2f}", f"{minimum / 2**20:.2f}", f"{total / minimum:.2f}", ops])
+                      for op, (count, size, _) in sorted(per_op.items()))
+      rows.append([model, f"{8 // fsdp} data x {fsdp} fsdp", f"{param_bytes / 2**20:.2f}",
+                   f"{payload / 2**20:.2f}", f"{wire / 2**20:.2f}", f"{minimum / 2**20:.2f}",
+                   f"{wire / minimum:.2f}", ops])
       print(rows[-1], flush=True)
   table = report.markdown_table(
-      ["model", "mesh", "parameter MiB", "collective MiB / step", "minimum MiB", "ratio",
+      ["model", "mesh (8 devices)", "parameter MiB", "collective payload MiB / step",
+       "ring MiB sent per device", "minimum MiB sent per device", "ratio to minimum",
        "by op (count: payload)"], rows)
   notes = ("Momentum SGD, float32. Payload = bytes of the full array a collective reduces or "
-           "gathers (for reduce-scatter: result x group size), before the algorithm's factor (a ring all-reduce "
-           "sends 2(n-1)/n of it per device). The minimum is the parameter bytes for fsdp = 1 and "
-           "twice that for fsdp = 8 (reduce-scatter of gradients + all-gather of parameters). "
+           "gathers (for reduce-scatter: result x group size), summed over loop trip counts. Ring "
+           "bytes sent per device = payload x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather, "
+           "reduce-scatter and all-to-all, x 1 for collective-permute (n = group size). The minimum "
+           "is the same for both meshes: 2(n-1)/n x parameter bytes (one all-reduce of the "
+           "gradients; with fsdp a reduce-scatter of the gradients plus an all-gather of the "
+           "parameters). "
            "Batch: ResNet-50 16 x 224x224 images, LSTMs 64 rows; the gradient traffic does not "
            "depend on it.")
   print(table)

@@ -155,7 +155,9 @@ def main() -> None:
       "pipeline in a real run. ImageNet: decode + augment on one core gives "
       f"{per_core:,.0f} images/s, so feeding {args.imagenet_target:,.0f} images/s (the assumed rate "
       f"of one GPU on ResNet-50 bf16, not measured here) needs about {cores:.0f} host cores per "
-      "accelerator; the decode dominates.")
+      f"accelerator; decode takes {per_core / decode_rate:.0%} of that time, the crop-resize-flip "
+      f"{per_core / one_thread:.0%}. The per-core rates are those of this loaded machine (load "
+      "average ~10 on 2 cores while measured); an idle modern core is several times faster.")
   print(table + "\n\n" + notes)
   if not args.no_readme:
     report.write_section("input-pipeline", "Input pipelines vs the train step",
