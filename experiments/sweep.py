@@ -84,7 +84,7 @@ def check_spec(spec: SweepSpec) -> None:
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got "
                   f"{spec.max_device_batch!r}.")
-  if any(k in spec.variant for k in ("batch=", "rule=")):
+  if {"batch", "rule"} & set(train.parse_variant(spec.variant)):
     errors.append(f"variant {spec.variant!r} must not set batch or rule: the sweep sets them.")
   if errors:
     raise ValueError("Invalid sweep:\n  - " + "\n  - ".join(errors))

@@ -96,6 +96,8 @@ def test_csv_round_trip_keeps_diverged_points(tmp_path):
     (dict(config_path="configs/missing.py"), "does not exist"),
     (dict(metric="bleu"), "metric must be"),
     (dict(variant="batch=64"), "must not set batch or rule"),
+    (dict(variant="epochs=2,rule=legw"), "must not set batch or rule"),
+    (dict(max_device_batch=-1), "max_device_batch must be"),
     (dict(metric="perplexity"), "--metric accuracy"),
 ])
 def test_bad_specs_are_rejected_before_training(tmp_path, overrides, message):
