@@ -1,0 +1,239 @@
+"""The local Lipschitz estimate L(x, g) over the first iterations, per batch size (papers/001 Figure 3).
+
+  python -m experiments.lipschitz --config configs/mnist_lstm.py --batch_sizes 128,512,2048 \
+      --steps 100 --every 2 --out docs/results/lipschitz --workdir runs/lipschitz
+
+papers/001 §4: along the gradient g the best step of a quadratic model is 1/L(x, g) with
+L(x, g) = |g^T H g| / ||g||^2; L "usually has a peak in the early iterations" and the peak "tends to
+shift toward right (almost linearly) when batch size grows", which motivates a warm-up whose length
+grows with the batch size (LEGW). Each batch size B runs `get_config("batch=<B>[,<variant>]")` of the
+config file for `steps` iterations with `config.diagnostics.lipschitz_every = every`: the trainer
+computes L at the current weights on a fixed small batch (the first `lipschitz_batch_size` test
+examples; the Hessian-vector product is exact, forward-over-reverse, where the paper uses a finite
+difference) and logs it as `lipschitz` records. The run's directory is `<workdir>/b<B>`; one whose
+workdir holds a final evaluation is not trained again.
+
+Outputs (rewritten after each batch size):
+  <out>.csv  batch_size,step,epoch,examples_seen,lipschitz
+  <out>.md   per batch size: L at the first and last logged step, its peak and the step of the peak
+  <out>.png  L(x, g) vs iteration, one line per batch size (log y-axis)
+"""
+
+import argparse
+import csv
+import dataclasses
+import math
+import pathlib
+import sys
+from typing import Sequence
+
+import ml_collections
+
+from experiments import config_files
+from experiments import run_records
+from lbjax import train
+
+CSV_COLUMNS = ("batch_size", "step", "epoch", "examples_seen", "lipschitz")
+# Training-set sizes of the datasets with fixed splits; synthetic ones take config.data_options.
+TRAIN_SET_SIZES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}
+
+
+@dataclasses.dataclass(frozen=True)
+class LipschitzSpec:
+  """What to measure.
+
+  Attributes:
+    config_path: a classification config file whose `get_config` understands the variant key `batch`.
+    batch_sizes: global batch sizes, positive ints.
+    out: path prefix of the outputs (`<out>.csv`, `<out>.md`, `<out>.png`).
+    workdir: directory holding one run directory per batch size.
+    steps: iterations to train at every batch size.
+    every: L is computed every this many steps (1 = every step).
+    lipschitz_batch_size: test examples on which the Hessian is taken.
+    variant: extra variant keys for every run, e.g. `"rule=sqrt"`; must not set batch or epochs.
+    max_device_batch: if > 0, accumulate micro-batches of this size (the same update, less memory).
+    title: title of the table and the plot.
+  """
+  config_path: str
+  batch_sizes: tuple[int, ...]
+  out: str
+  workdir: str
+  steps: int = 100
+  every: int = 2
+  lipschitz_batch_size: int = 128
+  variant: str = ""
+  max_device_batch: int = 0
+  title: str = "Local Lipschitz estimate L(x, g) along the gradient"
+
+
+def check_spec(spec: LipschitzSpec) -> None:
+  """Raises ValueError naming every problem of `spec` before any training."""
+  errors = []
+  if not pathlib.Path(spec.config_path).is_file():
+    errors.append(f"config file {spec.config_path!r} does not exist.")
+  if not spec.batch_sizes:
+    errors.append("no batch sizes given; pass e.g. --batch_sizes 128,512,2048.")
+  bad = [b for b in spec.batch_sizes if not isinstance(b, int) or b <= 0]
+  if bad:
+    errors.append(f"batch sizes must be positive integers, got {bad}.")
+  if not isinstance(spec.steps, int) or spec.steps < 1:
+    errors.append(f"steps must be an integer >= 1, got {spec.steps!r}.")
+  if not isinstance(spec.every, int) or not 1 <= spec.every <= max(spec.steps, 1):
+    errors.append(f"every must be an integer in [1, steps={spec.steps}], got {spec.every!r}.")
+  if not isinstance(spec.lipschitz_batch_size, int) or spec.lipschitz_batch_size < 1:
+    errors.append(f"lipschitz_batch_size must be a positive integer, got {spec.lipschitz_batch_size!r}.")
+  if any(f"{key}=" in spec.variant for key in ("batch", "epochs")):
+    errors.append(f"variant {spec.variant!r} must not set batch or epochs: the experiment sets them.")
+  if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
+    errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got {spec.max_device_batch!r}.")
+  if errors:
+    raise ValueError("Invalid Lipschitz experiment:\n  - " + "\n  - ".join(errors))
+
+
+def train_set_size(config: ml_collections.ConfigDict) -> int:
+  """Examples in one epoch of the config's training set.
+
+  Raises:
+    ValueError: for a dataset whose size is not known here (language models count tokens, not examples).
+  """
+  if config.dataset.startswith("synthetic_") and config.dataset != "synthetic_ptb":
+    return int(config.data_options.num_train_examples)
+  if config.dataset in TRAIN_SET_SIZES:
+    return TRAIN_SET_SIZES[config.dataset]
+  raise ValueError(f"the Lipschitz experiment counts iterations of classification datasets "
+                   f"({', '.join(TRAIN_SET_SIZES)} or synthetic images); got config.dataset={config.dataset!r}.")
+
+
+def run_config(spec: LipschitzSpec, batch_size: int) -> ml_collections.ConfigDict:
+  """The config of one batch size: `spec.steps` iterations, L every `spec.every` steps, no mid-run eval."""
+  config = config_files.load_config(spec.config_path,
+                                    f"batch={batch_size}" + (f",{spec.variant}" if spec.variant else ""))
+  config.num_epochs = spec.steps * batch_size / train_set_size(config)
+  config.eval_every_epochs = config.num_epochs  # only the final evaluation
+  config.diagnostics.lipschitz_every = spec.every
+  config.diagnostics.lipschitz_batch_size = spec.lipschitz_batch_size
+  config.log_every = min(config.log_every, spec.steps)
+  config.checkpoint_every_steps = 0
+  if spec.max_device_batch:
+    config.max_device_batch = spec.max_device_batch
+  return config
+
+
+def curve(workdir: str | pathlib.Path) -> list[dict[str, float]]:
+  """The `lipschitz` records of a run (step, epoch, lipschitz, batch_size), by step."""
+  return run_records.read_records(workdir, "lipschitz")
+
+
+def write_csv(curves: dict[int, list[dict[str, float]]], path: str | pathlib.Path) -> None:
+  """One line per (batch size, logged step) with the columns `CSV_COLUMNS`."""
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(CSV_COLUMNS)
+    for batch_size, records in sorted(curves.items()):
+      for r in records:
+        writer.writerow((batch_size, r["step"], f"{r['epoch']:.6g}", r["step"] * batch_size,
+                         f"{r['lipschitz']:.6g}"))
+
+
+def markdown_table(curves: dict[int, list[dict[str, float]]], spec: LipschitzSpec) -> str:
+  """Per batch size: L at the first and last logged steps, the peak value and the step where it is."""
+  lines = [f"# {spec.title}", "",
+           f"L(x, g) = |g^T H g| / ||g||^2 on the first {spec.lipschitz_batch_size} test examples, every "
+           f"{spec.every} of the first {spec.steps} iterations (papers/001 §4, Figure 3).", "",
+           "| batch size | L at first step | peak L | step of peak | epoch of peak | L at last step |",
+           "|---:|---:|---:|---:|---:|---:|"]
+  for batch_size, records in sorted(curves.items()):
+    finite = [r for r in records if math.isfinite(r["lipschitz"])]
+    if not finite:
+      lines.append(f"| {batch_size} | – | – | – | – | – |")
+      continue
+    peak = max(finite, key=lambda r: r["lipschitz"])
+    lines.append(f"| {batch_size} | {finite[0]['lipschitz']:.4g} (step {finite[0]['step']}) | "
+                 f"{peak['lipschitz']:.4g} | {peak['step']} | {peak['epoch']:.3g} | "
+                 f"{finite[-1]['lipschitz']:.4g} (step {finite[-1]['step']}) |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict[int, list[dict[str, float]]], title: str, path: str | pathlib.Path) -> None:
+  """L(x, g) vs iteration, one line per batch size, log y-axis (papers/001 Figure 3)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  figure, axes = plt.subplots(figsize=(6.5, 4))
+  for batch_size, records in sorted(curves.items()):
+    axes.plot([r["step"] for r in records], [r["lipschitz"] for r in records], label=f"B={batch_size}")
+  axes.set_yscale("log")
+  axes.set_xlabel("iteration")
+  axes.set_ylabel("L(x, g) = |gᵀHg| / ‖g‖²")
+  axes.set_title(title, fontsize=10)
+  axes.grid(alpha=0.3, which="both")
+  axes.legend(title="batch size")
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def write_outputs(curves: dict[int, list[dict[str, float]]], spec: LipschitzSpec) -> None:
+  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from `curves` ({batch size: lipschitz records})."""
+  out = pathlib.Path(spec.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  write_csv(curves, out.with_suffix(".csv"))
+  out.with_suffix(".md").write_text(markdown_table(curves, spec))
+  plot(curves, spec.title, out.with_suffix(".png"))
+
+
+def run_experiment(spec: LipschitzSpec) -> dict[int, list[dict[str, float]]]:
+  """Trains every batch size not yet finished, rewriting the outputs after each.
+
+  Returns:
+    {batch size: its `lipschitz` records}.
+
+  Raises:
+    ValueError: an invalid spec or run config (all checked before any training).
+    train.NonFiniteError: a run diverged (L is not defined past that point; lower the LR).
+  """
+  check_spec(spec)
+  configs = {b: run_config(spec, b) for b in spec.batch_sizes}
+  for config in configs.values():
+    train.validate(config, data_parallel_size=1)
+  curves = {}
+  for batch_size, config in configs.items():
+    run_dir = pathlib.Path(spec.workdir) / f"b{batch_size}"
+    if not ((run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir)):
+      print(f"[lipschitz] batch={batch_size}: {spec.steps} steps -> {run_dir}", flush=True)
+      train.train_and_evaluate(config, run_dir)
+    curves[batch_size] = curve(run_dir)
+    write_outputs(curves, spec)
+  return curves
+
+
+def _ints(text: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 128,512, got {text!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]:
+  """Command-line entry; see the module docstring."""
+  parser = argparse.ArgumentParser(prog="python -m experiments.lipschitz", description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="config file, e.g. configs/mnist_lstm.py")
+  parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
+  parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/lipschitz")
+  parser.add_argument("--workdir", required=True, help="directory for the runs")
+  parser.add_argument("--steps", type=int, default=100)
+  parser.add_argument("--every", type=int, default=2)
+  parser.add_argument("--lipschitz_batch_size", type=int, default=128)
+  parser.add_argument("--variant", default="", help="extra variant keys for every run, e.g. rule=sqrt")
+  parser.add_argument("--max_device_batch", type=int, default=0)
+  parser.add_argument("--title", default="Local Lipschitz estimate L(x, g) along the gradient")
+  args = parser.parse_args(argv)
+  spec = LipschitzSpec(config_path=args.config, batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir,
+                       steps=args.steps, every=args.every, lipschitz_batch_size=args.lipschitz_batch_size,
+                       variant=args.variant, max_device_batch=args.max_device_batch, title=args.title)
+  return run_experiment(spec)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
