@@ -15,8 +15,9 @@ workdir holds a final evaluation is not trained again.
 
 Outputs (rewritten after each batch size):
   <out>.csv  batch_size,step,epoch,examples_seen,lipschitz
-  <out>.md   per batch size: L at the first and last logged step, its peak and the step of the peak
-  <out>.png  L(x, g) vs iteration, one line per batch size (log y-axis)
+  <out>.md   per batch size: L at the first logged step, its mean over each quarter of the
+             iterations, its peak and the step of the peak
+  <out>.png  L(x, g) vs iteration, one line per batch size (log y-axis; raw and running mean)
 """
 
 import argparse
@@ -28,6 +29,7 @@ import sys
 from typing import Sequence
 
 import ml_collections
+import numpy as np
 
 from experiments import config_files
 from experiments import run_records
@@ -36,6 +38,7 @@ from lbjax import train
 CSV_COLUMNS = ("batch_size", "step", "epoch", "examples_seen", "lipschitz")
 # Training-set sizes of the datasets with fixed splits; synthetic ones take config.data_options.
 TRAIN_SET_SIZES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}
+SMOOTHING_POINTS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,34 +138,56 @@ def write_csv(curves: dict[int, list[dict[str, float]]], path: str | pathlib.Pat
                          f"{r['lipschitz']:.6g}"))
 
 
+def window_means(records: list[dict[str, float]], steps: int, windows: int = 4) -> list[float]:
+  """Mean L over each of `windows` equal ranges of iterations 1..`steps` (NaN for an empty range)."""
+  edges = np.linspace(0, steps, windows + 1)
+  means = []
+  for low, high in zip(edges[:-1], edges[1:]):
+    values = [r["lipschitz"] for r in records if low < r["step"] <= high and math.isfinite(r["lipschitz"])]
+    means.append(float(np.mean(values)) if values else math.nan)
+  return means
+
+
 def markdown_table(curves: dict[int, list[dict[str, float]]], spec: LipschitzSpec) -> str:
-  """Per batch size: L at the first and last logged steps, the peak value and the step where it is."""
+  """Per batch size: L at the first logged step, its mean over each quarter of the iterations, the peak
+  value and the step where it is."""
+  edges = np.linspace(0, spec.steps, 5)
+  quarters = [f"mean L, iters {int(low) + 1}–{int(high)}" for low, high in zip(edges[:-1], edges[1:])]
   lines = [f"# {spec.title}", "",
            f"L(x, g) = |g^T H g| / ||g||^2 on the first {spec.lipschitz_batch_size} test examples, every "
            f"{spec.every} of the first {spec.steps} iterations (papers/001 §4, Figure 3).", "",
-           "| batch size | L at first step | peak L | step of peak | epoch of peak | L at last step |",
-           "|---:|---:|---:|---:|---:|---:|"]
+           "| batch size | L at first step | " + " | ".join(quarters) + " | peak L | step of peak | epoch of peak |",
+           "|---:|---:|" + "---:|" * len(quarters) + "---:|---:|---:|"]
   for batch_size, records in sorted(curves.items()):
     finite = [r for r in records if math.isfinite(r["lipschitz"])]
     if not finite:
-      lines.append(f"| {batch_size} | – | – | – | – | – |")
+      lines.append(f"| {batch_size} | – |" + " – |" * (len(quarters) + 3))
       continue
     peak = max(finite, key=lambda r: r["lipschitz"])
-    lines.append(f"| {batch_size} | {finite[0]['lipschitz']:.4g} (step {finite[0]['step']}) | "
-                 f"{peak['lipschitz']:.4g} | {peak['step']} | {peak['epoch']:.3g} | "
-                 f"{finite[-1]['lipschitz']:.4g} (step {finite[-1]['step']}) |")
+    means = " | ".join(f"{m:.4g}" for m in window_means(finite, spec.steps))
+    lines.append(f"| {batch_size} | {finite[0]['lipschitz']:.4g} (step {finite[0]['step']}) | {means} | "
+                 f"{peak['lipschitz']:.4g} | {peak['step']} | {peak['epoch']:.3g} |")
   return "\n".join(lines) + "\n"
 
 
 def plot(curves: dict[int, list[dict[str, float]]], title: str, path: str | pathlib.Path) -> None:
-  """L(x, g) vs iteration, one line per batch size, log y-axis (papers/001 Figure 3)."""
+  """L(x, g) vs iteration, one line per batch size, log y-axis (papers/001 Figure 3).
+
+  Each batch size is drawn raw (thin) and as a running geometric mean over `SMOOTHING_POINTS` logged
+  points (thick): L on one small batch jumps by a decade from one step to the next.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   figure, axes = plt.subplots(figsize=(6.5, 4))
   for batch_size, records in sorted(curves.items()):
-    axes.plot([r["step"] for r in records], [r["lipschitz"] for r in records], label=f"B={batch_size}")
+    steps = np.array([r["step"] for r in records])
+    values = np.array([r["lipschitz"] for r in records], dtype=float)
+    line, = axes.plot(steps, values, alpha=0.35, linewidth=0.8)
+    width = min(SMOOTHING_POINTS, len(values))  # running geometric mean: L spans decades
+    smooth = np.exp(np.convolve(np.log(np.maximum(values, 1e-30)), np.ones(width) / width, mode="valid"))
+    axes.plot(steps[width - 1:], smooth, color=line.get_color(), linewidth=2, label=f"B={batch_size}")
   axes.set_yscale("log")
   axes.set_xlabel("iteration")
   axes.set_ylabel("L(x, g) = |gᵀHg| / ‖g‖²")

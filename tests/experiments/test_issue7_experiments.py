@@ -162,3 +162,10 @@ def test_noise_scale_needs_an_accumulating_run(tmp_path):
   with pytest.raises(ValueError, match="do not exceed max_device_batch"):
     noise_scale.run_experiment(spec)
   assert not (tmp_path / "w").exists()
+
+
+def test_lipschitz_window_means_split_the_iterations_into_equal_ranges():
+  records = [{"step": s, "lipschitz": float(s)} for s in range(2, 101, 2)]
+  # Iterations 1-25: steps 2..24 (mean 13); 26-50: 26..50 (38); 51-75: 52..74 (63); 76-100: 76..100 (88).
+  assert lipschitz.window_means(records, 100) == [13.0, 38.0, 63.0, 88.0]
+  assert math.isnan(lipschitz.window_means(records[:3], 100)[1])
