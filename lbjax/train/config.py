@@ -22,7 +22,7 @@ LANGUAGE_MODEL_DATASETS = ("ptb", "synthetic_ptb")
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
 # watched or where it runs, not what it computes.
 OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard", "mesh",
-                      "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "progress")
+                      "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps", "progress")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -45,7 +45,8 @@ def default_config() -> ml_collections.ConfigDict:
   config.data_options.num_train_tokens = 20000
   config.data_options.num_eval_tokens = 4000
   config.seed = 0
-  config.num_epochs = 1.0
+  config.num_epochs = 1.0  # the run's length; LR schedules that decay to the end use it
+  config.num_steps = 0  # > 0: also stop after this many updates (e.g. to study the first iterations)
 
   config.batch_size = 128  # global batch size (when batch_sizes is empty)
   config.batch_sizes = ()  # piecewise-constant batch-size schedule: sizes[i] from boundaries[i-1] on
@@ -179,6 +180,8 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
       and config.dataset in DATASETS:
     errors.append(f"config.model={config.model!r} cannot train on config.dataset={config.dataset!r}: "
                   "ptb_lstm goes with ptb/synthetic_ptb, the other models with image datasets.")
+  if config.num_steps < 0:
+    errors.append(f"config.num_steps must be >= 0 (0 = stop by epochs only), got {config.num_steps}.")
   if not config.num_epochs > 0:
     errors.append(f"config.num_epochs must be > 0, got {config.num_epochs}.")
   sizes = batch_sizes(config)

@@ -312,7 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
 
   current_batch_size = run.batch_size_schedule(stream.epoch())
   try:
-    while stream.epoch() < config.num_epochs:
+    while stream.epoch() < config.num_epochs and not 0 < config.num_steps <= step:
       epoch = stream.epoch()
       current_batch_size = run.batch_size_schedule(epoch)
       local = stream.next_batch(current_batch_size)

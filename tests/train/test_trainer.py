@@ -95,3 +95,9 @@ def test_trust_ratios_are_logged_for_lars(tmp_path):
   assert len(ratios) == 2  # every log_every = 4 of 8 steps
   kernels = {k: v for k, v in ratios[-1].items() if k.endswith("kernel")}
   assert kernels and all(v > 0 for v in kernels.values())
+
+
+def test_num_steps_stops_early_and_a_longer_run_resumes_from_there(tmp_path):
+  stopped = train_and_evaluate(helpers.tiny_classifier_config(num_steps=3), tmp_path)
+  assert stopped.step == 3 and stopped.examples_seen == 96
+  assert train_and_evaluate(helpers.tiny_classifier_config(), tmp_path).step == 8
