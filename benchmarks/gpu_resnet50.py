@@ -9,7 +9,8 @@ synthetic 224x224 images already on the device), times it, takes the FLOPs of on
   fraction of peak = achieved / (--peak-tflops x 1e12)
 
 with the analytic count (3 x 4.09 GMACs x 2 = 24.5 GFLOPs per 224x224 image for forward + backward)
-as a cross-check of XLA's number. Pass the peak of the chip in the compute dtype (dense, no
+as a cross-check of XLA's number (at 224x224 only: images of 64 pixels or less get the CIFAR stem,
+which keeps the full resolution in the first stage). Pass the peak of the chip in the compute dtype (dense, no
 sparsity), e.g. 989 for an H100 SXM in bf16, 197 for a TPU v4 chip.
 
     python -m benchmarks.gpu_resnet50 --peak-tflops 989 [--batch 256] [--steps 50] [--no-readme]
