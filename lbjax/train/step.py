@@ -70,6 +70,16 @@ def _merge_microbatches(tree: Any, mesh: Mesh) -> Any:
   return jax.tree.map(merge, tree)
 
 
+def _accumulation_unroll(num_microbatches: int) -> int:
+  """How many micro-batches the accumulation loop unrolls.
+
+  XLA's CPU backend runs convolutions inside a loop body on a slow path (about 10x slower for a
+  ResNet; benchmarks/README.md, "accumulation"), so on CPU short loops are unrolled; GPU/TPU keep the
+  rolled loop, whose compile time does not grow with the number of micro-batches.
+  """
+  return num_microbatches if jax.default_backend() == "cpu" and num_microbatches <= 16 else 1
+
+
 def _all_finite(tree: Any) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -134,7 +144,8 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                          (shapes[0][0], metric_shapes, model_state_shapes, grad_shapes))
     totals, carries = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries))
+        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries),
+        unroll=_accumulation_unroll(num_microbatches))
     loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
     batch_size = jax.tree.leaves(batch)[0].shape[0]
     estimate = diagnostics.noise_scale_estimates(
