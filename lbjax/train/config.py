@@ -235,13 +235,24 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
     raise ValueError("Invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def _with_defaults(values: dict, defaults: dict) -> dict:
+  """`values` with every field it lacks taken from `defaults` (recursively)."""
+  merged = dict(defaults)
+  for key, value in values.items():
+    merged[key] = _with_defaults(value, defaults[key]) if isinstance(value, dict) and isinstance(
+        defaults.get(key), dict) else value
+  return merged
+
+
 def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str) -> None:
   """Raises if the workdir's checkpoint was written by a run with a different recipe.
 
-  Operational fields (`OPERATIONAL_FIELDS`) may change between runs; everything else must match.
+  Operational fields (`OPERATIONAL_FIELDS`) may change between runs; everything else must match. A
+  field the checkpoint's config lacks (written before lbjax added it) counts as its default value.
   """
-  saved = json.loads(saved_json)
-  current = json.loads(config.to_json())
+  defaults = json.loads(default_config().to_json())
+  saved = _with_defaults(json.loads(saved_json), defaults)
+  current = _with_defaults(json.loads(config.to_json()), defaults)
   differing = sorted(k for k in set(saved) | set(current)
                      if k not in OPERATIONAL_FIELDS and saved.get(k) != current.get(k))
   if differing:

@@ -1,9 +1,11 @@
 """Every bad config is refused before any compute, with a message that says what to change."""
 
+import json
+
 import pytest
 
 from lbjax.train import train_and_evaluate
-from lbjax.train.config import parse_variant
+from lbjax.train.config import check_resumable, parse_variant
 from tests.train import helpers
 
 
@@ -50,3 +52,13 @@ def test_config_variant_strings():
   assert parse_variant(None) == {}
   with pytest.raises(ValueError, match="key=value pairs"):
     parse_variant("batch8192")
+
+
+def test_a_checkpoint_config_without_newer_fields_counts_them_as_defaults():
+  config = helpers.tiny_classifier_config()
+  saved = json.loads(config.to_json())
+  del saved["compression"], saved["loss"]["discard_until_epoch"]
+  check_resumable(json.dumps(saved), config, "runs/x")
+  saved["lr"]["base"] = 0.5
+  with pytest.raises(ValueError, match="lr: checkpoint"):
+    check_resumable(json.dumps(saved), config, "runs/x")
