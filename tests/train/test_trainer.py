@@ -101,3 +101,9 @@ def test_num_steps_stops_early_and_a_longer_run_resumes_from_there(tmp_path):
   stopped = train_and_evaluate(helpers.tiny_classifier_config(num_steps=3), tmp_path)
   assert stopped.step == 3 and stopped.examples_seen == 96
   assert train_and_evaluate(helpers.tiny_classifier_config(), tmp_path).step == 8
+
+
+def test_tensorboard_mirrors_the_scalars(tmp_path):
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=4, tensorboard=True), tmp_path)
+  events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  assert events and events[0].stat().st_size > 0
