@@ -104,7 +104,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   config.log_every = 50
   config.eval_every_epochs = 1.0
-  config.checkpoint_every_steps = 1000
+  config.checkpoint_every_steps = 1000  # also saved after every evaluation and at the end
   config.keep_checkpoints = 3
   config.tensorboard = False
   config.progress = True

@@ -346,8 +346,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         eval_metrics = run.evaluate(state)
         writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch()))
         next_eval = (math.floor(stream.epoch() / config.eval_every_epochs) + 1) * config.eval_every_epochs
+        save()  # every evaluated point is also a checkpoint: an interrupted run loses at most an epoch
         progress.reset_window(examples_seen, stream.epoch())
-      if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
+      elif config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
         save()
       if preemption.should_stop(step):
         flush_metrics()
