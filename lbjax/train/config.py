@@ -101,6 +101,10 @@ def default_config() -> ml_collections.ConfigDict:
   config.mesh.data = -1
   config.mesh.fsdp = 1
   config.mesh.num_devices = 0  # 0 = all devices; n = the first n (e.g. to compare with a 1-device run)
+  # True: each device computes its gradient in shard_map and one all-reduce averages them. For LSTMs
+  # XLA's partitioner otherwise all-reduces the kernel gradient once per time step (benchmarks/README.md,
+  # "collectives": 27x the bytes for the MNIST LSTM). BatchNorm statistics are then per device.
+  config.mesh.per_device_gradients = False
 
   config.log_every = 50
   config.eval_every_epochs = 1.0
@@ -162,14 +166,16 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
   errors += _check_choice("lr.decay", config.lr.decay, DECAYS)
   errors += _check_choice("scaling.rule", config.scaling.rule, SCALING_RULES)
   errors += _check_choice("compression.name", config.compression.name, COMPRESSIONS)
-  if config.compression.name != "none":
+  if config.compression.name != "none" or config.mesh.per_device_gradients:
+    what = (f"config.compression.name={config.compression.name!r}" if config.compression.name != "none"
+            else "config.mesh.per_device_gradients=True")
     if config.mesh.fsdp != 1:
-      errors.append(f"config.compression.name={config.compression.name!r} compresses whole per-device "
-                    f"gradients and needs replicated parameters: set config.mesh.fsdp=1 (got {config.mesh.fsdp}).")
+      errors.append(f"{what} reduces whole per-device gradients and needs replicated parameters: set "
+                    f"config.mesh.fsdp=1 (got {config.mesh.fsdp}).")
     if config.max_device_batch > 0 and any(
         size // data_parallel_size > config.max_device_batch for size in batch_sizes(config)):
-      errors.append("gradient compression does not combine with gradient accumulation yet: raise "
-                    "config.max_device_batch above the per-device batch or set config.compression.name='none'.")
+      errors.append(f"{what} does not combine with gradient accumulation yet: raise "
+                    "config.max_device_batch above the per-device batch.")
     if config.compression.name == "qsgd" and (not isinstance(config.compression.levels, int)
                                                or config.compression.levels < 1):
       errors.append(f"config.compression.levels (QSGD s) must be an integer >= 1, got {config.compression.levels!r}.")

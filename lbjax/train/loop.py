@@ -264,7 +264,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   progress.reset_window(examples_seen, stream.epoch())
   preemption = _PreemptionFlag()
   step = int(jax.device_get(state.step))
-  if run.compressor is not None:
+  if config.compression.name != "none":
     bits = optim.compression.bits_per_step(state.params, run.compressor)
     writer.write("compression", step, {
         "name": config.compression.name, "bits_per_device_step": bits.compressed,

@@ -100,12 +100,18 @@ def momentum_sgd(learning_rate: optax.ScalarOrSchedule, momentum: float = 0.9, n
 
 
 def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientCompressor | None:
-  """The gradient compressor of `config.compression` (papers/004), or None."""
+  """The compressor of the per-device gradient reduction, or None for the GSPMD step.
+
+  `config.compression` (papers/004) picks 1-bit SGD or QSGD; `config.mesh.per_device_gradients`
+  without compression sends the raw gradients (`no_compression`: the reduction is one `pmean`).
+  """
   c = config.compression
   if c.name == "one_bit":
     return compression.one_bit(error_feedback=c.error_feedback)
   if c.name == "qsgd":
     return compression.qsgd(c.levels, seed=config.seed, axis_name=DATA_AXES)
+  if config.mesh.per_device_gradients:
+    return compression.no_compression()
   return None
 
 

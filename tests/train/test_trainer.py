@@ -1,13 +1,16 @@
 """The trainer: sharding, accumulation, batch-size schedules, exact resume, health and validation."""
 
 import json
+import re
 
+import jax
 import numpy as np
 import pytest
 
 from lbjax import data as lbdata
 from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
+from lbjax.train.loop import Run, global_batch
 from tests.train import helpers
 
 
@@ -107,3 +110,26 @@ def test_tensorboard_mirrors_the_scalars(tmp_path):
   train_and_evaluate(helpers.tiny_classifier_config(num_steps=4, tensorboard=True), tmp_path)
   events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
   assert events and events[0].stat().st_size > 0
+
+
+def _all_reduce_computations(config):
+  """Names of the HLO computations of the compiled train step that hold an all-reduce."""
+  run = Run(config)
+  state = run.initial_state()
+  batch = global_batch(run.task.make_train_stream(0, 1).next_batch(32), run.batch_sharding)
+  compiled = run.train_step(32, 0.0, state, batch, jax.device_put(np.float32(0.1), run.replicated))
+  computations = re.split(r"\n(?=\S)", compiled.as_text())
+  return [c.split("\n")[0][:60] for c in computations if " all-reduce(" in c]
+
+
+def test_per_device_gradients_reduce_once_and_equal_the_one_device_run(tmp_path):
+  """With the LSTM's time loop, GSPMD all-reduces the kernel gradient inside the loop body;
+  per-device gradients in shard_map leave one all-reduce, in the entry computation."""
+  gspmd = _all_reduce_computations(helpers.tiny_classifier_config())
+  per_device = _all_reduce_computations(helpers.tiny_classifier_config(**{"mesh.per_device_gradients": True}))
+  assert any(not name.startswith("ENTRY") for name in gspmd)
+  assert len(per_device) == 1 and per_device[0].startswith("ENTRY")
+  sharded = train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.per_device_gradients": True}),
+                               tmp_path / "8")
+  single = train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.num_devices": 1}), tmp_path / "1")
+  helpers.assert_trees_close(sharded.state.params, single.state.params)
