@@ -107,10 +107,11 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
   `noise_scale_trace_sigma`. Average each over steps before dividing.
   With `discard_fraction > 0` the smallest-loss examples are dropped within each micro-batch.
 
-  With a `compressor` (papers/004: 1-bit SGD, QSGD) the gradient is computed per device inside
-  `jax.shard_map`: each device compresses its own gradient and the decoded values are averaged
-  (`lbjax.optim.compression.compressed_pmean`), which is what a compressed all-reduce delivers.
-  BatchNorm statistics are then per device, as in the papers' per-replica BN.
+  With a `compressor` the gradient is computed per device inside `jax.shard_map`: each device
+  compresses its own gradient and the decoded values are averaged in one all-reduce
+  (`lbjax.optim.compression.compressed_pmean`), which is what a compressed all-reduce delivers
+  (papers/004: 1-bit SGD, QSGD; `no_compression` sends raw gradients). BatchNorm statistics are then
+  per device, as in the papers' per-replica BN.
   """
 
   def loss_fn(params, model_state, batch, carry, key):
@@ -155,7 +156,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
                    noise_scale_trace_sigma=estimate.trace_sigma)
     return loss, metrics, model_state, _merge_microbatches(carries, mesh), grads
 
-  def compressed_gradients(state: TrainState, batch: Batch, key: jax.Array):
+  def per_device_gradients(state: TrainState, batch: Batch, key: jax.Array):
     per_device = per_device_compression_state(state.compression_state)
     state_spec = P(DATA_AXES) if per_device else P()
 
@@ -181,7 +182,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
     if compressor is None:
       loss, metrics, model_state, carry, grads = gradients(state, batch, key)
     else:
-      loss, metrics, model_state, carry, grads, compression_state = compressed_gradients(state, batch, key)
+      loss, metrics, model_state, carry, grads, compression_state = per_device_gradients(state, batch, key)
     hyperparams = dict(state.opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))
     opt_state = state.opt_state._replace(hyperparams=hyperparams)
     updates, opt_state = optimizer.update(grads, opt_state, state.params)
