@@ -101,15 +101,7 @@ class TfdsSource:
 
   def take(self, indices: np.ndarray) -> stream.Batch:
     """Reads and decodes examples `indices` (1-D integers in [0, len)); see the class docstring."""
-    indices = np.asarray(indices)
-    if indices.ndim != 1 or not (indices.size == 0 or np.issubdtype(indices.dtype, np.integer)):
-      raise ValueError(
-          f"take() expects a 1-D integer index array, got shape {indices.shape} and dtype "
-          f"{indices.dtype}.")
-    if indices.size and (indices.min() < 0 or indices.max() >= self._num_examples):
-      raise IndexError(
-          f"take() indices must lie in [0, {self._num_examples}) for {self.name}/{self.split}, "
-          f"got range [{indices.min()}, {indices.max()}].")
+    indices = stream.check_indices(indices, self._num_examples, f"{self.name}/{self.split}")
     examples = _map_threaded(self._read, [int(i) for i in indices], self._num_threads)
     return {name: _stack_or_objects([ex[name] for ex in examples]) for name in self.features}
 

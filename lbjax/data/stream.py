@@ -51,6 +51,26 @@ class RandomAccessSource(Protocol):
     ...
 
 
+def check_indices(indices: Any, num_examples: int, source: str = "") -> np.ndarray:
+  """The `take()` argument as a 1-D integer array with every entry in [0, num_examples).
+
+  Raises:
+    ValueError: if `indices` is not a 1-D integer array.
+    IndexError: if an index is out of range (the message names `source` when given).
+  """
+  indices = np.asarray(indices)
+  if indices.ndim != 1 or not (indices.size == 0 or np.issubdtype(indices.dtype, np.integer)):
+    raise ValueError(
+        f"take() expects a 1-D integer index array, got shape {indices.shape} and dtype "
+        f"{indices.dtype}.")
+  if indices.size and (indices.min() < 0 or indices.max() >= num_examples):
+    where = f" for {source}" if source else ""
+    raise IndexError(
+        f"take() indices must lie in [0, {num_examples}){where}, got range "
+        f"[{indices.min()}, {indices.max()}].")
+  return indices
+
+
 class ArraySource:
   """Random-access source over in-memory arrays with equal leading dimensions.
 
@@ -92,16 +112,7 @@ class ArraySource:
 
   def take(self, indices: np.ndarray) -> Batch:
     """Gathers examples `indices` (1-D integer array, each in [0, N)) from every array."""
-    indices = np.asarray(indices)
-    if indices.ndim != 1 or not (indices.size == 0 or np.issubdtype(indices.dtype, np.integer)):
-      raise ValueError(
-          f"take() expects a 1-D integer index array, got shape {indices.shape} and dtype "
-          f"{indices.dtype}.")
-    if indices.size and (indices.min() < 0 or indices.max() >= self._num_examples):
-      raise IndexError(
-          f"take() indices must lie in [0, {self._num_examples}), got range "
-          f"[{indices.min()}, {indices.max()}].")
-    indices = indices.astype(np.int64, copy=False)
+    indices = check_indices(indices, self._num_examples).astype(np.int64, copy=False)
     return {name: array[indices] for name, array in self._arrays.items()}
 
   def __repr__(self) -> str:
