@@ -15,6 +15,21 @@ from lbjax.schedules import base
 from lbjax.schedules import validation
 
 
+def _decay_interval(init_value: float, end_value: float, total_epochs: float,
+                    begin_epoch: float) -> tuple[float, float, float, float]:
+  """Validated (init_value, end_value, begin_epoch, span) of a decay from begin_epoch to total_epochs."""
+  init_value = validation.check_non_negative("init_value", init_value)
+  end_value = validation.check_non_negative("end_value", end_value)
+  total_epochs = validation.check_positive("total_epochs", total_epochs)
+  begin_epoch = validation.check_non_negative("begin_epoch", begin_epoch)
+  if begin_epoch >= total_epochs:
+    raise ValueError(
+        f"begin_epoch ({begin_epoch}) must be before total_epochs ({total_epochs}): the decay "
+        "needs a non-empty interval."
+    )
+  return init_value, end_value, begin_epoch, total_epochs - begin_epoch
+
+
 def constant(value: float) -> base.Schedule:
   """Returns the schedule `v(e) = value` (e.g. the MNIST LSTM recipe of papers/001 §5.1.1).
 
@@ -50,17 +65,9 @@ def polynomial_decay(
     end_value: final value, >= 0.
     begin_epoch: epoch where the decay starts, >= 0 (0: measured from the start of the run).
   """
-  init_value = validation.check_non_negative("init_value", init_value)
-  end_value = validation.check_non_negative("end_value", end_value)
   power = validation.check_positive("power", power)
-  total_epochs = validation.check_positive("total_epochs", total_epochs)
-  begin_epoch = validation.check_non_negative("begin_epoch", begin_epoch)
-  if begin_epoch >= total_epochs:
-    raise ValueError(
-        f"begin_epoch ({begin_epoch}) must be before total_epochs ({total_epochs}): the decay "
-        "needs a non-empty interval."
-    )
-  span = total_epochs - begin_epoch
+  init_value, end_value, begin_epoch, span = _decay_interval(init_value, end_value, total_epochs,
+                                                              begin_epoch)
 
   def formula(xp, e):
     remaining = 1.0 - xp.clip((e - begin_epoch) / span, 0.0, 1.0)
@@ -160,16 +167,8 @@ def cosine_decay(
     end_value: final value, >= 0.
     begin_epoch: epoch where the decay starts, >= 0 (0: measured from the start of the run).
   """
-  init_value = validation.check_non_negative("init_value", init_value)
-  end_value = validation.check_non_negative("end_value", end_value)
-  total_epochs = validation.check_positive("total_epochs", total_epochs)
-  begin_epoch = validation.check_non_negative("begin_epoch", begin_epoch)
-  if begin_epoch >= total_epochs:
-    raise ValueError(
-        f"begin_epoch ({begin_epoch}) must be before total_epochs ({total_epochs}): the decay "
-        "needs a non-empty interval."
-    )
-  span = total_epochs - begin_epoch
+  init_value, end_value, begin_epoch, span = _decay_interval(init_value, end_value, total_epochs,
+                                                              begin_epoch)
 
   def formula(xp, e):
     progress = xp.clip((e - begin_epoch) / span, 0.0, 1.0)
