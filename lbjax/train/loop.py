@@ -275,7 +275,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   preempted = False
 
   def save() -> None:
+    """Checkpoints the current step (once: a SIGTERM right after an evaluation finds it saved)."""
     check_health()
+    if checkpointer.latest_step() == step:
+      return
     meta = {"stream": stream.get_state(), "examples_seen": examples_seen, "epoch": stream.epoch(),
             "carry_batch_size": carry_batch_size, "config": config.to_json()}
     checkpointer.save(step, state, meta)
@@ -360,8 +363,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if not preempted:
       eval_metrics = run.evaluate(state)
       writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch(), final=True))
-      if checkpointer.latest_step() != step:
-        save()
+      save()
   finally:
     preemption.restore()
     checkpointer.close()

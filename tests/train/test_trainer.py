@@ -10,6 +10,7 @@ import pytest
 from lbjax import data as lbdata
 from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
+from lbjax.train import loop
 from lbjax.train.loop import Run, global_batch
 from tests.train import helpers
 
@@ -84,6 +85,18 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
   assert checkpointer.latest_step() == 5
   assert checkpointer.restore_meta(5)["examples_seen"] == 5 * 32
   assert not _records(tmp_path, "train")  # nothing was logged past the bad step
+
+
+def test_sigterm_right_after_an_evaluation_keeps_its_checkpoint_and_resumes(tmp_path, monkeypatch):
+  """Step 4 ends half an epoch: it is evaluated and saved; a SIGTERM seen there must not save it twice."""
+  config = helpers.tiny_classifier_config(eval_every_epochs=0.5)
+  monkeypatch.setattr(loop._PreemptionFlag, "should_stop", lambda self, step: step == 4)
+  preempted = train_and_evaluate(config, tmp_path)
+  assert preempted.preempted and preempted.step == 4
+  assert Checkpointer(tmp_path).latest_step() == 4
+  monkeypatch.undo()
+  resumed = train_and_evaluate(config, tmp_path)
+  assert not resumed.preempted and resumed.step == 8
 
 
 def test_workdir_of_another_run_is_refused(tmp_path):
