@@ -13,6 +13,9 @@ Variant keys (`get_config("key=value,...")`):
   rule:   none | linear | goyal | sqrt | legw: how the B=20 recipe is scaled to `batch`.
   lr:     baseline learning rate at B=20 (default 1.0).
   epochs: number of epochs (default 13); the decay still starts at epoch 7.
+  warmup: LEGW warm-up of the B=20 baseline in epochs (default 1/32; scaled x k by legw).
+  clip:   global-norm gradient clipping of the per-token mean loss (default 0: off). Zaremba et al.
+          clip at 5 on the loss summed over the 20 time steps, i.e. clip=0.25 here.
 """
 
 from lbjax.train import check_variant_keys, default_config, parse_variant
@@ -28,7 +31,7 @@ DECAY_RATE = 0.5
 
 def get_config(arg: str | None = None):
   variant = parse_variant(arg)
-  check_variant_keys(variant, ("batch", "rule", "lr", "epochs"), "configs/ptb_lstm.py")
+  check_variant_keys(variant, ("batch", "rule", "lr", "epochs", "warmup", "clip"), "configs/ptb_lstm.py")
   config = default_config()
   config.model = "ptb_lstm"
   config.model_options.embed_size = 200
@@ -44,13 +47,14 @@ def get_config(arg: str | None = None):
   config.scaling.rule = variant.get("rule", "none")
   config.optimizer.name = "momentum"
   config.optimizer.momentum = 0.9
+  config.optimizer.clip_global_norm = float(variant.get("clip", 0.0))
   config.lr.base = float(variant.get("lr", BASE_LEARNING_RATE))
   config.lr.decay = "exponential"
   config.lr.decay_start_epoch = DECAY_START_EPOCH
   config.lr.decay_rate = DECAY_RATE
   if config.scaling.rule == "legw":
     config.lr.warmup = "linear"
-    config.lr.warmup_epochs = BASE_WARMUP_EPOCHS
+    config.lr.warmup_epochs = float(variant.get("warmup", BASE_WARMUP_EPOCHS))
   config.log_every = 100
   config.checkpoint_every_steps = 2000
   return config

@@ -59,6 +59,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9
   config.optimizer.nesterov = False
   config.optimizer.weight_decay = 0.0
+  # > 0: the loss gradient is rescaled to this global L2 norm when larger, before weight decay and the
+  # optimizer (optax.clip_by_global_norm; Zaremba et al.'s PTB LSTMs clip at 5 on the loss summed over time).
+  config.optimizer.clip_global_norm = 0.0
   config.optimizer.trust_coefficient = 0.001  # LARS eta
   config.optimizer.eps = 0.0
   config.optimizer.b1 = 0.9  # Adam/LAMB
@@ -166,6 +169,9 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
   errors += _check_choice("lr.decay", config.lr.decay, DECAYS)
   errors += _check_choice("scaling.rule", config.scaling.rule, SCALING_RULES)
   errors += _check_choice("compression.name", config.compression.name, COMPRESSIONS)
+  clip = config.optimizer.clip_global_norm
+  if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip >= 0:
+    errors.append(f"config.optimizer.clip_global_norm must be a number >= 0 (0 turns clipping off), got {clip!r}.")
   if config.compression.name != "none" or config.mesh.per_device_gradients:
     what = (f"config.compression.name={config.compression.name!r}" if config.compression.name != "none"
             else "config.mesh.per_device_gradients=True")

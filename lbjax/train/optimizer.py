@@ -116,7 +116,11 @@ def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientC
 
 
 def build_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """The optimizer the config names, with `learning_rate` as an injected hyper-parameter."""
+  """The optimizer the config names, with `learning_rate` as an injected hyper-parameter.
+
+  With `optimizer.clip_global_norm = c > 0` the loss gradient g is first replaced by
+  g * min(1, c / ||g||_2) (norm over all parameters), as in Zaremba et al.'s PTB LSTMs.
+  """
   o = config.optimizer
   if o.name in ("sgd", "momentum"):
     factory = functools.partial(momentum_sgd, momentum=o.momentum if o.name == "momentum" else 0.0,
@@ -135,6 +139,8 @@ def build_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransfor
     factory = functools.partial(optim.mclr, momentum=o.momentum, weight_decay=o.weight_decay)
 
   def with_learning_rate(learning_rate):  # only the learning rate is injected; the rest stays static
+    if o.clip_global_norm > 0:
+      return optax.chain(optax.clip_by_global_norm(o.clip_global_norm), factory(learning_rate))
     return factory(learning_rate)
 
   return optax.inject_hyperparams(with_learning_rate)(learning_rate=0.0)

@@ -85,6 +85,10 @@ def test_ptb_schedule_of_papers001():
   assert _lr(legw, 1.0) == pytest.approx(math.sqrt(32))  # LR x sqrt(32) after 32 x 1/32 epochs
   assert _lr(legw, 0.5) == pytest.approx(math.sqrt(32) / 2)
   assert _lr(legw, 7.5) == pytest.approx(math.sqrt(32) / 2)
+  assert config.optimizer.clip_global_norm == 0.0
+  zaremba = _config("ptb_lstm.py", "batch=640,rule=legw,warmup=0.0625,clip=0.25")
+  assert zaremba.optimizer.clip_global_norm == 0.25
+  assert _lr(zaremba, 1.0) == pytest.approx(math.sqrt(32) / 2)  # warm-up 32 x 1/16 = 2 epochs
 
 
 def test_mnist_lstm_legw_at_8k():

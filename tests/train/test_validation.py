@@ -26,6 +26,7 @@ from tests.train import helpers
     ({"mesh.data": 2, "mesh.fsdp": 2}, r"2 \* 2 = 4 but there are 8 devices"),
     ({"scaling.rule": "legw", "lr.warmup": "linear", "lr.warmup_epochs": 0.5, "scaling.base_batch_size": 8},
      r"warm-up \(2 epochs after scaling.rule='legw' from 8 to batch 32\) is not shorter than training"),
+    ({"optimizer.clip_global_norm": -1.0}, r"clip_global_norm must be a number >= 0 \(0 turns clipping off\), got -1.0"),
     ({"model_options.dtype": "float8"}, r"config.model_options.dtype='float8' is not known"),
 ])
 def test_bad_config_is_refused_with_a_clear_message(tmp_path, overrides, message):

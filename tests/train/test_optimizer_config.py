@@ -1,0 +1,50 @@
+"""config.optimizer -> the optax transformation the trainer runs."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lbjax import optim
+from lbjax.train import default_config
+from lbjax.train.optimizer import build_optimizer
+
+
+def _one_update(config, grads, params):
+  optimizer = build_optimizer(config)
+  state = optimizer.init(params)
+  state.hyperparams["learning_rate"] = jnp.asarray(1.0)
+  updates, state = optimizer.update(grads, state, params)
+  return updates, state
+
+
+def test_clip_global_norm_rescales_the_loss_gradient_before_weight_decay():
+  """||g|| = 10 clipped to 5 halves g; the L2 decay term (added after clipping) is not scaled."""
+  config = default_config()
+  config.optimizer.name = "sgd"
+  config.optimizer.weight_decay = 0.1
+  config.optimizer.clip_global_norm = 5.0
+  params = {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((2,))}
+  grads = {"kernel": jnp.full((2, 2), 3.0), "bias": jnp.array([8.0, 0.0])}  # norm sqrt(36 + 64)
+  updates, _ = _one_update(config, grads, params)
+  np.testing.assert_allclose(updates["kernel"], -(1.5 + 0.1 * 1.0) * np.ones((2, 2)), rtol=1e-6)
+  np.testing.assert_allclose(updates["bias"], [-4.0, 0.0], rtol=1e-6)  # no decay on biases
+
+
+def test_gradients_inside_the_clip_norm_are_untouched():
+  config = default_config()
+  config.optimizer.name = "sgd"
+  config.optimizer.clip_global_norm = 5.0
+  grads = {"w": jnp.array([3.0, 4.0])}  # norm 5
+  updates, _ = _one_update(config, grads, {"w": jnp.zeros(2)})
+  np.testing.assert_allclose(updates["w"], [-3.0, -4.0], rtol=1e-6)
+
+
+def test_trust_ratios_are_found_behind_the_clip():
+  config = default_config()
+  config.optimizer.name = "lars"
+  config.optimizer.clip_global_norm = 1.0
+  params = {"kernel": jnp.ones((3, 3))}
+  _, state = _one_update(config, {"kernel": jnp.full((3, 3), 2.0)}, params)
+  ratios = optim.trust_ratios(state)
+  assert jnp.isfinite(ratios["kernel"]) and ratios["kernel"] > 0
+  assert isinstance(build_optimizer(config), optax.GradientTransformation)
