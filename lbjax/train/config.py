@@ -107,6 +107,7 @@ def default_config() -> ml_collections.ConfigDict:
   # True: each device computes its gradient in shard_map and one all-reduce averages them. For LSTMs
   # XLA's partitioner otherwise all-reduces the kernel gradient once per time step (benchmarks/README.md,
   # "collectives": 27x the bytes for the MNIST LSTM). BatchNorm statistics are then per device.
+  # With max_device_batch each device accumulates its own micro-batches before the one all-reduce.
   config.mesh.per_device_gradients = False
 
   config.log_every = 50
@@ -178,10 +179,6 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
     if config.mesh.fsdp != 1:
       errors.append(f"{what} reduces whole per-device gradients and needs replicated parameters: set "
                     f"config.mesh.fsdp=1 (got {config.mesh.fsdp}).")
-    if config.max_device_batch > 0 and any(
-        size // data_parallel_size > config.max_device_batch for size in batch_sizes(config)):
-      errors.append(f"{what} does not combine with gradient accumulation yet: raise "
-                    "config.max_device_batch above the per-device batch.")
     if config.compression.name == "qsgd" and (not isinstance(config.compression.levels, int)
                                                or config.compression.levels < 1):
       errors.append(f"config.compression.levels (QSGD s) must be an integer >= 1, got {config.compression.levels!r}.")

@@ -44,27 +44,34 @@ class Task(Protocol):
     """Sums over the (masked) batch, e.g. {'loss_sum', 'correct', 'count'}, and the new carry."""
 
 
-def _split_microbatches(tree: Any, num_microbatches: int, mesh: Mesh) -> Any:
-  """[B, ...] -> [k, B/k, ...] where micro-batch j holds the j-th slice of every device's share."""
-  shards = data_parallel_size(mesh)
+def _split_microbatches(tree: Any, num_microbatches: int, mesh: Mesh | None) -> Any:
+  """[B, ...] -> [k, B/k, ...] where micro-batch j holds the j-th slice of every device's share.
+
+  `mesh` is the global mesh under GSPMD; None inside `shard_map`, where the batch is one device's share.
+  """
+  shards = data_parallel_size(mesh) if mesh is not None else 1
 
   def split(x):
     per_micro = x.shape[0] // (shards * num_microbatches)
     x = x.reshape(shards, num_microbatches, per_micro, *x.shape[1:])
     x = jnp.swapaxes(x, 0, 1).reshape(num_microbatches, shards * per_micro, *x.shape[3:])
+    if mesh is None:
+      return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, DATA_AXES)))
 
   return jax.tree.map(split, tree)
 
 
-def _merge_microbatches(tree: Any, mesh: Mesh) -> Any:
+def _merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
   """Inverse of `_split_microbatches`."""
-  shards = data_parallel_size(mesh)
+  shards = data_parallel_size(mesh) if mesh is not None else 1
 
   def merge(x):
     num_microbatches, rows = x.shape[:2]
     x = x.reshape(num_microbatches, shards, rows // shards, *x.shape[2:])
     x = jnp.swapaxes(x, 0, 1).reshape(num_microbatches * rows, *x.shape[3:])
+    if mesh is None:
+      return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(DATA_AXES)))
 
   return jax.tree.map(merge, tree)
@@ -111,7 +118,9 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
   compresses its own gradient and the decoded values are averaged in one all-reduce
   (`lbjax.optim.compression.compressed_pmean`), which is what a compressed all-reduce delivers
   (papers/004: 1-bit SGD, QSGD; `no_compression` sends raw gradients). BatchNorm statistics are then
-  per device, as in the papers' per-replica BN.
+  per device, as in the papers' per-replica BN. Accumulation then runs on each device's share (the
+  same micro-batches as above) and the accumulated gradient is reduced once; the noise-scale
+  ingredients are estimated per device (B/(kD) and B/D examples) and averaged over the D devices.
   """
 
   def loss_fn(params, model_state, batch, carry, key):
@@ -122,24 +131,28 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def gradients(state: TrainState, batch: Batch, key: jax.Array):
+  def gradients(params, model_state, batch: Batch, carry, key: jax.Array, split_mesh: Mesh | None):
+    """Loss, metrics, BN state, carry and gradient of `batch`, accumulated over the micro-batches.
+
+    `split_mesh`: the mesh whose device shares the micro-batches slice (GSPMD), or None for one
+    device's share inside `shard_map`.
+    """
     if num_microbatches == 1:
-      (loss, (metrics, model_state, carry)), grads = grad_fn(
-          state.params, state.model_state, batch, state.carry, key)
+      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry, key)
       return loss, metrics, model_state, carry, grads
-    micro_batches = _split_microbatches(batch, num_microbatches, mesh)
-    micro_carries = _split_microbatches(state.carry, num_microbatches, mesh)
+    micro_batches = _split_microbatches(batch, num_microbatches, split_mesh)
+    micro_carries = _split_microbatches(carry, num_microbatches, split_mesh)
 
     def accumulate(totals, inputs):
       index, micro_batch, micro_carry = inputs
-      (loss, (metrics, model_state, carry)), grads = grad_fn(
-          state.params, state.model_state, micro_batch, micro_carry, jax.random.fold_in(key, index))
+      (loss, (metrics, new_model_state, new_carry)), grads = grad_fn(
+          params, model_state, micro_batch, micro_carry, jax.random.fold_in(key, index))
       metrics = dict(metrics, micro_grad_norm_sq=optax.tree.norm(grads, squared=True))
-      totals = jax.tree.map(jnp.add, totals, (loss, metrics, model_state, grads))
-      return totals, carry
+      totals = jax.tree.map(jnp.add, totals, (loss, metrics, new_model_state, grads))
+      return totals, new_carry
 
     first = jax.tree.map(lambda x: x[0], (micro_batches, micro_carries))
-    shapes = jax.eval_shape(lambda b, c: grad_fn(state.params, state.model_state, b, c, key), *first)
+    shapes = jax.eval_shape(lambda b, c: grad_fn(params, model_state, b, c, key), *first)
     (_, (metric_shapes, model_state_shapes, _)), grad_shapes = shapes
     metric_shapes = dict(metric_shapes, micro_grad_norm_sq=shapes[0][0])
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
@@ -154,7 +167,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
         batch_size // num_microbatches, batch_size)
     metrics = dict(metrics, noise_scale_grad_norm_sq=estimate.grad_norm_sq,
                    noise_scale_trace_sigma=estimate.trace_sigma)
-    return loss, metrics, model_state, _merge_microbatches(carries, mesh), grads
+    return loss, metrics, model_state, _merge_microbatches(carries, split_mesh), grads
 
   def per_device_gradients(state: TrainState, batch: Batch, key: jax.Array):
     per_device = per_device_compression_state(state.compression_state)
@@ -162,7 +175,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
 
     def local(params, model_state, batch, carry, key, compression_state):
       key = jax.random.fold_in(key, jax.lax.axis_index(DATA_AXES))
-      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry, key)
+      loss, metrics, model_state, carry, grads = gradients(params, model_state, batch, carry, key, None)
       if per_device:
         compression_state = jax.tree.map(lambda x: x[0], compression_state)
       grads, compression_state = compression.compressed_pmean(grads, compression_state, compressor, DATA_AXES)
@@ -180,7 +193,8 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     compression_state = state.compression_state
     if compressor is None:
-      loss, metrics, model_state, carry, grads = gradients(state, batch, key)
+      loss, metrics, model_state, carry, grads = gradients(
+          state.params, state.model_state, batch, state.carry, key, mesh)
     else:
       loss, metrics, model_state, carry, grads, compression_state = per_device_gradients(state, batch, key)
     hyperparams = dict(state.opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))

@@ -146,3 +146,14 @@ def test_per_device_gradients_reduce_once_and_equal_the_one_device_run(tmp_path)
                                tmp_path / "8")
   single = train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.num_devices": 1}), tmp_path / "1")
   helpers.assert_trees_close(sharded.state.params, single.state.params)
+
+
+def test_per_device_gradients_accumulate_on_each_device_and_still_reduce_once(tmp_path):
+  """8 devices x 2 micro-batches of 2: one all-reduce, the 1-device true-batch update, noise scale logged."""
+  overrides = {"mesh.per_device_gradients": True, "max_device_batch": 2}
+  computations = _all_reduce_computations(helpers.tiny_classifier_config(**overrides))
+  assert len(computations) == 1 and computations[0].startswith("ENTRY")
+  accumulated = train_and_evaluate(helpers.tiny_classifier_config(**overrides), tmp_path / "8x2")
+  single = train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.num_devices": 1}), tmp_path / "1")
+  helpers.assert_trees_close(accumulated.state.params, single.state.params)
+  assert all(r["gradient_noise_scale"] == r["gradient_noise_scale"] for r in _records(tmp_path / "8x2", "train"))
