@@ -8,6 +8,7 @@ tfds = pytest.importorskip("tensorflow_datasets")
 from lbjax.data import cifar  # pylint: disable=g-import-not-at-top
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
+from tests.data import stream_checks  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture
@@ -99,20 +100,11 @@ def test_augmentation_is_deterministic_resumable_and_process_independent():
   source = stream.ArraySource(image=rng.integers(0, 256, (12, 32, 32, 3), dtype=np.uint8),
                               label=np.arange(12))
   transform = cifar.cifar10_train_transform(seed=3)
-  single = stream.TrainStream(source, seed=3, transform=transform)
-  reference = [single.next_batch(8) for _ in range(3)]  # Straddles the epoch boundary.
-  quarters = [stream.TrainStream(source, seed=3, process_index=p, process_count=4,
-                                 transform=transform) for p in range(4)]
-  for batch in reference:
-    shares = [quarter.next_batch(8) for quarter in quarters]
-    for key in ("images", "labels"):
-      np.testing.assert_array_equal(batch[key], np.concatenate([s[key] for s in shares]))
-  resumed = stream.TrainStream(source, seed=3, transform=transform)
-  resumed.set_state({**single.get_state(), "examples_consumed": 8})
-  np.testing.assert_array_equal(resumed.next_batch(8)["images"], reference[1]["images"])
+  reference = stream_checks.check_augmented_stream(source, transform, seed=3, process_count=4,
+                                                   resume_after=1)  # 12 examples: straddles the epoch end
   # Augmentation really happens: the images are not just the normalised originals.
-  plain = cifar.cifar10_eval_transform()(source.take(single.example_indices(np.arange(8))),
-                                         np.arange(8))
+  first = stream.TrainStream(source, seed=3).example_indices(np.arange(8))
+  plain = cifar.cifar10_eval_transform()(source.take(first), np.arange(8))
   assert not np.array_equal(plain["images"], reference[0]["images"])
   np.testing.assert_array_equal(plain["labels"], reference[0]["labels"])
 

@@ -8,6 +8,7 @@ pytest.importorskip("PIL")
 
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
+from tests.data import stream_checks  # pylint: disable=g-import-not-at-top
 
 _IMAGE_SIZE = 12
 
@@ -160,17 +161,7 @@ def _ragged_source(num_examples=12):
 def test_augmentation_is_deterministic_resumable_and_process_independent():
   source = _ragged_source()
   transform = imagenet.imagenet_train_transform(seed=7, image_size=8, num_threads=2)
-  single = stream.TrainStream(source, seed=7, transform=transform)
-  reference = [single.next_batch(8) for _ in range(3)]  # Straddles the epoch boundary.
-  halves = [stream.TrainStream(source, seed=7, process_index=p, process_count=2,
-                               transform=transform) for p in range(2)]
-  for batch in reference:
-    shares = [half.next_batch(8) for half in halves]
-    for key in ("images", "labels"):
-      np.testing.assert_array_equal(batch[key], np.concatenate([s[key] for s in shares]))
-  resumed = stream.TrainStream(source, seed=7, transform=transform)
-  resumed.set_state({**single.get_state(), "examples_consumed": 16})
-  np.testing.assert_array_equal(resumed.next_batch(8)["images"], reference[2]["images"])
+  stream_checks.check_augmented_stream(source, transform, seed=7, process_count=2, resume_after=2)
   other = stream.TrainStream(source, seed=8, shuffle=False,
                              transform=imagenet.imagenet_train_transform(seed=8, image_size=8))
   unshuffled = stream.TrainStream(source, seed=7, shuffle=False, transform=transform)

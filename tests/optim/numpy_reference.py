@@ -68,3 +68,23 @@ def median_curvature_rate(w, g, beta):
   if w_m == 0 or den == 0:
     return 1.0
   return w_m / den
+
+
+def layer_rate_momentum(params, grads_seq, lr, m, beta, rate_fn, selected):
+  """Momentum with a per-layer rate (papers/003 eq. 21): v = m*v + lr*R(w, g)*(g + beta*w), w -= v.
+
+  Layers not `selected` take plain momentum steps (v = m*v + lr*g). Returns the final weights and the
+  last rate R of every selected layer.
+  """
+  w = {k: np.asarray(x, np.float64) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in w.items()}
+  rates = {}
+  for grads in grads_seq:
+    for k in w:
+      if selected[k]:
+        rates[k] = rate_fn(w[k], grads[k], beta)
+        v[k] = m * v[k] + lr * rates[k] * (grads[k] + beta * w[k])
+      else:
+        v[k] = m * v[k] + lr * grads[k]
+      w[k] = w[k] - v[k]
+  return w, rates

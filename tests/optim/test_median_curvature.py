@@ -16,17 +16,7 @@ def test_mclr_matches_numpy_reference():
   params = make_tree(90)
   grads_seq = [make_tree(91 + t, scale=0.1) for t in range(4)]
   got, state = run_lbjax(optim.mclr(lr, m, beta), params, grads_seq)
-  w = {k: v.astype(np.float64) for k, v in params.items()}
-  v = {k: np.zeros_like(x) for k, x in w.items()}
-  rate = {}
-  for grads in grads_seq:
-    for k in w:
-      if SELECTED[k]:
-        rate[k] = ref.median_curvature_rate(w[k], grads[k], beta)  # R_m, eq. 22
-        v[k] = m * v[k] + lr * rate[k] * (grads[k] + beta * w[k])  # eta_g = gamma * R_m, eq. 21
-      else:
-        v[k] = m * v[k] + lr * grads[k]
-      w[k] = w[k] - v[k]
+  w, rate = ref.layer_rate_momentum(params, grads_seq, lr, m, beta, ref.median_curvature_rate, SELECTED)
   ratios = optim.trust_ratios(state)
   for k in w:
     np.testing.assert_allclose(got[k], w[k], rtol=1e-5, atol=1e-7, err_msg=k)

@@ -14,17 +14,7 @@ def test_percent_delta_matches_numpy_reference():
   params["dense"][0, :3] = 0.0  # zero weights are left out of eq. 24's sum and size
   grads_seq = [make_tree(71 + t, scale=0.1) for t in range(4)]
   got, state = run_lbjax(optim.percent_delta(lr, m, beta), params, grads_seq)
-  w = {k: v.astype(np.float64) for k, v in params.items()}
-  v = {k: np.zeros_like(x) for k, x in w.items()}
-  rate = {}
-  for grads in grads_seq:
-    for k in w:
-      if SELECTED[k]:
-        rate[k] = ref.percent_delta_rate(w[k], grads[k], beta)
-        v[k] = m * v[k] + lr * rate[k] * (grads[k] + beta * w[k])
-      else:
-        v[k] = m * v[k] + lr * grads[k]
-      w[k] = w[k] - v[k]
+  w, rate = ref.layer_rate_momentum(params, grads_seq, lr, m, beta, ref.percent_delta_rate, SELECTED)
   ratios = optim.trust_ratios(state)
   for k in w:
     np.testing.assert_allclose(got[k], w[k], rtol=1e-5, atol=1e-7, err_msg=k)
