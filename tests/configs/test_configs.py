@@ -86,9 +86,18 @@ def test_ptb_schedule_of_papers001():
   assert _lr(legw, 0.5) == pytest.approx(math.sqrt(32) / 2)
   assert _lr(legw, 7.5) == pytest.approx(math.sqrt(32) / 2)
   assert config.optimizer.clip_global_norm == 0.0
-  zaremba = _config("ptb_lstm.py", "batch=640,rule=legw,warmup=0.0625,clip=0.25")
-  assert zaremba.optimizer.clip_global_norm == 0.25
-  assert _lr(zaremba, 1.0) == pytest.approx(math.sqrt(32) / 2)  # warm-up 32 x 1/16 = 2 epochs
+  longer_warmup = _config("ptb_lstm.py", "batch=640,rule=legw,warmup=0.0625,clip=0.5")
+  assert longer_warmup.optimizer.clip_global_norm == 0.5
+  assert _lr(longer_warmup, 1.0) == pytest.approx(math.sqrt(32) / 2)  # warm-up 32 x 1/16 = 2 epochs
+
+
+def test_ptb_zaremba_recipe_is_tensorflows_small_config_on_the_per_token_loss():
+  """SGD, LR 1 and clip 5 on the loss summed over 20 steps == LR 20 and clip 0.25 on the mean."""
+  config = _config("ptb_lstm.py", "recipe=zaremba")
+  assert (config.optimizer.name, config.optimizer.clip_global_norm) == ("sgd", 0.25)
+  assert [_lr(config, e) for e in (0, 3.99, 4, 5, 12.5)] == pytest.approx([20, 20, 10, 5, 20 * 0.5**9])
+  with pytest.raises(ValueError, match="unknown recipe 'adam'; choose one of paper, zaremba"):
+    _config("ptb_lstm.py", "recipe=adam")
 
 
 def test_mnist_lstm_legw_at_8k():
