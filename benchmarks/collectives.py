@@ -33,6 +33,8 @@ from lbjax.train import mesh as mesh_lib
 from lbjax.train import state as state_lib
 from lbjax.train import step as step_lib
 
+# (fsdp, config.mesh.per_device_gradients) of each measured mesh of 8 devices.
+MESHES = ((1, False), (8, False), (1, True))
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<result>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) +
                  r")(?P<start>-start)?\(")
@@ -143,17 +145,26 @@ def abstract_step_inputs(config, run, image_size: int):
     batch = {"images": jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), np.float32,
                                             sharding=run.batch_sharding),
              "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.batch_sharding)}
+  compression_state = None
+  if run.compressor is not None:
+    compression_state = with_sharding(jax.eval_shape(run.compressor.init, params), lambda _: run.replicated)
   fields = {"step": scalar(np.int32), "params": params, "opt_state": opt_state,
             "model_state": model_state, "rng": rng, "carry": carry,
-            "first_nonfinite_step": scalar(np.int32)}
+            "first_nonfinite_step": scalar(np.int32), "compression_state": compression_state}
   state = state_lib.TrainState(**{name: fields.get(name) for name in state_lib.TrainState._fields})
   return graphdef, state, batch, scalar(np.float32)
 
 
-def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int) -> tuple[str, int]:
-  """The compiled train step's HLO text and the parameter bytes, for 8 devices and `fsdp`."""
+def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int,
+                 per_device_gradients: bool = False) -> tuple[str, int]:
+  """The compiled train step's HLO text and the parameter bytes, for 8 devices and `fsdp`.
+
+  `per_device_gradients`: the `config.mesh.per_device_gradients` step (gradients in `shard_map`, one
+  all-reduce), with fsdp = 1.
+  """
   config = workloads.trainer_config(model, batch_size, image_size=image_size or 32)
   config.mesh.fsdp = fsdp
+  config.mesh.per_device_gradients = per_device_gradients
   if model == "resnet50":
     config.dataset = "synthetic_images"
     config.data_options.num_classes = 1000
@@ -161,7 +172,7 @@ def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int) -> tup
     config.data_options.num_eval_examples = 16
   run = loop.Run(config)
   graphdef, state, batch, learning_rate = abstract_step_inputs(config, run, image_size)
-  step = step_lib.make_train_step(graphdef, run.task, run.optimizer, run.mesh, 1)
+  step = step_lib.make_train_step(graphdef, run.task, run.optimizer, run.mesh, 1, compressor=run.compressor)
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
   compiled = jax.jit(step, in_shardings=(shardings(state), shardings(batch), run.replicated),
                      out_shardings=(shardings(state), run.replicated), donate_argnums=(0,)
@@ -180,15 +191,16 @@ def main() -> None:
   for model, batch_size, image_size in CASES:
     if model not in wanted:
       continue
-    for fsdp in (1, 8):
-      hlo, param_bytes = compiled_hlo(model, batch_size, image_size, fsdp)
+    for fsdp, per_device in MESHES:
+      hlo, param_bytes = compiled_hlo(model, batch_size, image_size, fsdp, per_device)
       per_op = collective_bytes(hlo)
       payload = sum(values[1] for values in per_op.values())
       wire = sum(values[2] for values in per_op.values())
       minimum = 2 * 7 / 8 * param_bytes
       ops = ", ".join(f"{op} x{count}: {size / 2**20:.2f} MiB"
                       for op, (count, size, _) in sorted(per_op.items()))
-      rows.append([model, f"{8 // fsdp} data x {fsdp} fsdp", f"{param_bytes / 2**20:.2f}",
+      mesh = f"{8 // fsdp} data x {fsdp} fsdp" + (", per-device gradients" if per_device else "")
+      rows.append([model, mesh, f"{param_bytes / 2**20:.2f}",
                    f"{payload / 2**20:.2f}", f"{wire / 2**20:.2f}", f"{minimum / 2**20:.2f}",
                    f"{wire / minimum:.2f}", ops])
       print(rows[-1], flush=True)
@@ -200,9 +212,10 @@ def main() -> None:
            "gathers (for reduce-scatter: result x group size), summed over loop trip counts. Ring "
            "bytes sent per device = payload x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather, "
            "reduce-scatter and all-to-all, x 1 for collective-permute (n = group size). The minimum "
-           "is the same for both meshes: 2(n-1)/n x parameter bytes (one all-reduce of the "
+           "is the same for every mesh: 2(n-1)/n x parameter bytes (one all-reduce of the "
            "gradients; with fsdp a reduce-scatter of the gradients plus an all-gather of the "
-           "parameters). "
+           "parameters). `per-device gradients`: config.mesh.per_device_gradients=True (gradients "
+           "in shard_map, one all-reduce of the gradient tree; BatchNorm statistics per device). "
            "Batch: ResNet-50 16 x 224x224 images, LSTMs 64 rows; the gradient traffic does not "
            "depend on it.")
   print(table)
