@@ -1,0 +1,90 @@
+"""Test metric by epoch for several runs side by side -> CSV and markdown (from their metrics.jsonl).
+
+  python -m experiments.by_epoch --metric perplexity --out docs/results/ptb_lstm_by_epoch \
+      --title "PTB LSTM: test perplexity by epoch" \
+      --run "B=20 baseline=runs/sweeps/ptb/none_b20" --run "B=640 LEGW=runs/sweeps/ptb/legw_b640"
+
+Each `--run "label=workdir"` adds a column with the run's evaluations (`lbjax.train` logs one per
+`eval_every_epochs`, and the final one); rows are epochs rounded to 3 decimals. Unfinished runs are
+included as far as they got, and marked so in the header. Writes `<out>.csv` (`epoch,<label>,...`)
+and `<out>.md`.
+"""
+
+import argparse
+import csv
+import pathlib
+import sys
+from typing import Sequence
+
+from experiments import run_records
+
+METRICS = ("accuracy", "perplexity", "loss")
+
+
+def curves(runs: Sequence[tuple[str, str]], metric: str) -> dict[str, dict[float, float]]:
+  """{label: {epoch: metric}} of each (label, workdir).
+
+  Raises:
+    ValueError: no runs, a repeated label, or an unknown metric (before reading anything).
+    FileNotFoundError: a workdir without metrics.jsonl.
+  """
+  if not runs:
+    raise ValueError('no runs given; pass --run "label=workdir" at least once.')
+  labels = [label for label, _ in runs]
+  if len(set(labels)) != len(labels):
+    raise ValueError(f"run labels must be distinct, got {labels}.")
+  if metric not in METRICS:
+    raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}.")
+  result = {}
+  for label, workdir in runs:
+    records = run_records.eval_curve(workdir)
+    missing = [r["step"] for r in records if metric not in r]
+    if missing:
+      raise ValueError(f"the evaluations of {workdir} have no {metric!r} (steps {missing[:3]}); pick the "
+                       "metric the run's task reports.")
+    result[label] = {round(r["epoch"], 3): r[metric] for r in records}
+  return result
+
+
+def write_outputs(runs: Sequence[tuple[str, str]], metric: str, out: str, title: str) -> None:
+  """Writes `<out>.csv` and `<out>.md` for `runs` (see `curves`)."""
+  by_label = curves(runs, metric)
+  finished = {label: run_records.final_eval(workdir) is not None for label, workdir in runs}
+  epochs = sorted({e for values in by_label.values() for e in values})
+  out_path = pathlib.Path(out)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  with open(out_path.with_suffix(".csv"), "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["epoch", *by_label])
+    for epoch in epochs:
+      writer.writerow([f"{epoch:g}", *(f"{v[epoch]:.6g}" if epoch in v else "" for v in by_label.values())])
+  fmt = (lambda x: f"{100 * x:.2f}%") if metric == "accuracy" else (lambda x: f"{x:.2f}")
+  header = [label + ("" if finished[label] else " (unfinished)") for label in by_label]
+  lines = [f"# {title}", "", f"Test {metric} after each evaluated epoch; runs:", ""]
+  lines += [f"- {label}: `{workdir}`" for label, workdir in runs]
+  lines += ["", "| epoch | " + " | ".join(header) + " |", "|---:|" + "---:|" * len(header)]
+  for epoch in epochs:
+    cells = [fmt(v[epoch]) if epoch in v else "–" for v in by_label.values()]
+    lines.append(f"| {epoch:g} | " + " | ".join(cells) + " |")
+  out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _run(text: str) -> tuple[str, str]:
+  label, sep, workdir = text.rpartition("=")  # labels may hold "=" (B=20); paths rarely do
+  if not sep or not label.strip() or not workdir.strip():
+    raise argparse.ArgumentTypeError(f'expected "label=workdir", got {text!r}.')
+  return label.strip(), workdir.strip()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--run", type=_run, action="append", default=[], help='"label=workdir", repeatable')
+  parser.add_argument("--metric", default="accuracy", help="accuracy | perplexity | loss")
+  parser.add_argument("--out", required=True, help="output path without extension")
+  parser.add_argument("--title", default="Test metric by epoch")
+  args = parser.parse_args(argv)
+  write_outputs(args.run, args.metric, args.out, args.title)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -1,0 +1,44 @@
+"""experiments.by_epoch: eval curves of several runs side by side."""
+
+import json
+
+import pytest
+
+from experiments import by_epoch
+
+
+def _write_run(workdir, evals, final):
+  workdir.mkdir()
+  with open(workdir / "metrics.jsonl", "w") as f:
+    for i, (epoch, value) in enumerate(evals):
+      record = {"kind": "eval", "step": 10 * (i + 1), "epoch": epoch, "perplexity": value, "loss": 1.0}
+      if final and i == len(evals) - 1:
+        record["final"] = True
+      f.write(json.dumps(record) + "\n")
+    f.write(json.dumps({"kind": "train", "step": 5, "loss": 9.0}) + "\n")
+
+
+def test_runs_become_columns_and_unfinished_runs_are_marked(tmp_path):
+  _write_run(tmp_path / "a", [(1.0, 212.4), (2.0, 159.5)], final=True)
+  _write_run(tmp_path / "b", [(1.0, 804.2)], final=False)
+  out = tmp_path / "out" / "table"
+  by_epoch.main(["--metric", "perplexity", "--out", str(out), "--title", "T",
+                 "--run", f"base={tmp_path / 'a'}", "--run", f"legw={tmp_path / 'b'}"])
+  assert (out.with_suffix(".csv")).read_text().splitlines() == ["epoch,base,legw", "1,212.4,804.2", "2,159.5,"]
+  markdown = out.with_suffix(".md").read_text()
+  assert "| epoch | base | legw (unfinished) |" in markdown
+  assert "| 2 | 159.50 | – |" in markdown
+
+
+def test_bad_requests_are_refused_before_reading(tmp_path):
+  with pytest.raises(ValueError, match="no runs given"):
+    by_epoch.curves([], "perplexity")
+  with pytest.raises(ValueError, match="labels must be distinct"):
+    by_epoch.curves([("x", "a"), ("x", "b")], "perplexity")
+  with pytest.raises(ValueError, match="metric must be one of"):
+    by_epoch.curves([("x", "a")], "bleu")
+  _write_run(tmp_path / "a", [(1.0, 212.4)], final=True)
+  with pytest.raises(ValueError, match="have no 'accuracy'"):
+    by_epoch.curves([("x", str(tmp_path / "a"))], "accuracy")
+  with pytest.raises(SystemExit):
+    by_epoch.main(["--out", str(tmp_path / "o"), "--run", "no-equals-sign"])
