@@ -52,17 +52,30 @@ class TrainResult:
 
 
 class _PreemptionFlag:
-  """Set by SIGTERM; read at step boundaries. Multi-process runs agree via JAX's preemption sync point."""
+  """Whether a SIGTERM asks the run to save and stop, read at step boundaries.
+
+  One process: a Python SIGTERM handler sets a flag. Several processes must stop at the same step (a
+  process that stops alone leaves the others waiting in the next collective): there JAX's preemption
+  service catches SIGTERM on any host, and `reached_preemption_sync_point(step)` turns true on every
+  host at the same step, so no Python handler is installed.
+  """
 
   def __init__(self):
     self._event = threading.Event()
     self._previous = None
-    if threading.current_thread() is threading.main_thread():
+    self._multi_process = jax.process_count() > 1
+    self._preemption_service = bool(jax.config.jax_enable_preemption_service)
+    if self._multi_process:
+      if not self._preemption_service:
+        logging.warning("jax_enable_preemption_service is off: a SIGTERM will kill this process "
+                        "without a checkpoint and leave the others waiting; the last periodic "
+                        "checkpoint is what a restart resumes from.")
+    elif threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, lambda *_: self._event.set())
 
   def should_stop(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step) or self._event.is_set()
+    if self._multi_process:
+      return self._preemption_service and multihost_utils.reached_preemption_sync_point(step)
     return self._event.is_set()
 
   def restore(self) -> None:

@@ -1,7 +1,9 @@
-"""One process of the multi-host test: `python -m tests.train.multihost_worker ID COUNT PORT WORKDIR OUT`.
+"""One process of the multi-host tests: `python -m tests.train.multihost_worker ID COUNT PORT WORKDIR OUT [MODE]`.
 
 Runs the tiny classifier on this process's 2 CPU devices as part of a `jax.distributed` job on
 127.0.0.1 (or alone, COUNT=1, on all its devices) and saves the final parameters to OUT (process 0).
+MODE `until_sigterm` trains for 500 epochs instead, to be stopped by a SIGTERM, and prints
+`preempted=<bool> step=<int>`.
 """
 
 import sys
@@ -10,12 +12,17 @@ import jax
 import numpy as np
 
 
-def main(process_id: int, num_processes: int, port: int, workdir: str, out: str) -> None:
+def main(process_id: int, num_processes: int, port: int, workdir: str, out: str, mode: str = "") -> None:
   if num_processes > 1:
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id,
                                initialization_timeout=120)
   from lbjax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from tests.train.helpers import tiny_classifier_config  # pylint: disable=g-import-not-at-top
+  if mode == "until_sigterm":
+    config = tiny_classifier_config(num_epochs=500.0, eval_every_epochs=1000.0, checkpoint_every_steps=0)
+    result = train_and_evaluate(config, workdir)
+    print(f"preempted={result.preempted} step={result.step}", flush=True)
+    return
   result = train_and_evaluate(tiny_classifier_config(), workdir)
   if jax.process_index() == 0:
     leaves = jax.tree_util.tree_leaves_with_path(result.state.params)
@@ -24,4 +31,4 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str)
 
 
 if __name__ == "__main__":
-  main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+  main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], *sys.argv[6:7])

@@ -81,3 +81,28 @@ def test_two_processes_of_two_devices_equal_one_process_of_four(tmp_path):
   assert sorted(multi.files) == sorted(one.files)
   for name in multi.files:
     np.testing.assert_allclose(multi[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
+  """A preempted host must not stop alone (the others would wait in the next collective forever):
+  JAX's preemption service makes both processes save the same step and exit 0."""
+  port = _free_port()
+  workers = [subprocess.Popen(
+      [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(tmp_path),
+       str(tmp_path / "unused.npz"), "until_sigterm"], env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for i in range(2)]
+  metrics = tmp_path / "metrics.jsonl"
+  deadline = time.monotonic() + 300
+  while not (metrics.exists() and '"train"' in metrics.read_text()):
+    assert all(w.poll() is None for w in workers) and time.monotonic() < deadline, \
+        workers[0].communicate()[1][-3000:]
+    time.sleep(0.2)
+  workers[1].send_signal(signal.SIGTERM)
+  outputs = []
+  for worker in workers:
+    stdout, stderr = worker.communicate(timeout=300)
+    assert worker.returncode == 0, stderr[-3000:]
+    outputs.append(stdout.strip().splitlines()[-1])
+  assert outputs[0] == outputs[1] and outputs[0].startswith("preempted=True step=")
+  step = int(outputs[0].split("step=")[1])
+  assert Checkpointer(tmp_path).latest_step() == step
