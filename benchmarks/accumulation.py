@@ -55,8 +55,10 @@ def main() -> None:
       ["model", "global batch", "k", "micro-batch", "ex/s", "throughput vs k=1", "temp MiB",
        "temp vs k=1", "peak MiB", "peak vs k=1"], rows)
   notes = ("One CPU device, momentum SGD, synthetic data on the device. On XLA:CPU a convolution "
-           "inside the accumulation loop (`lax.scan`, a `while` loop) runs far slower than outside "
-           "it (ResNet rows); see Findings for the fix. Memory is XLA's static "
+           "inside the accumulation loop (`lax.scan`, a `while` loop) runs ~10x slower than outside "
+           "it, so on CPU models with convolutions unroll the loop (ResNet rows: fast, but memory "
+           "as for k = 1) and the others keep it rolled (LSTM rows: memory 1/k); see Findings 7. "
+           "Memory is XLA's static "
            "estimate for the compiled step (CPU backend); peak = arguments + outputs + temporaries "
            "- donated aliases.")
   print(table)

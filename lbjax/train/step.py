@@ -77,14 +77,19 @@ def _merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
   return jax.tree.map(merge, tree)
 
 
-def _accumulation_unroll(num_microbatches: int) -> int:
-  """How many micro-batches the accumulation loop unrolls.
+def _accumulation_unroll(num_microbatches: int, params: Any) -> int:
+  """How many micro-batches the accumulation loop unrolls: all of them, or 1 (a rolled loop).
 
-  XLA's CPU backend runs convolutions inside a loop body on a slow path (about 10x slower for a
-  ResNet; benchmarks/README.md, "accumulation"), so on CPU short loops are unrolled; GPU/TPU keep the
-  rolled loop, whose compile time does not grow with the number of micro-batches.
+  A rolled loop holds one micro-batch's activations at a time, so memory falls as 1/k: that is what
+  `max_device_batch` is for, and the LSTMs also run faster that way on CPU (benchmarks/README.md,
+  "accumulation"). But XLA's CPU backend runs convolutions inside a loop body on a slow path (about
+  10x slower for a ResNet), so on CPU a model with convolutions (4-D kernels) unrolls loops of up to
+  16 micro-batches: as fast as one batch or faster, without the memory saving.
   """
-  return num_microbatches if jax.default_backend() == "cpu" and num_microbatches <= 16 else 1
+  has_convolutions = any(jnp.ndim(p) == 4 for p in jax.tree.leaves(params))
+  if jax.default_backend() == "cpu" and has_convolutions and num_microbatches <= 16:
+    return num_microbatches
+  return 1
 
 
 def _all_finite(tree: Any) -> jax.Array:
@@ -159,7 +164,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
                          (shapes[0][0], metric_shapes, model_state_shapes, grad_shapes))
     totals, carries = jax.lax.scan(
         accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries),
-        unroll=_accumulation_unroll(num_microbatches))
+        unroll=_accumulation_unroll(num_microbatches, params))
     loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
     batch_size = jax.tree.leaves(batch)[0].shape[0]
     estimate = diagnostics.noise_scale_estimates(
