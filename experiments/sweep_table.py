@@ -104,34 +104,56 @@ def markdown_table(rows: list[SweepRow], metric: str, title: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+MARKERS = "osD^v<>"
+
+
+def _zoom_limits(values: list[float], metric: str) -> tuple[float, float] | None:
+  """y-limits around the best points when the spread would flatten them (accuracy in %)."""
+  if len(values) < 2:
+    return None
+  if metric == "accuracy":
+    best = max(values)
+    return (best - 3.0, best + 0.5) if best - min(values) > 5.0 else None
+  best = min(values)
+  return (best * 0.97, best * 1.5) if max(values) > 2.0 * best else None
+
+
 def plot(rows: list[SweepRow], metric: str, title: str, path: str | pathlib.Path) -> None:
   """Final test metric vs batch size (log2 x-axis), one line per rule, like papers/001 Figure 1.
 
-  Diverged points are drawn as crosses at the bottom of the axes.
+  Diverged points are drawn as crosses at the bottom of the axes. When collapsed runs stretch the
+  y-axis so far that the good points overlap, a second panel zooms in on the best ones.
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  figure, axes = plt.subplots(figsize=(6, 4))
   scale = 100.0 if metric == "accuracy" else 1.0
-  for rule in dict.fromkeys(r.rule for r in rows):
-    points = sorted((r for r in rows if r.rule == rule), key=lambda r: r.batch_size)
-    done = [r for r in points if r.status == "done" and not math.isnan(r.metric)]
-    line, = axes.plot([r.batch_size for r in done], [scale * r.metric for r in done], marker="o",
-                      label=rule)
-    failed = [r.batch_size for r in points if r not in done]
-    if failed:
-      axes.plot(failed, [0] * len(failed), marker="x", linestyle="none", color=line.get_color(),
-                transform=axes.get_xaxis_transform(), clip_on=False)
-  axes.set_xscale("log", base=2)
+  finished = [r for r in rows if r.status == "done" and not math.isnan(r.metric)]
+  zoom = _zoom_limits([scale * r.metric for r in finished], metric)
+  figure, panels = plt.subplots(1, 2 if zoom else 1, figsize=(11 if zoom else 6, 4), squeeze=False)
   sizes = sorted({r.batch_size for r in rows})
-  axes.set_xticks(sizes, [str(s) for s in sizes])
-  axes.set_xlabel("batch size")
-  axes.set_ylabel(f"test {metric}" + (" (%)" if metric == "accuracy" else ""))
-  axes.set_title(title)
-  axes.grid(alpha=0.3)
-  axes.legend(title="scaling rule")
+  for index, axes in enumerate(panels[0]):
+    for number, rule in enumerate(dict.fromkeys(r.rule for r in rows)):
+      points = sorted((r for r in rows if r.rule == rule), key=lambda r: r.batch_size)
+      done = [r for r in points if r in finished]
+      line, = axes.plot([r.batch_size for r in done], [scale * r.metric for r in done],
+                        marker=MARKERS[number % len(MARKERS)], label=rule, alpha=0.85)
+      failed = [r.batch_size for r in points if r not in done]
+      if failed:
+        axes.plot(failed, [0] * len(failed), marker="x", linestyle="none", color=line.get_color(),
+                  transform=axes.get_xaxis_transform(), clip_on=False)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(sizes, [str(s) for s in sizes])
+    axes.set_xlabel("batch size")
+    axes.set_ylabel(f"test {metric}" + (" (%)" if metric == "accuracy" else ""))
+    axes.grid(alpha=0.3)
+    if index == 1:
+      axes.set_ylim(*zoom)
+      axes.set_title("zoom on the best points")
+    else:
+      axes.set_title(title)
+      axes.legend(title="scaling rule")
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)

@@ -125,3 +125,10 @@ def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
   assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs")) == finals
   with pytest.raises(ValueError, match="positive numbers"):
     lr_grid.run_grid(TINY_CONFIG, [0.0], str(tmp_path / "runs"))
+
+
+def test_zoom_panel_only_when_collapsed_runs_flatten_the_good_ones():
+  assert sweep_table._zoom_limits([98.96, 98.25, 10.28], "accuracy") == pytest.approx((95.96, 99.46))
+  assert sweep_table._zoom_limits([98.96, 98.25, 97.1], "accuracy") is None
+  assert sweep_table._zoom_limits([118.9, 157.1, 18599.0], "perplexity") == pytest.approx((115.333, 178.35))
+  assert sweep_table._zoom_limits([118.9, 157.1], "perplexity") is None
