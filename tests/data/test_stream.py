@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lbjax import data
+from lbjax.data.stream import check_indices
 
 N = 10
 
@@ -277,3 +278,12 @@ def test_array_source_bad_indices_raise():
     source.take(np.array([0, 10]))
   with pytest.raises(ValueError, match="1-D integer"):
     source.take(np.array([0.0, 1.0]))
+
+
+def test_check_indices_names_the_source_and_accepts_empty_requests():
+  with pytest.raises(IndexError, match=r"\[0, 5\) for imagenet2012/train, got range \[-1, 2\]"):
+    check_indices([2, -1], 5, "imagenet2012/train")
+  with pytest.raises(ValueError, match="1-D integer index array, got shape \\(2, 1\\)"):
+    check_indices([[0], [1]], 5)
+  assert check_indices(np.array([], np.int64), 0).size == 0
+  np.testing.assert_array_equal(check_indices([4, 0], 5), [4, 0])

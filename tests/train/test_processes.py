@@ -29,6 +29,15 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _wait_until_training(metrics: pathlib.Path, processes) -> None:
+  """Returns once a train record is in `metrics`; fails if a process exits first or after 300 s."""
+  deadline = time.monotonic() + 300
+  while not (metrics.exists() and '"train"' in metrics.read_text()):
+    assert all(p.poll() is None for p in processes) and time.monotonic() < deadline, \
+        processes[0].communicate()[1][-3000:]
+    time.sleep(0.2)
+
+
 def test_cli_mnist_lstm_learns_in_a_fraction_of_an_epoch(tmp_path, shared_data):
   """papers/001's MNIST LSTM from the command line on the real files: 0.2 epoch (94 steps of 128)."""
   command = [sys.executable, "-m", "lbjax.main", "--config", str(REPO / "configs" / "mnist_lstm.py"),
@@ -47,11 +56,7 @@ def test_sigterm_saves_a_restorable_checkpoint_and_exits_0(tmp_path):
             f"checkpoint_every_steps=0), {str(tmp_path)!r}); print('preempted' if r.preempted else 'finished')")
   process = subprocess.Popen([sys.executable, "-c", script], env=_env(8), cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-  metrics = tmp_path / "metrics.jsonl"
-  deadline = time.monotonic() + 300
-  while not (metrics.exists() and '"train"' in metrics.read_text()):
-    assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-    time.sleep(0.2)
+  _wait_until_training(tmp_path / "metrics.jsonl", [process])
   process.send_signal(signal.SIGTERM)
   stdout, stderr = process.communicate(timeout=300)
   assert process.returncode == 0, stderr[-3000:]
@@ -91,12 +96,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_chec
       [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(tmp_path),
        str(tmp_path / "unused.npz"), "until_sigterm"], env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for i in range(2)]
-  metrics = tmp_path / "metrics.jsonl"
-  deadline = time.monotonic() + 300
-  while not (metrics.exists() and '"train"' in metrics.read_text()):
-    assert all(w.poll() is None for w in workers) and time.monotonic() < deadline, \
-        workers[0].communicate()[1][-3000:]
-    time.sleep(0.2)
+  _wait_until_training(tmp_path / "metrics.jsonl", workers)
   workers[1].send_signal(signal.SIGTERM)
   outputs = []
   for worker in workers:
