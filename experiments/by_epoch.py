@@ -14,15 +14,20 @@ import argparse
 import csv
 import pathlib
 import sys
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from experiments import run_records
 
 METRICS = ("accuracy", "perplexity", "loss")
 
 
-def curves(runs: Sequence[tuple[str, str]], metric: str) -> dict[str, dict[float, float]]:
-  """{label: {epoch: metric}} of each (label, workdir).
+class Curve(NamedTuple):
+  values: dict[float, float]  # {epoch (rounded to 3 decimals): test metric}
+  finished: bool  # the run wrote its final evaluation
+
+
+def curves(runs: Sequence[tuple[str, str]], metric: str) -> dict[str, Curve]:
+  """{label: Curve} of each (label, workdir), from one read of its metrics.jsonl.
 
   Raises:
     ValueError: no runs, a repeated label, or an unknown metric (before reading anything).
@@ -42,14 +47,16 @@ def curves(runs: Sequence[tuple[str, str]], metric: str) -> dict[str, dict[float
     if missing:
       raise ValueError(f"the evaluations of {workdir} have no {metric!r} (steps {missing[:3]}); pick the "
                        "metric the run's task reports.")
-    result[label] = {round(r["epoch"], 3): r[metric] for r in records}
+    result[label] = Curve({round(r["epoch"], 3): r[metric] for r in records},
+                          any(r.get("final") for r in records))
   return result
 
 
 def write_outputs(runs: Sequence[tuple[str, str]], metric: str, out: str, title: str) -> None:
   """Writes `<out>.csv` and `<out>.md` for `runs` (see `curves`)."""
-  by_label = curves(runs, metric)
-  finished = {label: run_records.final_eval(workdir) is not None for label, workdir in runs}
+  by_curve = curves(runs, metric)
+  by_label = {label: curve.values for label, curve in by_curve.items()}
+  finished = {label: curve.finished for label, curve in by_curve.items()}
   epochs = sorted({e for values in by_label.values() for e in values})
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
