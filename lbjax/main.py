@@ -1,50 +1,112 @@
-"""Command-line entry: `python -m lbjax.main --config configs/mnist_lstm.py --workdir runs/mnist`.
+"""`lbjax-train` (also `python -m lbjax.main`): train and evaluate a config from the command line.
 
-Every config field can be overridden, e.g. `--config.batch_size=512 --config.optimizer.name=lars`, and a
-variant selected with `--config=configs/mnist_lstm.py:batch=8192,rule=legw`. Multi-host runs call
-`jax.distributed.initialize` first: with `--coordinator_address`, `--num_processes` and `--process_id`,
-or with no flags on a platform that provides them (Cloud TPU, SLURM).
+  lbjax-train --list
+  lbjax-train --config mnist_lstm --workdir runs/mnist_lstm
+  lbjax-train --config mnist_lstm:batch=8192,rule=legw --config.num_epochs=5 --workdir runs/m8k --dry-run
+  lbjax-train --config path/to/my_config.py --workdir runs/mine
+
+Settings: a packaged config (`--list` shows them with their variant keys) or a config file, with an
+optional `:key=value,...` variant, then any number of `--config.<field>=<value>` overrides; a variant
+key and the override of its field are the same setting. A mistake in any of them, a missing data set
+or a workdir holding another run's checkpoint prints what to change and exits with status 2 (set
+LBJAX_TRACEBACK=1 to see the traceback).
+
+Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
+(Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
+variables), or give `--coordinator_address`, `--num_processes` and `--process_id`.
 """
 
-from absl import app
-from absl import flags
-from absl import logging
-import jax
-from ml_collections import config_flags
+import argparse
+import json
+import os
+import sys
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics; resumes if it "
-                               "holds a checkpoint of the same run.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with the "
-                                 "platform's auto-detected settings (TPU pods, SLURM).")
+from lbjax.train import config_files
+from lbjax.train import summary
+from lbjax.train import validation
+from lbjax.train.errors import CheckpointMismatchError, ConfigError
+
+USER_ERRORS = (ConfigError, CheckpointMismatchError, FileNotFoundError)
+TRACEBACK_ENV = "LBJAX_TRACEBACK"
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 shows it
-  if _COORDINATOR.value is not None or _DISTRIBUTED.value:
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-                               process_id=_PROCESS_ID.value)
-  from lbjax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  if jax.process_index() == 0:
-    print(f"JAX: {jax.device_count()} {jax.devices()[0].platform} devices ({jax.local_device_count()} local) "
-          f"on {jax.process_count()} process(es).", flush=True)
-  result = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  if jax.process_index() == 0:
-    status = "preempted (checkpoint saved)" if result.preempted else "done"
-    print(f"{status}: step {result.step}, epoch {result.epoch:.3f}, eval {result.eval_metrics}", flush=True)
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="lbjax-train", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5. "
+             "Docs: " + __doc__.split("\n\n", 1)[1].replace("\n", " "),
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", help="a packaged config (see --list) or a .py file, with an optional "
+                      ":key=value,... variant")
+  parser.add_argument("--workdir", help="checkpoints, metrics and config.json go here; a workdir holding a "
+                      "checkpoint of the same run resumes it")
+  parser.add_argument("--list", action="store_true", help="list the packaged configs with their variant keys")
+  parser.add_argument("--dry-run", action="store_true", help="print the resolved run and exit, touching "
+                      "neither data nor devices")
+  parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() with the "
+                      "platform's settings (TPU pods, SLURM, JAX_* environment variables)")
+  parser.add_argument("--coordinator_address", help="host:port of process 0 (multi-host)")
+  parser.add_argument("--num_processes", type=int, help="number of processes (multi-host)")
+  parser.add_argument("--process_id", type=int, help="this process's index (multi-host)")
+  return parser
 
 
-def run():
+def list_configs() -> str:
+  lines = []
+  for name in config_files.packaged_names():
+    module = config_files.config_module(name)
+    lines.append(f"{name}: {config_files.describe_module(module)}")
+    lines += [f"    {line}" for line in config_files.variant_help(module)]
+  return "\n".join(lines)
+
+
+def _train(args, loaded: config_files.LoadedConfig) -> None:
+  import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
+  if args.coordinator_address is not None or args.distributed:
+    jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                               process_id=args.process_id)
+  from lbjax.train import loop  # pylint: disable=import-outside-toplevel
+  loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
+
+
+def _origin(loaded: config_files.LoadedConfig) -> str:
+  return " ".join([loaded.source + (f":{loaded.variant}" if loaded.variant else ""), *loaded.overrides])
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  parser = _parser()
+  args, rest = parser.parse_known_args(argv)
+  overrides = [a for a in rest if a.startswith("--config.")]
+  unexpected = [a for a in rest if not a.startswith("--config.")]
+  if unexpected:
+    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
+  if args.list:
+    print(list_configs())
+    return 0
+  if not args.config:
+    parser.error("--config is required (a packaged config such as mnist_lstm, see --list, or a .py file).")
+  try:
+    loaded = config_files.load(args.config, overrides)
+    # Names, arguments and values now; what depends on the devices once they are known.
+    validation.validate(loaded.config, data_parallel_size=1)
+    if args.dry_run:
+      print("\n".join(summary.format_run(summary.resolved_run(loaded.config), _origin(loaded))))
+      return 0
+    if not args.workdir:
+      parser.error("--workdir is required to train (or pass --dry-run).")
+    _train(args, loaded)
+  except USER_ERRORS as e:
+    if os.environ.get(TRACEBACK_ENV):
+      raise
+    print(f"lbjax-train: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
+    return 2
+  return 0
+
+
+def run() -> None:
   """Console-script entry point (`lbjax-train`)."""
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ ResNet-50 with 1000 classes has exactly 25,557,032 parameters.
 """
 
 from collections.abc import Sequence
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -222,16 +223,29 @@ class ResNet(nnx.Module):
     return self.head(x).astype(jnp.float32)
 
 
+def _accepts_resnet_keywords(factory):
+  """Gives a ResNet factory the signature of what it accepts (its own arguments and ResNet's
+  keywords), so that a config's model options are checked against it before any compute."""
+  own = inspect.signature(factory).parameters
+  keywords = [p.replace(kind=p.KEYWORD_ONLY) for name, p in inspect.signature(ResNet.__init__).parameters.items()
+              if name not in ("self", "stage_sizes", "block") and name not in own]
+  factory.__signature__ = inspect.Signature([p for p in own.values() if p.kind != p.VAR_KEYWORD] + keywords)
+  return factory
+
+
+@_accepts_resnet_keywords
 def ResNet50(num_classes: int = 1000, **kwargs) -> ResNet:  # pylint: disable=invalid-name
   """ResNet-50 v1.5: bottleneck blocks (3, 4, 6, 3); 25,557,032 parameters for 1000 classes."""
   return ResNet((3, 4, 6, 3), block="bottleneck", num_classes=num_classes, **kwargs)
 
 
+@_accepts_resnet_keywords
 def ResNet18(num_classes: int, **kwargs) -> ResNet:  # pylint: disable=invalid-name
   """ResNet-18: basic blocks (2, 2, 2, 2); 11,689,512 parameters for 1000 classes."""
   return ResNet((2, 2, 2, 2), block="basic", num_classes=num_classes, **kwargs)
 
 
+@_accepts_resnet_keywords
 def ResNetTiny(num_classes: int = 10, **kwargs) -> ResNet:  # pylint: disable=invalid-name
   """A tiny ResNet for tests and smoke runs: basic blocks (1, 1), 8 filters, CIFAR stem.
 

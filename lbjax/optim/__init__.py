@@ -21,8 +21,34 @@ from lbjax.optim.layerwise import safe_quotient
 from lbjax.optim.layerwise import scale_by_layerwise_rate
 from lbjax.optim.layerwise import trust_ratios
 from lbjax.optim.median_curvature import mclr
+from lbjax.optim.momentum import momentum
 from lbjax.optim.median_curvature import median_curvature_rate
 from lbjax.optim.median_curvature import scale_by_median_curvature
 from lbjax.optim.percent_delta import percent_delta
 from lbjax.optim.percent_delta import percent_delta_rate
 from lbjax.optim.percent_delta import scale_by_percent_delta
+
+__all__ = [
+    "compression",
+    "lamb",
+    "lamb_rate",
+    "scale_by_lamb_trust_ratio",
+    "lars",
+    "lars_rate",
+    "scale_by_lars",
+    "LayerRate",
+    "LayerReducer",
+    "LayerwiseRateState",
+    "default_mask",
+    "layerwise_sgd",
+    "safe_quotient",
+    "scale_by_layerwise_rate",
+    "trust_ratios",
+    "mclr",
+    "momentum",
+    "median_curvature_rate",
+    "scale_by_median_curvature",
+    "percent_delta",
+    "percent_delta_rate",
+    "scale_by_percent_delta",
+]

@@ -32,6 +32,7 @@ from lbjax.schedules.noise_scale import exact_noise_scale
 from lbjax.schedules.noise_scale import noise_preserving_batch_size
 from lbjax.schedules.noise_scale import noise_scale
 from lbjax.schedules.optax_bridge import to_optax
+from lbjax.schedules import rules
 from lbjax.schedules.scaling import GOYAL_WARMUP_EPOCHS
 from lbjax.schedules.scaling import goyal_scaling
 from lbjax.schedules.scaling import legw

@@ -1,12 +1,12 @@
 """The sharded trainer: config -> mesh, task, compiled steps, checkpoints, metrics.
 
-`train_and_evaluate(config, workdir)` is what the CLI (`python -m lbjax.main`), notebooks and tests call.
+`train_and_evaluate(config, workdir)` is what the CLI (`lbjax-train`), notebooks, experiments and tests
+call; `config_files.load("mnist_lstm:batch=8192")` gives the config of a packaged experiment.
 """
 
-from lbjax.train.config import check_variant_keys
 from lbjax.train.config import default_config
-from lbjax.train.config import parse_variant
-from lbjax.train.config import validate
+from lbjax.train.errors import CheckpointMismatchError
+from lbjax.train.errors import ConfigError
 from lbjax.train.loop import NonFiniteError
 from lbjax.train.loop import TrainResult
 from lbjax.train.loop import train_and_evaluate
@@ -16,3 +16,4 @@ from lbjax.train.optimizer import build_optimizer
 from lbjax.train.optimizer import learning_rate_schedule
 from lbjax.train.state import TrainState
 from lbjax.train.tasks import build_task
+from lbjax.train.validation import validate

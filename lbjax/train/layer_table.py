@@ -23,7 +23,7 @@ def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostic
   """The per-layer norms table at the initial parameters, on the run's first training batch."""
   run = Run(config)
   state = run.initial_state()
-  stream = run.task.make_train_stream(run.process_index, run.process_count)
+  stream = run.task.dataset.make_train_stream(run.process_index, run.process_count)
   batch_size = run.batch_size_schedule(0.0)
   local = stream.next_batch(batch_size)
   local.pop("reset_carry", None)

@@ -9,6 +9,7 @@ fetched together every `log_every` steps; the health check (non-finite loss or u
 """
 
 import dataclasses
+import json
 import math
 import pathlib
 import signal
@@ -26,13 +27,15 @@ import numpy as np
 from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train import config as config_lib
+from lbjax.train import summary
+from lbjax.train import validation
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train.state import TrainState
 from lbjax.train.step import make_eval_step, make_train_step, per_device_compression_state
-from lbjax.train.tasks import build_task, initial_carry
+from lbjax.train.tasks import build_task
 
 
 class NonFiniteError(FloatingPointError):
@@ -129,7 +132,7 @@ class Run:
     self.config = config
     devices = jax.devices()[:config.mesh.num_devices] if config.mesh.num_devices > 0 else None
     self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices)
-    config_lib.validate(config, data_parallel_size=data_parallel_size(self.mesh))
+    validation.validate(config, data_parallel_size=data_parallel_size(self.mesh))
     self.task = build_task(config)
     self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
     self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
@@ -158,6 +161,8 @@ class Run:
 
     params, model_state = jax.jit(init, out_shardings=(param_shardings, model_state_shardings))()
     abstract_opt_state = jax.eval_shape(self.optimizer.init, params)
+    is_rate_state = lambda x: isinstance(x, optim.LayerwiseRateState)
+    self.has_layerwise_rates = any(map(is_rate_state, jax.tree.leaves(abstract_opt_state, is_leaf=is_rate_state)))
     opt_state = jax.jit(self.optimizer.init, out_shardings=jax.tree.map(
         lambda x: parameter_sharding(self.mesh, x.shape), abstract_opt_state))(params)
     rng = jax.random.key_data(jax.random.key(self.config.seed))
@@ -176,9 +181,9 @@ class Run:
     return _place(per_device, self.batch_sharding)
 
   def zero_carry(self, global_batch_size: int) -> Any:
-    if not self.task.carries_state:
+    carry = self.task.zero_carry(self.model, global_batch_size)
+    if carry is None:
       return None
-    carry = initial_carry(self.model, global_batch_size)
     per_process = global_batch_size // self.process_count
     start = self.process_index * per_process
     local = jax.tree.map(lambda x: x[start:start + per_process], carry)
@@ -211,7 +216,7 @@ class Run:
     """L(x, g) = |g^T H g| / ||g||^2 along the gradient on the first eval examples (papers/001 §4)."""
     if not hasattr(self, "_lipschitz"):
       size = self.config.diagnostics.lipschitz_batch_size
-      local = next(iter(self.task.make_eval_batches(size, self.process_index, self.process_count)))
+      local = next(iter(self.task.dataset.make_eval_batches(size, self.process_index, self.process_count)))
       local = {k: v for k, v in local.items() if k not in ("mask", "reset_carry")}
       batch = global_batch(local, self.batch_sharding)
       carry = self.zero_carry(size)
@@ -232,7 +237,7 @@ class Run:
     batch_size = self.config.eval_batch_size
     carry = self.zero_carry(batch_size)
     totals = None
-    for local in self.task.make_eval_batches(batch_size, self.process_index, self.process_count):
+    for local in self.task.dataset.make_eval_batches(batch_size, self.process_index, self.process_count):
       local.pop("reset_carry", None)  # the carry starts at zero and runs through the whole split
       sums, carry = self._eval_step(state.params, state.model_state,
                                     global_batch(local, self.batch_sharding), carry)
@@ -241,7 +246,31 @@ class Run:
     return self.task.summarize(totals)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> TrainResult:
+def _steps_per_epoch(stream, batch_size: int) -> int:
+  if hasattr(stream, "windows_per_epoch"):
+    return stream.windows_per_epoch(batch_size)
+  return stream.num_examples // batch_size
+
+
+def _describe_start(run: "Run", state: TrainState, stream, workdir: pathlib.Path, origin: str) -> None:
+  """Prints the resolved run (process 0, with `config.progress`) and writes `<workdir>/config.json`."""
+  resolved = summary.resolved_run(run.config)
+  sizes = config_lib.batch_sizes(run.config)
+  resolved["devices"] = (f"{jax.device_count()} {jax.devices()[0].platform} on {jax.process_count()} "
+                         f"process(es); mesh {dict(run.mesh.shape)}")
+  resolved["steps_per_epoch"] = ", ".join(f"{_steps_per_epoch(stream, b)} at batch {b}" for b in sizes)
+  resolved["parameters"] = f"{sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params)):,}"
+  if run.process_index != 0:
+    return
+  workdir.mkdir(parents=True, exist_ok=True)
+  record = {"origin": origin, "resolved": resolved, "config": json.loads(run.config.to_json())}
+  (workdir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+  if run.config.progress:
+    print("\n".join(summary.format_run(resolved, origin)), flush=True)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+                       origin: str = "") -> TrainResult:
   """Trains and evaluates the run `config` describes, checkpointing into `workdir`.
 
   If `workdir` already holds a checkpoint of the same recipe, the run resumes from it exactly (same
@@ -257,7 +286,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   run = Run(config)
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   state = run.initial_state()
-  stream = run.task.make_train_stream(run.process_index, run.process_count)
+  stream = run.task.dataset.make_train_stream(run.process_index, run.process_count)
+  _describe_start(run, state, stream, workdir, origin)
   examples_seen, carry_batch_size = 0, None
   latest = checkpointer.latest_step()
   if latest is not None:
@@ -273,10 +303,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
             flush=True)
 
   writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=config.tensorboard)
-  progress = ProgressLine(config.num_epochs, enabled=run.process_index == 0 and config.progress)
-  progress.reset_window(examples_seen, stream.epoch())
+  progress = ProgressLine(config.num_epochs, config.num_steps, enabled=run.process_index == 0 and config.progress)
+  start_examples = examples_seen
   preemption = _PreemptionFlag()
   step = int(jax.device_get(state.step))
+  progress.reset_window(examples_seen, stream.epoch(), step)
+  best: dict[str, float] = {}
+
+  def evaluated(metrics: dict[str, float], **extra) -> dict[str, float]:
+    """Records an evaluation: metrics file, console line, best so far."""
+    nonlocal best
+    writer.write("eval", step, dict(metrics, epoch=stream.epoch(), **extra))
+    progress.evaluation(step, stream.epoch(), metrics, run.task.dataset.eval_split)
+    key, better = ("accuracy", max) if "accuracy" in metrics else ("loss", min)
+    if not best or better(metrics[key], best[key]) == metrics[key]:
+      best = dict(metrics)
+    return metrics
   if config.compression.name != "none":
     bits = optim.compression.bits_per_step(state.params, run.compressor)
     writer.write("compression", step, {
@@ -319,10 +361,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
     if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
       record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(
           record["noise_scale_grad_norm_sq"], record["noise_scale_trace_sigma"])))
-    record["examples_per_second"] = progress.show(step, stream.epoch(), examples_seen, record["loss"])
+    record["examples_per_second"] = progress.show(step, stream.epoch(), examples_seen, record["loss"],
+                                                  record["learning_rate"], current_batch_size)
     record.update(epoch=stream.epoch(), examples_seen=examples_seen, batch_size=current_batch_size)
     writer.write("train", step, record)
-    if config.optimizer.name in optimizer_lib.LAYERWISE_OPTIMIZERS:
+    if run.has_layerwise_rates:
       writer.write("trust_ratio", step, _flatten(jax.device_get(optim.trust_ratios(state.opt_state))))
     pending = []
 
@@ -333,11 +376,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       epoch = stream.epoch()
       current_batch_size = run.batch_size_schedule(epoch)
       local = stream.next_batch(current_batch_size)
-      if run.task.carries_state:
-        reset = bool(local.pop("reset_carry"))
-        if reset or carry_batch_size != current_batch_size:
-          state = state._replace(carry=run.zero_carry(current_batch_size))
-          carry_batch_size = current_batch_size
+      if run.task.take_carry_reset(local) or (state.carry is not None and carry_batch_size != current_batch_size):
+        state = state._replace(carry=run.zero_carry(current_batch_size))
+        carry_batch_size = current_batch_size
       batch = global_batch(local, run.batch_sharding)
       learning_rate = _host_scalar(run.lr_schedule(epoch), run.replicated)
       discard_fraction = config.loss.discard_fraction if epoch < config.loss.discard_until_epoch else 0.0
@@ -355,7 +396,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         previous_loss.block_until_ready()
       previous_loss = metrics["loss"]
       if len(run.compiled) > compiled_before:
-        progress.reset_window(examples_seen, stream.epoch())
+        progress.reset_window(examples_seen, stream.epoch(), step)
       step += 1
       examples_seen += current_batch_size
       pending.append(metrics)
@@ -366,11 +407,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
                                          "batch_size": current_batch_size})
       if stream.epoch() >= next_eval and stream.epoch() < config.num_epochs:
         flush_metrics()
-        eval_metrics = run.evaluate(state)
-        writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch()))
+        eval_metrics = evaluated(run.evaluate(state))
         next_eval = (math.floor(stream.epoch() / config.eval_every_epochs) + 1) * config.eval_every_epochs
         save()  # every evaluated point is also a checkpoint: an interrupted run loses at most an epoch
-        progress.reset_window(examples_seen, stream.epoch())
+        progress.reset_window(examples_seen, stream.epoch(), step)
       elif config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
         save()
       if preemption.should_stop(step):
@@ -381,12 +421,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
         break
     flush_metrics()
     if not preempted:
-      eval_metrics = run.evaluate(state)
-      writer.write("eval", step, dict(eval_metrics, epoch=stream.epoch(), final=True))
+      eval_metrics = evaluated(run.evaluate(state), final=True)
       save()
   finally:
     preemption.restore()
     checkpointer.close()
     writer.close()
+  progress.summary(step=step, epoch=stream.epoch(), examples_seen=examples_seen - start_examples,
+                   final=eval_metrics, best=best, preempted=preempted)
   return TrainResult(state, eval_metrics, step, stream.epoch(), examples_seen,
                      tuple(batch_size for batch_size, _ in run.compiled), preempted)

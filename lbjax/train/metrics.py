@@ -63,29 +63,61 @@ class MetricsWriter:
 
 
 class ProgressLine:
-  """Console progress: step, epoch, loss, examples/s over the last window, ETA."""
+  """The console: a progress line per log interval (epoch, step, loss, LR, batch size, examples/s and
+  an ETA that respects both stop rules, epochs and steps), one line per evaluation, and a summary."""
 
-  def __init__(self, num_epochs: float, *, enabled: bool = True, stream: TextIO = sys.stdout):
+  def __init__(self, num_epochs: float, num_steps: int = 0, *, enabled: bool = True, stream: TextIO = sys.stdout):
     self._num_epochs = num_epochs
+    self._num_steps = num_steps
     self._enabled = enabled
     self._stream = stream
-    self.reset_window(0, 0.0)
+    self._start = time.perf_counter()
+    self.reset_window(0, 0.0, 0)
 
-  def reset_window(self, examples_seen: int, epoch: float) -> None:
+  def reset_window(self, examples_seen: int, epoch: float, step: int = 0) -> None:
     """Starts a new throughput window (after compilation, evaluation or a restore)."""
-    self._last = (time.perf_counter(), examples_seen, epoch)
+    self._last = (time.perf_counter(), examples_seen, epoch, step)
 
-  def show(self, step: int, epoch: float, examples_seen: int, loss: float) -> float:
+  def _eta(self, elapsed: float, epoch: float, step: int) -> float:
+    _, _, last_epoch, last_step = self._last
+    candidates = []
+    if epoch > last_epoch:
+      candidates.append(max(self._num_epochs - epoch, 0.0) * elapsed / (epoch - last_epoch))
+    if self._num_steps and step > last_step:
+      candidates.append(max(self._num_steps - step, 0) * elapsed / (step - last_step))
+    return min(candidates) if candidates else math.inf
+
+  def show(self, step: int, epoch: float, examples_seen: int, loss: float, learning_rate: float = math.nan,
+           batch_size: int = 0) -> float:
     """Prints the line and returns the examples/s measured since the last call."""
     now = time.perf_counter()
-    last_time, last_examples, last_epoch = self._last
-    elapsed = max(now - last_time, 1e-9)
-    rate = (examples_seen - last_examples) / elapsed
-    epochs_per_second = (epoch - last_epoch) / elapsed
-    self._last = (now, examples_seen, epoch)
-    eta = max(self._num_epochs - epoch, 0.0) / epochs_per_second if epochs_per_second > 0 else math.inf
+    elapsed = max(now - self._last[0], 1e-9)
+    rate = (examples_seen - self._last[1]) / elapsed
+    eta = self._eta(elapsed, epoch, step)
+    self._last = (now, examples_seen, epoch, step)
     if self._enabled:
       eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if math.isfinite(eta) else "?"
-      print(f"step {step:>7d} | epoch {epoch:7.3f}/{self._num_epochs:g} | loss {loss:.4f} | "
-            f"{rate:,.0f} ex/s | ETA {eta_text}", file=self._stream, flush=True)
+      steps = f"/{self._num_steps}" if self._num_steps else ""
+      print(f"epoch {epoch:7.3f}/{self._num_epochs:g} | step {step:>7d}{steps} | loss {loss:.4f} | "
+            f"lr {learning_rate:.4g} | batch {batch_size} | {rate:,.0f} ex/s | ETA {eta_text}",
+            file=self._stream, flush=True)
     return rate
+
+  def evaluation(self, step: int, epoch: float, metrics: dict[str, float], split: str) -> None:
+    if self._enabled:
+      shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+      print(f"eval  epoch {epoch:7.3f} | step {step:>7d} | {split}: {shown}", file=self._stream, flush=True)
+
+  def summary(self, *, step: int, epoch: float, examples_seen: int, final: dict[str, float],
+              best: dict[str, float], preempted: bool) -> None:
+    if not self._enabled:
+      return
+    elapsed = time.perf_counter() - self._start
+    status = "preempted: checkpoint saved, rerun the same command to resume" if preempted else "done"
+    lines = [f"{status}: step {step}, epoch {epoch:.3f}, {time.strftime('%H:%M:%S', time.gmtime(elapsed))} "
+             f"in this process, {examples_seen / max(elapsed, 1e-9):,.0f} examples/s overall"]
+    if final:
+      lines.append("final   " + "  ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    if best:
+      lines.append("best    " + "  ".join(f"{k} {v:.4f}" for k, v in best.items()))
+    print("\n".join(lines), file=self._stream, flush=True)

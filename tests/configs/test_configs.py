@@ -1,31 +1,30 @@
 """The experiment configs reproduce the papers' recipes: Table 1 of papers/001, Table 4 of papers/000,
 the PTB schedule of papers/001 §5.1.2 and the equal-noise schedules of papers/002."""
 
+import importlib
 import math
-import pathlib
 
 import pytest
 
-from experiments import config_files
 from lbjax import train
+from lbjax.train import config_files
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
-
-def _config(name, variant=None):
-  return config_files.load_config(CONFIGS / name, variant)
+def _config(name, variant=None, overrides=()):
+  return config_files.load(name.removesuffix(".py") + (f":{variant}" if variant else ""), overrides).config
 
 
 def _lr(config, epoch):
   return float(train.learning_rate_schedule(config)(epoch))
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.py")))
+@pytest.mark.parametrize("name", config_files.packaged_names())
 def test_every_config_documents_its_command_and_validates(name):
-  text = (CONFIGS / name).read_text()
-  assert "python -m lbjax.main --config configs/" + name in text
-  config = _config(name)
-  train.validate(config, data_parallel_size=1)
+  module = importlib.import_module(f"lbjax.configs.{name}")
+  assert f"lbjax-train --config {name}" in module.__doc__
+  for key, variant in module.VARIANTS.items():
+    assert variant.help and (variant.field is None) == (variant.default is not None or variant.type is bool), key
+  train.validate(_config(name), data_parallel_size=1)
 
 
 # papers/001 Table 1: batch -> (init LR, warm-up epochs), 90 epochs, poly power 2.
@@ -60,7 +59,7 @@ def test_resnet50_table4_rows_of_papers000(batch, peak, warmup):
 def test_resnet50_bad_variants():
   with pytest.raises(ValueError, match="rows for batch sizes"):
     _config("resnet50_imagenet.py", "recipe=table4,batch=4096")
-  with pytest.raises(ValueError, match="recipe='sgd' is not known"):
+  with pytest.raises(ValueError, match="recipe='sgd': choose one of legw, table4"):
     _config("resnet50_imagenet.py", "recipe=sgd")
   with pytest.raises(ValueError, match="unknown variant key"):
     _config("resnet50_imagenet.py", "batchsize=1024")
@@ -85,18 +84,18 @@ def test_ptb_schedule_of_papers001():
   assert _lr(legw, 1.0) == pytest.approx(math.sqrt(32))  # LR x sqrt(32) after 32 x 1/32 epochs
   assert _lr(legw, 0.5) == pytest.approx(math.sqrt(32) / 2)
   assert _lr(legw, 7.5) == pytest.approx(math.sqrt(32) / 2)
-  assert config.optimizer.clip_global_norm == 0.0
+  assert config.clip_global_norm == 0.0
   longer_warmup = _config("ptb_lstm.py", "batch=640,rule=legw,warmup=0.0625,clip=0.5")
-  assert longer_warmup.optimizer.clip_global_norm == 0.5
+  assert longer_warmup.clip_global_norm == 0.5
   assert _lr(longer_warmup, 1.0) == pytest.approx(math.sqrt(32) / 2)  # warm-up 32 x 1/16 = 2 epochs
 
 
 def test_ptb_zaremba_recipe_is_tensorflows_small_config_on_the_per_token_loss():
   """SGD, LR 1 and clip 5 on the loss summed over 20 steps == LR 20 and clip 0.25 on the mean."""
   config = _config("ptb_lstm.py", "recipe=zaremba")
-  assert (config.optimizer.name, config.optimizer.clip_global_norm) == ("sgd", 0.25)
+  assert (config.optimizer.name, config.clip_global_norm) == ("sgd", 0.25)
   assert [_lr(config, e) for e in (0, 3.99, 4, 5, 12.5)] == pytest.approx([20, 20, 10, 5, 20 * 0.5**9])
-  with pytest.raises(ValueError, match="unknown recipe 'adam'; choose one of paper, zaremba"):
+  with pytest.raises(ValueError, match="recipe='adam': choose one of paper, zaremba"):
     _config("ptb_lstm.py", "recipe=adam")
 
 
@@ -125,7 +124,46 @@ def test_batch_schedules_share_the_noise_scale_of_papers002():
 
 
 def test_batch_schedule_bad_variants():
-  with pytest.raises(ValueError, match="schedule='cosine' is not known"):
+  with pytest.raises(ValueError, match="schedule='cosine': choose one of decay_lr, grow_batch, hybrid"):
     _config("batch_schedule_mnist.py", "schedule=cosine")
   with pytest.raises(ValueError, match="unequal factors"):
     _config("batch_schedule_mnist.py", "schedule=hybrid,max_batch=1000")
+
+
+def test_a_variant_and_the_override_of_its_field_are_the_same_run():
+  """`:batch=8192,rule=legw` and `:batch=8192 --config.scaling.rule=legw` resolve identically; so do
+  every field-alias variant key of every packaged config and its --config override."""
+  variant = _config("mnist_lstm", "batch=8192,rule=legw")
+  override = _config("mnist_lstm", "batch=8192", ["--config.scaling.rule=legw"])
+  assert variant.to_json() == override.to_json()
+  assert variant.lr.warmup == "linear_warmup" and variant.lr.warmup_epochs == 0.15625
+  for name in config_files.packaged_names():
+    module = importlib.import_module(f"lbjax.configs.{name}")
+    for key, declared in module.VARIANTS.items():
+      if declared.field is None:
+        continue
+      value = {"batch_size": "256", "scaling.rule": "sqrt", "lr.base": "0.5", "num_epochs": "3",
+               "lr.warmup_epochs": "0.5", "seed": "3", "clip_global_norm": "0.5"}.get(declared.field)
+      value = value or {"mnist_lstm": "validation", "ptb_lstm": "valid"}.get(name)
+      by_variant = _config(name, f"{key}={value}")
+      by_override = _config(name, None, [f"--config.{declared.field}={value}"])
+      assert by_variant.to_json() == by_override.to_json(), (name, key)
+
+
+def test_an_explicit_setting_wins_over_what_the_config_derives():
+  config = _config("mnist_lstm", "rule=legw", ["--config.lr.warmup_epochs=0.5"])
+  assert config.lr.warmup_epochs == 0.5
+  assert _config("ptb_lstm", "recipe=zaremba", ["--config.lr.base=3"]).lr.base == 3.0
+
+
+@pytest.mark.parametrize("spec, overrides, message", [
+    ("mnist_lstm:batch=abc", (), r"variant batch \(config.batch_size\)='abc': expected int"),
+    ("mnist_lstm:batsh=8", (), r"unknown variant key 'batsh' \(did you mean 'batch'\?\)"),
+    ("mnist_lstm", ("--config.num_epoch=3",), r"config has no field 'num_epoch'. Did you mean 'num_epochs'"),
+    ("mnist_lstm", ("--config.lr.base=fast",), r"--config.lr.base='fast': expected float"),
+    ("mnist_lsmt", (), r"No config named 'mnist_lsmt'. Did you mean 'mnist_lstm'"),
+    ("configs/mnist_lstm.py", (), r"Config file configs/mnist_lstm.py not found. The packaged config 'mnist_lstm'"),
+])
+def test_bad_settings_name_the_key_and_what_it_wants(spec, overrides, message):
+  with pytest.raises(train.ConfigError, match=message):
+    config_files.load(spec, overrides)

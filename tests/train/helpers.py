@@ -6,51 +6,59 @@ import numpy as np
 from lbjax.train import default_config
 
 
+def _set(config, overrides):
+  """Sets dotted fields, adding keyword arguments to the argument sections as a command line can."""
+  for path, value in overrides.items():
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    with node.ignore_type():
+      node[leaf] = value
+  return config
+
+
 def tiny_classifier_config(**overrides):
   """A 16-unit MNIST LSTM on 256 synthetic digits: 8 steps of 32 per epoch."""
   config = default_config()
-  config.model = "mnist_lstm"
+  config.model = "MnistLSTM"
   config.model_options.transform_size = 16
   config.model_options.hidden_size = 16
   config.dataset = "synthetic_mnist"
-  config.data_options.num_train_examples = 256
-  config.data_options.num_eval_examples = 64
+  config.data_options = {"num_train_examples": 256, "num_eval_examples": 64}
   config.batch_size = 32
   config.eval_batch_size = 32
   config.num_epochs = 1.0
   config.lr.base = 0.05
   config.log_every = 4
   config.progress = False
-  config.update_from_flattened_dict(overrides)
-  return config
+  return _set(config, overrides)
 
 
 def tiny_resnet_config(**overrides):
   """ResNetTiny with ghost BN (groups of 8) on 8x8 synthetic images."""
   config = tiny_classifier_config()
-  config.model = "resnet_tiny"
+  config.model = "ResNetTiny"
   config.model_options = {"bn_group_size": 8, "num_filters": 4}
   config.dataset = "synthetic_images"
-  config.data_options.image_size = 8
-  config.update_from_flattened_dict(overrides)
-  return config
+  config.data_options = {"num_train_examples": 256, "num_eval_examples": 64, "image_size": 8}
+  return _set(config, overrides)
 
 
 def tiny_language_model_config(**overrides):
   """An 8-unit 2-layer PTB LSTM on 4,000 synthetic tokens (vocabulary 20)."""
   config = default_config()
-  config.model = "ptb_lstm"
+  config.model = "PtbLSTM"
   config.model_options = {"embed_size": 8, "hidden_size": 8, "dropout_rate": 0.1}
   config.dataset = "synthetic_ptb"
-  config.data_options.update({"vocab_size": 20, "num_train_tokens": 4000, "num_eval_tokens": 800, "seq_len": 10})
+  config.data_options = {"vocab_size": 20, "num_train_tokens": 4000, "num_eval_tokens": 800, "seq_len": 10}
   config.batch_size = 16
   config.eval_batch_size = 16
   config.num_epochs = 2.0
   config.lr.base = 0.5
   config.log_every = 4
   config.progress = False
-  config.update_from_flattened_dict(overrides)
-  return config
+  return _set(config, overrides)
 
 
 def host_tree(tree):

@@ -55,12 +55,13 @@ def test_a_small_first_epoch_batch_is_a_batch_size_schedule(tmp_path):
   assert result.compiled_batch_sizes == (16, 64) and result.step == 256 // 16 + 256 // 64
 
 
-@pytest.mark.parametrize("name", ["one_bit", "qsgd"])
-def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, name):
+@pytest.mark.parametrize("name, options", [("one_bit", {"compression.error_feedback": True}),
+                                           ("qsgd", {"compression.num_levels": 4})])
+def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, name, options):
   """papers/004 compressors in the shard_map step over 8 devices; the compressor state (QSGD key,
   per-device error-feedback residual) is checkpointed, so resume stays exact."""
   make = lambda **kw: helpers.tiny_classifier_config(
-      **{"compression.name": name, "num_epochs": 4.0, "lr.base": 0.2, **kw})
+      **{"compression.name": name, **options, "num_epochs": 4.0, "lr.base": 0.2, **kw})
   full = train_and_evaluate(make(), tmp_path / "full")
   assert full.eval_metrics["loss"] < 2.2  # it learns: the loss at chance is ln(10) = 2.30
   train_and_evaluate(make(num_epochs=2.0), tmp_path / "resumed")

@@ -20,9 +20,8 @@ def _one_update(config, grads, params):
 def test_clip_global_norm_rescales_the_loss_gradient_before_weight_decay():
   """||g|| = 10 clipped to 5 halves g; the L2 decay term (added after clipping) is not scaled."""
   config = default_config()
-  config.optimizer.name = "sgd"
-  config.optimizer.weight_decay = 0.1
-  config.optimizer.clip_global_norm = 5.0
+  config.optimizer = {"name": "momentum", "momentum": 0.0, "weight_decay": 0.1}
+  config.clip_global_norm = 5.0
   params = {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((2,))}
   grads = {"kernel": jnp.full((2, 2), 3.0), "bias": jnp.array([8.0, 0.0])}  # norm sqrt(36 + 64)
   updates, _ = _one_update(config, grads, params)
@@ -32,8 +31,8 @@ def test_clip_global_norm_rescales_the_loss_gradient_before_weight_decay():
 
 def test_gradients_inside_the_clip_norm_are_untouched():
   config = default_config()
-  config.optimizer.name = "sgd"
-  config.optimizer.clip_global_norm = 5.0
+  config.optimizer = {"name": "sgd"}
+  config.clip_global_norm = 5.0
   grads = {"w": jnp.array([3.0, 4.0])}  # norm 5
   updates, _ = _one_update(config, grads, {"w": jnp.zeros(2)})
   np.testing.assert_allclose(updates["w"], [-3.0, -4.0], rtol=1e-6)
@@ -42,7 +41,7 @@ def test_gradients_inside_the_clip_norm_are_untouched():
 def test_trust_ratios_are_found_behind_the_clip():
   config = default_config()
   config.optimizer.name = "lars"
-  config.optimizer.clip_global_norm = 1.0
+  config.clip_global_norm = 1.0
   params = {"kernel": jnp.ones((3, 3))}
   _, state = _one_update(config, {"kernel": jnp.full((3, 3), 2.0)}, params)
   ratios = optim.trust_ratios(state)

@@ -40,7 +40,7 @@ def _wait_until_training(metrics: pathlib.Path, processes) -> None:
 
 def test_cli_mnist_lstm_learns_in_a_fraction_of_an_epoch(tmp_path, shared_data):
   """papers/001's MNIST LSTM from the command line on the real files: 0.2 epoch (94 steps of 128)."""
-  command = [sys.executable, "-m", "lbjax.main", "--config", str(REPO / "configs" / "mnist_lstm.py"),
+  command = [sys.executable, "-m", "lbjax.main", "--config", "mnist_lstm",
              "--workdir", str(tmp_path), "--config.num_epochs=0.2", f"--config.data_dir={shared_data}"]
   done = subprocess.run(command, env=_env(1), capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]

@@ -129,7 +129,7 @@ def _all_reduce_computations(config):
   """Names of the HLO computations of the compiled train step that hold an all-reduce."""
   run = Run(config)
   state = run.initial_state()
-  batch = global_batch(run.task.make_train_stream(0, 1).next_batch(32), run.batch_sharding)
+  batch = global_batch(run.task.dataset.make_train_stream(0, 1).next_batch(32), run.batch_sharding)
   compiled = run.train_step(32, 0.0, state, batch, jax.device_put(np.float32(0.1), run.replicated))
   computations = re.split(r"\n(?=\S)", compiled.as_text())
   return [c.split("\n")[0][:60] for c in computations if " all-reduce(" in c]

@@ -16,20 +16,16 @@ al.), so results do not depend on the device count; compute is bfloat16 and each
 most `max_device_batch`=128 examples at once (larger shares are accumulated, papers/000's iter_size).
 Needs ImageNet prepared for TFDS (`imagenet2012`, see lbjax.data) and a GPU/TPU:
 
-  python -m lbjax.main --config configs/resnet50_imagenet.py:batch=32768 --workdir runs/rn50_legw_32k
-  python -m lbjax.main --config configs/resnet50_imagenet.py:recipe=table4,batch=8192 --workdir runs/rn50_t4_8k
+  lbjax-train --config resnet50_imagenet:batch=32768 --workdir runs/rn50_legw_32k
+  lbjax-train --config resnet50_imagenet:recipe=table4,batch=8192 --workdir runs/rn50_t4_8k
 
-`smoke=1` runs the same recipe machinery in seconds on CPU: ResNetTiny on synthetic 32x32 images, a
-few steps (`python -m lbjax.main --config configs/resnet50_imagenet.py:smoke=1 --workdir /tmp/smoke`).
-
-Variant keys (`get_config("key=value,...")`):
-  recipe: legw (default) | table4.
-  batch:  global batch size (legw: default 1024, any power of two from 1024 to 32768 reproduces a
-          row of Table 1; table4: one of 256, 1024, 8192, 16384, 32768).
-  smoke:  1 for the CPU smoke run (default 0).
+`smoke=true` runs the same recipe machinery in seconds on CPU: ResNetTiny on synthetic 32x32 images, a
+few steps (`lbjax-train --config resnet50_imagenet:smoke=1 --workdir /tmp/smoke`).
 """
 
-from lbjax.train import check_variant_keys, default_config, parse_variant
+from lbjax.train import default_config
+from lbjax.train.config_files import Variant
+from lbjax.train.errors import ConfigError
 
 LEGW_BASE_BATCH = 1024
 LEGW_BASE_LEARNING_RATE = 2**2.5
@@ -38,69 +34,67 @@ LEGW_EPOCHS = 90
 # papers/000 Table 4: batch -> (LR gamma, warm-up epochs); 100 epochs.
 TABLE4 = {256: (4.0, 0.0), 1024: (9.0, 5.0), 8192: (30.0, 5.0), 16384: (33.0, 12.0), 32768: (40.0, 12.0)}
 TABLE4_EPOCHS = 100
-RECIPES = ("legw", "table4")
+
+VARIANTS = {
+    "batch": Variant("global batch size (legw: any power of two 1024..32768 is a row of Table 1; "
+                     "table4: 256, 1024, 8192, 16384 or 32768)", field="batch_size"),
+    "seed": Variant("initialisation and shuffling seed", field="seed"),
+    "recipe": Variant("papers/001 Table 1 (legw) or papers/000 Table 4 (table4)", default="legw",
+                      choices=("legw", "table4")),
+    "smoke": Variant("the recipe on ResNetTiny and synthetic 32x32 images, a few steps on CPU", type=bool,
+                     default=False),
+}
 
 
-def get_config(arg: str | None = None):
-  variant = parse_variant(arg)
-  check_variant_keys(variant, ("recipe", "batch", "smoke"), "configs/resnet50_imagenet.py")
-  recipe = variant.get("recipe", "legw")
-  if recipe not in RECIPES:
-    raise ValueError(f"configs/resnet50_imagenet.py: recipe={recipe!r} is not known; choose legw or table4.")
-  smoke = variant.get("smoke", "0") == "1"
+def get_config():
+  """The legw recipe at B=1K (the table4 recipe and the smoke run are presets: see finalize)."""
   config = default_config()
-  config.model = "resnet50"
+  config.model = "ResNet50"
   config.model_options.bn_group_size = 32
   config.model_options.dtype = "bfloat16"
   config.dataset = "imagenet"
   config.data_options.image_size = 224
   config.eval_batch_size = 1000
   config.max_device_batch = 128
-  config.optimizer.name = "lars"
-  config.optimizer.momentum = 0.9
-  config.optimizer.weight_decay = 0.0005
-  config.optimizer.trust_coefficient = 0.001
-  config.lr.warmup = "linear"
-  config.lr.decay = "poly"
+  config.optimizer = {"name": "lars", "momentum": 0.9, "weight_decay": 0.0005, "trust_coefficient": 0.001}
+  config.lr.warmup = "linear_warmup"
+  config.lr.decay = "polynomial_decay"
   config.lr.power = 2.0
   config.lr.end_value = 0.0
-  if recipe == "legw":
-    batch = int(variant.get("batch", LEGW_BASE_BATCH))
-    config.batch_size = batch
-    config.num_epochs = float(LEGW_EPOCHS)
-    config.scaling.rule = "legw"
-    config.scaling.base_batch_size = LEGW_BASE_BATCH
-    config.lr.base = LEGW_BASE_LEARNING_RATE
-    config.lr.warmup_epochs = LEGW_BASE_WARMUP_EPOCHS
-  else:
-    batch = int(variant.get("batch", 8192))
-    if batch not in TABLE4:
-      raise ValueError(f"configs/resnet50_imagenet.py: recipe=table4 has rows for batch sizes "
-                       f"{sorted(TABLE4)}, not {batch}.")
-    config.batch_size = batch
-    config.num_epochs = float(TABLE4_EPOCHS)
-    config.scaling.rule = "none"
-    config.scaling.base_batch_size = batch
-    config.lr.base, config.lr.warmup_epochs = TABLE4[batch]
-    if config.lr.warmup_epochs == 0:
-      config.lr.warmup = "none"
+  config.batch_size = LEGW_BASE_BATCH
+  config.num_epochs = float(LEGW_EPOCHS)
+  config.scaling.rule = "legw"
+  config.scaling.base_batch_size = LEGW_BASE_BATCH
+  config.lr.base = LEGW_BASE_LEARNING_RATE
+  config.lr.warmup_epochs = LEGW_BASE_WARMUP_EPOCHS
   config.log_every = 100
   config.eval_every_epochs = 1.0
   config.checkpoint_every_steps = 1000
-  if smoke:
-    _shrink_to_smoke(config)
   return config
+
+
+def finalize(config, presets):
+  if presets["recipe"] == "table4":
+    if config.batch_size not in TABLE4:
+      raise ConfigError(f"resnet50_imagenet: recipe=table4 has rows for batch sizes {sorted(TABLE4)}, "
+                       f"not {config.batch_size}.")
+    config.num_epochs = float(TABLE4_EPOCHS)
+    config.scaling.rule = "none"
+    config.scaling.base_batch_size = config.batch_size
+    config.lr.base, config.lr.warmup_epochs = TABLE4[config.batch_size]
+    if config.lr.warmup_epochs == 0:
+      config.lr.warmup = "none"
+  if presets["smoke"]:
+    _shrink_to_smoke(config)
 
 
 def _shrink_to_smoke(config) -> None:
   """The recipe on ResNetTiny, 32x32 synthetic images, batch 32 (legw: scaled from 16), 8 steps."""
-  config.model = "resnet_tiny"
+  config.model = "ResNetTiny"
   config.model_options.bn_group_size = 8
   config.model_options.dtype = "float32"
   config.dataset = "synthetic_images"
-  config.data_options.image_size = 32
-  config.data_options.num_train_examples = 128
-  config.data_options.num_eval_examples = 64
+  config.data_options = {"image_size": 32, "num_train_examples": 128, "num_eval_examples": 64}
   config.eval_batch_size = 64
   config.max_device_batch = 0
   config.batch_size = 32

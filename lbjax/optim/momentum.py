@@ -1,0 +1,50 @@
+"""Momentum SGD with L2 weight decay on kernels: the baseline that LARS is compared with."""
+
+from typing import Any
+
+import jax
+import optax
+
+from lbjax.optim import layerwise
+
+
+def momentum(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: Any = 0.9,  # pylint: disable=redefined-outer-name
+    nesterov: bool = False,
+    weight_decay: Any = 0.0,
+    mask: layerwise.MaskOrFn = None,
+) -> optax.GradientTransformation:
+  """Heavy-ball SGD with L2 weight decay added to the gradient of the selected leaves.
+
+  With `gamma_t = learning_rate(t)`, `m = momentum`, `beta = weight_decay`:
+
+      d_t = g_t + beta * w_t        (selected leaves; d_t = g_t for the others)
+      v_{t+1} = m * v_t + d_t
+      w_{t+1} = w_t - gamma_t * v_{t+1}
+
+  as `optax.sgd` computes it (Nesterov: `w_{t+1} = w_t - gamma_t * (m * v_{t+1} + d_t)`). This is
+  the momentum update of the papers' baselines (papers/000 §3, papers/001 §5) with the weight decay
+  of the MLPerf recipes: kernels only, by default, as `lars` does.
+
+  Args:
+    learning_rate: gamma, a float or an optax schedule of the update count.
+    momentum: m, in [0, 1); 0 gives plain SGD.
+    nesterov: Nesterov momentum.
+    weight_decay: beta, >= 0.
+    mask: which leaves get weight decay (pytree of bools or callable on params); default
+      `ndim >= 2` (kernels; no decay on biases and norm scales).
+
+  Returns:
+    An `optax.GradientTransformation`.
+
+  References:
+    Polyak, B. T. Some methods of speeding up the convergence of iteration methods. USSR
+    Computational Mathematics and Mathematical Physics 4(5), 1964.
+    You, Gitman, Ginsburg. Large Batch Training of Convolutional Networks. arXiv:1708.03888, 2017
+    (papers/000, the momentum baseline of its tables).
+  """
+  if mask is None:
+    mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  decay = optax.add_decayed_weights(weight_decay, mask=mask) if weight_decay else optax.identity()
+  return optax.chain(decay, optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov))

@@ -1,0 +1,240 @@
+"""Config files, their variants and command-line overrides: one path for every setting.
+
+A config is a module with
+
+  get_config() -> ConfigDict      the baseline run;
+  VARIANTS: dict[str, Variant]    the keys of `name:key=value,...`;
+  finalize(config, presets)       optional: settings that follow from others (e.g. LEGW's baseline
+                                  warm-up when `scaling.rule` is "legw"), and the presets.
+
+A `Variant` with a `field` is an alias: `:batch=8192` is exactly `--config.batch_size=8192`. Both are
+typed by the field (a bad value names the key and the type it wants), and both are applied before
+`finalize`, which therefore sees the same config whichever way a field was set; fields set explicitly
+are applied again after it, so an explicit setting always wins. A variant without a field is a
+preset (e.g. `recipe=zaremba`), handed to `finalize` typed and checked against its choices.
+
+`--config mnist_lstm` is the packaged `lbjax.configs.mnist_lstm`; `--config path/to/file.py` a
+user's file; either may end in `:variant`.
+"""
+
+import ast
+from collections.abc import Mapping, Sequence
+import dataclasses
+import importlib
+import importlib.util
+import pathlib
+import pkgutil
+from types import ModuleType
+from typing import Any
+
+import ml_collections
+
+from lbjax import configs as packaged_configs
+from lbjax.train import names
+from lbjax.train.config import ARGUMENT_SECTIONS
+from lbjax.train.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A key of a config's variant string.
+
+  Attributes:
+    help: what it sets, for `--list` and messages.
+    field: the config field it is an alias of; None for a preset handled by `finalize`.
+    type: a preset's type (int, float, str, bool).
+    default: a preset's value when not given.
+    choices: a preset's allowed values, if limited.
+  """
+  help: str
+  field: str | None = None
+  type: type = str
+  default: Any = None
+  choices: tuple[Any, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedConfig:
+  """A resolved config and where it came from (shown by the console and written to config.json)."""
+  config: ml_collections.ConfigDict
+  source: str  # "mnist_lstm" or a file path
+  variant: str
+  overrides: tuple[str, ...]
+  description: str
+
+
+def packaged_names() -> list[str]:
+  """The configs shipped in `lbjax.configs`."""
+  return sorted(m.name for m in pkgutil.iter_modules(packaged_configs.__path__) if not m.name.startswith("_"))
+
+
+def _module_from_file(path: pathlib.Path) -> ModuleType:
+  spec = importlib.util.spec_from_file_location(f"lbjax_user_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def config_module(source: str) -> ModuleType:
+  """The config module `source` names: a packaged config or a `.py` file."""
+  if source.endswith(".py") or "/" in source:
+    path = pathlib.Path(source)
+    if path.is_file():
+      return _module_from_file(path)
+    packaged = path.stem if path.stem in packaged_names() else None
+    hint = f" The packaged config {packaged!r} is `--config {packaged}`." if packaged else ""
+    raise ConfigError(f"Config file {source} not found.{hint} Packaged configs: {', '.join(packaged_names())}.")
+  if source not in packaged_names():
+    close = names.suggestions(source, packaged_names())
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise ConfigError(f"No config named {source!r}.{hint} Packaged configs: {', '.join(packaged_names())}; "
+                      "or pass a file, --config path/to/my_config.py.")
+  return importlib.import_module(f"{packaged_configs.__name__}.{source}")
+
+
+def describe_module(module: ModuleType) -> str:
+  """The first line of a config's docstring: what it reproduces."""
+  return (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+
+
+def _parse_typed(text: str, kind: type, where: str) -> Any:
+  text = text.strip()
+  try:
+    if kind is bool:
+      if text.lower() in ("true", "1", "yes"):
+        return True
+      if text.lower() in ("false", "0", "no"):
+        return False
+      raise ValueError
+    if kind is int:
+      return int(text)
+    if kind is float:
+      return float(text)
+    if kind in (tuple, list):
+      value = ast.literal_eval(text)
+      return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if kind is str:
+      return text
+  except (ValueError, SyntaxError):
+    pass
+  else:
+    return _literal(text)
+  raise ConfigError(f"{where}={text!r}: expected {'true/false' if kind is bool else kind.__name__}.")
+
+
+def _literal(text: str) -> Any:
+  """A new field's value: a Python literal where it parses as one (1e-4, True, (1, 2)), else the text."""
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def _field_type(config: ml_collections.ConfigDict, path: str, where: str) -> type | None:
+  """The type of an existing field; None for a new field of an argument section; an error otherwise."""
+  *parents, leaf = path.split(".")
+  node = config
+  for i, part in enumerate(parents):
+    if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+      raise ConfigError(f"{where}: config has no section {'.'.join(parents[:i + 1])!r}.")
+    node = node[part]
+  if leaf in node:
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+      raise ConfigError(f"{where}: {path!r} is a section; set one of its fields, e.g. {path}.{next(iter(node[leaf]), 'x')}.")
+    value = node[leaf]
+    return None if value is None else type(value)
+  if parents and parents[0] in ARGUMENT_SECTIONS and len(parents) == 1:
+    return None
+  close = names.suggestions(leaf, list(node.keys()))
+  hint = f" Did you mean {'.'.join(parents + [close[0]])!r}?" if close else ""
+  raise ConfigError(f"{where}: config has no field {path!r}.{hint} New fields can be added only to the "
+                    f"argument sections ({', '.join(ARGUMENT_SECTIONS)}), whose fields are a function's arguments.")
+
+
+def _assign(config: ml_collections.ConfigDict, path: str, text: str, where: str) -> None:
+  kind = _field_type(config, path, where)
+  value = _literal(text) if kind is None else _parse_typed(text, kind, where)
+  if kind is float and isinstance(value, int):
+    value = float(value)
+  *parents, leaf = path.split(".")
+  node = config
+  for part in parents:
+    node = node[part]
+  with node.ignore_type():
+    node[leaf] = value
+
+
+def parse_override(item: str) -> tuple[str, str]:
+  """`--config.lr.base=0.5` (or `config.lr.base=0.5`) -> ("lr.base", "0.5")."""
+  text = item[2:] if item.startswith("--") else item
+  if not text.startswith("config.") or "=" not in text:
+    raise ConfigError(f"Override {item!r}: expected --config.<field>=<value>, e.g. --config.lr.base=0.5.")
+  path, _, value = text[len("config."):].partition("=")
+  return path, value
+
+
+def parse_variant(variant: str, declared: Mapping[str, Variant], source: str) -> dict[str, str]:
+  """`"batch=8192,rule=legw"` -> {"batch": "8192", "rule": "legw"}, keys checked against `declared`."""
+  parsed = {}
+  for item in filter(None, (part.strip() for part in variant.split(","))):
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+      raise ConfigError(f"{source}:{variant}: expected comma-separated key=value pairs such as "
+                        f"'batch=8192,rule=legw', got {item!r}.")
+    if key not in declared:
+      known = ", ".join(declared) or "none"
+      close = names.suggestions(key, list(declared))
+      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      raise ConfigError(f"{source}: unknown variant key {key!r}{hint}; this config understands {known}.")
+    parsed[key] = value.strip()
+  return parsed
+
+
+def load(spec: str, overrides: Sequence[str] = ()) -> LoadedConfig:
+  """The config `spec` (`name[:variant]` or `path.py[:variant]`) with command-line `overrides`.
+
+  Raises:
+    ConfigError: unknown config, variant key or field, or a value of the wrong type.
+  """
+  source, _, variant = spec.partition(":")
+  module = config_module(source)
+  declared: Mapping[str, Variant] = getattr(module, "VARIANTS", {})
+  config = module.get_config()
+  explicit: list[tuple[str, str, str]] = []  # (field, value, where)
+  presets = {key: v.default for key, v in declared.items() if v.field is None}
+  for key, text in parse_variant(variant, declared, source).items():
+    declaration = declared[key]
+    where = f"variant {key}"
+    if declaration.field is not None:
+      explicit.append((declaration.field, text, f"{where} (config.{declaration.field})"))
+      continue
+    value = _parse_typed(text, declaration.type, where)
+    if declaration.choices and value not in declaration.choices:
+      raise ConfigError(f"{where}={text!r}: choose one of {', '.join(map(str, declaration.choices))}.")
+    presets[key] = value
+  for item in overrides:
+    path, text = parse_override(item)
+    explicit.append((path, text, f"--config.{path}"))
+  for path, text, where in explicit:
+    _assign(config, path, text, where)
+  if hasattr(module, "finalize"):
+    try:
+      module.finalize(config, presets)
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"{source}: {e}") from e
+    for path, text, where in explicit:  # what was set explicitly wins over what follows from it
+      _assign(config, path, text, where)
+  elif any(v is not None for v in presets.values()):
+    raise ConfigError(f"{source}: presets {sorted(presets)} declared without a finalize(config, presets).")
+  return LoadedConfig(config, source, variant, tuple(overrides), describe_module(module))
+
+
+def variant_help(module: ModuleType) -> list[str]:
+  """One line per variant key of a config module, for `--list`."""
+  lines = []
+  for key, v in getattr(module, "VARIANTS", {}).items():
+    what = f"= --config.{v.field}" if v.field else (" | ".join(map(str, v.choices)) if v.choices else v.type.__name__)
+    default = f" (default {v.default})" if v.field is None and v.default is not None else ""
+    lines.append(f"{key:<10} {v.help} [{what}]{default}")
+  return lines

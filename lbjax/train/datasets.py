@@ -1,0 +1,186 @@
+"""Datasets by name: `config.dataset = "mnist"` is `lbjax.train.datasets.mnist`.
+
+Each function opens (or loads) its data when called, so missing files fail before any compute with
+the data module's message, and returns a `Dataset`: the train stream and eval batches as functions of
+the process layout, what kind of task it is, and the model arguments that follow from the data
+(`num_classes`, `vocab_size`, ...). `config.data_options` are the function's keyword arguments;
+`data_dir` and `seed` come from the config's top-level fields. A user's dataset is any function of
+this shape, named `"package.module:function"`.
+"""
+
+from collections.abc import Callable, Iterator
+import dataclasses
+import os
+from typing import Any, Literal
+
+import numpy as np
+
+from lbjax import data as lbdata
+
+TrainStreamFactory = Callable[[int, int], Any]  # (process_index, process_count) -> stream
+EvalBatchesFactory = Callable[[int, int, int], Iterator[dict[str, np.ndarray]]]  # (batch, index, count)
+
+MNIST_VALIDATION_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """The data half of a task.
+
+  Attributes:
+    kind: "classification" (`images` -> `labels`) or "language_model" (`inputs` -> `targets`, a
+      carried state across consecutive batches).
+    make_train_stream: the resumable training stream of one process.
+    make_eval_batches: the evaluation split of one process, in padded batches with a `mask`.
+    model_arguments: constructor arguments that follow from the data, used where the model takes
+      them and the config does not set them.
+    eval_split: the split evaluated ("test", "validation", ...), shown on the console.
+    top_k: the accuracies reported besides top-1 (classification).
+  """
+  kind: Literal["classification", "language_model"]
+  make_train_stream: TrainStreamFactory
+  make_eval_batches: EvalBatchesFactory
+  model_arguments: dict[str, Any]
+  eval_split: str
+  top_k: tuple[int, ...] = ()
+
+
+def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *, seed: int,
+                   model_arguments: dict[str, Any], eval_split: str, top_k: tuple[int, ...] = (),
+                   train_transform=None, eval_transform=None) -> Dataset:
+
+  def make_train_stream(process_index, process_count):
+    return lbdata.TrainStream(train, seed=seed, process_index=process_index, process_count=process_count,
+                              transform=train_transform)
+
+  def make_eval_batches(batch_size, process_index, process_count):
+    return lbdata.eval_batches(evaluation, batch_size, process_index=process_index,
+                               process_count=process_count, transform=eval_transform)
+
+  return Dataset("classification", make_train_stream, make_eval_batches, model_arguments, eval_split, top_k)
+
+
+def _split_off_validation(train: lbdata.ArraySource, num_validation: int) -> tuple[lbdata.ArraySource, ...]:
+  """(train minus validation, validation): a fixed random subset, the same for every run and seed."""
+  if not 0 < num_validation < len(train):
+    raise ValueError(f"num_validation_examples must be in (0, {len(train)}), got {num_validation}.")
+  order = np.random.default_rng(MNIST_VALIDATION_SEED).permutation(len(train))
+  keep, held_out = np.sort(order[num_validation:]), np.sort(order[:num_validation])
+  return lbdata.ArraySource(**train.take(keep)), lbdata.ArraySource(**train.take(held_out))
+
+
+def mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
+          source: Literal["idx", "tfds"] = "idx", eval_split: Literal["test", "validation"] = "test",
+          num_validation_examples: int = 10000) -> Dataset:
+  """MNIST, 60k training and 10k test digits (LeCun's idx files, or a prepared TFDS `mnist`).
+
+  Args:
+    data_dir: folder of the idx files (or of TFDS data); None: `$LBJAX_DATA_DIR` or ../shared/data.
+    seed: the training stream's shuffling seed.
+    source: "idx" (LeCun's files) or "tfds".
+    eval_split: "test" trains on all 60k and evaluates on the test set (the papers' protocol);
+      "validation" holds `num_validation_examples` out of the training set (a fixed subset, the same
+      for every seed), trains on the rest and evaluates on them: choose hyper-parameters this way.
+    num_validation_examples: size of the held-out set for `eval_split="validation"`.
+  """
+  if source not in ("idx", "tfds"):
+    raise ValueError(f"mnist: source must be 'idx' or 'tfds', got {source!r}.")
+  if eval_split not in ("test", "validation"):
+    raise ValueError(f"mnist: eval_split must be 'test' or 'validation', got {eval_split!r}.")
+  if source == "tfds":
+    train, test = (lbdata.load_mnist_tfds(split, data_dir or None) for split in ("train", "test"))
+  else:
+    train, test = (lbdata.load_mnist_idx(data_dir or None, split) for split in ("train", "test"))
+  if eval_split == "validation":
+    train, test = _split_off_validation(train, num_validation_examples)
+  return _array_dataset(train, test, seed=seed, eval_split=eval_split,
+                        model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1})
+
+
+def synthetic_mnist(*, seed: int = 0, num_train_examples: int = 2048, num_eval_examples: int = 512) -> Dataset:
+  """Class-prototype digits shaped like MNIST (tests, benchmarks)."""
+  train = lbdata.synthetic_mnist(num_train_examples, seed=seed, split="train")
+  test = lbdata.synthetic_mnist(num_eval_examples, seed=seed, split="test")
+  return _array_dataset(train, test, seed=seed, eval_split="test",
+                        model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1})
+
+
+def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_examples: int = 512,
+                     image_size: int = 32, num_classes: int = 10) -> Dataset:
+  """Class-prototype RGB images shaped like the ImageNet/CIFAR pipelines' output (tests, benchmarks)."""
+  kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes)
+  train = lbdata.synthetic_images(num_train_examples, **kwargs, seed=seed, split="train")
+  test = lbdata.synthetic_images(num_eval_examples, **kwargs, seed=seed, split="test")
+  return _array_dataset(train, test, seed=seed, eval_split="test", top_k=(5,) if num_classes > 5 else (),
+                        model_arguments={"num_classes": num_classes, "small_inputs": image_size <= 64,
+                                         "input_channels": 3})
+
+
+def _tfds_vision(train_stream, eval_batches, *, data_dir, seed: int, eval_split: str, num_classes: int,
+                 small_inputs: bool, **kwargs) -> Dataset:
+
+  def make_train_stream(process_index, process_count):
+    return train_stream(data_dir=data_dir or None, seed=seed, process_index=process_index,
+                        process_count=process_count, **kwargs)
+
+  def make_eval_batches(batch_size, process_index, process_count):
+    return eval_batches(batch_size, split=eval_split, data_dir=data_dir or None, process_index=process_index,
+                        process_count=process_count, **kwargs)
+
+  return Dataset("classification", make_train_stream, make_eval_batches,
+                 {"num_classes": num_classes, "small_inputs": small_inputs, "input_channels": 3},
+                 eval_split, top_k=(5,))
+
+
+def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, image_size: int = 224,
+             eval_split: str = "validation") -> Dataset:
+  """ImageNet-1k (`imagenet2012` prepared for TFDS): Inception crops + flips for training, centre crops
+  for evaluation; top-1 and top-5 accuracy."""
+  return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, data_dir=data_dir, seed=seed,
+                      eval_split=eval_split, num_classes=1000, small_inputs=image_size <= 64,
+                      image_size=image_size)
+
+
+def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test") -> Dataset:
+  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training; top-1 and top-5 accuracy."""
+  return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, data_dir=data_dir, seed=seed,
+                      eval_split=eval_split, num_classes=10, small_inputs=True)
+
+
+def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
+                    eval_split: str) -> Dataset:
+
+  def make_train_stream(process_index, process_count):
+    return lbdata.PtbStream(train_tokens, seq_len=seq_len, process_index=process_index,
+                            process_count=process_count)
+
+  def make_eval_batches(batch_size, process_index, process_count):
+    return lbdata.ptb_eval_batches(eval_tokens, batch_size, seq_len=seq_len, process_index=process_index,
+                                   process_count=process_count)
+
+  return Dataset("language_model", make_train_stream, make_eval_batches, {"vocab_size": vocab_size}, eval_split)
+
+
+def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,
+        eval_split: Literal["valid", "test"] = "valid") -> Dataset:
+  """Penn Treebank (Mikolov's `ptb.{train,valid,test}.txt`, 10,000 types) in BPTT windows of `seq_len`.
+
+  Args:
+    data_dir: folder holding `ptb/ptb.*.txt` or the files themselves; None: `$LBJAX_DATA_DIR` or
+      ../shared/data.
+    seq_len: the truncated-BPTT window (20 in papers/001).
+    eval_split: "valid" (choose hyper-parameters here) or "test".
+  """
+  if eval_split not in ("valid", "test"):
+    raise ValueError(f"ptb: eval_split must be 'valid' or 'test', got {eval_split!r}.")
+  corpus = lbdata.PtbCorpus.from_dir(data_dir or None)
+  return _language_model(corpus.train, corpus.split(eval_split), vocab_size=corpus.vocab_size, seq_len=seq_len,
+                         eval_split=eval_split)
+
+
+def synthetic_ptb(*, seed: int = 0, vocab_size: int = 50, num_train_tokens: int = 20000,
+                  num_eval_tokens: int = 4000, seq_len: int = 20) -> Dataset:
+  """Tokens of a sparse Markov chain shaped like PTB (tests, benchmarks)."""
+  train = lbdata.synthetic_ptb_tokens(num_train_tokens, vocab_size, seed=seed, split="train")
+  evaluation = lbdata.synthetic_ptb_tokens(num_eval_tokens, vocab_size, seed=seed, split="valid")
+  return _language_model(train, evaluation, vocab_size=vocab_size, seq_len=seq_len, eval_split="valid")
