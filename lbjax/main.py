@@ -63,10 +63,21 @@ def list_configs() -> str:
 def _train(args, loaded: config_files.LoadedConfig) -> None:
   import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
   if args.coordinator_address is not None or args.distributed:
-    jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
-                               process_id=args.process_id)
+    jax.distributed.initialize(coordinator_address=args.coordinator_address,
+                               num_processes=args.num_processes or _env_int("JAX_NUM_PROCESSES"),
+                               process_id=args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID"))
   from lbjax.train import loop  # pylint: disable=import-outside-toplevel
   loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
+
+
+def _env_int(name: str) -> int | None:
+  """An integer from the environment (JAX reads JAX_COORDINATOR_ADDRESS itself, not these two)."""
+  value = os.environ.get(name)
+  if value is None:
+    return None
+  if not value.strip().isdigit():
+    raise ConfigError(f"{name}={value!r} must be a non-negative integer.")
+  return int(value)
 
 
 def _origin(loaded: config_files.LoadedConfig) -> str:

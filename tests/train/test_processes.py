@@ -106,3 +106,24 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_chec
   assert outputs[0] == outputs[1] and outputs[0].startswith("preempted=True step=")
   step = int(outputs[0].split("step=")[1])
   assert Checkpointer(tmp_path).latest_step() == step
+
+
+def test_two_cli_processes_find_each_other_from_environment_variables(tmp_path):
+  """`lbjax-train --distributed` with JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, as a
+  launcher without JAX's own cluster detection sets them (docs/running.md): 2 processes x 2 devices."""
+  port = _free_port()
+  config = str(REPO / "tests" / "experiments" / "tiny_sweep_config.py")
+  processes = []
+  for process_id in range(2):
+    env = dict(_env(2), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(process_id))
+    processes.append(subprocess.Popen(
+        [sys.executable, "-m", "lbjax.main", "--config", config, "--distributed", "--workdir", str(tmp_path),
+         "--config.num_steps=4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  outputs = [p.communicate(timeout=600) for p in processes]
+  for process, (_, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-3000:]
+  record = json.loads((tmp_path / "config.json").read_text())
+  assert "4 cpu on 2 process(es)" in record["resolved"]["devices"]
+  with open(tmp_path / "metrics.jsonl") as f:
+    assert [r for r in map(json.loads, f) if r["kind"] == "eval"][-1]["step"] == 4
