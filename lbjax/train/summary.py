@@ -42,9 +42,17 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "num_steps": config.num_steps or None,
       "max_device_batch": config.max_device_batch or None,
       "mesh": _options(config.mesh),
-      "compression": config.compression.name,
+      "compression": names.describe(*_compression(config)) if config.compression.name != "none" else "none",
+      "loss": _options(config.loss),
+      "diagnostics": _options(config.diagnostics),
+      "eval_batch_size": config.eval_batch_size,
       "seed": config.seed,
   }
+
+
+def _compression(config: ml_collections.ConfigDict):
+  resolved = names.resolve("compression.name", config.compression.name, [optimizer_lib.compression])
+  return resolved, {k: v for k, v in config.compression.to_dict().items() if k != "name"}
 
 
 def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
@@ -61,9 +69,13 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
       f"batch     {batch} (global){_accumulation(resolved)}; {length}",
       f"LR        peak {resolved['learning_rate']:.6g}, warm-up {resolved['warmup_epochs']:.6g} epochs; "
       f"scaling {resolved['scaling_rule']}; decay {resolved['lr_decay']}",
-      f"mesh      {resolved['mesh']}; seed {resolved['seed']}"
+      f"mesh      {resolved['mesh']}; seed {resolved['seed']}; eval batch {resolved['eval_batch_size']}"
       + (f"; compression {resolved['compression']}" if resolved["compression"] != "none" else ""),
   ]
+  if resolved["loss"] != "discard_fraction=0.0, discard_until_epoch=0.0":
+    lines.append(f"loss      {resolved['loss']}")
+  if not resolved["diagnostics"].startswith("lipschitz_every=0,"):
+    lines.append(f"diagnose  {resolved['diagnostics']}")
   for key in ("devices", "steps_per_epoch", "parameters"):
     if key in resolved:
       lines.append(f"{key.replace('_', ' '):<9} {resolved[key]}")

@@ -1,0 +1,79 @@
+"""Every config field is consumed: set away from its default, it changes the resolved run or is refused.
+
+A new field must either show in `lbjax.train.summary.resolved_run` (what the run computes) or be one
+of the operational fields that only change how the run is watched or stored; this test fails for a
+field that is neither, which is how a setting gets silently dropped.
+"""
+
+import ml_collections
+import pytest
+
+from lbjax.train import config as config_lib
+from lbjax.train import summary
+from lbjax.train import validation
+from lbjax.train.errors import ConfigError
+
+# Watched or stored, not computed: each is exercised by the trainer tests (metrics cadence, evaluation,
+# checkpoints, TensorBoard, console).
+WATCHING_FIELDS = {"log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
+                   "progress"}
+STRING_VALUES = {"model": "ResNetTiny", "dataset": "synthetic_mnist", "data_dir": "/elsewhere",
+                 "optimizer.name": "lars", "lr.warmup": "linear_warmup", "lr.decay": "cosine_decay",
+                 "scaling.rule": "sqrt", "compression.name": "one_bit"}
+TOGETHER = {"batch_sizes": {"batch_sizes": (128, 256), "batch_size_boundaries": (0.5,)},
+            "batch_size_boundaries": {"batch_sizes": (128, 256), "batch_size_boundaries": (0.5,)},
+            "lr.warmup": {"lr.warmup": "linear_warmup", "lr.warmup_epochs": 0.1},
+            "compression.name": {"compression.name": "one_bit", "mesh.per_device_gradients": False}}
+
+
+def _fields(config: ml_collections.ConfigDict, prefix=""):
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _fields(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def _changed(path, value):
+  if path in TOGETHER:
+    return TOGETHER[path]
+  if isinstance(value, bool):
+    return {path: not value}
+  if isinstance(value, (int, float)):
+    new = value * 2 + 1
+    return {path: type(value)(new if new != value else value + 2)}
+  if isinstance(value, str):
+    return {path: STRING_VALUES[path]}
+  raise AssertionError(f"no changed value for {path}={value!r}; extend the test")
+
+
+def _set(config, changes):
+  for path, value in changes.items():
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    with node.ignore_type():
+      node[leaf] = value
+
+
+def _resolved(config):
+  validation.validate(config, data_parallel_size=1)
+  return summary.resolved_run(config)
+
+
+@pytest.mark.parametrize("path", [p for p, _ in _fields(config_lib.default_config()) if p not in WATCHING_FIELDS])
+def test_a_field_away_from_its_default_changes_the_run_or_is_refused(path):
+  baseline = config_lib.default_config()
+  before = _resolved(baseline)
+  changed = config_lib.default_config()
+  _set(changed, _changed(path, dict(_fields(baseline))[path]))
+  try:
+    after = _resolved(changed)
+  except ConfigError:
+    return  # refused before any compute, with a message
+  assert after != before, f"config.{path} changed neither the resolved run nor was it refused"
+
+
+def test_the_watching_fields_exist():
+  assert WATCHING_FIELDS <= {p for p, _ in _fields(config_lib.default_config())}
