@@ -1,7 +1,38 @@
-"""Scripts that reproduce the papers' tables and figures from `configs/*.py` with the public lbjax API.
+"""Scripts that reproduce the papers' tables and figures from the configs of `lbjax.configs` (or a config
+file) with the public lbjax API.
 
 * `sweep`: a baseline config x scaling rules x batch sizes -> CSV, markdown table and plot
   (final test metric vs batch size, like Figure 1 of papers/001).
 * `batch_schedule`: decaying LR vs increasing batch vs hybrid (papers/002) -> table and plots of
   test accuracy vs epochs and vs parameter updates.
+* `lr_grid`, `mclr_vs_lars`, `lipschitz`, `noise_scale`, `by_epoch`: see their docstrings.
+
+Every script takes `--config` as `lbjax-train` does: a packaged config (`mnist_lstm`) or a config file
+(`path/to/my_config.py`), either optionally with `:variant` keys; configs are loaded with
+`lbjax.train.config_files.load`.
 """
+
+from lbjax.train import config_files
+
+
+def config_spec(config: str, *variants: str) -> str:
+  """`config` (`name[:variant]` or `path.py[:variant]`) with more variant keys appended.
+
+  `config_spec("mnist_lstm:epochs=5", "batch=512")` is `"mnist_lstm:epochs=5,batch=512"`; a key given
+  twice takes its last value.
+  """
+  source, _, variant = config.partition(":")
+  keys = ",".join(v for v in (variant, *variants) if v)
+  return f"{source}:{keys}" if keys else source
+
+
+def variant_fields(spec: str) -> set[str]:
+  """The config fields that the variant of `spec` sets (`mnist_lstm:epochs=2` -> {"num_epochs"});
+  a preset key (one without a field, e.g. `recipe`) counts as its own name.
+
+  Raises:
+    lbjax.train.ConfigError: an unknown config or variant key.
+  """
+  source, _, variant = spec.partition(":")
+  declared = getattr(config_files.config_module(source), "VARIANTS", {})
+  return {declared[key].field or key for key in config_files.parse_variant(variant, declared, source)}

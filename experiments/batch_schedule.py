@@ -1,9 +1,10 @@
 """papers/002: decaying LR vs increasing batch vs hybrid, compared by test accuracy and updates.
 
-  python -m experiments.batch_schedule --config configs/batch_schedule_mnist.py \
+  python -m experiments.batch_schedule --config batch_schedule_mnist \
       --out docs/results/batch_schedule_mnist --workdir runs/batch_schedule_mnist
 
-Trains `get_config("schedule=<s>[,<variant>]")` for each realisation s in `<workdir>/<s>` (a finished
+Trains the config with the variant `schedule=<s>[,<variant>]` (`lbjax-train --config
+batch_schedule_mnist:schedule=<s>`) for each realisation s in `<workdir>/<s>` (a finished
 run is not trained again; an interrupted one resumes from its checkpoint), then writes
 `<out>.csv` (every evaluation: schedule, epoch, step, examples_seen, test_accuracy), `<out>.md` (final
 accuracy and number of parameter updates per realisation) and `<out>.png` (test accuracy vs epochs and
@@ -17,19 +18,22 @@ import sys
 import time
 from typing import Any, Sequence
 
-from experiments import config_files
+from experiments import config_spec
 from experiments import run_records
 from lbjax import train
+from lbjax.train import config_files
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
 LABELS = {"decay_lr": "decaying learning rate", "grow_batch": "increasing batch size",
           "hybrid": "hybrid (batch up to B_max, then LR decay)"}
 
 
-def run_schedules(config_path: str, workdir: str, schedules: Sequence[str] = SCHEDULES,
+def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULES,
                   variant: str = "", max_device_batch: int = 0) -> dict[str, float]:
   """Trains each realisation not yet finished in `<workdir>/<schedule>`.
 
+  `config` is a packaged config or a config file whose variant key `schedule` chooses the realisation
+  (`batch_schedule_mnist`); `variant` adds keys for every run (e.g. `"epochs=5"`).
   `max_device_batch` > 0 computes larger batches as accumulated micro-batches of that size (the same
   update; faster on CPU).
 
@@ -44,19 +48,18 @@ def run_schedules(config_path: str, workdir: str, schedules: Sequence[str] = SCH
     raise ValueError(f"schedules {list(schedules)} must be a non-empty subset of {', '.join(SCHEDULES)}.")
   if max_device_batch < 0:
     raise ValueError(f"max_device_batch must be >= 0 (0 = no accumulation), got {max_device_batch}.")
-  configs = {s: config_files.load_config(config_path, f"schedule={s}" + (f",{variant}" if variant else ""))
-             for s in schedules}
+  configs = {s: config_files.load(config_spec(config, f"schedule={s}", variant)).config for s in schedules}
   seconds = {}
-  for schedule, config in configs.items():
+  for schedule, run_config in configs.items():
     if max_device_batch:
-      config.max_device_batch = max_device_batch
+      run_config.max_device_batch = max_device_batch
     run_dir = pathlib.Path(workdir) / schedule
     if (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None:
       seconds[schedule] = 0.0
       continue
     print(f"[batch_schedule] {schedule} -> {run_dir}", flush=True)
     start = time.time()
-    train.train_and_evaluate(config, run_dir)
+    train.train_and_evaluate(run_config, run_dir)
     seconds[schedule] = time.time() - start
   return seconds
 
@@ -121,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.batch_schedule",
                                    description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="e.g. configs/batch_schedule_mnist.py")
+  parser.add_argument("--config", required=True, help="e.g. batch_schedule_mnist (or a config file)")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/batch_schedule_mnist")
   parser.add_argument("--workdir", required=True, help="directory for the runs")
   parser.add_argument("--schedules", default=",".join(SCHEDULES), help="subset of " + ",".join(SCHEDULES))

@@ -1,13 +1,14 @@
 """The local Lipschitz estimate L(x, g) over the first iterations, per batch size (papers/001 Figure 3).
 
-  python -m experiments.lipschitz --config configs/mnist_lstm.py --batch_sizes 128,512,2048 \
+  python -m experiments.lipschitz --config mnist_lstm --batch_sizes 128,512,2048 \
       --steps 100 --every 2 --out docs/results/lipschitz --workdir runs/lipschitz
 
 papers/001 §4: along the gradient g the best step of a quadratic model is 1/L(x, g) with
 L(x, g) = |g^T H g| / ||g||^2; L "usually has a peak in the early iterations" and the peak "tends to
 shift toward right (almost linearly) when batch size grows", which motivates a warm-up whose length
-grows with the batch size (LEGW). Each batch size B runs `get_config("batch=<B>[,<variant>]")` of the
-config file for `steps` iterations with `config.diagnostics.lipschitz_every = every`: the trainer
+grows with the batch size (LEGW). Each batch size B runs the config (a packaged name such as
+`mnist_lstm`, or a config file; `--variant` adds keys) with `--config.batch_size=<B>` for `steps`
+iterations (`config.num_epochs` follows) with `config.diagnostics.lipschitz_every = every`: the trainer
 computes L at the current weights on a fixed small batch (the first `lipschitz_batch_size` test
 examples; the Hessian-vector product is exact, forward-over-reverse, where the paper uses a finite
 difference) and logs it as `lipschitz` records. The run's directory is `<workdir>/b<B>`; one whose
@@ -31,12 +32,16 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
-from experiments import config_files
+from experiments import config_spec
 from experiments import run_records
+from experiments import variant_fields
 from lbjax import train
+from lbjax.train import config_files
+from lbjax.train import names
+from lbjax.train import tasks
 
 CSV_COLUMNS = ("batch_size", "step", "epoch", "examples_seen", "lipschitz")
-# Training-set sizes of the datasets with fixed splits; synthetic ones take config.data_options.
+# Training-set sizes of the datasets with fixed splits; synthetic ones take their num_train_examples.
 TRAIN_SET_SIZES = {"mnist": 60000, "cifar10": 50000, "imagenet": 1281167}
 SMOOTHING_POINTS = 5
 
@@ -46,7 +51,8 @@ class LipschitzSpec:
   """What to measure.
 
   Attributes:
-    config_path: a classification config file whose `get_config` understands the variant key `batch`.
+    config: a classification config: a packaged name (`mnist_lstm`) or a config file, optionally with
+      `:variant` (which must not set the batch size or epochs).
     batch_sizes: global batch sizes, positive ints.
     out: path prefix of the outputs (`<out>.csv`, `<out>.md`, `<out>.png`).
     workdir: directory holding one run directory per batch size.
@@ -57,7 +63,7 @@ class LipschitzSpec:
     max_device_batch: if > 0, accumulate micro-batches of this size (the same update, less memory).
     title: title of the table and the plot.
   """
-  config_path: str
+  config: str
   batch_sizes: tuple[int, ...]
   out: str
   workdir: str
@@ -72,8 +78,12 @@ class LipschitzSpec:
 def check_spec(spec: LipschitzSpec) -> None:
   """Raises ValueError naming every problem of `spec` before any training."""
   errors = []
-  if not pathlib.Path(spec.config_path).is_file():
-    errors.append(f"config file {spec.config_path!r} does not exist.")
+  config = config_spec(spec.config, spec.variant)
+  try:
+    if {"batch_size", "batch_sizes", "num_epochs", "num_steps"} & variant_fields(config):
+      errors.append(f"variant of {config!r} must not set batch or epochs: the experiment sets them.")
+  except train.ConfigError as e:  # an unknown config or variant key
+    errors.append(str(e))
   if not spec.batch_sizes:
     errors.append("no batch sizes given; pass e.g. --batch_sizes 128,512,2048.")
   bad = [b for b in spec.batch_sizes if not isinstance(b, int) or b <= 0]
@@ -85,12 +95,16 @@ def check_spec(spec: LipschitzSpec) -> None:
     errors.append(f"every must be an integer in [1, steps={spec.steps}], got {spec.every!r}.")
   if not isinstance(spec.lipschitz_batch_size, int) or spec.lipschitz_batch_size < 1:
     errors.append(f"lipschitz_batch_size must be a positive integer, got {spec.lipschitz_batch_size!r}.")
-  if any(f"{key}=" in spec.variant for key in ("batch", "epochs")):
-    errors.append(f"variant {spec.variant!r} must not set batch or epochs: the experiment sets them.")
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got {spec.max_device_batch!r}.")
   if errors:
     raise ValueError("Invalid Lipschitz experiment:\n  - " + "\n  - ".join(errors))
+
+
+def _dataset_argument(config: ml_collections.ConfigDict, name: str):
+  """An argument of the config's dataset function: its `data_options` field, else the default."""
+  resolved, arguments = tasks.resolve_dataset(config)
+  return arguments[name] if name in arguments else names.parameters(resolved.function)[name].default
 
 
 def train_set_size(config: ml_collections.ConfigDict) -> int:
@@ -99,8 +113,10 @@ def train_set_size(config: ml_collections.ConfigDict) -> int:
   Raises:
     ValueError: for a dataset whose size is not known here (language models count tokens, not examples).
   """
-  if config.dataset.startswith("synthetic_") and config.dataset != "synthetic_ptb":
-    return int(config.data_options.num_train_examples)
+  if config.dataset in ("synthetic_mnist", "synthetic_images"):
+    return int(_dataset_argument(config, "num_train_examples"))
+  if config.dataset == "mnist" and _dataset_argument(config, "eval_split") == "validation":
+    return TRAIN_SET_SIZES["mnist"] - int(_dataset_argument(config, "num_validation_examples"))
   if config.dataset in TRAIN_SET_SIZES:
     return TRAIN_SET_SIZES[config.dataset]
   raise ValueError(f"the Lipschitz experiment counts iterations of classification datasets "
@@ -109,9 +125,10 @@ def train_set_size(config: ml_collections.ConfigDict) -> int:
 
 def run_config(spec: LipschitzSpec, batch_size: int) -> ml_collections.ConfigDict:
   """The config of one batch size: `spec.steps` iterations, L every `spec.every` steps, no mid-run eval."""
-  config = config_files.load_config(spec.config_path,
-                                    f"batch={batch_size}" + (f",{spec.variant}" if spec.variant else ""))
-  config.num_epochs = spec.steps * batch_size / train_set_size(config)
+  spec_string = config_spec(spec.config, spec.variant)
+  overrides = [f"--config.batch_size={batch_size}"]
+  epochs = spec.steps * batch_size / train_set_size(config_files.load(spec_string, overrides).config)
+  config = config_files.load(spec_string, overrides + [f"--config.num_epochs={float(epochs)!r}"]).config
   config.eval_every_epochs = config.num_epochs  # only the final evaluation
   config.diagnostics.lipschitz_every = spec.every
   config.diagnostics.lipschitz_batch_size = spec.lipschitz_batch_size
@@ -243,7 +260,8 @@ def _ints(text: str) -> tuple[int, ...]:
 def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.lipschitz", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file, e.g. configs/mnist_lstm.py")
+  parser.add_argument("--config", required=True,
+                      help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/lipschitz")
   parser.add_argument("--workdir", required=True, help="directory for the runs")
@@ -254,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]
   parser.add_argument("--max_device_batch", type=int, default=0)
   parser.add_argument("--title", default="Local Lipschitz estimate L(x, g) along the gradient")
   args = parser.parse_args(argv)
-  spec = LipschitzSpec(config_path=args.config, batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir,
+  spec = LipschitzSpec(config=args.config, batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir,
                        steps=args.steps, every=args.every, lipschitz_batch_size=args.lipschitz_batch_size,
                        variant=args.variant, max_device_batch=args.max_device_batch, title=args.title)
   return run_experiment(spec)

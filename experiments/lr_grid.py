@@ -1,10 +1,11 @@
 """Tuning the baseline learning rate: one run per LR at the baseline batch size -> CSV and markdown.
 
-  python -m experiments.lr_grid --config configs/mnist_lstm.py --lrs 0.01,0.02,0.04,0.08,0.16 \
+  python -m experiments.lr_grid --config mnist_lstm --lrs 0.01,0.02,0.04,0.08,0.16 \
       --variant epochs=5 --out docs/results/mnist_lstm_lr_grid --workdir runs/lr_grid
 
-Each LR runs `get_config("lr=<lr>[,<variant>]")` in `<workdir>/lr_<lr>` (a finished run is not trained
-again, an interrupted one resumes). Writes `<out>.csv` (`learning_rate,test_<metric>,steps`) and
+Each LR runs the config (a packaged name or a config file, `--variant` keys added) with
+`--config.lr.base=<lr>` in `<workdir>/lr_<lr>` (a finished run is not trained again, an interrupted one
+resumes). Writes `<out>.csv` (`learning_rate,test_<metric>,steps`) and
 `<out>.md` with the best LR marked (highest accuracy, or lowest perplexity).
 """
 
@@ -14,14 +15,22 @@ import pathlib
 import sys
 from typing import Sequence
 
-from experiments import config_files
+from experiments import config_spec
 from experiments import run_records
 from lbjax import train
+from lbjax.train import config_files
 
 
-def run_grid(config_path: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
+def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
              metric: str = "accuracy") -> dict[float, dict]:
   """Trains each LR not yet finished and returns {lr: final eval record}.
+
+  Args:
+    config: a packaged config (`mnist_lstm`) or a config file, optionally with `:variant`.
+    learning_rates: the baseline learning rates (`config.lr.base`) to try.
+    workdir: directory holding one run directory per LR.
+    variant: extra variant keys for every run, e.g. `"epochs=5"`.
+    metric: "accuracy" or "perplexity".
 
   Raises:
     ValueError: no learning rates, a non-positive one, or an unknown metric (before any training).
@@ -34,9 +43,9 @@ def run_grid(config_path: str, learning_rates: Sequence[float], workdir: str, va
   for lr in learning_rates:
     run_dir = pathlib.Path(workdir) / f"lr_{lr:g}"
     if not ((run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir)):
-      config = config_files.load_config(config_path, f"lr={lr:g}" + (f",{variant}" if variant else ""))
+      run_config = config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
       print(f"[lr_grid] lr={lr:g} -> {run_dir}", flush=True)
-      train.train_and_evaluate(config, run_dir)
+      train.train_and_evaluate(run_config, run_dir)
     finals[lr] = run_records.final_eval(run_dir)
   return finals
 
@@ -63,7 +72,8 @@ def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str) 
 def main(argv: Sequence[str] | None = None) -> float:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.lr_grid", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True)
+  parser.add_argument("--config", required=True,
+                      help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--lrs", required=True, help="comma-separated learning rates")
   parser.add_argument("--out", required=True)
   parser.add_argument("--workdir", required=True)

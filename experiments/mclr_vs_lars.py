@@ -1,6 +1,6 @@
 """MCLR vs LARS at one batch size (papers/003 Figure 16) -> CSV of curves, markdown table, plot.
 
-  python -m experiments.mclr_vs_lars --config configs/mnist_lstm.py --batch_size 1024 --epochs 2 \
+  python -m experiments.mclr_vs_lars --config mnist_lstm --batch_size 1024 --epochs 2 \
       --lars_lrs 1,3,10 --mclr_lrs 0.0003,0.001,0.003 --out docs/results/mclr_vs_lars \
       --workdir runs/mclr_vs_lars
 
@@ -12,9 +12,11 @@ the same momentum and weight decay; only the global LR gamma differs, each picke
 (the two rates differ in scale: LARS has the trust coefficient eta, MCLR none). The selected LR of each
 optimizer is the one with the lowest final training loss (Figure 16 compares training curves).
 
-Each (optimizer, LR) runs `get_config("batch=<B>,epochs=<E>")` of the config file, with the optimizer
-and schedule fields set, in `<workdir>/<optimizer>_lr<LR>`. A run whose workdir holds a final
-evaluation (or a divergence note) is not trained again; an interrupted run resumes from its checkpoint.
+Each (optimizer, LR) runs the config (a packaged name such as `mnist_lstm`, or a config file) with
+`--config.batch_size=<B> --config.num_epochs=<E>`, its optimizer section replaced (`lbjax.optim.lars`
+or `lbjax.optim.mclr` with these arguments) and its schedule set, in `<workdir>/<optimizer>_lr<LR>`. A
+run whose workdir holds a final evaluation (or a divergence note) is not trained again; an interrupted
+run resumes from its checkpoint.
 Outputs (rewritten after each run):
   <out>.csv  one line per logged point of every run: optimizer,learning_rate,selected,split,step,epoch,
              loss,accuracy (split train: mean over the logging window; split test: an evaluation)
@@ -33,9 +35,9 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from experiments import config_files
 from experiments import run_records
 from lbjax import train
+from lbjax.train import config_files
 
 OPTIMIZERS = ("lars", "mclr")
 CSV_COLUMNS = ("optimizer", "learning_rate", "selected", "split", "step", "epoch", "loss", "accuracy")
@@ -47,7 +49,8 @@ class ComparisonSpec:
   """What to compare.
 
   Attributes:
-    config_path: a classification config file whose `get_config` understands `batch` and `epochs`.
+    config: a classification config: a packaged name (`mnist_lstm`) or a config file, optionally with
+      `:variant`.
     learning_rates: {optimizer: global LRs to try}, optimizers from `OPTIMIZERS`.
     out: path prefix of the outputs (`<out>.csv`, `<out>.md`, `<out>.png`).
     workdir: directory holding one run directory per (optimizer, LR).
@@ -62,7 +65,7 @@ class ComparisonSpec:
     max_device_batch: if > 0, accumulate micro-batches of this size (the same update, less memory).
     title: title of the table and the plot.
   """
-  config_path: str
+  config: str
   learning_rates: dict[str, tuple[float, ...]]
   out: str
   workdir: str
@@ -114,8 +117,10 @@ class RunResult:
 def check_spec(spec: ComparisonSpec) -> None:
   """Raises ValueError naming every problem of `spec` before any training."""
   errors = []
-  if not pathlib.Path(spec.config_path).is_file():
-    errors.append(f"config file {spec.config_path!r} does not exist.")
+  try:
+    config_files.config_module(spec.config.partition(":")[0])
+  except train.ConfigError as e:
+    errors.append(str(e))
   unknown = sorted(set(spec.learning_rates) - set(OPTIMIZERS))
   if unknown:
     errors.append(f"unknown optimizer(s) {unknown}; compare {' and '.join(OPTIMIZERS)}.")
@@ -142,19 +147,21 @@ def check_spec(spec: ComparisonSpec) -> None:
 
 
 def run_config(spec: ComparisonSpec, optimizer: str, learning_rate: float) -> ml_collections.ConfigDict:
-  """The config of one run: the config file at `batch`/`epochs`, with the optimizer and schedule set."""
-  config = config_files.load_config(spec.config_path, f"batch={spec.batch_size},epochs={spec.epochs:g}")
-  config.optimizer.name = optimizer
-  config.optimizer.momentum = spec.momentum
-  config.optimizer.weight_decay = spec.weight_decay
-  config.optimizer.trust_coefficient = spec.trust_coefficient
-  config.scaling.rule = "none"
-  config.lr.base = learning_rate
-  config.lr.warmup = "linear" if spec.warmup_epochs > 0 else "none"
-  config.lr.warmup_epochs = spec.warmup_epochs
-  config.lr.decay = "poly"
-  config.lr.power = 2.0
-  config.lr.end_value = 0.0
+  """The config of one run: the spec's config at `batch`/`epochs`, with the optimizer and schedule set.
+
+  The optimizer section is replaced: `lbjax.optim.lars(momentum, weight_decay, trust_coefficient)` or
+  `lbjax.optim.mclr(momentum, weight_decay)`; the LR recipe becomes a linear warm-up and polynomial
+  (power 2) decay to 0, unscaled. The config's own clipping is kept.
+  """
+  config = config_files.load(spec.config, [f"--config.batch_size={spec.batch_size}",
+                                           f"--config.num_epochs={float(spec.epochs)!r}"]).config
+  config.optimizer = {"name": optimizer, "momentum": spec.momentum, "weight_decay": spec.weight_decay}
+  if optimizer == "lars":
+    config.optimizer.trust_coefficient = spec.trust_coefficient
+  config.scaling = {"rule": "none", "base_batch_size": spec.batch_size}
+  config.lr = {"base": learning_rate, "warmup": "linear_warmup" if spec.warmup_epochs > 0 else "none",
+               "warmup_epochs": float(spec.warmup_epochs), "decay": "polynomial_decay", "power": 2.0,
+               "end_value": 0.0}
   config.eval_every_epochs = spec.eval_every_epochs
   config.log_every = spec.log_every
   if spec.max_device_batch:
@@ -293,7 +300,7 @@ def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
   for config in configs.values():
     train.validate(config, data_parallel_size=1)
     if config.dataset in ("ptb", "synthetic_ptb"):
-      raise ValueError(f"{spec.config_path} trains a language model; the comparison reports accuracy and "
+      raise ValueError(f"{spec.config} trains a language model; the comparison reports accuracy and "
                        "needs a classification config.")
   results = []
   for point in points:
@@ -323,7 +330,8 @@ def _floats(text: str) -> tuple[float, ...]:
 def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.mclr_vs_lars", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file, e.g. configs/mnist_lstm.py")
+  parser.add_argument("--config", required=True,
+                      help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--lars_lrs", required=True, type=_floats, help="LARS global LRs, e.g. 1,3,10")
   parser.add_argument("--mclr_lrs", required=True, type=_floats, help="MCLR global LRs, e.g. 0.001,0.003")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/mclr_vs_lars")
@@ -340,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   parser.add_argument("--title", default="MCLR vs LARS")
   args = parser.parse_args(argv)
   spec = ComparisonSpec(
-      config_path=args.config, learning_rates={"lars": args.lars_lrs, "mclr": args.mclr_lrs}, out=args.out,
+      config=args.config, learning_rates={"lars": args.lars_lrs, "mclr": args.mclr_lrs}, out=args.out,
       workdir=args.workdir, batch_size=args.batch_size, epochs=args.epochs, warmup_epochs=args.warmup_epochs,
       momentum=args.momentum, weight_decay=args.weight_decay, trust_coefficient=args.trust_coefficient,
       eval_every_epochs=args.eval_every_epochs, log_every=args.log_every,

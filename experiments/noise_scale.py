@@ -1,6 +1,6 @@
 """The gradient noise scale B_simple over training, from an accumulating run -> CSV, markdown, plot.
 
-  python -m experiments.noise_scale --config configs/mnist_lstm.py --variant batch=1024,epochs=2 \
+  python -m experiments.noise_scale --config mnist_lstm --variant batch=1024,epochs=2 \
       --max_device_batch 128 --out docs/results/noise_scale --workdir runs/noise_scale
 
 B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018) is the batch size above which a larger batch
@@ -28,9 +28,10 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
-from experiments import config_files
+from experiments import config_spec
 from experiments import run_records
 from lbjax import train
+from lbjax.train import config_files
 
 CSV_COLUMNS = ("step", "epoch", "batch_size", "learning_rate", "loss", "accuracy", "grad_norm_sq", "trace_sigma",
                "gradient_noise_scale")
@@ -41,15 +42,15 @@ class NoiseScaleSpec:
   """What to measure.
 
   Attributes:
-    config_path: the config file.
+    config: a packaged config (`mnist_lstm`) or a config file, optionally with `:variant`.
     out: path prefix of the outputs (`<out>.csv`, `<out>.md`, `<out>.png`).
     workdir: the run's directory.
     max_device_batch: micro-batch size; must be below the (per-device) batch so that steps accumulate.
-    variant: variant string passed to the config's `get_config`, e.g. `"batch=1024,epochs=2"`.
+    variant: variant keys added to the config's, e.g. `"batch=1024,epochs=2"`.
     log_every: steps per logged point (each point's B_simple is a ratio of window averages).
     title: title of the table and the plot.
   """
-  config_path: str
+  config: str
   out: str
   workdir: str
   max_device_batch: int
@@ -59,8 +60,8 @@ class NoiseScaleSpec:
 
 
 def run_config(spec: NoiseScaleSpec) -> ml_collections.ConfigDict:
-  """The config file's `get_config(variant)` with accumulation over micro-batches of `max_device_batch`."""
-  config = config_files.load_config(spec.config_path, spec.variant)
+  """The config with its variant, accumulating over micro-batches of `max_device_batch`."""
+  config = config_files.load(config_spec(spec.config, spec.variant)).config
   config.max_device_batch = spec.max_device_batch
   config.log_every = spec.log_every
   return config
@@ -129,7 +130,7 @@ def markdown_table(records: list[dict[str, Any]], spec: NoiseScaleSpec) -> str:
   """B_simple (ratio of averages) per quarter of training, next to the training loss and batch size."""
   batch = records[-1]["batch_size"]
   lines = [f"# {spec.title}", "",
-           f"Config `{spec.config_path}` `{spec.variant}`, batch {batch} accumulated from micro-batches of "
+           f"Config `{config_spec(spec.config, spec.variant)}`, batch {batch} accumulated from micro-batches of "
            f"{spec.max_device_batch}; B_simple = tr(Σ)/|G|² from the micro-batch and full-batch gradient norms "
            "(McCandlish et al. 2018, App. A.1), averaged numerator and denominator per quarter of training.", "",
            "| part of training | mean train loss | B_simple | B_simple / batch |", "|---|---:|---:|---:|"]
@@ -195,7 +196,8 @@ def run_experiment(spec: NoiseScaleSpec) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.noise_scale", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file, e.g. configs/mnist_lstm.py")
+  parser.add_argument("--config", required=True,
+                      help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--max_device_batch", required=True, type=int, help="micro-batch size, e.g. 128")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/noise_scale")
   parser.add_argument("--workdir", required=True, help="the run's directory")
@@ -203,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--log_every", type=int, default=5)
   parser.add_argument("--title", default="Gradient noise scale B_simple during training")
   args = parser.parse_args(argv)
-  spec = NoiseScaleSpec(config_path=args.config, out=args.out, workdir=args.workdir,
+  spec = NoiseScaleSpec(config=args.config, out=args.out, workdir=args.workdir,
                         max_device_batch=args.max_device_batch, variant=args.variant, log_every=args.log_every,
                         title=args.title)
   return run_experiment(spec)

@@ -1,12 +1,14 @@
 """A batch-size sweep: one baseline config, scaling rules, batch sizes -> CSV, markdown table, plot.
 
-  python -m experiments.sweep --config configs/mnist_lstm.py --rules none,linear,sqrt,legw \
+  python -m experiments.sweep --config mnist_lstm --rules none,linear,sqrt,legw \
       --batch_sizes 128,512,2048,8192 --out docs/results/mnist_lstm_legw --workdir runs/sweeps/mnist
 
-Each point (rule, batch size) is `get_config("batch=B,rule=R[,<variant>]")` of the config file, trained
-with `lbjax.train.train_and_evaluate` in `<workdir>/<rule>_b<B>`. After each point the sweep rewrites
-`<out>.csv` (columns `rule,batch_size,test_<metric>,...`), `<out>.md` and `<out>.png` (final test metric
-vs batch size, log2 x-axis, one line per rule: Figure 1 of papers/001).
+Each point (rule, batch size) is the config (`--config`: a packaged config such as `mnist_lstm`, or a
+config file; `--variant` adds variant keys) with `--config.batch_size=B --config.scaling.rule=R`, i.e.
+`lbjax-train --config mnist_lstm:batch=B,rule=R`, trained with `lbjax.train.train_and_evaluate` in
+`<workdir>/<rule>_b<B>`. After each point the sweep rewrites `<out>.csv` (columns
+`rule,batch_size,test_<metric>,...`), `<out>.md` and `<out>.png` (final test metric vs batch size, log2
+x-axis, one line per rule: Figure 1 of papers/001).
 
 Resuming: points already in `<out>.csv` are skipped (delete a row to rerun it); an interrupted point
 resumes from the checkpoint in its workdir. Points whose recipe is identical to an earlier point's (same
@@ -26,10 +28,12 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
-from experiments import config_files
+from experiments import config_spec
 from experiments import run_records
 from experiments import sweep_table
+from experiments import variant_fields
 from lbjax import train
+from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
 
 RULES = ("none", "linear", "sqrt", "legw", "goyal")
@@ -41,19 +45,19 @@ class SweepSpec:
   """What to sweep.
 
   Attributes:
-    config_path: the config file; its `get_config` must understand the variant keys `batch` and `rule`.
+    config: the config: a packaged name (`mnist_lstm`) or a config file, optionally with `:variant`.
     rules: scaling rules, each one of `RULES`.
     batch_sizes: global batch sizes, positive ints.
     out: path prefix of the outputs (`<out>.csv`, `<out>.md`, `<out>.png`).
     workdir: directory holding one run directory per point.
-    variant: extra variant keys for every point, e.g. `"epochs=5"`.
+    variant: extra variant keys for every point, e.g. `"epochs=5"`; must not set the batch size or rule.
     metric: "accuracy" or "perplexity" (the eval metric of the task).
     title: title of the table and the plot.
     max_device_batch: if > 0, `config.max_device_batch` of every point: larger batches are computed as
       accumulated micro-batches of this size (the same update; much faster on CPU, where a whole 8K
       batch of the MNIST LSTM runs ~6x slower per example than micro-batches of 512).
   """
-  config_path: str
+  config: str
   rules: tuple[str, ...]
   batch_sizes: tuple[int, ...]
   out: str
@@ -67,8 +71,12 @@ class SweepSpec:
 def check_spec(spec: SweepSpec) -> None:
   """Raises ValueError naming every problem of `spec` before any training."""
   errors = []
-  if not pathlib.Path(spec.config_path).is_file():
-    errors.append(f"config file {spec.config_path!r} does not exist.")
+  config = config_spec(spec.config, spec.variant)
+  try:
+    if {"batch_size", "batch_sizes", "scaling.rule"} & variant_fields(config):
+      errors.append(f"variant of {config!r} must not set batch or rule: the sweep sets them.")
+  except train.ConfigError as e:  # an unknown config or variant key
+    errors.append(str(e))
   if not spec.rules:
     errors.append("no scaling rules given; pass e.g. --rules none,linear,sqrt,legw.")
   unknown = [r for r in spec.rules if r not in RULES]
@@ -84,16 +92,14 @@ def check_spec(spec: SweepSpec) -> None:
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got "
                   f"{spec.max_device_batch!r}.")
-  if {"batch", "rule"} & set(train.parse_variant(spec.variant)):
-    errors.append(f"variant {spec.variant!r} must not set batch or rule: the sweep sets them.")
   if errors:
     raise ValueError("Invalid sweep:\n  - " + "\n  - ".join(errors))
 
 
 def point_config(spec: SweepSpec, rule: str, batch_size: int) -> ml_collections.ConfigDict:
-  """The config of one point: `get_config("batch=<B>,rule=<R>[,<variant>]")`."""
-  variant = f"batch={batch_size},rule={rule}" + (f",{spec.variant}" if spec.variant else "")
-  config = config_files.load_config(spec.config_path, variant)
+  """The config of one point: the spec's config with `batch_size=<B>` and `scaling.rule=<R>`."""
+  config = config_files.load(config_spec(spec.config, spec.variant),
+                             [f"--config.batch_size={batch_size}", f"--config.scaling.rule={rule}"]).config
   if spec.max_device_batch:
     config.max_device_batch = spec.max_device_batch
   return config
@@ -111,8 +117,8 @@ def recipe_fingerprint(config: ml_collections.ConfigDict) -> str:
   return json.dumps(fields, sort_keys=True)
 
 
-def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: str,
-               batch_size: int) -> sweep_table.SweepRow:
+def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: str, batch_size: int,
+               metric: str) -> sweep_table.SweepRow:
   recipe = optimizer_lib.scaled_recipe(config)
   warmup = recipe.warmup_epochs if (config.lr.warmup != "none" or rule == "goyal") else 0.0
   start = time.time()
@@ -129,10 +135,11 @@ def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: s
     raise KeyboardInterrupt(f"point rule={rule}, batch={batch_size} was preempted (SIGTERM); its "
                             f"checkpoint in {workdir} resumes on the next sweep.")
   final = run_records.final_eval(workdir)
-  return sweep_table.SweepRow(rule, batch_size, float(final[METRIC_KEYS[config.dataset]]), "done",
+  return sweep_table.SweepRow(rule, batch_size, float(final[metric]), "done",
                               recipe.learning_rate, warmup, result.epoch, result.step, time.time() - start)
 
 
+# The test metric of the packaged datasets (lbjax.train.datasets); a user's dataset is taken at --metric.
 METRIC_KEYS = {"mnist": "accuracy", "synthetic_mnist": "accuracy", "imagenet": "accuracy",
                "cifar10": "accuracy", "synthetic_images": "accuracy", "ptb": "perplexity",
                "synthetic_ptb": "perplexity"}
@@ -164,8 +171,8 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
   configs = {(rule, b): point_config(spec, rule, b) for rule in spec.rules for b in spec.batch_sizes}
   fingerprints = {}
   for (rule, b), config in configs.items():
-    if METRIC_KEYS[config.dataset] != spec.metric:
-      raise ValueError(f"{spec.config_path} trains on {config.dataset!r}, whose test metric is "
+    if METRIC_KEYS.get(config.dataset, spec.metric) != spec.metric:
+      raise ValueError(f"{spec.config} trains on {config.dataset!r}, whose test metric is "
                        f"{METRIC_KEYS[config.dataset]!r}, but the sweep measures {spec.metric!r}; pass "
                        f"--metric {METRIC_KEYS[config.dataset]}.")
     fingerprints[(rule, b)] = recipe_fingerprint(config)
@@ -180,7 +187,7 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
         row = dataclasses.replace(twin, rule=rule, same_as=twin.rule)
       else:
         print(f"[sweep] rule={rule} batch={b} -> {spec.workdir}/{rule}_b{b}", flush=True)
-        row = _run_point(configs[(rule, b)], pathlib.Path(spec.workdir) / f"{rule}_b{b}", rule, b)
+        row = _run_point(configs[(rule, b)], pathlib.Path(spec.workdir) / f"{rule}_b{b}", rule, b, spec.metric)
         print(f"[sweep] rule={rule} batch={b}: {spec.metric}={row.metric:.4f} ({row.status}, "
               f"{row.seconds:.0f} s)", flush=True)
       done[(rule, b)] = row
@@ -199,7 +206,8 @@ def _ints(text: str) -> tuple[int, ...]:
 def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="config file, e.g. configs/mnist_lstm.py")
+  parser.add_argument("--config", required=True,
+                      help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--rules", required=True, help="comma-separated scaling rules: " + ",".join(RULES))
   parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/mnist_lstm_legw")
@@ -210,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
   args = parser.parse_args(argv)
-  spec = SweepSpec(config_path=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
+  spec = SweepSpec(config=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
                    batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir, variant=args.variant,
                    metric=args.metric, title=args.title,
                    max_device_batch=args.max_device_batch)

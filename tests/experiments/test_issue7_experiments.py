@@ -21,7 +21,7 @@ def _read_csv(path):
 
 
 def _comparison_spec(tmp_path, **overrides):
-  fields = dict(config_path=TINY_CONFIG, learning_rates={"lars": (1.0,), "mclr": (0.001, 0.003)},
+  fields = dict(config=TINY_CONFIG, learning_rates={"lars": (1.0,), "mclr": (0.001, 0.003)},
                 out=str(tmp_path / "results" / "mclr_vs_lars"), workdir=str(tmp_path / "runs"), batch_size=64,
                 epochs=1.0, warmup_epochs=0.25, eval_every_epochs=0.5, log_every=1, title="tiny")
   fields.update(overrides)
@@ -62,7 +62,10 @@ def test_both_optimizers_share_the_schedule_and_differ_only_in_rate_and_scale(co
                              [float(mclr_lr(e)) / 0.003 for e in epochs], rtol=1e-6, atol=1e-9)
   assert float(lars_lr(0.0)) == 0.0 and float(lars_lr(0.25)) == pytest.approx(1.0)  # warm-up to the peak
   assert float(lars_lr(1.0)) == pytest.approx(0.0, abs=1e-9)  # poly decay to 0
-  lars.optimizer.name, lars.lr.base = "mclr", 0.003
+  assert lars.optimizer.to_dict() == {"name": "lars", "momentum": 0.9, "weight_decay": 0.0, "trust_coefficient": 0.001}
+  assert mclr.optimizer.to_dict() == {"name": "mclr", "momentum": 0.9, "weight_decay": 0.0}  # mclr has no eta
+  lars.optimizer = mclr.optimizer
+  lars.lr.base = 0.003
   assert lars.to_json() == mclr.to_json()
 
 
@@ -99,7 +102,7 @@ def test_comparison_rejects_bad_specs_before_training(tmp_path):
 @pytest.fixture(scope="module")
 def lipschitz_curves(tmp_path_factory):
   tmp_path = tmp_path_factory.mktemp("lipschitz")
-  spec = lipschitz.LipschitzSpec(config_path=TINY_CONFIG, batch_sizes=(32, 64), out=str(tmp_path / "lipschitz"),
+  spec = lipschitz.LipschitzSpec(config=TINY_CONFIG, batch_sizes=(32, 64), out=str(tmp_path / "lipschitz"),
                                  workdir=str(tmp_path / "runs"), steps=4, every=2, lipschitz_batch_size=32,
                                  title="tiny L")
   return spec, lipschitz.run_experiment(spec)
@@ -129,7 +132,7 @@ def test_lipschitz_markdown_reports_the_peak_and_plot_exists(lipschitz_curves):
 
 
 def test_lipschitz_run_length_is_counted_in_iterations(tmp_path):
-  spec = lipschitz.LipschitzSpec(config_path=TINY_CONFIG, batch_sizes=(32,), out=str(tmp_path / "l"),
+  spec = lipschitz.LipschitzSpec(config=TINY_CONFIG, batch_sizes=(32,), out=str(tmp_path / "l"),
                                  workdir=str(tmp_path / "runs"), steps=100)
   config = lipschitz.run_config(spec, 128)
   assert config.num_epochs == 50.0  # 100 iterations x 128 / 256 examples
@@ -141,7 +144,7 @@ def test_lipschitz_run_length_is_counted_in_iterations(tmp_path):
 
 
 def test_noise_scale_outputs_are_the_ratio_of_the_logged_estimates(tmp_path):
-  spec = noise_scale.NoiseScaleSpec(config_path=TINY_CONFIG, out=str(tmp_path / "noise"), workdir=str(tmp_path / "run"),
+  spec = noise_scale.NoiseScaleSpec(config=TINY_CONFIG, out=str(tmp_path / "noise"), workdir=str(tmp_path / "run"),
                                     max_device_batch=4, variant="batch=64", log_every=1, title="tiny noise")
   records = noise_scale.run_experiment(spec)
   rows = _read_csv(tmp_path / "noise.csv")
@@ -157,7 +160,7 @@ def test_noise_scale_outputs_are_the_ratio_of_the_logged_estimates(tmp_path):
 
 
 def test_noise_scale_needs_an_accumulating_run(tmp_path):
-  spec = noise_scale.NoiseScaleSpec(config_path=TINY_CONFIG, out=str(tmp_path / "n"), workdir=str(tmp_path / "w"),
+  spec = noise_scale.NoiseScaleSpec(config=TINY_CONFIG, out=str(tmp_path / "n"), workdir=str(tmp_path / "w"),
                                     max_device_batch=64, variant="batch=64")
   with pytest.raises(ValueError, match="do not exceed max_device_batch"):
     noise_scale.run_experiment(spec)

@@ -13,7 +13,7 @@ TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_sweep_config.py"))
 
 
 def _spec(tmp_path, **overrides):
-  fields = dict(config_path=TINY_CONFIG, rules=("none", "linear"), batch_sizes=(32, 64),
+  fields = dict(config=TINY_CONFIG, rules=("none", "linear"), batch_sizes=(32, 64),
                 out=str(tmp_path / "results" / "tiny"), workdir=str(tmp_path / "runs"), title="tiny")
   fields.update(overrides)
   return sweep.SweepSpec(**fields)
@@ -93,10 +93,13 @@ def test_csv_round_trip_keeps_diverged_points(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(rules=("cubic",)), "unknown scaling rule"),
     (dict(batch_sizes=(0, 64)), "positive integers"),
-    (dict(config_path="configs/missing.py"), "does not exist"),
+    (dict(config="configs/missing.py"), "Config file configs/missing.py not found"),
+    (dict(config="mnist_lstn"), "Did you mean 'mnist_lstm'"),
+    (dict(variant="bacth=64"), "unknown variant key 'bacth'"),
     (dict(metric="bleu"), "metric must be"),
     (dict(variant="batch=64"), "must not set batch or rule"),
     (dict(variant="epochs=2,rule=legw"), "must not set batch or rule"),
+    (dict(config=TINY_CONFIG + ":batch=64"), "must not set batch or rule"),
     (dict(max_device_batch=-1), "max_device_batch must be"),
     (dict(metric="perplexity"), "--metric accuracy"),
 ])
@@ -132,3 +135,36 @@ def test_zoom_panel_only_when_collapsed_runs_flatten_the_good_ones():
   assert sweep_table._zoom_limits([98.96, 98.25, 97.1], "accuracy") is None
   assert sweep_table._zoom_limits([118.9, 157.1, 18599.0], "perplexity") == pytest.approx((115.333, 178.35))
   assert sweep_table._zoom_limits([118.9, 157.1], "perplexity") is None
+
+
+def test_points_of_a_packaged_config_are_its_variants(tmp_path):
+  from lbjax.train import config_files  # pylint: disable=g-import-not-at-top
+  spec = _spec(tmp_path, config="mnist_lstm:epochs=5", variant="seed=3")
+  config = sweep.point_config(spec, "legw", 512)
+  expected = config_files.load("mnist_lstm:epochs=5,seed=3,batch=512,rule=legw").config
+  assert config.to_json() == expected.to_json()
+  assert (config.batch_size, config.scaling.rule, config.num_epochs, config.seed) == (512, "legw", 5.0, 3)
+  assert (config.lr.warmup, config.lr.warmup_epochs) == ("linear_warmup", 0.15625)  # finalize saw the rule
+
+
+def test_config_spec_appends_variant_keys():
+  from experiments import config_spec, variant_fields  # pylint: disable=g-import-not-at-top
+  assert config_spec("mnist_lstm") == "mnist_lstm"
+  assert config_spec("mnist_lstm", "", "batch=8") == "mnist_lstm:batch=8"
+  assert config_spec("mnist_lstm:epochs=5", "batch=8", "") == "mnist_lstm:epochs=5,batch=8"
+  assert variant_fields("ptb_lstm:batch=640,recipe=zaremba") == {"batch_size", "recipe"}
+  assert variant_fields(TINY_CONFIG) == set()
+
+
+def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  trained = {}
+  monkeypatch.setattr(batch_schedule.train, "train_and_evaluate",
+                      lambda config, workdir: trained.setdefault(pathlib.Path(workdir).name, config))
+  batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), variant="epochs=5", max_device_batch=128)
+  assert set(trained) == set(batch_schedule.SCHEDULES)
+  assert trained["decay_lr"].lr.decay == "multistep_decay" and trained["decay_lr"].lr.boundaries == (2.0, 3.0, 4.0)
+  assert trained["grow_batch"].batch_sizes == (128, 640, 3200, 16000)
+  assert all(c.num_epochs == 5.0 and c.max_device_batch == 128 for c in trained.values())
+  with pytest.raises(ValueError, match="must be a non-empty subset"):
+    batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow",))
