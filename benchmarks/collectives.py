@@ -134,14 +134,14 @@ def abstract_step_inputs(config, run, image_size: int):
   scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=run.replicated)
   rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=run.replicated)
   batch_size = config.batch_size
-  if run.task.carries_state:
+  if run.task.dataset.kind == "language_model":
     carry = with_sharding(jax.eval_shape(lambda: model.initial_carry(batch_size)),
                           lambda _: run.batch_sharding)
     tokens = jax.ShapeDtypeStruct((batch_size, 20), np.int32, sharding=run.batch_sharding)
     batch = {"inputs": tokens, "targets": tokens}
   else:
     carry = None
-    channels = 1 if config.model == "mnist_lstm" else 3
+    channels = run.task.dataset.model_arguments["input_channels"]
     batch = {"images": jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), np.float32,
                                             sharding=run.batch_sharding),
              "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.batch_sharding)}

@@ -49,7 +49,7 @@ def loop_examples_per_second(config, steps: int, log_every: int) -> float:
 def _examples_per_epoch(config) -> float:
   """Examples one epoch of the config's train stream holds (rows x windows for PTB)."""
   task = train.build_task(config)
-  stream = task.make_train_stream(0, 1)
+  stream = task.dataset.make_train_stream(0, 1)
   if hasattr(stream, "windows_per_epoch"):
     return stream.windows_per_epoch(config.batch_size) * config.batch_size
   return stream.num_examples
@@ -58,7 +58,7 @@ def _examples_per_epoch(config) -> float:
 def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str, float]:
   """Median seconds of each piece of one loop iteration's host work."""
   run, size = trainer_step.run, trainer_step.batch_size
-  stream = run.task.make_train_stream(0, 1)
+  stream = run.task.dataset.make_train_stream(0, 1)
   local = stream.next_batch(size)
   local.pop("reset_carry", None)
 

@@ -21,6 +21,9 @@ from lbjax.train import loop
 from lbjax.train import step as train_step_lib
 
 MODELS = ("mnist_lstm", "ptb_lstm", "resnet_tiny", "resnet18", "resnet50")
+# The workload names (used in the benchmark tables and flags) -> `config.model`, a class of lbjax.models.
+MODEL_CLASSES = {"mnist_lstm": "MnistLSTM", "ptb_lstm": "PtbLSTM", "resnet_tiny": "ResNetTiny",
+                 "resnet18": "ResNet18", "resnet50": "ResNet50"}
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9
 
@@ -30,7 +33,7 @@ def trainer_config(model: str, batch_size: int, *, num_train_examples: int = 409
   """A momentum-SGD trainer config for `model` on its synthetic dataset at `batch_size`.
 
   Args:
-    model: one of `MODELS`.
+    model: one of `MODELS` (the workload name; `config.model` is its class, `MODEL_CLASSES`).
     batch_size: global batch size (for ptb_lstm: rows of 20-token windows).
     num_train_examples: synthetic training-set size (tokens for ptb_lstm are 20x this).
     image_size: side of the synthetic images (ResNets).
@@ -38,12 +41,11 @@ def trainer_config(model: str, batch_size: int, *, num_train_examples: int = 409
   if model not in MODELS:
     raise ValueError(f"Unknown model {model!r}; choose one of {', '.join(MODELS)}.")
   config = train.default_config()
-  config.model = model
+  config.model = MODEL_CLASSES[model]
   config.batch_size = batch_size
   config.scaling.base_batch_size = batch_size
   config.lr.base = LEARNING_RATE
-  config.optimizer.name = "momentum"
-  config.optimizer.momentum = MOMENTUM
+  config.optimizer = {"name": "momentum", "momentum": MOMENTUM}  # lbjax.optim.momentum
   config.progress = False
   config.checkpoint_every_steps = 0
   config.eval_batch_size = batch_size
@@ -72,11 +74,10 @@ class TrainerStep:
     self.run = loop.Run(config)
     self.batch_size = config.batch_size
     self.state = self.run.initial_state()
-    self.stream = self.run.task.make_train_stream(0, 1)
+    self.stream = self.run.task.dataset.make_train_stream(0, 1)
     local = self.stream.next_batch(self.batch_size)
-    if self.run.task.carries_state:
-      local.pop("reset_carry")
-      self.state = self.state._replace(carry=self.run.zero_carry(self.batch_size))
+    self.run.task.take_carry_reset(local)  # the language model's flag: not an input of the step
+    self.state = self.state._replace(carry=self.run.zero_carry(self.batch_size))  # None: no carry
     self.host_batch = local
     self.batch = loop.global_batch(local, self.run.batch_sharding)
     self.learning_rate = loop._host_scalar(LEARNING_RATE, self.run.replicated)  # pylint: disable=protected-access
@@ -115,7 +116,8 @@ class HandStep:
     run = trainer_step.run
     model = run.task.build_model(nnx.Rngs(run.config.seed))
     self.graphdef, params, model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
-    self.language_model = run.task.carries_state
+    zero_carry = run.task.zero_carry(model, trainer_step.batch_size)  # host arrays, or None
+    self.language_model = zero_carry is not None
     optimizer = optax.sgd(LEARNING_RATE, momentum=MOMENTUM)
     graphdef, language_model = self.graphdef, self.language_model
 
@@ -140,8 +142,7 @@ class HandStep:
     self.opt_state = optimizer.init(self.params)
     self.batch = {k: jnp.asarray(v) for k, v in trainer_step.host_batch.items()}
     # One buffer per leaf (the zero carry may share one), as donation needs.
-    self.carry = (jax.tree.map(lambda x: jnp.array(np.array(x)), model.initial_carry(
-        trainer_step.batch_size)) if self.language_model else None)
+    self.carry = jax.tree.map(lambda x: jnp.array(np.array(x)), zero_carry) if self.language_model else None
 
   def compiled(self) -> jax.stages.Compiled:
     """The compiled executable of this step (for cost and memory analysis)."""
