@@ -15,6 +15,10 @@ Zero norms: every statistic is a coefficient times a quotient `num / den` of lay
 (`||w|| / ||g||` and relatives). When `num` or `den` is zero or the quotient is not finite, the
 quotient is taken as 1 (`safe_quotient`). For LARS this gives the local LR `eta` (never NaN and never a
 raw step `lr * g`); for LAMB it gives the trust ratio 1 of optax and the LAMB paper.
+
+Complex parameters: norms are `sqrt(sum_i |x_i|^2)` (a complex leaf is measured as a real vector of
+twice its length) and the rates are real, so complex leaves work as in optax; the rates of every
+leaf (and the state that keeps them) are float32, or float64 for float64/complex128 leaves.
 """
 
 import dataclasses
@@ -66,8 +70,10 @@ class LayerReducer:
     return total
 
   def sum_of_squares(self, x: jax.Array) -> jax.Array:
-    """Squared L2 norm of each layer of `x`."""
+    """Squared L2 norm `sum_i |x_i|^2` of each layer of `x` (real, also for complex `x`)."""
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    if jnp.iscomplexobj(x):  # |x|^2 = re^2 + im^2: C^n measured as R^2n
+      return self.sum(jnp.real(x) * jnp.real(x) + jnp.imag(x) * jnp.imag(x))
     return self.sum(x * x)
 
   def norm(self, x: jax.Array) -> jax.Array:
@@ -138,6 +144,14 @@ class LayerRate(Protocol):
       self, w: jax.Array, g: jax.Array, weight_decay: Any, layer: LayerReducer
   ) -> jax.Array:
     """Returns the local rate, shape `w.shape[:layer.stacked_axes]`."""
+
+
+def real_dtype(dtype: Any) -> jnp.dtype:
+  """The dtype of a layer statistic of a leaf of `dtype`: real, float32 or wider.
+
+  float32 for bfloat16, float16, float32 and complex64 leaves; float64 for float64 and complex128.
+  """
+  return jnp.finfo(jnp.promote_types(dtype, jnp.float32)).dtype
 
 
 def safe_quotient(num: jax.Array, den: jax.Array) -> jax.Array:
@@ -267,7 +281,7 @@ def scale_by_layerwise_rate(
     def init_rate(p, is_selected, k):
       if not is_selected:
         return optax.MaskedNode()
-      return jnp.zeros(p.shape[:k], jnp.promote_types(p.dtype, jnp.float32))
+      return jnp.zeros(p.shape[:k], real_dtype(p.dtype))
 
     return LayerwiseRateState(rates=jax.tree.map(init_rate, params, selected, stacked_tree))
 
@@ -299,7 +313,7 @@ def scale_by_layerwise_rate(
       # materialising) a full-size g + beta * w with this update.
       update = scale * g if skip_decay else scale * g + (scale * weight_decay) * w
       new_updates.append(update.astype(g.dtype))
-      new_rates.append(local_rate.astype(jnp.promote_types(w.dtype, jnp.float32)))
+      new_rates.append(local_rate.astype(real_dtype(w.dtype)))
     return (
         jax.tree.unflatten(updates_def, new_updates),
         LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
