@@ -24,6 +24,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
+__all__ = [
+    "BitsPerStep",
+    "ErrorFeedbackState",
+    "FLOAT_BITS",
+    "GradientCompressor",
+    "QSGDState",
+    "bits_per_step",
+    "compressed_pmean",
+    "no_compression",
+    "one_bit",
+    "qsgd",
+    "qsgd_dense_bits",
+    "qsgd_elias_bits",
+]
+
 AxisName = Hashable
 FLOAT_BITS = 32
 
@@ -95,6 +110,16 @@ def _device_index(axis_name: AxisName) -> jax.Array:
         f"jax.pmap(axis_name={axis_name!r}); build it with axis_name=None otherwise.") from e
 
 
+def _check_real(grads: optax.Updates, where: str) -> None:
+  """Raises TypeError for complex leaves, which a real quantizer would cut to their real part."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(grads):
+    if jnp.iscomplexobj(leaf):
+      raise TypeError(
+          f"{where} quantizes real gradients; the leaf {jax.tree_util.keystr(path)} is "
+          f"{jnp.result_type(leaf)} (complex). Compress its real and imaginary parts as separate "
+          "real leaves, or leave it uncompressed.")
+
+
 def no_compression() -> GradientCompressor:
   """The identity compressor: sends the raw float32 gradient (32 bits per entry).
 
@@ -159,6 +184,7 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
 
   def update(grads, state, params=None):
     del params
+    _check_real(grads, "one_bit")
     if not error_feedback:
       return jax.tree.map(_one_bit_decode, grads), state
     corrected = jax.tree.map(jnp.add, grads, state.residual)
@@ -257,6 +283,7 @@ def qsgd(
 
   def update(grads, state, params=None):
     del params
+    _check_real(grads, "qsgd")
     key, step_key = jax.random.split(jax.random.wrap_key_data(state.key))
     if axis_name is not None:
       step_key = jax.random.fold_in(step_key, _device_index(axis_name))
