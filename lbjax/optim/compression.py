@@ -123,8 +123,19 @@ def _check_real(grads: optax.Updates, where: str) -> None:
 def no_compression() -> GradientCompressor:
   """The identity compressor: sends the raw float32 gradient (32 bits per entry).
 
+      decode(encode(g)) = g
+
+  so that data-parallel SGD takes the exact minibatch-mean gradient, the equation of papers/004's
+  slide "Stochastic gradient descent".
+
   The baseline against which compressors are compared; `compressed_pmean` with it is exactly
   `jax.lax.pmean`.
+
+  References:
+    Vojnovic, M. Scaling up distributed machine learning. ST446 Distributed Computing for Big Data,
+      Lecture 9, London School of Economics, 2021 (papers/004, slides "Data parallel computation"
+      and "Computation and communication costs": the float32 gradient exchanged by data-parallel
+      SGD).
   """
 
   def init(params: optax.Params) -> optax.EmptyState:
@@ -166,13 +177,21 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
   With `error_feedback=True` the quantization error is carried to the next step (as in Seide et
   al.): p_t = g_t + r_{t-1}, sent q(p_t), r_t = p_t - q(p_t). Then
   sum_t q(p_t) = sum_t g_t - r_T, so the cumulative transmitted gradient tracks the cumulative true
-  gradient up to the bounded residual.
+  gradient up to the bounded residual. Gradients must be real: a complex leaf raises a TypeError.
 
   Args:
     error_feedback: keep the residual in the state and add it to the next gradient.
 
   Returns:
     A `GradientCompressor` (an Optax transform).
+
+  References:
+    Seide, F., Fu, H., Droppo, J., Li, G., and Yu, D. 1-Bit Stochastic Gradient Descent and its
+      Application to Data-Parallel Distributed Training of Speech DNNs. Interspeech 2014, pp.
+      1058-1062. (Quantization with error feedback.)
+    Vojnovic, M. Scaling up distributed machine learning. ST446 Distributed Computing for Big Data,
+      Lecture 9, London School of Economics, 2021 (papers/004, slide "1-bit SGD vector compression":
+      the equation for q_i(g)).
   """
   if not isinstance(error_feedback, bool):
     raise TypeError(f"one_bit: error_feedback must be a bool, got {error_feedback!r}.")
@@ -250,6 +269,7 @@ def qsgd(
   The PRNG key is in the state (from `seed`) and advances every step, so runs are reproducible.
   Inside `shard_map`/`pmap` pass `axis_name`: the device index along that axis is folded into
   the step key, so devices draw different randomness while the stored key stays replicated.
+  Gradients must be real: a complex leaf raises a TypeError.
 
   Args:
     num_levels: s >= 1, an integer; larger s means less variance and more bits.
@@ -260,6 +280,15 @@ def qsgd(
 
   Returns:
     A `GradientCompressor` (an Optax transform).
+
+  References:
+    Alistarh, D., Grubic, D., Li, J., Tomioka, R., and Vojnovic, M. QSGD: Communication-Efficient
+      SGD via Gradient Quantization and Encoding. NeurIPS 2017. arXiv:1610.02132. (§3.1 the
+      quantizer Q_s, Lemma 3.1 unbiasedness, variance and sparsity bounds, Theorem 3.2 the code
+      length.)
+    Vojnovic, M. Scaling up distributed machine learning. ST446 Distributed Computing for Big Data,
+      Lecture 9, London School of Economics, 2021 (papers/004, slides "Controllable quantization":
+      the equation for q_i(g; s) and its second-moment and expected-bits bounds).
   """
   if isinstance(num_levels, bool) or not isinstance(num_levels, int):
     raise TypeError(

@@ -1,4 +1,4 @@
-"""LAMB: the layer-wise trust ratio of LARS applied to the Adam direction (You et al., 2019)."""
+"""LAMB: the layer-wise trust ratio of LARS applied to the Adam direction (You et al. 2020)."""
 
 from typing import Any
 
@@ -9,13 +9,18 @@ from lbjax.optim import validation
 
 
 def lamb_rate() -> layerwise.LayerRate:
-  """The LAMB trust ratio as a `LayerRate`: `||w^l|| / ||u^l + beta * w^l||`.
+  """The LAMB trust ratio as a `LayerRate`: `||w^l|| / ||u^l + beta * w^l||` (Algorithm 2 of LAMB).
 
   `u` is the incoming (Adam) direction. With the zero-norm rule of `layerwise.safe_quotient` the
   ratio is 1 when either norm is zero, as in optax and the LAMB paper.
 
   Returns:
     A `layerwise.LayerRate`.
+
+  References:
+    You, Y., Li, J., Reddi, S., Hseu, J., Kumar, S., Bhojanapalli, S., Song, X., Demmel, J.,
+      Keutzer, K., and Hsieh, C.-J. Large Batch Optimization for Deep Learning: Training BERT in 76
+      minutes. ICLR 2020. arXiv:1904.00962. (Algorithm 2, LAMB; with phi the identity.)
   """
 
   def rate(w, u, weight_decay, layer):
@@ -32,6 +37,9 @@ def scale_by_lamb_trust_ratio(
 ) -> optax.GradientTransformation:
   """The trust-ratio part of LAMB on its own: `u^l <- ||w^l|| / ||d^l|| * d^l`, `d = u + beta * w`.
 
+  This is the last line of Algorithm 2 of LAMB (with the scaling function phi the identity),
+  before the learning rate.
+
   Composes after any direction (Adam in `lamb`; other preconditioners work the same way).
   Unselected leaves pass through unchanged (no weight decay, no trust ratio).
 
@@ -43,6 +51,11 @@ def scale_by_lamb_trust_ratio(
 
   Returns:
     An `optax.GradientTransformation`; `trust_ratios(state)` gives the ratios of the last step.
+
+  References:
+    You, Y., Li, J., Reddi, S., Hseu, J., Kumar, S., Bhojanapalli, S., Song, X., Demmel, J.,
+      Keutzer, K., and Hsieh, C.-J. Large Batch Optimization for Deep Learning: Training BERT in 76
+      minutes. ICLR 2020. arXiv:1904.00962. (Algorithm 2, LAMB; with phi the identity.)
   """
   return layerwise.scale_by_layerwise_rate(
       lamb_rate(), weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name
@@ -60,7 +73,7 @@ def lamb(
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
 ) -> optax.GradientTransformation:
-  """LAMB: Adam direction, decoupled weight decay, layer-wise trust ratio.
+  """LAMB: Adam direction, decoupled weight decay, layer-wise trust ratio (Algorithm 2 of LAMB).
 
       r_t = m_hat_t / (sqrt(v_hat_t + eps_root) + eps)            (Adam, bias-corrected)
       w_{t+1}^l = w_t^l - gamma_t * ||w_t^l|| / ||r_t^l + beta * w_t^l|| * (r_t^l + beta * w_t^l)
@@ -81,6 +94,13 @@ def lamb(
 
   Returns:
     An `optax.GradientTransformation`.
+
+  References:
+    You, Y., Li, J., Reddi, S., Hseu, J., Kumar, S., Bhojanapalli, S., Song, X., Demmel, J.,
+      Keutzer, K., and Hsieh, C.-J. Large Batch Optimization for Deep Learning: Training BERT in 76
+      minutes. ICLR 2020. arXiv:1904.00962. (Algorithm 2, LAMB; with phi the identity.)
+    Kingma, D. P. and Ba, J. Adam: A Method for Stochastic Optimization. ICLR 2015. arXiv:1412.6980.
+      (Algorithm 1, the direction r_t.)
   """
   validation.check_nonnegative("learning_rate", learning_rate)
   validation.check_momentum("b1", b1)

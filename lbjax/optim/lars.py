@@ -13,13 +13,15 @@ DENOMINATORS = ("paper", "optax")
 def lars_rate(
     trust_coefficient: Any = 1e-3, eps: Any = 0.0, denominator: str = "paper"
 ) -> layerwise.LayerRate:
-  """The LARS local LR as a `LayerRate` (papers/000, Algorithm 1, line "compute the local LR").
+  """The LARS local LR as a `LayerRate` (papers/000 eq. 6 and Algorithm 1; papers/003 eq. 23).
 
       denominator="paper":  lambda^l = eta * ||w^l|| / (||g^l|| + beta * ||w^l|| + eps)
       denominator="optax":  lambda^l = eta * ||w^l|| / (||g^l + beta * w^l|| + eps)
 
-  The second is what `optax.lars` computes. With the zero-norm rule of `layerwise.safe_quotient`,
-  `lambda^l = eta` when `||w^l|| = 0` or the denominator is 0.
+  The first is the line "compute the local LR" of Algorithm 1 (eq. 6 with weight decay); the second
+  is what `optax.lars` computes. With the zero-norm rule of `layerwise.safe_quotient`,
+  `lambda^l = eta` when `||w^l|| = 0` or the denominator is 0. Norms are `sqrt(sum_i |x_i|^2)`, so
+  complex leaves are measured as real vectors of twice the length.
 
   Args:
     trust_coefficient: eta.
@@ -28,6 +30,15 @@ def lars_rate(
 
   Returns:
     A `layerwise.LayerRate`.
+
+  References:
+    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
+      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
+      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 23, LARS as a layer-wise
+      curvature radius.)
+    optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
   validation.check_positive("trust_coefficient", trust_coefficient)
   validation.check_nonnegative("eps", eps)
@@ -53,7 +64,7 @@ def scale_by_lars(
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
 ) -> optax.GradientTransformation:
-  """The layer-wise part of LARS on its own: `u^l = lambda^l * (g^l + beta * w^l)`.
+  """The layer-wise part of LARS on its own: `u^l = lambda^l * (g^l + beta * w^l)` (papers/000 eq 5).
 
   `lambda^l` is `lars_rate` (papers/000 Algorithm 1: `eta * ||w|| / (||g|| + beta * ||w||)`).
   Unselected leaves pass through unchanged (no weight decay, no trust ratio). Composes with any optax
@@ -70,6 +81,12 @@ def scale_by_lars(
 
   Returns:
     An `optax.GradientTransformation`; `trust_ratios(state)` gives the `lambda^l` of the last step.
+
+  References:
+    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
+      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
+      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
+    optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
   return layerwise.scale_by_layerwise_rate(
       lars_rate(trust_coefficient, eps, denominator),
@@ -92,7 +109,7 @@ def lars(
     denominator: str = "paper",
     axis_name: layerwise.AxisName = None,
 ) -> optax.GradientTransformation:
-  """SGD with LARS, exactly Algorithm 1 of papers/000.
+  """SGD with LARS, exactly Algorithm 1 of papers/000 (eq. 5-6 with momentum and weight decay).
 
   For a selected leaf (layer `l`), with `gamma_t = learning_rate(t)`, `m = momentum`,
   `beta = weight_decay`, `eta = trust_coefficient`:
@@ -124,6 +141,15 @@ def lars(
 
   Returns:
     An `optax.GradientTransformation`.
+
+  References:
+    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
+      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
+      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 23, LARS as a layer-wise
+      curvature radius.)
+    optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
   return layerwise.layerwise_sgd(
       scale_by_lars(trust_coefficient, weight_decay, eps, denominator, mask, stacked, axis_name),

@@ -267,6 +267,14 @@ def scale_by_layerwise_rate(
 
   Returns:
     An `optax.GradientTransformation` whose state is a `LayerwiseRateState`.
+
+  References:
+    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
+      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
+      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 17-24, the layer-wise rates as
+      statistics of the curvature radius |w_i / g_i|.)
   """
   validation.check_nonnegative("weight_decay", weight_decay)
   skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
@@ -391,6 +399,11 @@ def layerwise_sgd(
 
   Returns:
     An `optax.GradientTransformation`.
+
+  References:
+    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
+      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
+      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
   """
   validation.check_nonnegative("learning_rate", learning_rate)
   validation.check_momentum("momentum", momentum)

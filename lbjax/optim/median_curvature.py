@@ -20,6 +20,12 @@ def median_curvature_rate() -> layerwise.LayerRate:
 
   Returns:
     A `layerwise.LayerRate`.
+
+  References:
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 17 the curvature radius R_i =
+      |w_i / g_i|, eq. 20 and 22 its median approximation R_m, eq. 21 the LR gamma * R_m; §4.2 and
+      Figure 16 compare it with LARS.)
   """
 
   def rate(w, g, weight_decay, layer):
@@ -46,6 +52,12 @@ def scale_by_median_curvature(
 
   Returns:
     An `optax.GradientTransformation`; `trust_ratios(state)` gives the `R_m` of the last step.
+
+  References:
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 17 the curvature radius R_i =
+      |w_i / g_i|, eq. 20 and 22 its median approximation R_m, eq. 21 the LR gamma * R_m; §4.2 and
+      Figure 16 compare it with LARS.)
   """
   return layerwise.scale_by_layerwise_rate(
       median_curvature_rate(), weight_decay=weight_decay, mask=mask, stacked=stacked,
@@ -80,6 +92,12 @@ def mclr(
 
   Returns:
     An `optax.GradientTransformation`.
+
+  References:
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 17 the curvature radius R_i =
+      |w_i / g_i|, eq. 20 and 22 its median approximation R_m, eq. 21 the LR gamma * R_m; §4.2 and
+      Figure 16 compare it with LARS.)
   """
   return layerwise.layerwise_sgd(
       scale_by_median_curvature(weight_decay, mask, stacked, axis_name), learning_rate, momentum,

@@ -20,6 +20,11 @@ def percent_delta_rate() -> layerwise.LayerRate:
 
   Returns:
     A `layerwise.LayerRate`.
+
+  References:
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 24.)
+    Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
 
   def rate(w, g, weight_decay, layer):
@@ -49,6 +54,11 @@ def scale_by_percent_delta(
 
   Returns:
     An `optax.GradientTransformation`; `trust_ratios(state)` gives the rates of the last step.
+
+  References:
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 24.)
+    Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
   return layerwise.scale_by_layerwise_rate(
       percent_delta_rate(), weight_decay=weight_decay, mask=mask, stacked=stacked,
@@ -83,6 +93,11 @@ def percent_delta(
 
   Returns:
     An `optax.GradientTransformation`.
+
+  References:
+    Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
+      Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 24.)
+    Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
   return layerwise.layerwise_sgd(
       scale_by_percent_delta(weight_decay, mask, stacked, axis_name), learning_rate, momentum,
