@@ -88,3 +88,48 @@ def layer_rate_momentum(params, grads_seq, lr, m, beta, rate_fn, selected):
         v[k] = m * v[k] + lr * grads[k]
       w[k] = w[k] - v[k]
   return w, rates
+
+
+def lamb_trust_ratio(w, u, beta):
+  """The LAMB trust ratio of a direction u (You et al. 2020, Algorithm 2): ||w|| / ||u + beta*w||;
+  1 if either norm is zero."""
+  w_norm, u_norm = _norm(w), _norm(u + beta * w)
+  return w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+
+
+def one_bit(g):
+  """1-bit SGD (Seide et al. 2014; papers/004): each entry becomes the mean of its sign group
+  (g_i >= 0 or g_i < 0); an empty group has mean 0."""
+  g = np.asarray(g, np.float64)
+  nonneg = g >= 0
+  mean_pos = g[nonneg].mean() if nonneg.any() else 0.0
+  mean_neg = g[~nonneg].mean() if (~nonneg).any() else 0.0
+  return np.where(nonneg, mean_pos, mean_neg)
+
+
+def one_bit_sgd(params, grads_seq, lr, error_feedback):
+  """SGD on 1-bit-quantised gradients, w -= lr * q(g + r), with the residual r = (g + r) - q(g + r)
+  carried to the next step when `error_feedback` (Seide et al. 2014). Returns the final weights."""
+  w = {k: np.asarray(x, np.float64) for k, x in params.items()}
+  r = {k: np.zeros_like(x) for k, x in w.items()}
+  for grads in grads_seq:
+    for k in w:
+      p = grads[k] + r[k] if error_feedback else grads[k]
+      q = one_bit(p)
+      if error_feedback:
+        r[k] = p - q
+      w[k] = w[k] - lr * q
+  return w
+
+
+def momentum_sgd(params, grads_seq, lr, m, beta, selected):
+  """Heavy-ball SGD with L2 weight decay on the selected layers, as optax.sgd orders it:
+  v = m*v + (g + beta*w), w -= lr*v. Returns the final weights."""
+  w = {k: np.asarray(x, np.float64) for k, x in params.items()}
+  v = {k: np.zeros_like(x) for k, x in w.items()}
+  for grads in grads_seq:
+    for k in w:
+      d = grads[k] + beta * w[k] if selected[k] else grads[k]
+      v[k] = m * v[k] + d
+      w[k] = w[k] - lr * v[k]
+  return w
