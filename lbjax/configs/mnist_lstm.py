@@ -10,6 +10,7 @@ warm-up of `BASE_WARMUP_EPOCHS` (so `--config.scaling.rule=legw` is the same run
 Choose learning rates with `eval_split=validation` (10k examples held out of the 60k training set).
 """
 
+from lbjax.configs._warmup import complete_baseline_warmup
 from lbjax.train import default_config
 from lbjax.train.config_files import Variant
 
@@ -57,8 +58,4 @@ def finalize(config, presets):
   if presets["optimizer"] == "adam":
     config.optimizer = {"name": "adam"}
     config.lr.base = ADAM_LEARNING_RATE
-  if config.scaling.rule == "legw" and config.lr.warmup == "none":
-    config.lr.warmup = "linear_warmup"
-    config.lr.warmup_epochs = config.lr.warmup_epochs or BASE_WARMUP_EPOCHS
-  elif config.lr.warmup_epochs and config.lr.warmup == "none":
-    config.lr.warmup = "linear_warmup"
+  complete_baseline_warmup(config, BASE_WARMUP_EPOCHS)

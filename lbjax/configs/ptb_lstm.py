@@ -20,6 +20,7 @@ Evaluation is on the test split (`eval_split=valid` for validation, to choose hy
   lbjax-train --config ptb_lstm:recipe=zaremba --workdir runs/ptb_b20_zaremba
 """
 
+from lbjax.configs._warmup import complete_baseline_warmup
 from lbjax.train import default_config
 from lbjax.train.config_files import Variant
 
@@ -81,8 +82,4 @@ def _apply_recipe(config, recipe: str) -> None:
 
 def finalize(config, presets):
   _apply_recipe(config, presets["recipe"])
-  if config.scaling.rule == "legw" and config.lr.warmup == "none":
-    config.lr.warmup = "linear_warmup"
-    config.lr.warmup_epochs = config.lr.warmup_epochs or BASE_WARMUP_EPOCHS
-  elif config.lr.warmup_epochs and config.lr.warmup == "none":
-    config.lr.warmup = "linear_warmup"
+  complete_baseline_warmup(config, BASE_WARMUP_EPOCHS)

@@ -3,6 +3,7 @@
 Understands the variant keys of lbjax/configs/mnist_lstm.py (batch, rule, lr, epochs).
 """
 
+from lbjax.configs._warmup import complete_baseline_warmup
 from lbjax.train import default_config
 from lbjax.train.config_files import Variant
 
@@ -40,6 +41,4 @@ def get_config():
 def finalize(config, presets):
   """LEGW gets the baseline a linear warm-up of 0.125 epochs when it has none."""
   del presets
-  if config.scaling.rule == "legw" and config.lr.warmup == "none":
-    config.lr.warmup = "linear_warmup"
-    config.lr.warmup_epochs = config.lr.warmup_epochs or BASE_WARMUP_EPOCHS
+  complete_baseline_warmup(config, BASE_WARMUP_EPOCHS)

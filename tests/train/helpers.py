@@ -6,7 +6,7 @@ import numpy as np
 from lbjax.train import default_config
 
 
-def _set(config, overrides):
+def set_fields(config, overrides):
   """Sets dotted fields, adding keyword arguments to the argument sections as a command line can."""
   for path, value in overrides.items():
     *parents, leaf = path.split(".")
@@ -32,7 +32,7 @@ def tiny_classifier_config(**overrides):
   config.lr.base = 0.05
   config.log_every = 4
   config.progress = False
-  return _set(config, overrides)
+  return set_fields(config, overrides)
 
 
 def tiny_resnet_config(**overrides):
@@ -42,7 +42,7 @@ def tiny_resnet_config(**overrides):
   config.model_options = {"bn_group_size": 8, "num_filters": 4}
   config.dataset = "synthetic_images"
   config.data_options = {"num_train_examples": 256, "num_eval_examples": 64, "image_size": 8}
-  return _set(config, overrides)
+  return set_fields(config, overrides)
 
 
 def tiny_language_model_config(**overrides):
@@ -58,7 +58,7 @@ def tiny_language_model_config(**overrides):
   config.lr.base = 0.5
   config.log_every = 4
   config.progress = False
-  return _set(config, overrides)
+  return set_fields(config, overrides)
 
 
 def host_tree(tree):

@@ -12,6 +12,7 @@ from lbjax.train import config as config_lib
 from lbjax.train import summary
 from lbjax.train import validation
 from lbjax.train.errors import ConfigError
+from tests.train import helpers
 
 # Watched or stored, not computed: each is exercised by the trainer tests (metrics cadence, evaluation,
 # checkpoints, TensorBoard, console).
@@ -47,16 +48,6 @@ def _changed(path, value):
   raise AssertionError(f"no changed value for {path}={value!r}; extend the test")
 
 
-def _set(config, changes):
-  for path, value in changes.items():
-    *parents, leaf = path.split(".")
-    node = config
-    for part in parents:
-      node = node[part]
-    with node.ignore_type():
-      node[leaf] = value
-
-
 def _resolved(config):
   validation.validate(config, data_parallel_size=1)
   return summary.resolved_run(config)
@@ -67,7 +58,7 @@ def test_a_field_away_from_its_default_changes_the_run_or_is_refused(path):
   baseline = config_lib.default_config()
   before = _resolved(baseline)
   changed = config_lib.default_config()
-  _set(changed, _changed(path, dict(_fields(baseline))[path]))
+  helpers.set_fields(changed, _changed(path, dict(_fields(baseline))[path]))
   try:
     after = _resolved(changed)
   except ConfigError:
