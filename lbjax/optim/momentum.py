@@ -24,8 +24,9 @@ def momentum(
       w_{t+1} = w_t - gamma_t * v_{t+1}
 
   as `optax.sgd` computes it (Nesterov: `w_{t+1} = w_t - gamma_t * (m * v_{t+1} + d_t)`). This is
-  the momentum update of the papers' baselines (papers/000 §3, papers/001 §5) with the weight decay
-  of the MLPerf recipes: kernels only, by default, as `lars` does.
+  papers/000 Algorithm 1 with the local LR lambda fixed to 1 (for a constant gamma; Algorithm 1 puts
+  gamma inside the momentum sum), the momentum baseline of papers/000 and papers/001 §5, with the
+  weight decay of the MLPerf recipes: kernels only, by default, as `lars` does.
 
   Args:
     learning_rate: gamma, a float or an optax schedule of the update count.
@@ -46,5 +47,9 @@ def momentum(
   """
   if mask is None:
     mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  decay = optax.add_decayed_weights(weight_decay, mask=mask) if weight_decay else optax.identity()
-  return optax.chain(decay, optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov))
+  # A literal 0 needs no work (no decay term, no momentum buffer); a traced value (under
+  # optax.inject_hyperparams) always gets both, which computes the same update.
+  no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+  no_momentum = isinstance(momentum, (int, float)) and momentum == 0
+  decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
+  return optax.chain(decay, optax.sgd(learning_rate, momentum=None if no_momentum else momentum, nesterov=nesterov))

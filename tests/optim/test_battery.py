@@ -294,14 +294,7 @@ NOT_TRANSFORMS = {
 
 # Checks a transform is known to fail, with why: strict xfails, so a fix shows up as an XPASS failure
 # (then delete the entry).
-KNOWN_FAILURES = {
-    ("momentum", "test_inject_hyperparams"):
-        "lbjax/optim/momentum.py branches in Python on weight_decay (`if weight_decay`) and "
-        "momentum (`momentum or None`), which inject_hyperparams turns into traced arrays "
-        "(TracerBoolConversionError)",
-    ("momentum", "test_factory_documents_formula_and_references"):
-        "momentum's docstring cites sections (papers/000 §3, papers/001 §5), no equation",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def battery(test=None, *, only=lambda case: True):
