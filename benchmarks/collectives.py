@@ -28,8 +28,8 @@ import numpy as np
 
 from benchmarks import report
 from benchmarks import workloads
-from lbjax.train import loop
 from lbjax.train import mesh as mesh_lib
+from lbjax.train import run as run_lib
 from lbjax.train import state as state_lib
 from lbjax.train import step as step_lib
 
@@ -170,7 +170,7 @@ def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int,
     config.data_options.num_classes = 1000
     config.data_options.num_train_examples = 16
     config.data_options.num_eval_examples = 16
-  run = loop.Run(config)
+  run = run_lib.Run(config)
   graphdef, state, batch, learning_rate = abstract_step_inputs(config, run, image_size)
   step = step_lib.make_train_step(graphdef, run.task, run.optimizer, run.mesh, 1, compressor=run.compressor)
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)

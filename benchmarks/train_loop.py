@@ -7,9 +7,9 @@ compiled step called back to back on one placed batch, measured in the same proc
 runs. The host work of one loop iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
-  global_batch    host -> device (`loop.global_batch`: `make_array_from_process_local_data` per array)
+  global_batch    host -> device (`run.global_batch`: `make_array_from_process_local_data` per array)
   device_put      the same transfer with `jax.device_put(batch, sharding)`, for comparison
-  lr_scalar       the learning rate placed as a device scalar (`_host_scalar`)
+  lr_scalar       the learning rate placed as a device scalar (`run.host_scalar`)
   schedules       the host learning-rate and batch-size schedules
 
     python -m benchmarks.train_loop [--rounds 3] [--steps 60] [--no-readme]
@@ -27,7 +27,7 @@ import jax
 from benchmarks import report
 from benchmarks import workloads
 from lbjax import train
-from lbjax.train import loop
+from lbjax.train import run as run_lib
 
 CASES = (("mnist_lstm", 512), ("resnet_tiny", 128), ("ptb_lstm", 16))
 
@@ -64,9 +64,9 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
 
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
-      "global_batch": lambda: loop.global_batch(local, run.batch_sharding),
+      "global_batch": lambda: run_lib.global_batch(local, run.batch_sharding),
       "device_put": lambda: jax.device_put(local, run.batch_sharding),
-      "lr_scalar": lambda: loop._host_scalar(0.1, run.replicated),  # pylint: disable=protected-access
+      "lr_scalar": lambda: run_lib.host_scalar(0.1, run.replicated),
       "schedules": lambda: (run.lr_schedule(0.5), run.batch_size_schedule(0.5)),
   }
   times = {}

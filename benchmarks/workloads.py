@@ -2,7 +2,7 @@
 
 `trainer_config(model, batch_size)` is a `lbjax.train.default_config()` on that model's synthetic
 twin (no files needed); `TrainerStep` is the trainer's own compiled step (built on
-`lbjax.train.loop.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and `HandStep` the minimal `jax.jit` step a user
+`lbjax.train.run.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and `HandStep` the minimal `jax.jit` step a user
 would write for the same model, loss and optimizer (nnx.split/merge + optax, donated buffers).
 """
 
@@ -17,7 +17,7 @@ import optax
 
 from lbjax import models
 from lbjax import train
-from lbjax.train import loop
+from lbjax.train import run as run_lib
 from lbjax.train import step as train_step_lib
 
 MODELS = ("mnist_lstm", "ptb_lstm", "resnet_tiny", "resnet18", "resnet50")
@@ -71,16 +71,16 @@ class TrainerStep:
   """The trainer's compiled step for one config, ready to call repeatedly on one placed batch."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    self.run = loop.Run(config)
+    self.run = run_lib.Run(config)
     self.batch_size = config.batch_size
-    self.state = self.run.initial_state()
-    self.stream = self.run.task.dataset.make_train_stream(0, 1)
+    self.state = self.run.state
+    self.stream = self.run.stream
     local = self.stream.next_batch(self.batch_size)
     self.run.task.take_carry_reset(local)  # the language model's flag: not an input of the step
     self.state = self.state._replace(carry=self.run.zero_carry(self.batch_size))  # None: no carry
     self.host_batch = local
-    self.batch = loop.global_batch(local, self.run.batch_sharding)
-    self.learning_rate = loop._host_scalar(LEARNING_RATE, self.run.replicated)  # pylint: disable=protected-access
+    self.batch = run_lib.global_batch(local, self.run.batch_sharding)
+    self.learning_rate = run_lib.host_scalar(LEARNING_RATE, self.run.replicated)
     self.compiled = self.compile()
 
   def compile(self) -> jax.stages.Compiled:

@@ -7,13 +7,14 @@ call; `config_files.load("mnist_lstm:batch=8192")` gives the config of a package
 from lbjax.train.config import default_config
 from lbjax.train.errors import CheckpointMismatchError
 from lbjax.train.errors import ConfigError
-from lbjax.train.loop import NonFiniteError
 from lbjax.train.loop import TrainResult
 from lbjax.train.loop import train_and_evaluate
 from lbjax.train.mesh import build_mesh
 from lbjax.train.optimizer import batch_size_schedule
 from lbjax.train.optimizer import build_optimizer
 from lbjax.train.optimizer import learning_rate_schedule
+from lbjax.train.run import NonFiniteError
+from lbjax.train.run import Run
 from lbjax.train.state import TrainState
 from lbjax.train.tasks import build_task
 from lbjax.train.validation import validate

@@ -16,27 +16,22 @@ import ml_collections
 from ml_collections import config_flags
 
 from lbjax import diagnostics
-from lbjax.train.loop import Run, global_batch
+from lbjax.train.run import Run
 
 
 def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostics.LayerNormRow]:
   """The per-layer norms table at the initial parameters, on the run's first training batch."""
   run = Run(config)
-  state = run.initial_state()
-  stream = run.task.dataset.make_train_stream(run.process_index, run.process_count)
-  batch_size = run.batch_size_schedule(0.0)
-  local = stream.next_batch(batch_size)
-  local.pop("reset_carry", None)
-  batch = global_batch(local, run.batch_sharding)
-  carry = run.zero_carry(batch_size)
+  batch = run.next_batch()
+  carry = run.zero_carry(batch.size)
   key = jax.random.key(config.seed)
 
   def loss(params):
-    model = nnx.merge(run.graphdef, params, state.model_state)
-    return run.task.train_loss(model, batch, carry, key)[0]
+    model = nnx.merge(run.graphdef, params, run.state.model_state)
+    return run.task.train_loss(model, batch.arrays, carry, key)[0]
 
-  grads = jax.jit(jax.grad(loss))(state.params)
-  return diagnostics.layer_norms(state.params, grads)
+  grads = jax.jit(jax.grad(loss))(run.state.params)
+  return diagnostics.layer_norms(run.state.params, grads)
 
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).")

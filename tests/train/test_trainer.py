@@ -10,8 +10,8 @@ import pytest
 from lbjax import data as lbdata
 from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
-from lbjax.train import loop
-from lbjax.train.loop import Run, global_batch
+from lbjax.train import hooks
+from lbjax.train.run import Run, global_batch
 from tests.train import helpers
 
 
@@ -90,7 +90,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
 def test_sigterm_right_after_an_evaluation_keeps_its_checkpoint_and_resumes(tmp_path, monkeypatch):
   """Step 4 ends half an epoch: it is evaluated and saved; a SIGTERM seen there must not save it twice."""
   config = helpers.tiny_classifier_config(eval_every_epochs=0.5)
-  monkeypatch.setattr(loop._PreemptionFlag, "should_stop", lambda self, step: step == 4)
+  monkeypatch.setattr(hooks.PreemptionFlag, "should_stop", lambda self, step: step == 4)
   preempted = train_and_evaluate(config, tmp_path)
   assert preempted.preempted and preempted.step == 4
   assert Checkpointer(tmp_path).latest_step() == 4
@@ -128,9 +128,8 @@ def test_tensorboard_mirrors_the_scalars(tmp_path):
 def _all_reduce_computations(config):
   """Names of the HLO computations of the compiled train step that hold an all-reduce."""
   run = Run(config)
-  state = run.initial_state()
   batch = global_batch(run.task.dataset.make_train_stream(0, 1).next_batch(32), run.batch_sharding)
-  compiled = run.train_step(32, 0.0, state, batch, jax.device_put(np.float32(0.1), run.replicated))
+  compiled = run.train_step(32, 0.0, run.state, batch, jax.device_put(np.float32(0.1), run.replicated))
   computations = re.split(r"\n(?=\S)", compiled.as_text())
   return [c.split("\n")[0][:60] for c in computations if " all-reduce(" in c]
 

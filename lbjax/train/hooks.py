@@ -1,0 +1,222 @@
+"""What happens around the training steps of a `Run`: one small hook per concern.
+
+Each hook's `after_step(run, metrics)` runs after every step, in the order `train_and_evaluate`
+lists them (records land in `metrics.jsonl` in that order):
+
+  RecordCompiles    a `compile` record (and a fresh throughput window) when a step was compiled
+  WriteMetrics      every `log_every` steps: the `train` record and the progress line, with the
+                    health check riding along, the gradient noise scale (from accumulation) and,
+                    for layer-wise rates, the `trust_ratio` record
+  Lipschitz         every `lipschitz_every` steps: the curvature along the gradient (papers/001 §4)
+  EvaluateAndSave   at every `eval_every_epochs` boundary: evaluation (record, console, best so far)
+                    and a checkpoint
+  Checkpoint        every `checkpoint_every_steps` steps: a checkpoint
+  SaveOnPreemption  on SIGTERM: metrics, a checkpoint, and the loop stops
+
+The loop never waits for the device between steps: the metrics of each step stay on the device and
+`WriteMetrics` fetches them together.
+"""
+
+import math
+import signal
+import threading
+from typing import Any, Callable
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from lbjax import diagnostics
+from lbjax import optim
+from lbjax.train.metrics import MetricsWriter, ProgressLine
+from lbjax.train.run import Run
+
+Metrics = dict[str, jax.Array]
+
+
+def _flatten(tree: Any) -> dict[str, float]:
+  flat = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    name = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+    values = np.ravel(np.asarray(leaf, np.float64))
+    for i, value in enumerate(values):
+      if np.isfinite(value):
+        flat[name if values.size == 1 else f"{name}[{i}]"] = float(value)
+  return flat
+
+
+def write_compression_bits(run: Run, writer: MetricsWriter) -> None:
+  """The `compression` record: bits one device sends per step, compressed and not."""
+  if run.config.compression.name == "none":
+    return
+  bits = optim.compression.bits_per_step(run.state.params, run.compressor)
+  writer.write("compression", run.step_count, {
+      "name": run.config.compression.name, "bits_per_device_step": bits.compressed,
+      "uncompressed_bits": bits.uncompressed, "ratio": bits.ratio})
+
+
+class RecordCompiles:
+  """A `compile` record (batch size, loss variant, seconds) for each newly compiled step, and a new
+  throughput window, so compile time never counts against examples/s."""
+
+  def __init__(self, writer: MetricsWriter, progress: ProgressLine):
+    self.writer, self.progress = writer, progress
+
+  def after_step(self, run: Run, metrics: Metrics) -> None:
+    del metrics
+    if run.new_compile is None:
+      return
+    batch_size, discard_fraction = run.new_compile
+    step = run.step_count - 1  # the step it was compiled for
+    self.writer.write("compile", step, {"batch_size": batch_size, "discard_fraction": discard_fraction,
+                                        "seconds": run.compile_seconds[run.new_compile]})
+    self.progress.reset_window(run.examples_seen - batch_size, run.epoch, step)
+
+
+class WriteMetrics:
+  """Every `log_every` steps (and at every `flush`): the steps' metrics fetched in one transfer, the
+  health check, the `train` record (means over the steps; the latest learning rate; the gradient
+  noise scale when the step accumulates), the progress line, and trust ratios for layer-wise rates."""
+
+  def __init__(self, writer: MetricsWriter, progress: ProgressLine, log_every: int):
+    self.writer, self.progress, self.log_every = writer, progress, log_every
+    self._pending: list[Metrics] = []
+
+  def after_step(self, run: Run, metrics: Metrics) -> None:
+    self._pending.append(metrics)
+    if run.step_count % self.log_every == 0:
+      self.flush(run)
+
+  def flush(self, run: Run) -> None:
+    """Writes the steps not yet written (raises `NonFiniteError` if one of them went bad)."""
+    if not self._pending:
+      return
+    values = jax.device_get(self._pending)
+    run.check_health()
+    record = {k: float(np.mean([v[k] for v in values])) for k in values[0] if k != "learning_rate"}
+    record["learning_rate"] = float(values[-1]["learning_rate"])
+    if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
+      record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(
+          record["noise_scale_grad_norm_sq"], record["noise_scale_trace_sigma"])))
+    record["examples_per_second"] = self.progress.show(run.step_count, run.epoch, run.examples_seen,
+                                                       record["loss"], record["learning_rate"], run.batch_size)
+    record.update(epoch=run.epoch, examples_seen=run.examples_seen, batch_size=run.batch_size)
+    self.writer.write("train", run.step_count, record)
+    if run.has_layerwise_rates:
+      self.writer.write("trust_ratio", run.step_count,
+                        _flatten(jax.device_get(optim.trust_ratios(run.state.opt_state))))
+    self._pending = []
+
+
+class Lipschitz:
+  """Every `every` steps (0: never), the `lipschitz` record: L along the gradient (papers/001 §4)."""
+
+  def __init__(self, writer: MetricsWriter, every: int):
+    self.writer, self.every = writer, every
+
+  def after_step(self, run: Run, metrics: Metrics) -> None:
+    del metrics
+    if self.every and run.step_count % self.every == 0:
+      self.writer.write("lipschitz", run.step_count, {"lipschitz": run.lipschitz(), "epoch": run.epoch,
+                                                      "batch_size": run.batch_size})
+
+
+class EvaluateAndSave:
+  """At each multiple of `every_epochs` before the end: the metrics so far, an evaluation (record,
+  console line, best so far) and a checkpoint, so an interrupted run loses at most that much."""
+
+  def __init__(self, writer: MetricsWriter, progress: ProgressLine, flush: Callable[[Run], None],
+               every_epochs: float, start_epoch: float):
+    self.writer, self.progress, self.flush, self.every_epochs = writer, progress, flush, every_epochs
+    self.next_epoch = self._boundary_after(start_epoch)
+    self.last: dict[str, float] = {}  # the latest evaluation
+    self.best: dict[str, float] = {}  # the best (accuracy, else loss) so far
+
+  def _boundary_after(self, epoch: float) -> float:
+    return (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
+
+  def after_step(self, run: Run, metrics: Metrics) -> None:
+    del metrics
+    if run.epoch >= self.next_epoch and run.epoch < run.config.num_epochs:
+      self.flush(run)
+      self.evaluate(run)
+      self.next_epoch = self._boundary_after(run.epoch)
+      run.save()
+      self.progress.reset_window(run.examples_seen, run.epoch, run.step_count)
+
+  def evaluate(self, run: Run, **extra) -> dict[str, float]:
+    """Evaluates the run now and records it: metrics file, console line, best so far."""
+    metrics = run.evaluate()
+    self.writer.write("eval", run.step_count, dict(metrics, epoch=run.epoch, **extra))
+    self.progress.evaluation(run.step_count, run.epoch, metrics, run.task.dataset.eval_split)
+    key, better = ("accuracy", max) if "accuracy" in metrics else ("loss", min)
+    if not self.best or better(metrics[key], self.best[key]) == metrics[key]:
+      self.best = dict(metrics)
+    self.last = metrics
+    return metrics
+
+
+class Checkpoint:
+  """Every `every_steps` steps (0: never), a checkpoint (none twice for one step)."""
+
+  def __init__(self, every_steps: int):
+    self.every_steps = every_steps
+
+  def after_step(self, run: Run, metrics: Metrics) -> None:
+    del metrics
+    if self.every_steps and run.step_count % self.every_steps == 0:
+      run.save()
+
+
+class PreemptionFlag:
+  """Whether a SIGTERM asks the run to save and stop, read at step boundaries.
+
+  One process: a Python SIGTERM handler sets a flag. Several processes must stop at the same step (a
+  process that stops alone leaves the others waiting in the next collective): there JAX's preemption
+  service catches SIGTERM on any host, and `reached_preemption_sync_point(step)` turns true on every
+  host at the same step, so no Python handler is installed.
+  """
+
+  def __init__(self):
+    self._event = threading.Event()
+    self._previous = None
+    self._multi_process = jax.process_count() > 1
+    self._preemption_service = bool(jax.config.jax_enable_preemption_service)
+    if self._multi_process:
+      if not self._preemption_service:
+        logging.warning("jax_enable_preemption_service is off: a SIGTERM will kill this process "
+                        "without a checkpoint and leave the others waiting; the last periodic "
+                        "checkpoint is what a restart resumes from.")
+    elif threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._event.set())
+
+  def should_stop(self, step: int) -> bool:
+    if self._multi_process:
+      return self._preemption_service and multihost_utils.reached_preemption_sync_point(step)
+    return self._event.is_set()
+
+  def restore(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+class SaveOnPreemption:
+  """On SIGTERM (`PreemptionFlag`), at the next step boundary: the metrics so far and a checkpoint;
+  then `stopped` is True and the loop ends. Construction installs the handler; `restore` removes it."""
+
+  def __init__(self, flush: Callable[[Run], None]):
+    self.flush = flush
+    self.stopped = False
+    self._flag = PreemptionFlag()
+
+  def after_step(self, run: Run, metrics: Metrics) -> None:
+    del metrics
+    if self._flag.should_stop(run.step_count):
+      self.flush(run)
+      run.save()
+      self.stopped = True
+      logging.warning("SIGTERM: saved a checkpoint at step %d; exiting.", run.step_count)
+
+  def restore(self) -> None:
+    self._flag.restore()
