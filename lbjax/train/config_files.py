@@ -140,7 +140,8 @@ def _field_type(config: ml_collections.ConfigDict, path: str, where: str) -> typ
     node = node[part]
   if leaf in node:
     if isinstance(node[leaf], ml_collections.ConfigDict):
-      raise ConfigError(f"{where}: {path!r} is a section; set one of its fields, e.g. {path}.{next(iter(node[leaf]), 'x')}.")
+      example = "name" if "name" in node[leaf] else next(iter(node[leaf]), "x")
+      raise ConfigError(f"{where}: {path!r} is a section; set one of its fields, e.g. --config.{path}.{example}=...")
     value = node[leaf]
     return None if value is None else type(value)
   if parents and parents[0] in ARGUMENT_SECTIONS and len(parents) == 1:

@@ -30,6 +30,7 @@ from lbjax import optim
 from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
+from lbjax.train.errors import ConfigError
 from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
 from lbjax.train.state import TrainState
@@ -136,7 +137,10 @@ class Run:
     sharding (eager NNX initialisation compiles one program per parameter shape: minutes for
     ResNet-50 on a CPU)."""
     build = lambda: self.task.build_model(nnx.Rngs(self.config.seed))
-    self.model = nnx.eval_shape(build)
+    try:  # shapes only: a constructor's refusal (e.g. a negative size) is a config error, before compute
+      self.model = nnx.eval_shape(build)
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"config.model / config.model_options: {self.task.model_description} fails: {e}") from e
     self.graphdef, abstract_params, abstract_model_state = nnx.split(self.model, nnx.Param, nnx.BatchStat)
     param_shardings = jax.tree.map(lambda x: parameter_sharding(self.mesh, x.shape),
                                    nnx.to_pure_dict(abstract_params))

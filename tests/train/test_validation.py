@@ -29,6 +29,8 @@ from tests.train import helpers
      r"config.model_options.hidden_size: lbjax.models.ResNetTiny takes no argument 'hidden_size'"),
     ({"data_options.seq_len": 8}, r"config.data_options.seq_len: lbjax.train.datasets.synthetic_mnist takes no "
                                   r"argument 'seq_len'"),
+    ({"model_options.hidden_size": -3}, r"lbjax.models.MnistLSTM\(.*hidden_size=-3.*\) fails: hidden_size must be a "
+                                        r"positive int"),
     ({"keep_checkpoints": 0}, r"keep_checkpoints must be an integer >= 1"),
     ({"lr.warmup_epochs": 0.5}, r"lr.warmup_epochs=0.5 but config.lr.warmup='none'"),
     ({"compression.num_levels": 4}, r"config.compression sets num_levels but compression.name='none'"),

@@ -1,0 +1,65 @@
+"""Dataset functions and task metrics: MNIST's validation split, top-k accuracy, the console's ETA."""
+
+import io
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lbjax import schedules
+from lbjax.schedules import rules
+from lbjax.train import datasets
+from lbjax.train.metrics import ProgressLine
+from lbjax.train.tasks import ClassificationTask
+
+
+def _all_examples(dataset: datasets.Dataset, split: str) -> np.ndarray:
+  if split == "eval":
+    return np.concatenate([b["images"][b["mask"] > 0] for b in dataset.make_eval_batches(1000, 0, 1)])
+  stream = dataset.make_train_stream(0, 1)
+  return stream.next_batch(stream.num_examples)["images"]
+
+
+def test_mnist_validation_split_is_held_out_of_training_and_the_same_for_every_seed(shared_data):
+  test = datasets.mnist(shared_data)
+  validation = datasets.mnist(shared_data, eval_split="validation", num_validation_examples=10000)
+  other_seed = datasets.mnist(shared_data, seed=7, eval_split="validation", num_validation_examples=10000)
+  held_out, train = _all_examples(validation, "eval"), _all_examples(validation, "train")
+  assert len(held_out) == 10000 and len(train) == 50000 and len(_all_examples(test, "train")) == 60000
+  np.testing.assert_array_equal(held_out, _all_examples(other_seed, "eval"))
+  train_rows = {row.tobytes() for row in train.reshape(len(train), -1)}
+  # MNIST has a few duplicate images; the split itself is disjoint by index, so overlap is tiny.
+  assert sum(row.tobytes() in train_rows for row in held_out.reshape(len(held_out), -1)) < 20
+  with pytest.raises(ValueError, match="eval_split must be 'test' or 'validation'"):
+    datasets.mnist(shared_data, eval_split="valid")
+
+
+def test_top5_counts_a_label_among_the_five_largest_logits():
+  dataset = datasets.Dataset("classification", None, None, {}, "test", top_k=(5,))
+  task = ClassificationTask(None, dataset, "")
+  logits = jnp.array([[9.0, 8, 7, 6, 5, 4, 3], [1.0, 2, 3, 4, 5, 6, 7], [0.0, 0, 0, 0, 0, 0, 1]])
+  model = lambda images, train: logits
+  labels = jnp.array([4, 0, 6])  # 5th largest; smallest; largest
+  sums, _ = task.eval_sums(model, {"images": None, "labels": labels, "mask": jnp.array([1.0, 1.0, 0.0])}, None)
+  metrics = task.summarize({k: float(v) for k, v in sums.items()})
+  assert metrics["top5_accuracy"] == 0.5 and metrics["accuracy"] == 0.0
+
+
+def test_the_eta_follows_whichever_stop_rule_comes_first():
+  out = io.StringIO()
+  progress = ProgressLine(num_epochs=100.0, num_steps=20, stream=out)
+  progress.reset_window(0, 0.0, 0)
+  progress._last = (progress._last[0] - 10.0,) + progress._last[1:]  # 10 s for the next 10 steps
+  progress.show(10, 0.01, 1280, 1.0, 0.1, 128)
+  assert "ETA 00:00:10" in out.getvalue()  # 10 steps left at 1 step/s, not 99.99 epochs
+
+
+@pytest.mark.parametrize("rule, reference", [
+    (rules.linear, lambda: schedules.linear_scaling(128, 0.1, 1024, warmup_epochs=0.5)),
+    (rules.sqrt, lambda: schedules.sqrt_scaling(128, 0.1, 1024, warmup_epochs=0.5)),
+    (rules.legw, lambda: schedules.legw(128, 0.1, 0.5, 1024)),
+    (rules.goyal, lambda: schedules.goyal_scaling(128, 0.1, 1024)),  # its own 5 epochs replace 0.5
+    (rules.none, lambda: schedules.ScaledRecipe(0.1, 0.5)),
+])
+def test_scaling_rules_by_name_are_the_scaling_functions(rule, reference):
+  assert rule(128, 0.1, 0.5, 1024) == reference()
