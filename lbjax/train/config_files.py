@@ -97,29 +97,29 @@ def describe_module(module: ModuleType) -> str:
   return (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
 
 
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parse_as(text: str, kind: type) -> Any:
+  """`text` as a value of `kind`; ValueError or SyntaxError if it is not one."""
+  if kind is bool:
+    if text.lower() not in _BOOLEANS:
+      raise ValueError(text)
+    return _BOOLEANS[text.lower()]
+  if kind in (tuple, list):
+    value = ast.literal_eval(text)
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+  if kind in (int, float, str):
+    return kind(text)
+  return _literal(text)
+
+
 def _parse_typed(text: str, kind: type, where: str) -> Any:
   text = text.strip()
   try:
-    if kind is bool:
-      if text.lower() in ("true", "1", "yes"):
-        return True
-      if text.lower() in ("false", "0", "no"):
-        return False
-      raise ValueError
-    if kind is int:
-      return int(text)
-    if kind is float:
-      return float(text)
-    if kind in (tuple, list):
-      value = ast.literal_eval(text)
-      return tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    if kind is str:
-      return text
+    return _parse_as(text, kind)
   except (ValueError, SyntaxError):
-    pass
-  else:
-    return _literal(text)
-  raise ConfigError(f"{where}={text!r}: expected {'true/false' if kind is bool else kind.__name__}.")
+    raise ConfigError(f"{where}={text!r}: expected {'true/false' if kind is bool else kind.__name__}.") from None
 
 
 def _literal(text: str) -> Any:

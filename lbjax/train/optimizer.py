@@ -98,15 +98,19 @@ def scaled_recipe(config: ml_collections.ConfigDict) -> schedules.ScaledRecipe:
     raise ConfigError(f"config.scaling.rule={config.scaling.rule!r}: {e}{hint}") from e
 
 
+def resolve_decay(config: ml_collections.ConfigDict) -> tuple[names.Resolved, dict[str, Any]]:
+  """The decay function `config.lr.decay` names and the `lr` fields that are its arguments."""
+  return names.resolve("lr.decay", config.lr.decay, [decay_lib]), _section_options(config.lr, LR_RECIPE_FIELDS)
+
+
 def _decay(config: ml_collections.ConfigDict, peak: float, begin_epoch: float) -> schedules.Schedule:
-  resolved = names.resolve("lr.decay", config.lr.decay, [decay_lib])
+  resolved, options = resolve_decay(config)
   peak_argument = next((a for a in ("init_value", "value") if names.takes(resolved.function, a)), None)
   if peak_argument is None:
     raise ConfigError(f"config.lr.decay={config.lr.decay!r}: {resolved.qualified_name} takes neither "
                       "init_value nor value, so it cannot start from the scaled peak learning rate.")
   supplied = {peak_argument: peak, "total_epochs": config.num_epochs, "begin_epoch": begin_epoch}
-  arguments = names.bind("lr", resolved, _section_options(config.lr, LR_RECIPE_FIELDS), supplied=supplied,
-                         required=(peak_argument,))
+  arguments = names.bind("lr", resolved, options, supplied=supplied, required=(peak_argument,))
   return resolved.function(**arguments)
 
 
@@ -154,9 +158,17 @@ def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientC
   `config.compression` (papers/004) names 1-bit SGD or QSGD; `config.mesh.per_device_gradients`
   without compression sends the raw gradients (`no_compression`: the reduction is one `pmean`).
   """
-  if config.compression.name == "none":
+  choice = resolve_compressor(config)
+  if choice is None:
     return compression.no_compression() if config.mesh.per_device_gradients else None
-  resolved = names.resolve("compression.name", config.compression.name, [compression])
-  arguments = names.bind("compression", resolved, _section_options(config.compression, ("name",)),
-                         supplied={"seed": config.seed, "axis_name": DATA_AXES})
+  resolved, arguments = choice
   return resolved.function(**arguments)
+
+
+def resolve_compressor(config: ml_collections.ConfigDict) -> tuple[names.Resolved, dict[str, Any]] | None:
+  """The compressor function `config.compression.name` names and its bound arguments; None for "none"."""
+  if config.compression.name == "none":
+    return None
+  resolved = names.resolve("compression.name", config.compression.name, [compression])
+  return resolved, names.bind("compression", resolved, _section_options(config.compression, ("name",)),
+                              supplied={"seed": config.seed, "axis_name": DATA_AXES})

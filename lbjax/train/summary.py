@@ -22,10 +22,10 @@ def _options(section: ml_collections.ConfigDict) -> str:
 def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The run's settings after resolution, as strings and numbers (JSON-ready)."""
   dataset, dataset_arguments = tasks.resolve_dataset(config)
-  model = names.resolve("model", config.model, [tasks.models])
+  model = tasks.resolve_model_name(config)
   peak, warmup_epochs = optimizer_lib.scaled_recipe(config)
   sizes = config_lib.batch_sizes(config)
-  decay_options = {k: v for k, v in config.lr.to_dict().items() if k not in optimizer_lib.LR_RECIPE_FIELDS}
+  compressor = optimizer_lib.resolve_compressor(config)
   return {
       "model": f"{model.qualified_name}({_options(config.model_options)})",
       "dataset": names.describe(dataset, {k: v for k, v in dataset_arguments.items() if v is not None}),
@@ -37,22 +37,17 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
                       f"(LR {config.lr.base:g}, warm-up {optimizer_lib.base_warmup_epochs(config):g} epochs)",
       "learning_rate": peak,
       "warmup_epochs": warmup_epochs,
-      "lr_decay": names.describe(names.resolve("lr.decay", config.lr.decay, [optimizer_lib.decay_lib]), decay_options),
+      "lr_decay": names.describe(*optimizer_lib.resolve_decay(config)),
       "num_epochs": config.num_epochs,
       "num_steps": config.num_steps or None,
       "max_device_batch": config.max_device_batch or None,
       "mesh": _options(config.mesh),
-      "compression": names.describe(*_compression(config)) if config.compression.name != "none" else "none",
+      "compression": names.describe(*compressor) if compressor else "none",
       "loss": _options(config.loss),
       "diagnostics": _options(config.diagnostics),
       "eval_batch_size": config.eval_batch_size,
       "seed": config.seed,
   }
-
-
-def _compression(config: ml_collections.ConfigDict):
-  resolved = names.resolve("compression.name", config.compression.name, [optimizer_lib.compression])
-  return resolved, {k: v for k, v in config.compression.to_dict().items() if k != "name"}
 
 
 def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:

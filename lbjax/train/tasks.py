@@ -152,10 +152,15 @@ def resolve_dataset(config: ml_collections.ConfigDict) -> tuple[names.Resolved, 
   return resolved, names.bind("data_options", resolved, config.data_options.to_dict(), supplied=supplied)
 
 
+def resolve_model_name(config: ml_collections.ConfigDict) -> names.Resolved:
+  """The model constructor `config.model` names."""
+  return names.resolve("model", config.model, [models])
+
+
 def resolve_model(config: ml_collections.ConfigDict, model_arguments: dict[str, Any]
                   ) -> tuple[names.Resolved, dict[str, Any]]:
   """The model constructor `config.model` names and its arguments (config's, then the data's)."""
-  resolved = names.resolve("model", config.model, [models])
+  resolved = resolve_model_name(config)
   arguments = names.bind("model_options", resolved, model_options(config),
                          supplied=dict(model_arguments, rngs=None), required=("rngs",))
   arguments.pop("rngs")

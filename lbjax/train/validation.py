@@ -33,7 +33,7 @@ def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 def _check_model_options(config: ml_collections.ConfigDict) -> None:
   """The model's name and options (the arguments that follow from the data are known only later)."""
-  resolved = names.resolve("model", config.model, [tasks.models])
+  resolved = tasks.resolve_model_name(config)
   names.bind("model_options", resolved, tasks.model_options(config),
              supplied={name: None for name in names.parameters(resolved.function)}, required=("rngs",))
 
