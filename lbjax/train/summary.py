@@ -67,9 +67,9 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
       f"mesh      {resolved['mesh']}; seed {resolved['seed']}; eval batch {resolved['eval_batch_size']}"
       + (f"; compression {resolved['compression']}" if resolved["compression"] != "none" else ""),
   ]
-  if resolved["loss"] != "discard_fraction=0.0, discard_until_epoch=0.0":
+  if "discard_fraction=0.0" not in resolved["loss"].split(", "):
     lines.append(f"loss      {resolved['loss']}")
-  if not resolved["diagnostics"].startswith("lipschitz_every=0,"):
+  if "lipschitz_every=0" not in resolved["diagnostics"].split(", "):
     lines.append(f"diagnose  {resolved['diagnostics']}")
   for key in ("devices", "steps_per_epoch", "parameters"):
     if key in resolved:

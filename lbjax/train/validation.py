@@ -103,6 +103,9 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
     problems.append(f"config.lr.base must be > 0, got {config.lr.base}.")
   if not 0.0 <= config.loss.discard_fraction < 1.0:
     problems.append(f"config.loss.discard_fraction must be in [0, 1), got {config.loss.discard_fraction}.")
+  if config.loss.discard_fraction > 0 and not config.loss.discard_until_epoch > 0:
+    problems.append(f"config.loss.discard_fraction={config.loss.discard_fraction} discards nothing while "
+                    "config.loss.discard_until_epoch is 0: set the epoch until which it applies.")
   if config.log_every < 1:
     problems.append(f"config.log_every must be >= 1, got {config.log_every}.")
   if config.checkpoint_every_steps < 0:
