@@ -1,14 +1,21 @@
 """A batch-size sweep: one baseline config, scaling rules, batch sizes -> CSV, markdown table, plot.
 
   python -m experiments.sweep --config mnist_lstm --rules none,linear,sqrt,legw \
-      --batch_sizes 128,512,2048,8192 --out docs/results/mnist_lstm_legw --workdir runs/sweeps/mnist
+      --batch_sizes 128,512,2048,8192 --seeds 0,1,2 --out reproduced/mnist_lstm_legw \
+      --reference docs/results/mnist_lstm_legw.csv --workdir runs/sweeps/mnist
 
 Each point (rule, batch size) is the config (`--config`: a packaged config such as `mnist_lstm`, or a
 config file; `--variant` adds variant keys) with `--config.batch_size=B --config.scaling.rule=R`, i.e.
 `lbjax-train --config mnist_lstm:batch=B,rule=R`, trained with `lbjax.train.train_and_evaluate` in
 `<workdir>/<rule>_b<B>`. After each point the sweep rewrites `<out>.csv` (columns
 `rule,batch_size,test_<metric>,...`), `<out>.md` and `<out>.png` (final test metric vs batch size, log2
-x-axis, one line per rule: Figure 1 of papers/001).
+x-axis, one line per rule: Figure 1 of papers/001). With `--seeds`, every point runs once per seed
+(`--config.seed=S`, in `<workdir>/<rule>_b<B>_s<S>`) and the table and plot show mean and spread.
+
+The committed results live in `docs/results`; a reproduction writes to a new `--out` (e.g.
+`reproduced/...`). Before training the sweep prints what it will run and, given `--reference` (a
+committed CSV), how long each point took there; at the end it prints the comparison with it
+(`python -m experiments.compare` gives the same table for any two CSVs).
 
 Resuming: points already in `<out>.csv` are skipped (delete a row to rerun it); an interrupted point
 resumes from the checkpoint in its workdir. Points whose recipe is identical to an earlier point's (same
@@ -28,6 +35,7 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
+from experiments import compare
 from experiments import config_spec
 from experiments import run_records
 from experiments import sweep_table
@@ -56,6 +64,9 @@ class SweepSpec:
     max_device_batch: if > 0, `config.max_device_batch` of every point: larger batches are computed as
       accumulated micro-batches of this size (the same update; much faster on CPU, where a whole 8K
       batch of the MNIST LSTM runs ~6x slower per example than micro-batches of 512).
+    seeds: if not empty, each point runs once per seed (`config.seed`); empty: once, with the config's seed.
+    reference: if not empty, a CSV written by an earlier sweep (e.g. the committed `docs/results/...csv`):
+      its times give the plan's estimate and the new results are compared with it at the end.
   """
   config: str
   rules: tuple[str, ...]
@@ -66,6 +77,8 @@ class SweepSpec:
   metric: str = "accuracy"
   title: str = "Batch-size sweep"
   max_device_batch: int = 0
+  seeds: tuple[int, ...] = ()
+  reference: str = ""
 
 
 def check_spec(spec: SweepSpec) -> None:
@@ -73,10 +86,14 @@ def check_spec(spec: SweepSpec) -> None:
   errors = []
   config = config_spec(spec.config, spec.variant)
   try:
-    if {"batch_size", "batch_sizes", "scaling.rule"} & variant_fields(config):
-      errors.append(f"variant of {config!r} must not set batch or rule: the sweep sets them.")
+    fields = variant_fields(config)
   except train.ConfigError as e:  # an unknown config or variant key
     errors.append(str(e))
+    fields = set()
+  if {"batch_size", "batch_sizes", "scaling.rule"} & fields:
+    errors.append(f"variant of {config!r} must not set batch or rule: the sweep sets them.")
+  if "seed" in fields and spec.seeds:
+    errors.append("the variant sets the seed and --seeds is given; give the seeds with --seeds only.")
   if not spec.rules:
     errors.append("no scaling rules given; pass e.g. --rules none,linear,sqrt,legw.")
   unknown = [r for r in spec.rules if r not in RULES]
@@ -92,14 +109,23 @@ def check_spec(spec: SweepSpec) -> None:
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got "
                   f"{spec.max_device_batch!r}.")
+  if len(set(spec.seeds)) != len(spec.seeds) or any(not isinstance(s, int) or s < 0 for s in spec.seeds):
+    errors.append(f"seeds must be distinct integers >= 0, got {list(spec.seeds)}.")
+  if spec.reference and not pathlib.Path(spec.reference).is_file():
+    errors.append(f"reference {spec.reference} not found; pass a CSV written by a sweep, e.g. "
+                  "docs/results/mnist_lstm_legw.csv.")
   if errors:
     raise ValueError("Invalid sweep:\n  - " + "\n  - ".join(errors))
 
 
-def point_config(spec: SweepSpec, rule: str, batch_size: int) -> ml_collections.ConfigDict:
-  """The config of one point: the spec's config with `batch_size=<B>` and `scaling.rule=<R>`."""
-  config = config_files.load(config_spec(spec.config, spec.variant),
-                             [f"--config.batch_size={batch_size}", f"--config.scaling.rule={rule}"]).config
+def point_config(spec: SweepSpec, rule: str, batch_size: int, seed: int | None = None
+                 ) -> ml_collections.ConfigDict:
+  """The config of one point: the spec's config with `batch_size=<B>`, `scaling.rule=<R>` and, if
+  given, `seed=<S>`."""
+  overrides = [f"--config.batch_size={batch_size}", f"--config.scaling.rule={rule}"]
+  if seed is not None:
+    overrides.append(f"--config.seed={seed}")
+  config = config_files.load(config_spec(spec.config, spec.variant), overrides).config
   if spec.max_device_batch:
     config.max_device_batch = spec.max_device_batch
   return config
@@ -119,6 +145,7 @@ def recipe_fingerprint(config: ml_collections.ConfigDict) -> str:
 
 def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: str, batch_size: int,
                metric: str) -> sweep_table.SweepRow:
+  seed = config.seed
   recipe = optimizer_lib.scaled_recipe(config)
   warmup = recipe.warmup_epochs if (config.lr.warmup != "none" or rule == "goyal") else 0.0
   start = time.time()
@@ -130,13 +157,14 @@ def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: s
     steps = records[-1]["step"] if records else 0
     epochs = records[-1]["epoch"] if records else 0.0
     return sweep_table.SweepRow(rule, batch_size, float("nan"), "diverged", recipe.learning_rate, warmup,
-                                epochs, steps, time.time() - start)
+                                epochs, steps, time.time() - start, seed=seed)
   if result.preempted:
     raise KeyboardInterrupt(f"point rule={rule}, batch={batch_size} was preempted (SIGTERM); its "
                             f"checkpoint in {workdir} resumes on the next sweep.")
   final = run_records.final_eval(workdir)
   return sweep_table.SweepRow(rule, batch_size, float(final[metric]), "done",
-                              recipe.learning_rate, warmup, result.epoch, result.step, time.time() - start)
+                              recipe.learning_rate, warmup, result.epoch, result.step, time.time() - start,
+                              seed=seed)
 
 
 # The test metric of the packaged datasets (lbjax.train.datasets); a user's dataset is taken at --metric.
@@ -154,6 +182,27 @@ def write_outputs(rows: list[sweep_table.SweepRow], spec: SweepSpec) -> None:
   sweep_table.plot(rows, spec.metric, spec.title, out.with_suffix(".png"))
 
 
+def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, reference: list) -> str:
+  """What the sweep will run, what it skips, and the time each point took in the reference run."""
+  seconds = {}
+  for r in reference:
+    seconds.setdefault((r.rule, r.batch_size), []).append(r.seconds)
+  to_run = [p for p in points if p not in done]
+  lines = [f"[sweep] {len(points)} runs ({len(spec.rules)} rules x {len(spec.batch_sizes)} batch sizes x "
+           f"{max(1, len(spec.seeds))} seeds): {len(points) - len(to_run)} recorded in "
+           f"{pathlib.Path(spec.out).with_suffix('.csv')} (skipped), {len(to_run)} to run."]
+  known = [sum(seconds[p[:2]]) / len(seconds[p[:2]]) for p in to_run if p[:2] in seconds]
+  if to_run and reference:
+    lines.append(f"[sweep] in {spec.reference}, these points took {sum(known) / 60:.0f} min in all"
+                 + (f" ({len(to_run) - len(known)} points have no time there)" if len(known) < len(to_run) else "")
+                 + "; identical recipes (same_as) run once.")
+  for rule, b, seed in to_run:
+    took = f", {sum(seconds[(rule, b)]) / len(seconds[(rule, b)]) / 60:.1f} min in the reference" \
+        if (rule, b) in seconds else ""
+    lines.append(f"[sweep]   rule={rule} batch={b} seed={seed}{took}")
+  return "\n".join(lines)
+
+
 def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
   """Runs every point of `spec` not yet recorded in `<out>.csv`, writing the outputs after each.
 
@@ -167,32 +216,40 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
   check_spec(spec)
   csv_path = pathlib.Path(spec.out).with_suffix(".csv")
   rows = sweep_table.read_csv(csv_path, spec.metric)
-  done = {(r.rule, r.batch_size): r for r in rows}
-  configs = {(rule, b): point_config(spec, rule, b) for rule in spec.rules for b in spec.batch_sizes}
+  reference = sweep_table.read_csv(spec.reference, spec.metric) if spec.reference else []
+  done = {(r.rule, r.batch_size, r.seed): r for r in rows}
+  seeds = spec.seeds or (None,)
+  configs = {(rule, b, seed): point_config(spec, rule, b, seed)
+             for rule in spec.rules for b in spec.batch_sizes for seed in seeds}
+  configs = {(rule, b, config.seed): config for (rule, b, _), config in configs.items()}
   fingerprints = {}
-  for (rule, b), config in configs.items():
+  for point, config in configs.items():
     if METRIC_KEYS.get(config.dataset, spec.metric) != spec.metric:
       raise ValueError(f"{spec.config} trains on {config.dataset!r}, whose test metric is "
                        f"{METRIC_KEYS[config.dataset]!r}, but the sweep measures {spec.metric!r}; pass "
                        f"--metric {METRIC_KEYS[config.dataset]}.")
-    fingerprints[(rule, b)] = recipe_fingerprint(config)
-  for b in spec.batch_sizes:
-    for rule in spec.rules:
-      if (rule, b) in done:
-        continue
-      twin = next((done[(other, b)] for other in RULES if (other, b) in done and not done[(other, b)].same_as
-                   and (other, b) in fingerprints and fingerprints[(other, b)] == fingerprints[(rule, b)]),
-                  None)
-      if twin is not None:
-        row = dataclasses.replace(twin, rule=rule, same_as=twin.rule)
-      else:
-        print(f"[sweep] rule={rule} batch={b} -> {spec.workdir}/{rule}_b{b}", flush=True)
-        row = _run_point(configs[(rule, b)], pathlib.Path(spec.workdir) / f"{rule}_b{b}", rule, b, spec.metric)
-        print(f"[sweep] rule={rule} batch={b}: {spec.metric}={row.metric:.4f} ({row.status}, "
-              f"{row.seconds:.0f} s)", flush=True)
-      done[(rule, b)] = row
-      rows = list(done.values())
-      write_outputs(rows, spec)
+    fingerprints[point] = recipe_fingerprint(config)
+  order = sorted(configs, key=lambda p: (spec.batch_sizes.index(p[1]), p[2], spec.rules.index(p[0])))
+  print(_plan(spec, order, done, reference), flush=True)
+  for rule, b, seed in order:
+    if (rule, b, seed) in done:
+      continue
+    twin = next((done[(other, b, seed)] for other in RULES
+                 if (other, b, seed) in done and not done[(other, b, seed)].same_as
+                 and (other, b, seed) in fingerprints
+                 and fingerprints[(other, b, seed)] == fingerprints[(rule, b, seed)]), None)
+    if twin is not None:
+      row = dataclasses.replace(twin, rule=rule, same_as=twin.rule)
+    else:
+      name = f"{rule}_b{b}" + (f"_s{seed}" if spec.seeds else "")
+      print(f"[sweep] rule={rule} batch={b} seed={seed} -> {spec.workdir}/{name}", flush=True)
+      row = _run_point(configs[(rule, b, seed)], pathlib.Path(spec.workdir) / name, rule, b, spec.metric)
+      print(f"[sweep] rule={rule} batch={b} seed={seed}: {spec.metric}={row.metric:.4f} ({row.status}, "
+            f"{row.seconds:.0f} s)", flush=True)
+    done[(rule, b, seed)] = row
+    write_outputs(list(done.values()), spec)
+  if reference:
+    print(compare.comparison_table(list(done.values()), reference, spec.metric), flush=True)
   return list(done.values())
 
 
@@ -217,11 +274,16 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
   parser.add_argument("--title", default="Batch-size sweep")
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
+  parser.add_argument("--seeds", type=_ints, default=(),
+                      help="comma-separated seeds, one run per seed and point (default: the config's seed)")
+  parser.add_argument("--reference", default="",
+                      help="a committed CSV (e.g. docs/results/mnist_lstm_legw.csv): its times for the plan, "
+                           "and a comparison at the end")
   args = parser.parse_args(argv)
   spec = SweepSpec(config=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
                    batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir, variant=args.variant,
                    metric=args.metric, title=args.title,
-                   max_device_batch=args.max_device_batch)
+                   max_device_batch=args.max_device_batch, seeds=args.seeds, reference=args.reference)
   return run_sweep(spec)
 
 

@@ -1,12 +1,19 @@
-"""The results of a batch-size sweep: rows, the CSV file that records them, markdown table and plot."""
+"""The results of a batch-size sweep: rows, the CSV file that records them, markdown table and plot.
+
+A point (rule, batch size) may have several rows, one per seed; the table and the plot show their mean
+and sample standard deviation.
+"""
 
 import csv
 import dataclasses
 import math
 import pathlib
+import statistics
 
 FIELDS = ("rule", "batch_size", "status", "learning_rate", "warmup_epochs", "epochs", "steps", "seconds",
-          "same_as")
+          "same_as", "seed")
+# The seed of rows in CSVs written before the column existed: the packaged configs' default seed.
+DEFAULT_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +32,7 @@ class SweepRow:
     seconds: wall-clock seconds of the run (of its last session if it was resumed).
     same_as: if not empty, the rule whose run at this batch size had the identical recipe and whose
       result this row repeats (e.g. every rule but LEGW at the baseline batch size).
+    seed: the run's `config.seed` (initialisation and shuffling).
   """
   rule: str
   batch_size: int
@@ -36,6 +44,7 @@ class SweepRow:
   steps: int
   seconds: float
   same_as: str = ""
+  seed: int = DEFAULT_SEED
 
 
 def metric_column(metric: str) -> str:
@@ -49,9 +58,10 @@ def write_csv(rows: list[SweepRow], path: str | pathlib.Path, metric: str) -> No
   with open(path, "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("rule", "batch_size", column) + FIELDS[2:])
-    for r in sorted(rows, key=lambda r: (r.rule, r.batch_size)):
+    for r in sorted(rows, key=lambda r: (r.rule, r.batch_size, r.seed)):
       writer.writerow((r.rule, r.batch_size, f"{r.metric:.6g}", r.status, f"{r.learning_rate:.6g}",
-                       f"{r.warmup_epochs:.6g}", f"{r.epochs:.6g}", r.steps, f"{r.seconds:.1f}", r.same_as))
+                       f"{r.warmup_epochs:.6g}", f"{r.epochs:.6g}", r.steps, f"{r.seconds:.1f}", r.same_as,
+                       r.seed))
 
 
 def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
@@ -66,41 +76,88 @@ def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
   column = metric_column(metric)
   with open(path, newline="") as f:
     reader = csv.DictReader(f)
-    missing = {"rule", "batch_size", column, *FIELDS} - set(reader.fieldnames or ())
+    missing = {"rule", "batch_size", column, *FIELDS} - {"seed"} - set(reader.fieldnames or ())
     if missing:
       raise ValueError(f"{path} lacks the column(s) {sorted(missing)}: it was not written by a sweep "
                        f"measuring {metric!r}; move it away or choose another --out.")
     return [SweepRow(rule=d["rule"], batch_size=int(d["batch_size"]), metric=float(d[column]),
                      status=d["status"], learning_rate=float(d["learning_rate"]),
                      warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),
-                     steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"])
+                     steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"],
+                     seed=int(d.get("seed") or DEFAULT_SEED))
             for d in reader]
 
 
-def _format_metric(row: SweepRow | None, metric: str) -> str:
-  if row is None:
+@dataclasses.dataclass(frozen=True)
+class PointSummary:
+  """The seeds of one point: mean and sample standard deviation of the finished ones.
+
+  Attributes:
+    mean: mean metric of the finished seeds (NaN if none finished).
+    std: sample standard deviation (NaN with fewer than two finished seeds).
+    finished: number of seeds that finished.
+    failed: statuses of the seeds that did not (e.g. ["diverged"]).
+  """
+  mean: float
+  std: float
+  finished: int
+  failed: tuple[str, ...]
+
+
+def summarize(rows: list[SweepRow]) -> dict[tuple[str, int], PointSummary]:
+  """{(rule, batch size): PointSummary} over the seeds of each point."""
+  points: dict[tuple[str, int], list[SweepRow]] = {}
+  for r in rows:
+    points.setdefault((r.rule, r.batch_size), []).append(r)
+  summaries = {}
+  for key, seeds in points.items():
+    values = [r.metric for r in seeds if r.status == "done" and not math.isnan(r.metric)]
+    summaries[key] = PointSummary(
+        mean=statistics.fmean(values) if values else math.nan,
+        std=statistics.stdev(values) if len(values) > 1 else math.nan,
+        finished=len(values), failed=tuple(r.status for r in seeds if r.status != "done" or math.isnan(r.metric)))
+  return summaries
+
+
+def format_value(value: float, metric: str) -> str:
+  """An accuracy in percent with two decimals, a perplexity with two decimals."""
+  return f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.2f}"
+
+
+def format_summary(point: PointSummary | None, metric: str) -> str:
+  """`98.87%` for one seed, `98.87% ± 0.05 (3 seeds)` for several; failed seeds are named."""
+  if point is None or not (point.finished or point.failed):
     return "–"
-  if row.status != "done" or math.isnan(row.metric):
-    return row.status
-  return f"{100 * row.metric:.2f}%" if metric == "accuracy" else f"{row.metric:.2f}"
+  if not point.finished:
+    return "/".join(point.failed)
+  text = format_value(point.mean, metric)
+  if point.finished > 1:
+    spread = 100 * point.std if metric == "accuracy" else point.std
+    text += f" ± {spread:.2f} ({point.finished} seeds)"
+  if point.failed:
+    text += f", {len(point.failed)} {'/'.join(sorted(set(point.failed)))}"
+  return text
 
 
 def markdown_table(rows: list[SweepRow], metric: str, title: str) -> str:
   """A markdown page: the metric by batch size (rows) and rule (columns), then every run's recipe."""
   rules = list(dict.fromkeys(r.rule for r in rows))
   sizes = sorted({r.batch_size for r in rows})
-  cell = {(r.rule, r.batch_size): r for r in rows}
-  lines = [f"# {title}", "", f"Final test {metric} by batch size and scaling rule.", "",
+  cell = summarize(rows)
+  spread = " (mean ± sample standard deviation over seeds)" if any(p.finished > 1 for p in cell.values()) else ""
+  lines = [f"# {title}", "", f"Final test {metric} by batch size and scaling rule{spread}.", "",
            "| batch size | " + " | ".join(rules) + " |", "|---:|" + "---:|" * len(rules)]
   for size in sizes:
-    lines.append(f"| {size} | " + " | ".join(_format_metric(cell.get((rule, size)), metric)
+    lines.append(f"| {size} | " + " | ".join(format_summary(cell.get((rule, size)), metric)
                                               for rule in rules) + " |")
   lines += ["", "Runs (peak LR and warm-up after the scaling rule; `same as`: identical recipe, one run):", "",
-            "| rule | batch | peak LR | warm-up epochs | epochs | steps | seconds | status | same as |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---|"]
-  for r in sorted(rows, key=lambda r: (rules.index(r.rule), r.batch_size)):
-    lines.append(f"| {r.rule} | {r.batch_size} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | "
-                 f"{r.epochs:g} | {r.steps} | {r.seconds:.0f} | {r.status} | {r.same_as} |")
+            f"| rule | batch | seed | peak LR | warm-up epochs | epochs | steps | seconds | test {metric} | status "
+            "| same as |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+  for r in sorted(rows, key=lambda r: (rules.index(r.rule), r.batch_size, r.seed)):
+    lines.append(f"| {r.rule} | {r.batch_size} | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | "
+                 f"{r.epochs:g} | {r.steps} | {r.seconds:.0f} | {format_value(r.metric, metric)} | {r.status} | "
+                 f"{r.same_as} |")
   return "\n".join(lines) + "\n"
 
 
@@ -121,7 +178,8 @@ def _zoom_limits(values: list[float], metric: str) -> tuple[float, float] | None
 def plot(rows: list[SweepRow], metric: str, title: str, path: str | pathlib.Path) -> None:
   """Final test metric vs batch size (log2 x-axis), one line per rule, like papers/001 Figure 1.
 
-  Diverged points are drawn as crosses at the bottom of the axes. When collapsed runs stretch the
+  A point with several seeds is drawn at their mean with a bar of one standard deviation. Points none
+  of whose seeds finished are drawn as crosses at the bottom of the axes. When collapsed runs stretch the
   y-axis so far that the good points overlap, a second panel zooms in on the best ones.
   """
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -129,19 +187,22 @@ def plot(rows: list[SweepRow], metric: str, title: str, path: str | pathlib.Path
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   scale = 100.0 if metric == "accuracy" else 1.0
-  finished = [r for r in rows if r.status == "done" and not math.isnan(r.metric)]
-  zoom = _zoom_limits([scale * r.metric for r in finished], metric)
+  summaries = summarize(rows)
+  finished = {key: point for key, point in summaries.items() if point.finished}
+  zoom = _zoom_limits([scale * point.mean for point in finished.values()], metric)
   figure, panels = plt.subplots(1, 2 if zoom else 1, figsize=(11 if zoom else 6, 4), squeeze=False)
   sizes = sorted({r.batch_size for r in rows})
   for index, axes in enumerate(panels[0]):
     for number, rule in enumerate(dict.fromkeys(r.rule for r in rows)):
-      points = sorted((r for r in rows if r.rule == rule), key=lambda r: r.batch_size)
-      done = [r for r in points if r in finished]
-      line, = axes.plot([r.batch_size for r in done], [scale * r.metric for r in done],
-                        marker=MARKERS[number % len(MARKERS)], label=rule, alpha=0.85)
-      failed = [r.batch_size for r in points if r not in done]
+      points = sorted(size for (other, size) in summaries if other == rule)
+      done = [size for size in points if (rule, size) in finished]
+      line = axes.errorbar(done, [scale * finished[(rule, s)].mean for s in done],
+                           yerr=[scale * finished[(rule, s)].std if finished[(rule, s)].finished > 1 else 0.0
+                                 for s in done],
+                           marker=MARKERS[number % len(MARKERS)], label=rule, alpha=0.85, capsize=3)
+      failed = [size for size in points if size not in done]
       if failed:
-        axes.plot(failed, [0] * len(failed), marker="x", linestyle="none", color=line.get_color(),
+        axes.plot(failed, [0] * len(failed), marker="x", linestyle="none", color=line.lines[0].get_color(),
                   transform=axes.get_xaxis_transform(), clip_on=False)
     axes.set_xscale("log", base=2)
     axes.set_xticks(sizes, [str(s) for s in sizes])

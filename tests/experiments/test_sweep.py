@@ -1,6 +1,7 @@
 """The batch-size sweep on a tiny synthetic config: outputs, recipes per rule, skipping, bad input."""
 
 import csv
+import dataclasses
 import math
 import pathlib
 
@@ -168,3 +169,57 @@ def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
   assert all(c.num_epochs == 5.0 and c.max_device_batch == 128 for c in trained.values())
   with pytest.raises(ValueError, match="must be a non-empty subset"):
     batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow",))
+
+
+def test_seeds_run_each_point_once_per_seed_and_report_mean_and_spread(tmp_path, capsys):
+  spec = _spec(tmp_path, rules=("none",), batch_sizes=(64,), seeds=(0, 1))
+  rows = sweep.run_sweep(spec)
+  assert sorted((r.seed, r.status) for r in rows) == [(0, "done"), (1, "done")]
+  assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["none_b64_s0", "none_b64_s1"]
+  assert "2 to run" in capsys.readouterr().out
+  metrics = [r.metric for r in rows]
+  point = sweep_table.summarize(rows)[("none", 64)]
+  assert point.finished == 2 and point.mean == pytest.approx(sum(metrics) / 2)
+  assert point.std == pytest.approx(abs(metrics[0] - metrics[1]) / 2 ** 0.5)
+  table = pathlib.Path(spec.out).with_suffix(".md").read_text()
+  assert f"| 64 | {100 * point.mean:.2f}% ± {100 * point.std:.2f} (2 seeds) |" in table
+  again = sweep.run_sweep(dataclasses.replace(spec, reference=str(pathlib.Path(spec.out).with_suffix(".csv"))))
+  assert len(again) == 2
+  out = capsys.readouterr().out
+  assert "0 to run" in out and "| none | 64 |" in out and "within spread" in out
+
+
+def test_seeds_given_twice_are_refused(tmp_path):
+  with pytest.raises(ValueError, match="variant sets the seed"):
+    sweep.run_sweep(_spec(tmp_path, config="mnist_lstm", variant="seed=1", seeds=(0, 1)))
+  with pytest.raises(ValueError, match="distinct integers"):
+    sweep.run_sweep(_spec(tmp_path, seeds=(1, 1)))
+  with pytest.raises(ValueError, match="reference .* not found"):
+    sweep.run_sweep(_spec(tmp_path, reference=str(tmp_path / "none.csv")))
+
+
+def test_compare_verdicts(tmp_path):
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  def rows(rule, values):
+    return [sweep_table.SweepRow(rule, 128, v, "done", 0.08, 0.0, 25.0, 10, 1.0, seed=s)
+            for s, v in enumerate(values)]
+  reference = rows("legw", [0.988, 0.989, 0.990]) + rows("none", [0.9887])
+  sweep_table.write_csv(reference, tmp_path / "ref.csv", "accuracy")
+  sweep_table.write_csv(rows("legw", [0.9885, 0.9889, 0.9893]) + rows("none", [0.95]), tmp_path / "same.csv",
+                        "accuracy")
+  sweep_table.write_csv(rows("legw", [0.980, 0.981, 0.982]), tmp_path / "worse.csv", "accuracy")
+  assert compare.main([str(tmp_path / "same.csv"), str(tmp_path / "ref.csv")]) == 0
+  assert compare.main([str(tmp_path / "same.csv"), str(tmp_path / "ref.csv"), "--tolerance", "0.003"]) == 1
+  assert compare.main([str(tmp_path / "worse.csv"), str(tmp_path / "ref.csv")]) == 1
+  table = compare.comparison_table(rows("legw", [0.980, 0.981, 0.982]), reference, "accuracy")
+  assert "| legw | 128 | 98.10% ± 0.10 (3 seeds) | 98.90% ± 0.10 (3 seeds) | -0.80 | differs |" in table
+  assert "| none | 128 | – | 98.87% | – | missing |" in table
+  assert compare.main([str(tmp_path / "absent.csv"), str(tmp_path / "ref.csv")]) == 2
+
+
+def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):
+  path = tmp_path / "old.csv"
+  path.write_text("rule,batch_size,test_accuracy,status,learning_rate,warmup_epochs,epochs,steps,seconds,same_as\n"
+                  "legw,128,0.9896,done,0.08,0.15625,25,11719,379,\n")
+  [row] = sweep_table.read_csv(path, "accuracy")
+  assert row.seed == sweep_table.DEFAULT_SEED and row.metric == 0.9896

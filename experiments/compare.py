@@ -1,0 +1,74 @@
+"""A reproduced sweep table against the committed one, point by point.
+
+  python -m experiments.compare reproduced/mnist_lstm_legw.csv docs/results/mnist_lstm_legw.csv
+
+Both files are CSVs written by `experiments.sweep`. For every (rule, batch size) in either, prints the
+new and the reference metric (mean ± sample standard deviation over seeds), their difference and a
+verdict: `within spread` when the difference is at most twice the standard error of the difference of
+the two means (both points need at least two seeds), `differs` when it is larger, and `1 seed` when a
+side has a single seed, so no spread is known. Exit status 1 if any point `differs`; with `--tolerance`,
+also if a single-seed difference exceeds it (accuracy as a fraction, e.g. 0.003 for 0.3 points).
+"""
+
+import argparse
+import math
+import sys
+from typing import Sequence
+
+from experiments import sweep_table
+
+
+def verdict(new: sweep_table.PointSummary, reference: sweep_table.PointSummary, tolerance: float) -> str:
+  """`within spread`, `differs`, `1 seed` (or `1 seed, beyond tolerance`), or `missing`."""
+  if not new.finished or not reference.finished:
+    return "missing"
+  difference = abs(new.mean - reference.mean)
+  if new.finished > 1 and reference.finished > 1:
+    standard_error = math.sqrt(new.std ** 2 / new.finished + reference.std ** 2 / reference.finished)
+    return "within spread" if difference <= 2.0 * standard_error else "differs"
+  if tolerance > 0 and difference > tolerance:
+    return "1 seed, beyond tolerance"
+  return "1 seed"
+
+
+def comparison_table(new_rows: list[sweep_table.SweepRow], reference_rows: list[sweep_table.SweepRow],
+                     metric: str, tolerance: float = 0.0) -> str:
+  """A markdown table: rule, batch, new, reference, difference, verdict."""
+  new, reference = sweep_table.summarize(new_rows), sweep_table.summarize(reference_rows)
+  empty = sweep_table.PointSummary(math.nan, math.nan, 0, ())
+  scale, unit = (100.0, " points") if metric == "accuracy" else (1.0, "")
+  lines = [f"| rule | batch | new | reference | difference{unit} | verdict |", "|---|---:|---:|---:|---:|---|"]
+  for rule, batch in sorted(set(new) | set(reference)):
+    a, b = new.get((rule, batch), empty), reference.get((rule, batch), empty)
+    difference = f"{scale * (a.mean - b.mean):+.2f}" if a.finished and b.finished else "–"
+    lines.append(f"| {rule} | {batch} | {sweep_table.format_summary(a, metric)} | "
+                 f"{sweep_table.format_summary(b, metric)} | {difference} | {verdict(a, b, tolerance)} |")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Command-line entry; see the module docstring. Returns the exit status."""
+  parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__.split("\n")[0])
+  parser.add_argument("new", help="the reproduced CSV")
+  parser.add_argument("reference", help="the committed CSV, e.g. docs/results/mnist_lstm_legw.csv")
+  parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
+  parser.add_argument("--tolerance", type=float, default=0.0,
+                      help="largest accepted difference of single-seed points (0: no check)")
+  args = parser.parse_args(argv)
+  try:
+    new, reference = (sweep_table.read_csv(path, args.metric) for path in (args.new, args.reference))
+  except ValueError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  for path, rows in ((args.new, new), (args.reference, reference)):
+    if not rows:
+      print(f"error: {path} not found or empty; pass CSVs written by `python -m experiments.sweep`.",
+            file=sys.stderr)
+      return 2
+  table = comparison_table(new, reference, args.metric, args.tolerance)
+  print(table)
+  return 1 if any(line.endswith(("| differs |", "beyond tolerance |")) for line in table.splitlines()) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
