@@ -229,7 +229,8 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
                        f"{METRIC_KEYS[config.dataset]!r}, but the sweep measures {spec.metric!r}; pass "
                        f"--metric {METRIC_KEYS[config.dataset]}.")
     fingerprints[point] = recipe_fingerprint(config)
-  order = sorted(configs, key=lambda p: (spec.batch_sizes.index(p[1]), p[2], spec.rules.index(p[0])))
+  # Seed-major: a complete one-seed table first, then the spread.
+  order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))
   print(_plan(spec, order, done, reference), flush=True)
   for rule, b, seed in order:
     if (rule, b, seed) in done:
