@@ -172,16 +172,19 @@ def load_mnist_idx(data_dir: str | os.PathLike[str] | None, split: str, *,
   return ArraySource(images=images, labels=labels)
 
 
-def load_mnist_tfds(split: str, data_dir: str | os.PathLike[str] | None = None) -> ArraySource:
-  """Loads an MNIST split from a prepared TFDS `mnist` dataset in the format of the idx loader.
+def load_mnist_tfds(split: str, data_dir: str | os.PathLike[str] | None = None, *,
+                    download: bool = False) -> ArraySource:
+  """Loads an MNIST split from a TFDS `mnist` dataset in the format of the idx loader.
 
-  Reads `tfds.data_source('mnist', split=split, data_dir=data_dir, download=False)` (random access,
-  no TensorFlow needed); nothing is downloaded.
+  Reads `tfds.data_source('mnist', split=split, data_dir=data_dir, download=download)` (random access,
+  no TensorFlow needed).
 
   Args:
     split: a TFDS split of mnist: 'train', 'test', or a slice such as 'train[:1000]'.
     data_dir: TFDS data folder; None means TFDS's default (`$TFDS_DATA_DIR` or
       `~/tensorflow_datasets`).
+    download: if True and the dataset is not prepared, TFDS downloads and prepares it first (needs
+      network access, e.g. in Colab); if False (the default) nothing is downloaded.
 
   Returns:
     `ArraySource(images=float32 [N, 28, 28] in [0, 1], labels=int32 [N])`.
@@ -201,7 +204,7 @@ def load_mnist_tfds(split: str, data_dir: str | os.PathLike[str] | None = None) 
   try:
     source = tfds.data_source("mnist", split=split,
                               data_dir=None if data_dir is None else os.fspath(data_dir),
-                              download=False)
+                              download=download)
   except Exception as error:
     raise FileNotFoundError(
         f"TFDS mnist (split {split!r}) is not available in data_dir={data_dir!r} as array_record "

@@ -70,26 +70,33 @@ def _split_off_validation(train: lbdata.ArraySource, num_validation: int) -> tup
 
 
 def mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
-          source: Literal["idx", "tfds"] = "idx", eval_split: Literal["test", "validation"] = "test",
-          num_validation_examples: int = 10000) -> Dataset:
-  """MNIST, 60k training and 10k test digits (LeCun's idx files, or a prepared TFDS `mnist`).
+          source: Literal["idx", "tfds", "auto"] = "idx", download: bool = False,
+          eval_split: Literal["test", "validation"] = "test", num_validation_examples: int = 10000) -> Dataset:
+  """MNIST, 60k training and 10k test digits (LeCun's idx files, or TFDS `mnist`).
 
   Args:
     data_dir: folder of the idx files (or of TFDS data); None: `$LBJAX_DATA_DIR` or ../shared/data.
     seed: the training stream's shuffling seed.
-    source: "idx" (LeCun's files) or "tfds".
+    source: "idx" (LeCun's files), "tfds", or "auto": the idx files where they are found, else TFDS
+      (what the notebooks use, so that they run in Colab as they are).
+    download: let TFDS download and prepare `mnist` when it is not there (needs network access).
     eval_split: "test" trains on all 60k and evaluates on the test set (the papers' protocol);
       "validation" holds `num_validation_examples` out of the training set (a fixed subset, the same
       for every seed), trains on the rest and evaluates on them: choose hyper-parameters this way.
     num_validation_examples: size of the held-out set for `eval_split="validation"`.
   """
-  if source not in ("idx", "tfds"):
-    raise ValueError(f"mnist: source must be 'idx' or 'tfds', got {source!r}.")
+  if source not in ("idx", "tfds", "auto"):
+    raise ValueError(f"mnist: source must be 'idx', 'tfds' or 'auto', got {source!r}.")
   if eval_split not in ("test", "validation"):
     raise ValueError(f"mnist: eval_split must be 'test' or 'validation', got {eval_split!r}.")
+  if source == "auto":
+    try:
+      train, test = (lbdata.load_mnist_idx(data_dir or None, split) for split in ("train", "test"))
+    except FileNotFoundError:
+      source = "tfds"
   if source == "tfds":
-    train, test = (lbdata.load_mnist_tfds(split, data_dir or None) for split in ("train", "test"))
-  else:
+    train, test = (lbdata.load_mnist_tfds(split, data_dir or None, download=download) for split in ("train", "test"))
+  elif source == "idx":
     train, test = (lbdata.load_mnist_idx(data_dir or None, split) for split in ("train", "test"))
   if eval_split == "validation":
     train, test = _split_off_validation(train, num_validation_examples)

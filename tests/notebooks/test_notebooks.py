@@ -2,13 +2,16 @@
 
 import os
 import pathlib
+import re
+import tomllib
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_the_three_notebooks():
@@ -31,3 +34,13 @@ def test_notebook_runs_tiny(path, tmp_path, monkeypatch):
             if "image/png" in o.get("data", {})]
   assert images, "the notebook should draw its plot"
   assert os.environ["LBJAX_NOTEBOOK_TINY"] == "1"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_cell_installs_from_the_project_url_without_touching_jax(path):
+  url = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+  install = nbformat.read(path, as_version=4).cells[1].source
+  assert re.search(r'^LBJAX_SOURCE = "git\+' + re.escape(url) + '"', install, re.MULTILINE)
+  [pip] = [line.strip() for line in install.splitlines() if line.strip().startswith(("%pip", "!pip"))]
+  assert pip == '%pip install -q "lbjax[tfds,notebooks] @ {LBJAX_SOURCE}"'  # no -U, no jax pin
+  assert "<" not in install  # no placeholder such as <your-org>

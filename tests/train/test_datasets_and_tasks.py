@@ -63,3 +63,18 @@ def test_the_eta_follows_whichever_stop_rule_comes_first():
 ])
 def test_scaling_rules_by_name_are_the_scaling_functions(rule, reference):
   assert rule(128, 0.1, 0.5, 1024) == reference()
+
+
+def test_mnist_auto_source_reads_idx_files_where_found_else_tfds(shared_data, tmp_path, monkeypatch):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  from_idx = datasets.mnist(shared_data, source="auto")
+  np.testing.assert_array_equal(_all_examples(from_idx, "train")[:5],
+                                _all_examples(datasets.mnist(shared_data), "train")[:5])
+  requested = []
+  real_source = tfds.data_source
+  monkeypatch.setattr(tfds, "data_source", lambda *a, **k: requested.append(k["download"]) or real_source(*a, **k))
+  with tfds.testing.mock_data(num_examples=12):
+    from_tfds = datasets.mnist(tmp_path, source="auto", download=True)  # no idx files in tmp_path
+  assert len(_all_examples(from_tfds, "train")) == 12 and requested == [True, True]
+  with pytest.raises(ValueError, match="source must be 'idx', 'tfds' or 'auto'"):
+    datasets.mnist(shared_data, source="files")
