@@ -1,7 +1,7 @@
 """papers/002: decaying LR vs increasing batch vs hybrid, compared by test accuracy and updates.
 
   python -m experiments.batch_schedule --config batch_schedule_mnist \
-      --out docs/results/batch_schedule_mnist --workdir runs/batch_schedule_mnist
+      --out reproduced/batch_schedule_mnist --workdir runs/batch_schedule_mnist
 
 Trains the config with the variant `schedule=<s>[,<variant>]` (`lbjax-train --config
 batch_schedule_mnist:schedule=<s>`) for each realisation s in `<workdir>/<s>` (a finished

@@ -1,6 +1,6 @@
 """Test metric by epoch for several runs side by side -> CSV and markdown (from their metrics.jsonl).
 
-  python -m experiments.by_epoch --metric perplexity --out docs/results/ptb_lstm_by_epoch \
+  python -m experiments.by_epoch --metric perplexity --out reproduced/ptb_lstm_by_epoch \
       --title "PTB LSTM: test perplexity by epoch" \
       --run "B=20 baseline=runs/sweeps/ptb/none_b20" --run "B=640 LEGW=runs/sweeps/ptb/legw_b640"
 

@@ -1,7 +1,7 @@
 """The local Lipschitz estimate L(x, g) over the first iterations, per batch size (papers/001 Figure 3).
 
   python -m experiments.lipschitz --config mnist_lstm --batch_sizes 128,512,2048 \
-      --steps 100 --every 2 --out docs/results/lipschitz --workdir runs/lipschitz
+      --steps 100 --every 2 --out reproduced/lipschitz --workdir runs/lipschitz
 
 papers/001 §4: along the gradient g the best step of a quadratic model is 1/L(x, g) with
 L(x, g) = |g^T H g| / ||g||^2; L "usually has a peak in the early iterations" and the peak "tends to

@@ -1,7 +1,7 @@
 """Tuning the baseline learning rate: one run per LR at the baseline batch size -> CSV and markdown.
 
   python -m experiments.lr_grid --config mnist_lstm --lrs 0.01,0.02,0.04,0.08,0.16 \
-      --variant epochs=5 --out docs/results/mnist_lstm_lr_grid --workdir runs/lr_grid
+      --variant epochs=5 --out reproduced/mnist_lstm_lr_grid --workdir runs/lr_grid
 
 Each LR runs the config (a packaged name or a config file, `--variant` keys added) with
 `--config.lr.base=<lr>` in `<workdir>/lr_<lr>` (a finished run is not trained again, an interrupted one

@@ -1,7 +1,7 @@
 """MCLR vs LARS at one batch size (papers/003 Figure 16) -> CSV of curves, markdown table, plot.
 
   python -m experiments.mclr_vs_lars --config mnist_lstm --batch_size 1024 --epochs 2 \
-      --lars_lrs 1,3,10 --mclr_lrs 0.0003,0.001,0.003 --out docs/results/mclr_vs_lars \
+      --lars_lrs 1,3,10 --mclr_lrs 0.0003,0.001,0.003 --out reproduced/mclr_vs_lars \
       --workdir runs/mclr_vs_lars
 
 papers/003 §4.2 proposes the median-curvature learning rate (MCLR, eq. 20-22: a layer's rate is

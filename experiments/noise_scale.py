@@ -1,7 +1,7 @@
 """The gradient noise scale B_simple over training, from an accumulating run -> CSV, markdown, plot.
 
   python -m experiments.noise_scale --config mnist_lstm --variant batch=1024,epochs=2 \
-      --max_device_batch 128 --out docs/results/noise_scale --workdir runs/noise_scale
+      --max_device_batch 128 --out reproduced/noise_scale --workdir runs/noise_scale
 
 B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018) is the batch size above which a larger batch
 stops paying for itself: below it the step is noise-dominated. When a step accumulates k micro-batches

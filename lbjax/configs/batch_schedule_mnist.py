@@ -11,7 +11,7 @@ is identical at every epoch:
   hybrid:     B = 128 -> 640 -> 3200 (B_max), then LR 0.08 -> 0.016 at epoch 20 (hybrid_schedule)
 
   lbjax-train --config batch_schedule_mnist:schedule=grow_batch --workdir runs/bs_grow
-  python -m experiments.batch_schedule --config batch_schedule_mnist --out docs/results/batch_schedule_mnist \
+  python -m experiments.batch_schedule --config batch_schedule_mnist --out reproduced/batch_schedule_mnist \
       --workdir runs/batch_schedule_mnist
 """
 
