@@ -5,8 +5,10 @@
 
 Each LR runs the config (a packaged name or a config file, `--variant` keys added) with
 `--config.lr.base=<lr>` in `<workdir>/lr_<lr>` (a finished run is not trained again, an interrupted one
-resumes). Writes `<out>.csv` (`learning_rate,test_<metric>,steps`) and
-`<out>.md` with the best LR marked (highest accuracy, or lowest perplexity).
+resumes). Writes `<out>.csv` (`learning_rate,<split>_<metric>,steps`) and
+`<out>.md` with the best LR marked (highest accuracy, or lowest perplexity); `<split>` is the split the
+runs evaluate on: choose learning rates on `validation` (`--variant eval_split=validation` for MNIST),
+then report the chosen one's test metric once.
 """
 
 import argparse
@@ -50,18 +52,24 @@ def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant
   return finals
 
 
-def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str) -> float:
-  """Writes `<out>.csv` and `<out>.md`; returns the best learning rate."""
+def eval_split(config: str, variant: str = "") -> str:
+  """The split the runs evaluate on: `data_options.eval_split` of the config ("test" if it has none)."""
+  loaded = config_files.load(config_spec(config, variant)).config
+  return loaded.data_options.get("eval_split", "test")
+
+
+def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str, split: str = "test") -> float:
+  """Writes `<out>.csv` and `<out>.md` (metric columns named after `split`); returns the best LR."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   pick = max if metric == "accuracy" else min
   best = pick(finals, key=lambda lr: finals[lr][metric])
   with open(out_path.with_suffix(".csv"), "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(("learning_rate", f"test_{metric}", "steps"))
+    writer.writerow(("learning_rate", f"{split}_{metric}", "steps"))
     for lr, record in sorted(finals.items()):
       writer.writerow((f"{lr:g}", f"{record[metric]:.6g}", record["step"]))
-  lines = [f"# {title}", "", f"| learning rate | test {metric} | steps |", "|---:|---:|---:|"]
+  lines = [f"# {title}", "", f"| learning rate | {split} {metric} | steps |", "|---:|---:|---:|"]
   for lr, record in sorted(finals.items()):
     value = f"{100 * record[metric]:.2f}%" if metric == "accuracy" else f"{record[metric]:.2f}"
     lines.append(f"| {lr:g}{' (best)' if lr == best else ''} | {value} | {record['step']} |")
@@ -86,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> float:
   except ValueError:
     parser.error(f"--lrs must be comma-separated numbers such as 0.01,0.02, got {args.lrs!r}")
   finals = run_grid(args.config, lrs, args.workdir, args.variant, args.metric)
-  best = write_outputs(finals, args.out, args.metric, args.title)
+  best = write_outputs(finals, args.out, args.metric, args.title, eval_split(args.config, args.variant))
   print(f"[lr_grid] best learning rate {best:g}", flush=True)
   return best
 

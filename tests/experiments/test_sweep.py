@@ -125,6 +125,8 @@ def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
     rows = list(csv.DictReader(f))
   assert [r["learning_rate"] for r in rows] == ["0.05", "0.5"] and all(r["steps"] == "8" for r in rows)
   assert f"| {best:g} (best) |" in (tmp_path / "grid.md").read_text()
+  assert lr_grid.eval_split("mnist_lstm", "eval_split=validation") == "validation"
+  assert lr_grid.eval_split(TINY_CONFIG) == "test"
   monkeypatch.setattr(lr_grid.train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
   assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs")) == finals
   with pytest.raises(ValueError, match="positive numbers"):
