@@ -31,6 +31,7 @@ import numpy as np
 
 from lbjax.data import jpeg
 from lbjax.data import stream
+from lbjax.data import workers
 
 IMAGENET_MEAN_RGB = (123.675, 116.28, 103.53)
 IMAGENET_STDDEV_RGB = (58.395, 57.12, 57.375)
@@ -521,7 +522,8 @@ def _check_decode(decode: Any) -> tuple[str, ...]:
 def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[str] | None = None,
                           image_size: int = 224, seed: int, process_index: int = 0,
                           process_count: int = 1, num_threads: int | None = None,
-                          decode: Decode = "reduced") -> stream.TrainStream:
+                          decode: Decode = "reduced",
+                          num_workers: int = 0) -> stream.TrainStream | workers.WorkerTrainStream:
   """Shuffled, augmented ImageNet training stream (`imagenet2012` from TFDS).
 
   Args:
@@ -535,22 +537,29 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
     decode: "reduced" (JPEG bytes, decoded at the DCT scale each crop needs) or "full" (TFDS
       decodes each image in full; `tfds.testing.mock_data` without TensorFlow supports only this).
       Both give the same crop windows and flips.
+    num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
+      0 computes them in this process. With workers, `num_threads` defaults to 1 per worker.
 
   Returns:
-    A `TrainStream` whose batches are `{"images": float32 [b, s, s, 3], "labels": int32 [b]}`.
+    A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose
+    batches are `{"images": float32 [b, s, s, 3], "labels": int32 [b]}`.
   """
   encoded = _check_decode(decode)
+  num_workers = workers.check_num_workers(num_workers)
+  num_threads = 1 if num_workers and num_threads is None else num_threads
   transform = imagenet_train_transform(seed=seed, image_size=image_size, num_threads=num_threads)
   source = TfdsSource("imagenet2012", split=split, data_dir=data_dir, num_threads=num_threads,
                       encoded_features=encoded)
-  return stream.TrainStream(source, seed=seed, process_index=process_index,
-                            process_count=process_count, transform=transform)
+  train = stream.TrainStream(source, seed=seed, process_index=process_index,
+                             process_count=process_count, transform=transform)
+  return workers.WorkerTrainStream(train, num_workers=num_workers) if num_workers else train
 
 
 def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
                           data_dir: str | os.PathLike[str] | None = None, image_size: int = 224,
                           process_index: int = 0, process_count: int = 1,
-                          num_threads: int | None = None, decode: Decode = "reduced"):
+                          num_threads: int | None = None, decode: Decode = "reduced",
+                          num_workers: int = 0):
   """Every ImageNet evaluation example once, preprocessed, in padded batches (`eval_batches`).
 
   Args:
@@ -562,13 +571,17 @@ def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
     process_count: number of processes.
     num_threads: decoding/preprocessing threads (None: `default_num_threads()`).
     decode: "reduced" or "full", as for `imagenet_train_stream`.
+    num_workers: grain worker processes (0: this process), as for `imagenet_train_stream`.
 
   Returns:
     Iterator of `{"images": float32 [b, s, s, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
   encoded = _check_decode(decode)
+  num_workers = workers.check_num_workers(num_workers)
+  num_threads = 1 if num_workers and num_threads is None else num_threads
   transform = imagenet_eval_transform(image_size=image_size, num_threads=num_threads)
   source = TfdsSource("imagenet2012", split=split, data_dir=data_dir, num_threads=num_threads,
                       encoded_features=encoded)
-  return stream.eval_batches(source, global_batch_size, process_index=process_index,
-                             process_count=process_count, transform=transform)
+  return workers.worker_eval_batches(source, global_batch_size, num_workers=num_workers,
+                                     process_index=process_index, process_count=process_count,
+                                     transform=transform)
