@@ -45,6 +45,7 @@ DEFAULT_MAX_ATTEMPTS = 10
 
 Decode = Literal["reduced", "full"]
 DECODE_MODES = ("reduced", "full")
+Decoder = Literal["cpu", "dali"]
 
 _TFDS_BUILD_HINTS = {
     "imagenet2012": (
@@ -423,34 +424,44 @@ def _image_shape(image: Any) -> tuple[int, int]:
   return shape[0], shape[1]
 
 
+def train_window(image: Any, rng: np.random.Generator) -> tuple[CropBox, bool]:
+  """The training crop window (`sample_crop_box` of the image's height and width) and whether to
+  flip it (`rng.random() < 0.5`), drawn in this order: encoded bytes (header size only), decoded
+  arrays and the DALI path get the same window and flip from the same generator."""
+  box = sample_crop_box(rng, *_image_shape(image))
+  return box, bool(rng.random() < 0.5)
+
+
 def train_crop(image: Any, rng: np.random.Generator, image_size: int) -> np.ndarray:
   """One training example: Inception crop window, resized to `image_size`, flipped with p = 1/2.
 
-  The window is drawn from the image's height and width (`sample_crop_box`), then the flip
-  (`rng.random() < 0.5`), so encoded and decoded images get the same window and flip from the same
-  generator. Encoded bytes are decoded at the smallest DCT scale covering the window at the output
-  size (`jpeg.decode_resized_crop`); decoded arrays are cropped and resized (`crop_and_resize`).
+  The window and flip come from `train_window`. Encoded bytes are decoded at the smallest DCT
+  scale covering the window at the output size (`jpeg.decode_resized_crop`); decoded arrays are
+  cropped and resized (`crop_and_resize`).
 
   Returns:
     uint8 [image_size, image_size, 3].
   """
-  box = sample_crop_box(rng, *_image_shape(image))
-  flip = bool(rng.random() < 0.5)
+  box, flip = train_window(image, rng)
   if isinstance(image, bytes):
     return jpeg.decode_resized_crop(image, jpeg.Box(*box), (image_size, image_size), flip=flip)
   crop = crop_and_resize(as_rgb(image), box, (image_size, image_size))
   return crop[:, ::-1] if flip else crop
 
 
+def eval_window(image: Any, image_size: int) -> jpeg.Box:
+  """The window of the original image that `center_crop_eval` turns into the evaluation crop."""
+  resize_size = int(round(image_size * EVAL_RESIZE_RATIO))
+  return jpeg.center_crop_box(*_image_shape(image), image_size, resize_size)
+
+
 def eval_crop(image: Any, image_size: int) -> np.ndarray:
-  """One evaluation example: `center_crop_eval` of a decoded image, or the same window of an
-  encoded one decoded at the smallest DCT scale covering the resize step. Returns uint8."""
+  """One evaluation example: `center_crop_eval` of a decoded image, or the same window
+  (`eval_window`) of an encoded one decoded at the smallest DCT scale covering the resize step.
+  Returns uint8."""
   if isinstance(image, bytes):
-    height, width = jpeg.image_size(image)
-    resize_size = int(round(image_size * EVAL_RESIZE_RATIO))
-    return jpeg.decode_resized_crop(
-        image, jpeg.center_crop_box(height, width, image_size, resize_size),
-        (image_size, image_size))
+    return jpeg.decode_resized_crop(image, eval_window(image, image_size),
+                                    (image_size, image_size))
   return center_crop_eval(image, image_size)
 
 
@@ -511,6 +522,16 @@ def imagenet_eval_transform(*, image_size: int = 224,
   return transform
 
 
+def _dali():
+  """`lbjax.data.dali`, imported when first used (it imports this module, and NVIDIA DALI)."""
+  from lbjax.data import dali  # pylint: disable=g-import-not-at-top
+  return dali
+
+
+def _check_decoder(decoder: Any, decode: str, num_workers: int) -> str:
+  return _dali().check_decoder(decoder, decode, num_workers)
+
+
 def _check_decode(decode: Any) -> tuple[str, ...]:
   """The TFDS features to read encoded for `decode`."""
   if decode not in DECODE_MODES:
@@ -522,8 +543,8 @@ def _check_decode(decode: Any) -> tuple[str, ...]:
 def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[str] | None = None,
                           image_size: int = 224, seed: int, process_index: int = 0,
                           process_count: int = 1, num_threads: int | None = None,
-                          decode: Decode = "reduced",
-                          num_workers: int = 0) -> stream.TrainStream | workers.WorkerTrainStream:
+                          decode: Decode = "reduced", num_workers: int = 0,
+                          decoder: Decoder = "cpu") -> stream.TrainStream | workers.WorkerTrainStream:
   """Shuffled, augmented ImageNet training stream (`imagenet2012` from TFDS).
 
   Args:
@@ -539,6 +560,9 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
       Both give the same crop windows and flips.
     num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
       0 computes them in this process. With workers, `num_threads` defaults to 1 per worker.
+    decoder: "cpu" (PIL) or "dali" (`lbjax.data.dali`: decode, crop, resize, flip and normalise on
+      the GPU with the same windows and flips; needs the `[dali]` extra, decode="reduced" and no
+      workers).
 
   Returns:
     A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose
@@ -547,7 +571,11 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
   encoded = _check_decode(decode)
   num_workers = workers.check_num_workers(num_workers)
   num_threads = 1 if num_workers and num_threads is None else num_threads
-  transform = imagenet_train_transform(seed=seed, image_size=image_size, num_threads=num_threads)
+  if _check_decoder(decoder, decode, num_workers) == "dali":
+    transform = _dali().dali_imagenet_transform(mode="train", image_size=image_size, seed=seed)
+  else:
+    transform = imagenet_train_transform(seed=seed, image_size=image_size,
+                                         num_threads=num_threads)
   source = TfdsSource("imagenet2012", split=split, data_dir=data_dir, num_threads=num_threads,
                       encoded_features=encoded)
   train = stream.TrainStream(source, seed=seed, process_index=process_index,
@@ -559,7 +587,7 @@ def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
                           data_dir: str | os.PathLike[str] | None = None, image_size: int = 224,
                           process_index: int = 0, process_count: int = 1,
                           num_threads: int | None = None, decode: Decode = "reduced",
-                          num_workers: int = 0):
+                          num_workers: int = 0, decoder: Decoder = "cpu"):
   """Every ImageNet evaluation example once, preprocessed, in padded batches (`eval_batches`).
 
   Args:
@@ -572,6 +600,7 @@ def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
     num_threads: decoding/preprocessing threads (None: `default_num_threads()`).
     decode: "reduced" or "full", as for `imagenet_train_stream`.
     num_workers: grain worker processes (0: this process), as for `imagenet_train_stream`.
+    decoder: "cpu" or "dali", as for `imagenet_train_stream`.
 
   Returns:
     Iterator of `{"images": float32 [b, s, s, 3], "labels": int32 [b], "mask": float32 [b]}`.
@@ -579,7 +608,10 @@ def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
   encoded = _check_decode(decode)
   num_workers = workers.check_num_workers(num_workers)
   num_threads = 1 if num_workers and num_threads is None else num_threads
-  transform = imagenet_eval_transform(image_size=image_size, num_threads=num_threads)
+  if _check_decoder(decoder, decode, num_workers) == "dali":
+    transform = _dali().dali_imagenet_transform(mode="eval", image_size=image_size)
+  else:
+    transform = imagenet_eval_transform(image_size=image_size, num_threads=num_threads)
   source = TfdsSource("imagenet2012", split=split, data_dir=data_dir, num_threads=num_threads,
                       encoded_features=encoded)
   return workers.worker_eval_batches(source, global_batch_size, num_workers=num_workers,
