@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lbjax.data import imagenet
+from lbjax.data import jpeg
 from lbjax.data import stream
 
 Mode = Literal["train", "eval"]
@@ -75,11 +76,12 @@ def windows_and_flips(images: Sequence[bytes], positions: np.ndarray, *, seed: i
     if not isinstance(image, bytes):
       raise TypeError(f"the DALI path decodes JPEG bytes; example {i} is a {type(image).__name__}. "
                       "Read the dataset with decode='reduced'.")
+    height, width = jpeg.image_size(image)
     if mode == "train":
-      box, flip = imagenet.train_window(image, rngs[i])
+      box, flip = imagenet.train_window(height, width, rngs[i])
       flips[i] = flip
     else:
-      box = imagenet.eval_window(image, image_size)
+      box = imagenet.eval_window(height, width, image_size)
     anchors[i] = box.left, box.top
     shapes[i] = box.width, box.height
   return anchors, shapes, flips

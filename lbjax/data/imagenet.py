@@ -416,19 +416,11 @@ def _labels_of(examples: stream.Batch) -> np.ndarray:
   return np.asarray(examples["label"]).astype(np.int32)
 
 
-def _image_shape(image: Any) -> tuple[int, int]:
-  """(height, width) of an encoded (bytes: from the header) or decoded image."""
-  if isinstance(image, bytes):
-    return jpeg.image_size(image)
-  shape = np.shape(image)
-  return shape[0], shape[1]
-
-
-def train_window(image: Any, rng: np.random.Generator) -> tuple[CropBox, bool]:
+def train_window(height: int, width: int, rng: np.random.Generator) -> tuple[CropBox, bool]:
   """The training crop window (`sample_crop_box` of the image's height and width) and whether to
   flip it (`rng.random() < 0.5`), drawn in this order: encoded bytes (header size only), decoded
   arrays and the DALI path get the same window and flip from the same generator."""
-  box = sample_crop_box(rng, *_image_shape(image))
+  box = sample_crop_box(rng, height, width)
   return box, bool(rng.random() < 0.5)
 
 
@@ -442,17 +434,20 @@ def train_crop(image: Any, rng: np.random.Generator, image_size: int) -> np.ndar
   Returns:
     uint8 [image_size, image_size, 3].
   """
-  box, flip = train_window(image, rng)
   if isinstance(image, bytes):
-    return jpeg.decode_resized_crop(image, jpeg.Box(*box), (image_size, image_size), flip=flip)
-  crop = crop_and_resize(as_rgb(image), box, (image_size, image_size))
+    opened = jpeg.open_image(image)
+    box, flip = train_window(opened.size[1], opened.size[0], rng)
+    return jpeg.decode_resized_crop(opened, jpeg.Box(*box), (image_size, image_size), flip=flip)
+  image = as_rgb(image)
+  box, flip = train_window(image.shape[0], image.shape[1], rng)
+  crop = crop_and_resize(image, box, (image_size, image_size))
   return crop[:, ::-1] if flip else crop
 
 
-def eval_window(image: Any, image_size: int) -> jpeg.Box:
-  """The window of the original image that `center_crop_eval` turns into the evaluation crop."""
+def eval_window(height: int, width: int, image_size: int) -> jpeg.Box:
+  """The window of a height x width image that `center_crop_eval` turns into the evaluation crop."""
   resize_size = int(round(image_size * EVAL_RESIZE_RATIO))
-  return jpeg.center_crop_box(*_image_shape(image), image_size, resize_size)
+  return jpeg.center_crop_box(height, width, image_size, resize_size)
 
 
 def eval_crop(image: Any, image_size: int) -> np.ndarray:
@@ -460,7 +455,8 @@ def eval_crop(image: Any, image_size: int) -> np.ndarray:
   (`eval_window`) of an encoded one decoded at the smallest DCT scale covering the resize step.
   Returns uint8."""
   if isinstance(image, bytes):
-    return jpeg.decode_resized_crop(image, eval_window(image, image_size),
+    opened = jpeg.open_image(image)
+    return jpeg.decode_resized_crop(opened, eval_window(opened.size[1], opened.size[0], image_size),
                                     (image_size, image_size))
   return center_crop_eval(image, image_size)
 

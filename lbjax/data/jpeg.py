@@ -20,7 +20,7 @@ References:
 
 import io
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,7 +44,8 @@ def _pil():
   return Image
 
 
-def _open(encoded: bytes):
+def open_image(encoded: bytes):
+  """A lazily decoded `PIL.Image` of `encoded` (only the header is read until pixels are asked for)."""
   Image = _pil()  # pylint: disable=invalid-name
   try:
     image = Image.open(io.BytesIO(encoded))
@@ -55,7 +56,7 @@ def _open(encoded: bytes):
 
 def image_size(encoded: bytes) -> tuple[int, int]:
   """(height, width) of an encoded image, read from its header only (no pixel is decoded)."""
-  width, height = _open(encoded).size
+  width, height = open_image(encoded).size
   return height, width
 
 
@@ -71,7 +72,7 @@ def dct_scale(box_height: float, box_width: float, out_height: int, out_width: i
   return 1
 
 
-def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
+def decode_resized_crop(encoded: Any, box: Box, size: tuple[int, int], *,
                         flip: bool = False) -> np.ndarray:
   """Decodes window `box` of a JPEG at the smallest DCT scale covering `size`, resizes it to `size`.
 
@@ -79,7 +80,8 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
   and resizing it with one bilinear (antialiased) resampling, as `imagenet.crop_and_resize` does.
 
   Args:
-    encoded: the JPEG file's bytes (other formats PIL reads are decoded in full).
+    encoded: the JPEG file's bytes (other formats PIL reads are decoded in full), or the
+      not yet loaded image `open_image` returned for them (saves parsing the header twice).
     box: the window in full-size pixel coordinates; must lie inside the image.
     size: output (height, width).
     flip: mirror the output left-right.
@@ -88,7 +90,7 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
     uint8 [height, width, 3] RGB.
   """
   Image = _pil()  # pylint: disable=invalid-name
-  image = _open(encoded)
+  image = open_image(encoded) if isinstance(encoded, bytes) else encoded
   width, height = image.size
   if not (0 <= box.top and box.top + box.height <= height and 0 <= box.left
           and box.left + box.width <= width and box.height > 0 and box.width > 0):

@@ -10,6 +10,7 @@ pytest.importorskip("PIL")
 
 from lbjax.data import dali  # pylint: disable=g-import-not-at-top
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
+from lbjax.data import jpeg  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
 from lbjax.data import synthetic_jpeg  # pylint: disable=g-import-not-at-top
 
@@ -31,7 +32,7 @@ def test_train_windows_and_flips_are_those_of_the_cpu_path():
   anchors, shapes, flips = dali.windows_and_flips(jpegs, positions, seed=4, image_size=224,
                                                   mode="train")
   for i, (encoded, rng) in enumerate(zip(jpegs, stream.example_rngs(4, positions))):
-    box, flip = imagenet.train_window(encoded, rng)
+    box, flip = imagenet.train_window(*jpeg.image_size(encoded), rng)
     np.testing.assert_array_equal(anchors[i], [box.left, box.top])
     np.testing.assert_array_equal(shapes[i], [box.width, box.height])
     assert flips[i] == flip
@@ -43,7 +44,7 @@ def test_eval_windows_are_the_central_crop_and_never_flipped():
   anchors, shapes, flips = dali.windows_and_flips(jpegs, np.arange(3), seed=0, image_size=224,
                                                   mode="eval")
   for i, encoded in enumerate(jpegs):
-    box = imagenet.eval_window(encoded, 224)
+    box = imagenet.eval_window(*jpeg.image_size(encoded), 224)
     np.testing.assert_allclose(anchors[i], [box.left, box.top], rtol=1e-6)
     np.testing.assert_allclose(shapes[i], [box.width, box.height], rtol=1e-6)
   assert not flips.any()
