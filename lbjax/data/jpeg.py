@@ -13,6 +13,14 @@ error of the DCT-domain downscale (tested in tests/data/test_jpeg.py). With Imag
 size (about 400x350) and 224x224 outputs most crops need `a = 1`; the savings come from large
 images and small outputs.
 
+Why PIL's draft mode and not simplejpeg, PyTurboJPEG or OpenCV: PIL is already a dependency and
+decodes straight into the image its resize reads. simplejpeg (libjpeg-turbo, same DCT scales)
+decodes a whole JPEG about 1.5x faster, but its array must be copied into PIL (or another resizer)
+and the train transform with it was only about 1.1x the PIL one (`python -m
+benchmarks.input_pipeline --part imagenet`, benchmarks/README.md); PyTurboJPEG needs the system
+libturbojpeg, OpenCV a large wheel, and neither decodes a region without entropy-decoding the rows
+above it.
+
 References:
   Independent JPEG Group, libjpeg `scale_num / scale_denom` (libjpeg.txt, "Decompression parameter
   selection"); Pillow `Image.draft`.
