@@ -117,7 +117,7 @@ class _Pipeline:
     self._pipeline.feed_input("jpegs", [np.frombuffer(image, np.uint8) for image in images])
     self._pipeline.feed_input("anchors", list(anchors))
     self._pipeline.feed_input("shapes", list(shapes))
-    self._pipeline.feed_input("flips", list(flips))
+    self._pipeline.feed_input("flips", [np.array(flip, np.int32) for flip in flips])
     (output,) = self._pipeline.run()
     return np.asarray(output.as_cpu().as_array(), np.float32)
 
