@@ -33,3 +33,4 @@ from lbjax.data.stream import Transform
 from lbjax.data.synthetic import synthetic_images
 from lbjax.data.synthetic import synthetic_mnist
 from lbjax.data.synthetic import synthetic_ptb_tokens
+from lbjax.data.workers import WorkerTrainStream

@@ -15,6 +15,7 @@ import numpy as np
 
 from lbjax.data import imagenet
 from lbjax.data import stream
+from lbjax.data import workers
 
 # Per-channel statistics of the CIFAR-10 training images, RGB on the 0-255 scale.
 CIFAR10_MEAN_RGB = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
@@ -136,7 +137,8 @@ def cifar10_eval_transform() -> stream.Transform:
 
 def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[str] | None = None,
                          seed: int, process_index: int = 0, process_count: int = 1,
-                         num_threads: int | None = None) -> stream.TrainStream:
+                         num_threads: int | None = None,
+                         num_workers: int = 0) -> stream.TrainStream | workers.WorkerTrainStream:
   """Shuffled, augmented CIFAR-10 training stream (`cifar10` from TFDS).
 
   Args:
@@ -145,20 +147,27 @@ def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[st
     seed: shuffling and augmentation seed.
     process_index: this process's index.
     process_count: number of processes reading the stream.
-    num_threads: decoding threads (None: `imagenet.default_num_threads()`).
+    num_threads: decoding threads (None: `imagenet.default_num_threads()`; 1 with workers).
+    num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
+      0 computes them in this process.
 
   Returns:
-    A `TrainStream` whose batches are `{"images": float32 [b, 32, 32, 3], "labels": int32 [b]}`.
+    A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose
+    batches are `{"images": float32 [b, 32, 32, 3], "labels": int32 [b]}`.
   """
+  num_workers = workers.check_num_workers(num_workers)
+  num_threads = 1 if num_workers and num_threads is None else num_threads
   transform = cifar10_train_transform(seed=seed)
   source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
-  return stream.TrainStream(source, seed=seed, process_index=process_index,
-                            process_count=process_count, transform=transform)
+  train = stream.TrainStream(source, seed=seed, process_index=process_index,
+                             process_count=process_count, transform=transform)
+  return workers.WorkerTrainStream(train, num_workers=num_workers) if num_workers else train
 
 
 def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
                          data_dir: str | os.PathLike[str] | None = None, process_index: int = 0,
-                         process_count: int = 1, num_threads: int | None = None):
+                         process_count: int = 1, num_threads: int | None = None,
+                         num_workers: int = 0):
   """Every CIFAR-10 test example once, normalised, in padded batches (`eval_batches`).
 
   Args:
@@ -167,11 +176,15 @@ def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
     data_dir: TFDS data folder (None: TFDS default).
     process_index: this process's index.
     process_count: number of processes.
-    num_threads: decoding threads (None: `imagenet.default_num_threads()`).
+    num_threads: decoding threads (None: `imagenet.default_num_threads()`; 1 with workers).
+    num_workers: grain worker processes (0: this process).
 
   Returns:
     Iterator of `{"images": float32 [b, 32, 32, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
+  num_workers = workers.check_num_workers(num_workers)
+  num_threads = 1 if num_workers and num_threads is None else num_threads
   source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
-  return stream.eval_batches(source, global_batch_size, process_index=process_index,
-                             process_count=process_count, transform=cifar10_eval_transform())
+  return workers.worker_eval_batches(source, global_batch_size, num_workers=num_workers,
+                                     process_index=process_index, process_count=process_count,
+                                     transform=cifar10_eval_transform())

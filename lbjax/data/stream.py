@@ -16,7 +16,9 @@ in-memory numpy arrays. Per-example randomness (augmentation) is seeded from
 and of resumption.
 
 lbjax does not use grain's samplers here: a batch size that changes between steps (and mid-epoch)
-with an exact one-integer resume point is simpler to state and test directly.
+with an exact one-integer resume point is simpler to state and test directly. Batches are computed
+on worker processes by `lbjax.data.workers`, which runs `TrainStream.batch_at` in grain's
+`mp_prefetch` workers.
 """
 
 from collections.abc import Callable, Iterator, Mapping
@@ -220,6 +222,14 @@ class TrainStream:
     return self._seed
 
   @property
+  def process_index(self) -> int:
+    return self._process_index
+
+  @property
+  def process_count(self) -> int:
+    return self._process_count
+
+  @property
   def examples_consumed(self) -> int:
     """Global number of stream positions consumed so far (all processes together)."""
     return self._examples_consumed
@@ -258,13 +268,18 @@ class TrainStream:
       Dict of host-local numpy arrays with leading dimension B / process_count, ready for
       `jax.make_array_from_process_local_data`.
     """
-    mine = process_slice(global_batch_size, self._process_index, self._process_count)
-    positions = np.arange(self._examples_consumed + mine.start, self._examples_consumed + mine.stop,
-                          dtype=np.int64)
-    examples = self._source.take(self.example_indices(positions))
-    examples = _apply_transform(self._transform, examples, positions)
+    examples = self.batch_at(self._examples_consumed, global_batch_size)
     self._examples_consumed += int(global_batch_size)
     return examples
+
+  def batch_at(self, examples_consumed: int, global_batch_size: int) -> Batch:
+    """This process's share of the global batch of `global_batch_size` positions starting at
+    `examples_consumed`, without changing the stream's state (what `next_batch` returns there)."""
+    mine = process_slice(global_batch_size, self._process_index, self._process_count)
+    positions = np.arange(examples_consumed + mine.start, examples_consumed + mine.stop,
+                          dtype=np.int64)
+    examples = self._source.take(self.example_indices(positions))
+    return _apply_transform(self._transform, examples, positions)
 
   def get_state(self) -> dict[str, int]:
     """JSON-serialisable state: examples consumed plus what the positions depend on."""
@@ -323,13 +338,20 @@ def eval_batches(source: RandomAccessSource, global_batch_size: int, *, process_
 def _eval_batches(source: RandomAccessSource, num_examples: int, global_batch_size: int,
                   mine: slice, transform: Transform | None) -> Iterator[Batch]:
   for batch in range(math.ceil(num_examples / global_batch_size)):
-    offset = batch * global_batch_size
-    indices = np.arange(offset + mine.start, offset + mine.stop, dtype=np.int64)
-    real = indices < num_examples
-    indices = np.minimum(indices, num_examples - 1)
-    examples = _apply_transform(transform, source.take(indices), indices)
-    if "mask" in examples:
-      raise ValueError("eval_batches adds a 'mask' field, but the examples already have one; "
-                       "rename the source's 'mask' field.")
-    examples["mask"] = real.astype(np.float32)
-    yield examples
+    yield eval_batch(source, batch, global_batch_size, mine, transform)
+
+
+def eval_batch(source: RandomAccessSource, batch: int, global_batch_size: int, mine: slice,
+               transform: Transform | None) -> Batch:
+  """Evaluation batch number `batch` of `eval_batches` (this process's rows `mine` of it)."""
+  num_examples = len(source)
+  offset = batch * global_batch_size
+  indices = np.arange(offset + mine.start, offset + mine.stop, dtype=np.int64)
+  real = indices < num_examples
+  indices = np.minimum(indices, num_examples - 1)
+  examples = _apply_transform(transform, source.take(indices), indices)
+  if "mask" in examples:
+    raise ValueError("eval_batches adds a 'mask' field, but the examples already have one; "
+                     "rename the source's 'mask' field.")
+  examples["mask"] = real.astype(np.float32)
+  return examples

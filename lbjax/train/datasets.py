@@ -140,18 +140,22 @@ def _tfds_vision(train_stream, eval_batches, *, data_dir, seed: int, eval_split:
 
 
 def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, image_size: int = 224,
-             eval_split: str = "validation") -> Dataset:
+             eval_split: str = "validation", decode: Literal["reduced", "full"] = "reduced",
+             num_workers: int = 0, decoder: Literal["cpu", "dali"] = "cpu") -> Dataset:
   """ImageNet-1k (`imagenet2012` prepared for TFDS): Inception crops + flips for training, centre crops
-  for evaluation; top-1 and top-5 accuracy."""
+  for evaluation; top-1 and top-5 accuracy. `decode`, `num_workers` and `decoder`: see
+  `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on the GPU)."""
   return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=1000, small_inputs=image_size <= 64,
-                      image_size=image_size)
+                      image_size=image_size, decode=decode, num_workers=num_workers, decoder=decoder)
 
 
-def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test") -> Dataset:
-  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training; top-1 and top-5 accuracy."""
+def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
+            num_workers: int = 0) -> Dataset:
+  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training; top-1 and top-5 accuracy. `num_workers`: grain
+  worker processes computing batches (0: the training process)."""
   return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, data_dir=data_dir, seed=seed,
-                      eval_split=eval_split, num_classes=10, small_inputs=True)
+                      eval_split=eval_split, num_classes=10, small_inputs=True, num_workers=num_workers)
 
 
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,

@@ -15,7 +15,12 @@ _IMAGE_SIZE = 12
 
 @pytest.fixture
 def mock_imagenet():
-  """Ten fake ImageNet examples of random sizes (TFDS code-generated mock, no files)."""
+  """Ten fake ImageNet examples of random sizes (TFDS code-generated mock, no files).
+
+  The mock hands out decoded arrays; JPEG bytes (`decode="reduced"`) would need TensorFlow to
+  encode them, so these tests read with `decode="full"`. The reduced path is tested on real JPEG
+  bytes in test_jpeg.py.
+  """
   with tfds.testing.mock_data(num_examples=10, policy=tfds.testing.MockPolicy.USE_CODE):
     yield
 
@@ -26,7 +31,8 @@ def test_train_batches_have_fixed_shape_and_dtypes(mock_imagenet):
   assert set(raw) == {"image", "label"}
   assert raw["image"].dtype == object  # Ragged: one array per example.
   assert len({image.shape for image in raw["image"]}) > 1  # The mock images differ in size.
-  train = imagenet.imagenet_train_stream(image_size=_IMAGE_SIZE, seed=0, num_threads=2)
+  train = imagenet.imagenet_train_stream(image_size=_IMAGE_SIZE, seed=0, num_threads=2,
+                                        decode="full")
   batch = train.next_batch(4)
   assert set(batch) == {"images", "labels"}
   assert batch["images"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
@@ -37,14 +43,16 @@ def test_train_batches_have_fixed_shape_and_dtypes(mock_imagenet):
 
 def test_eval_batches_cover_split_once_with_padding_mask(mock_imagenet):
   del mock_imagenet
-  batches = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=1))
+  batches = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=1,
+                                                decode="full"))
   assert len(batches) == 3  # ceil(10 / 4)
   for batch in batches:
     assert batch["images"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
     assert batch["images"].dtype == np.float32
     assert batch["labels"].dtype == np.int32
   np.testing.assert_array_equal(batches[-1]["mask"], [1, 1, 0, 0])
-  again = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=2))
+  again = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=2,
+                                              decode="full"))
   for first, second in zip(batches, again):
     np.testing.assert_array_equal(first["images"], second["images"])
 
