@@ -176,7 +176,7 @@ def powersgd(
       matrices = [m + e for m, e in zip(matrices, state.residuals)]
     ps = all_reduce_mean([m @ q for m, q in zip(matrices, state.queries)])
     p_hats = [orthonormalize(p) for p in ps]
-    whole = [i for i in range(len(leaves)) if i not in set(compressed)]
+    whole = sorted(set(range(len(leaves))) - set(compressed))
     qs, whole_means = all_reduce_mean(([m.T @ p for m, p in zip(matrices, p_hats)], [leaves[i] for i in whole]))
     approximations = [p @ q.T for p, q in zip(p_hats, qs)]
     decoded = list(leaves)
