@@ -104,6 +104,14 @@ def write_outputs(results: list[Result], out: str, command: str, batch_size: int
   for r in results:
     lines.append(f"| {r.variant} | {r.bits_per_step:,.0f} | {r.ratio:.1f}x | {r.steps} | {r.megabytes_sent:.3f} | "
                  f"{r.final_train_loss:.4f} | {100 * r.final_test_accuracy:.2f}% |")
+  lines += ["", "One run per variant (one seed) on simulated CPU devices of a loaded 2-core host, so differences of a "
+            "few tenths of a percent are within seed-to-seed noise, which this table does not measure. 1-bit SGD "
+            "and PowerSGD carry their compression error to the next step (error feedback); QSGD is unbiased but "
+            "its variance grows with the leaf size n (E||Q(v)||^2 <= (1 + min(n/s^2, sqrt(n)/s)) ||v||^2, "
+            "papers/004) and nothing corrects it. MB sent counts the messages one device sends (PowerSGD: the P "
+            "and Q factors of each compressed matrix and the small leaves whole), as `bits_per_step` counts it; how "
+            "a collective would move the messages (all-gather of quantized ones, all-reduce of PowerSGD's "
+            "factors) is not modelled."]
   pathlib.Path(f"{out}.md").write_text("\n".join(lines) + "\n")
   plot(results, f"{out}.png", f"{config_name}, batch {batch_size}, {epochs:g} epoch(s)")
 
