@@ -121,10 +121,10 @@ def plot(results: list[Result], path: str, title: str) -> None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 4))
-  for r in results:
+  for index, r in enumerate(results):
     ax.scatter(r.megabytes_sent, 100 * r.final_test_accuracy)
     ax.annotate(r.variant, (r.megabytes_sent, 100 * r.final_test_accuracy), textcoords="offset points",
-                xytext=(4, 4), fontsize=8)
+                xytext=(4, 4 if index % 2 else -12), fontsize=8)  # alternate sides: nearby labels overlap
   ax.set_xscale("log")
   ax.set_xlabel("MB sent per device (log scale)")
   ax.set_ylabel("final test accuracy (%)")
