@@ -77,7 +77,7 @@ def gpipe_stage(layer_fn: LayerFn, stage_params: Any, inputs: jax.Array, num_mic
   apply_stage = lambda h: sequential(layer_fn, stage_params, h)
   if remat:
     apply_stage = jax.checkpoint(apply_stage)
-  shift = [(s, (s + 1) % num_stages) for s in range(num_stages)]
+  shift = [(s, s + 1) for s in range(num_stages - 1)]  # stage 0 receives zeros, which it ignores
 
   def tick(carry, t):
     received, received_valid = carry
@@ -89,7 +89,8 @@ def gpipe_stage(layer_fn: LayerFn, stage_params: Any, inputs: jax.Array, num_mic
     return (sent, sent_valid), (out, valid)
 
   # The scan carry must have the type the ppermutes give it: varying over the stage and batch axes.
-  start = jax.lax.pcast((jnp.zeros(micro.shape[1:], micro.dtype), jnp.array(False)), (axis_name, *batch_axes), to="varying")
+  start = jax.lax.pcast((jnp.zeros(micro.shape[1:], micro.dtype), jnp.array(False)), (axis_name, *batch_axes),
+                        to="varying")
   num_ticks = num_microbatches + num_stages - 1
   _, (outs, active) = jax.lax.scan(tick, start, jnp.arange(num_ticks))
   outputs = outs[num_stages - 1:]  # on the last stage: micro-batches 0 .. M-1 in order
