@@ -89,7 +89,7 @@ def default_config() -> ml_collections.ConfigDict:
 
   # papers/004: compress each device's gradient before the data-parallel reduction (shard_map step).
   config.compression = ml_collections.ConfigDict()
-  config.compression.name = "none"  # or a function of lbjax.optim.compression: one_bit, qsgd
+  config.compression.name = "none"  # or a function of lbjax.optim.compression: one_bit, qsgd, powersgd
 
   config.diagnostics = ml_collections.ConfigDict()
   # papers/001 §4: L(x, g) = |g^T H g| / ||g||^2 on the first `lipschitz_batch_size` eval examples.

@@ -6,7 +6,7 @@ Each name is resolved here, once (`lbjax.train.names`: the name is the import):
   scaling.rule      lbjax.schedules.rules          ("none", "linear", "sqrt", "goyal", "legw")
   lr.decay          lbjax.schedules.decay          ("constant", "polynomial_decay", ...)
   lr.warmup         lbjax.schedules.warmup         ("none", "linear_warmup", "constant_warmup")
-  compression.name  lbjax.optim.compression        ("none", "one_bit", "qsgd")
+  compression.name  lbjax.optim.compression        ("none", "one_bit", "qsgd", "powersgd")
 
 A section's other fields are the named function's keyword arguments, bound to its signature when
 the run is resolved (before any compute): one it does not take is an error, never dropped.
@@ -155,7 +155,7 @@ def batch_size_schedule(config: ml_collections.ConfigDict) -> schedules.BatchSiz
 def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientCompressor | None:
   """The compressor of the per-device gradient reduction, or None for the GSPMD step.
 
-  `config.compression` (papers/004) names 1-bit SGD or QSGD; `config.mesh.per_device_gradients`
+  `config.compression` (papers/004) names 1-bit SGD, QSGD or PowerSGD (`compression.rank`); `config.mesh.per_device_gradients`
   without compression sends the raw gradients (`no_compression`: the reduction is one `pmean`).
   """
   choice = resolve_compressor(config)

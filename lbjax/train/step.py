@@ -98,8 +98,8 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 def per_device_compression_state(state: Any) -> bool:
-  """Whether a compressor state differs per device (1-bit SGD's error-feedback residual)."""
-  return isinstance(state, compression.ErrorFeedbackState)
+  """Whether a compressor state differs per device (1-bit SGD's and PowerSGD's error-feedback memory)."""
+  return isinstance(state, (compression.ErrorFeedbackState, compression.PowerSGDState))
 
 
 def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.GradientTransformation,

@@ -86,7 +86,7 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
   if config.compression.name == "none" and len(config.compression) > 1:
     extra = sorted(k for k in config.compression if k != "name")
     problems.append(f"config.compression sets {', '.join(extra)} but compression.name='none'; name a "
-                    "compressor (one_bit, qsgd) or remove them.")
+                    "compressor (one_bit, qsgd, powersgd) or remove them.")
   if config.lr.warmup == "none" and config.lr.warmup_epochs and config.scaling.rule != "goyal":
     problems.append(f"config.lr.warmup_epochs={config.lr.warmup_epochs} but config.lr.warmup='none': set "
                     "config.lr.warmup='linear_warmup' (or 'constant_warmup') for a warm-up, or the epochs to 0.")

@@ -122,6 +122,28 @@ def one_bit_sgd(params, grads_seq, lr, error_feedback):
   return w
 
 
+def powersgd_sgd(params, grads_seq, lr, queries):
+  """SGD on single-worker PowerSGD updates (Vogels et al. 2019, Algorithms 1-2): for each leaf with an
+  initial query Q (its matrix view: all axes but the last x the last), M = g + e, P^ = orth(M Q),
+  Q = M^T P^ (kept: warm start), w -= lr * P^ Q^T, e = M - P^ Q^T; leaves without a query are sent
+  whole. `queries`: {leaf name: initial Q}. Returns the final weights."""
+  w = {k: np.asarray(x, np.float64) for k, x in params.items()}
+  q = {k: np.asarray(x, np.float64) for k, x in queries.items()}
+  e = {k: np.zeros((int(np.prod(w[k].shape[:-1])), w[k].shape[-1])) for k in q}
+  for grads in grads_seq:
+    for k in w:
+      if k not in q:
+        w[k] = w[k] - lr * grads[k]
+        continue
+      m = grads[k].reshape(e[k].shape) + e[k]
+      p_hat = np.linalg.qr(m @ q[k])[0]
+      q[k] = m.T @ p_hat
+      update = p_hat @ q[k].T
+      e[k] = m - update
+      w[k] = w[k] - lr * update.reshape(w[k].shape)
+  return w
+
+
 def momentum_sgd(params, grads_seq, lr, m, beta, selected):
   """Heavy-ball SGD with L2 weight decay on the selected layers, as optax.sgd orders it:
   v = m*v + (g + beta*w), w -= lr*v. Returns the final weights."""

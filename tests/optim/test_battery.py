@@ -147,6 +147,12 @@ def _momentum_sgd_reference(case, params, grads_seq):
                           kw["weight_decay"], SELECTED)
 
 
+def _powersgd_reference(case, params, grads_seq):
+  names = sorted(k for k in params if compression.compressed_rank(params[k].shape, case.kwargs["rank"]))
+  queries = case.make().init({k: jnp.asarray(v, jnp.float32) for k, v in params.items()}).queries
+  return ref.powersgd_sgd(params, grads_seq, REF_LR, dict(zip(names, queries)))
+
+
 def _one_bit_reference(case, params, grads_seq):
   return ref.one_bit_sgd(params, grads_seq, REF_LR, case.kwargs.get("error_feedback", False))
 
@@ -265,6 +271,9 @@ CASES = [
     # test_compression.py).
     Case("qsgd", "qsgd", compression.qsgd, dict(num_levels=2, seed=0), "compressor", {},
          tail_lr=1e-3, static_args=("num_levels", "seed"), complex_ok=False),
+    # Rank 1: matrices (and conv kernels as matrices) compressed, vectors sent whole.
+    Case("powersgd", "powersgd", compression.powersgd, dict(rank=1, seed=0), "compressor", {},
+         tail_lr=1e-3, reference=_powersgd_reference, static_args=("rank", "seed"), complex_ok=False),
 ]
 
 # Public names of lbjax.optim that are not transforms, and why.
@@ -283,6 +292,10 @@ NOT_TRANSFORMS = {
     "compression.BitsPerStep": "result type",
     "compression.ErrorFeedbackState": "state type",
     "compression.QSGDState": "state type",
+    "compression.PowerSGDState": "state type",
+    "compression.compressed_rank": "which leaves PowerSGD compresses, at what rank",
+    "compression.matrix_shape": "the matrix view of a leaf",
+    "compression.powersgd_bits": "message-size count",
     "compression.GradientCompressor": "transform type",
     "compression.FLOAT_BITS": "constant",
     "compression.bits_per_step": "message-size count",
@@ -393,7 +406,7 @@ def _public_names():
 
 
 def _case_name(case):
-  return ("compression." if case.factory.__module__ == compression.__name__ else "") + case.name
+  return ("compression." if case.factory.__module__.startswith(compression.__name__) else "") + case.name
 
 
 def test_every_public_name_is_classified():
@@ -575,7 +588,7 @@ def test_shard_map_equals_global(case):
   params = random_tree(0, SHARDED_SHAPES)
   if case.kind == "compressor":
     local = random_tree(1, {k: Shape((8,) + SHARDED_SHAPES[k]) for k in ("w", "b")}, scale=0.1)
-    comp = case.make(**({"axis_name": "data"} if case.name == "qsgd" else {}))
+    comp = case.make(**({"axis_name": "data"} if case.name in ("qsgd", "powersgd") else {}))
     state = comp.init(_split(params, ["w", "b"]))
     per_device = jax.vmap(lambda g: comp.update(g, state)[0], axis_name="data")(local)
     want = jax.tree.map(lambda u: u.mean(0), per_device)

@@ -1,8 +1,4 @@
-"""Gradient compression for data-parallel SGD: 1-bit SGD and QSGD (papers/004).
-
-Each compressor is an Optax transform whose `update` returns what the receiving side decodes
-from the message a worker would send, so it can be chained like any optax transform or used for a
-simulated compressed all-reduce with `compressed_pmean`. `bits_per_step` counts the message size.
+"""1-bit SGD and QSGD (papers/004): per-leaf quantizers decoded on the receiving side.
 
 Compression is applied leaf by leaf: every leaf of the gradient pytree is one message with its own
 scalars (the two group means of 1-bit SGD, the norm of QSGD).
@@ -16,137 +12,26 @@ scalars (the two group means of 1-bit SGD, the norm of QSGD).
   E||Q_s(v)||_0 <= s(s + sqrt(n)).
 """
 
-from collections.abc import Callable, Hashable
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = [
-    "BitsPerStep",
-    "ErrorFeedbackState",
-    "FLOAT_BITS",
-    "GradientCompressor",
-    "QSGDState",
-    "bits_per_step",
-    "compressed_pmean",
-    "no_compression",
-    "one_bit",
-    "qsgd",
-    "qsgd_dense_bits",
-    "qsgd_elias_bits",
-]
-
-AxisName = Hashable
-FLOAT_BITS = 32
-
-
-class GradientCompressor(NamedTuple):
-  """An Optax transform that replaces each gradient leaf by its compressed-then-decoded value.
-
-  Attributes:
-    init: `init(params) -> state`, as in `optax.GradientTransformation`.
-    update: `update(grads, state, params=None) -> (decoded_grads, new_state)`.
-    bits_per_leaf: `bits_per_leaf(n) -> bits` sent for one leaf of `n` entries.
-    axis_name: the data-parallel axis whose index is folded into the randomness (stochastic
-      compressors only), or None.
-    stochastic: whether the compressor draws randomness (then devices must draw differently).
-  """
-
-  init: optax.TransformInitFn
-  update: optax.TransformUpdateFn
-  bits_per_leaf: Callable[[int], float]
-  axis_name: AxisName | None
-  stochastic: bool
-
-
-class ErrorFeedbackState(NamedTuple):
-  """State of a compressor with error feedback: the residual g - decode(encode(g)) so far."""
-
-  residual: optax.Updates
+from lbjax.optim.compression.base import FLOAT_BITS
+from lbjax.optim.compression.base import AxisName
+from lbjax.optim.compression.base import ErrorFeedbackState
+from lbjax.optim.compression.base import GradientCompressor
+from lbjax.optim.compression.base import check_axis_name
+from lbjax.optim.compression.base import check_real
+from lbjax.optim.compression.base import device_index
 
 
 class QSGDState(NamedTuple):
   """State of `qsgd`: raw uint32 PRNG key data (checkpointable), advanced every step."""
 
   key: jax.Array
-
-
-class BitsPerStep(NamedTuple):
-  """Bits sent by one device in one step.
-
-  Attributes:
-    compressed: bits of the compressed message, summed over leaves.
-    uncompressed: bits of the float32 gradient, 32 per entry.
-    ratio: uncompressed / compressed.
-  """
-
-  compressed: float
-  uncompressed: int
-  ratio: float
-
-
-def _check_axis_name(axis_name: Any, where: str) -> None:
-  """Raises if `axis_name` is neither None, a string, nor a tuple of strings."""
-  if axis_name is None or isinstance(axis_name, str):
-    return
-  if isinstance(axis_name, tuple) and axis_name and all(isinstance(a, str) for a in axis_name):
-    return
-  raise TypeError(
-      f"{where}: axis_name must be None, a mesh axis name (str) or a tuple of them, got "
-      f"{axis_name!r}. Pass the name used in shard_map/pmap, e.g. axis_name='data'.")
-
-
-def _device_index(axis_name: AxisName) -> jax.Array:
-  """This device's index along `axis_name`; a clear error if the axis is not bound."""
-  try:
-    return jax.lax.axis_index(axis_name)
-  except NameError as e:
-    raise ValueError(
-        f"axis {axis_name!r} is not bound here: a compressor built with axis_name="
-        f"{axis_name!r} must run inside jax.shard_map (mesh axis {axis_name!r}) or "
-        f"jax.pmap(axis_name={axis_name!r}); build it with axis_name=None otherwise.") from e
-
-
-def _check_real(grads: optax.Updates, where: str) -> None:
-  """Raises TypeError for complex leaves, which a real quantizer would cut to their real part."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(grads):
-    if jnp.iscomplexobj(leaf):
-      raise TypeError(
-          f"{where} quantizes real gradients; the leaf {jax.tree_util.keystr(path)} is "
-          f"{jnp.result_type(leaf)} (complex). Compress its real and imaginary parts as separate "
-          "real leaves, or leave it uncompressed.")
-
-
-def no_compression() -> GradientCompressor:
-  """The identity compressor: sends the raw float32 gradient (32 bits per entry).
-
-      decode(encode(g)) = g
-
-  so that data-parallel SGD takes the exact minibatch-mean gradient, the equation of papers/004's
-  slide "Stochastic gradient descent".
-
-  The baseline against which compressors are compared; `compressed_pmean` with it is exactly
-  `jax.lax.pmean`.
-
-  References:
-    Vojnovic, M. Scaling up distributed machine learning. ST446 Distributed Computing for Big Data,
-      Lecture 9, London School of Economics, 2021 (papers/004, slides "Data parallel computation"
-      and "Computation and communication costs": the float32 gradient exchanged by data-parallel
-      SGD).
-  """
-
-  def init(params: optax.Params) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
-
-  def update(grads, state, params=None):
-    del params
-    return grads, state
-
-  return GradientCompressor(init, update, lambda n: float(FLOAT_BITS * n), None, False)
 
 
 def _one_bit_decode(v: jax.Array) -> jax.Array:
@@ -203,7 +88,7 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
 
   def update(grads, state, params=None):
     del params
-    _check_real(grads, "one_bit")
+    check_real(grads, "one_bit")
     if not error_feedback:
       return jax.tree.map(_one_bit_decode, grads), state
     corrected = jax.tree.map(jnp.add, grads, state.residual)
@@ -211,7 +96,7 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
     residual = jax.tree.map(jnp.subtract, corrected, decoded)
     return decoded, ErrorFeedbackState(residual=residual)
 
-  return GradientCompressor(init, update, lambda n: float(n + 2 * FLOAT_BITS), None, False)
+  return GradientCompressor(init, update, lambda shape: float(math.prod(shape) + 2 * FLOAT_BITS), None, False)
 
 
 def _qsgd_decode(v: jax.Array, key: jax.Array, num_levels: int) -> jax.Array:
@@ -298,11 +183,11 @@ def qsgd(
     raise ValueError(f"qsgd: num_levels (s) must be >= 1, got {num_levels}.")
   if isinstance(seed, bool) or not isinstance(seed, int):
     raise TypeError(f"qsgd: seed must be an int, got {seed!r}.")
-  _check_axis_name(axis_name, "qsgd")
+  check_axis_name(axis_name, "qsgd")
   if encoding == "dense":
-    bits_per_leaf = lambda n: qsgd_dense_bits(n, num_levels)
+    bits_per_leaf = lambda shape: qsgd_dense_bits(math.prod(shape), num_levels)
   elif encoding == "elias":
-    bits_per_leaf = lambda n: qsgd_elias_bits(n, num_levels)
+    bits_per_leaf = lambda shape: qsgd_elias_bits(math.prod(shape), num_levels)
   else:
     raise ValueError(f"qsgd: encoding must be 'dense' or 'elias', got {encoding!r}.")
 
@@ -312,10 +197,10 @@ def qsgd(
 
   def update(grads, state, params=None):
     del params
-    _check_real(grads, "qsgd")
+    check_real(grads, "qsgd")
     key, step_key = jax.random.split(jax.random.wrap_key_data(state.key))
     if axis_name is not None:
-      step_key = jax.random.fold_in(step_key, _device_index(axis_name))
+      step_key = jax.random.fold_in(step_key, device_index(axis_name))
     leaves, treedef = jax.tree.flatten(grads)
     keys = jax.random.split(step_key, len(leaves))
     decoded = [_qsgd_decode(v, k, num_levels) for v, k in zip(leaves, keys)]
@@ -323,72 +208,3 @@ def qsgd(
     return jax.tree.unflatten(treedef, decoded), new_state
 
   return GradientCompressor(init, update, bits_per_leaf, axis_name, True)
-
-
-def compressed_pmean(
-    grads: optax.Updates,
-    state: optax.OptState,
-    compressor: GradientCompressor,
-    axis_name: AxisName,
-) -> tuple[optax.Updates, optax.OptState]:
-  """Data-parallel mean of compressed gradients, inside `shard_map` or `pmap`.
-
-  Each device compresses its local gradient, and the decoded values (what a receiver reconstructs
-  from the messages) are averaged: mean_k decode(encode(g_k)) via `jax.lax.pmean`. The all-reduce
-  itself carries floats; this simulates the result of exchanging compressed messages.
-
-  Args:
-    grads: this device's gradient pytree.
-    state: this device's compressor state. The QSGD key is the same on every device (pass it
-      replicated); an error-feedback residual is per device (shard it over `axis_name`).
-    compressor: a `GradientCompressor`; a stochastic one must have been built with the same
-      `axis_name` so that devices draw different randomness.
-    axis_name: the data-parallel axis bound by the enclosing `shard_map`/`pmap`.
-
-  Returns:
-    (mean of decoded gradients over the axis, new compressor state of this device).
-  """
-  _check_axis_name(axis_name, "compressed_pmean")
-  if axis_name is None:
-    raise ValueError("compressed_pmean: axis_name is required (the shard_map/pmap axis).")
-  if not isinstance(compressor, GradientCompressor):
-    raise TypeError(
-        f"compressed_pmean: compressor must be a GradientCompressor (one_bit, qsgd, "
-        f"no_compression), got {type(compressor).__name__}.")
-  if compressor.stochastic and compressor.axis_name != axis_name:
-    raise ValueError(
-        f"compressed_pmean: the compressor was built with axis_name={compressor.axis_name!r} "
-        f"but the reduction is over {axis_name!r}; devices would share randomness. Build it with "
-        f"axis_name={axis_name!r}, e.g. qsgd(s, axis_name={axis_name!r}).")
-  try:
-    jax.lax.axis_size(axis_name)
-  except NameError as e:
-    raise ValueError(
-        f"compressed_pmean: axis {axis_name!r} is not bound here; call it inside "
-        f"jax.shard_map (mesh axis {axis_name!r}) or jax.pmap(axis_name={axis_name!r}).") from e
-  decoded, new_state = compressor.update(grads, state)
-  return jax.lax.pmean(decoded, axis_name), new_state
-
-
-def bits_per_step(params: optax.Params, compressor: GradientCompressor) -> BitsPerStep:
-  """Bits one device sends per step with `compressor`, vs the uncompressed float32 gradient.
-
-  Counted per leaf of n entries: no_compression 32n; one_bit n + 64 (signs + two float means);
-  qsgd per its `encoding` (`qsgd_dense_bits` or `qsgd_elias_bits`).
-
-  Args:
-    params: pytree of arrays or `jax.ShapeDtypeStruct` with the gradient's shapes.
-    compressor: a `GradientCompressor`.
-
-  Returns:
-    `BitsPerStep(compressed, uncompressed, ratio)`.
-  """
-  if not isinstance(compressor, GradientCompressor):
-    raise TypeError(
-        f"bits_per_step: compressor must be a GradientCompressor, got {type(compressor).__name__}.")
-  sizes = [math.prod(jnp.shape(leaf)) for leaf in jax.tree.leaves(params)]
-  if not sizes:
-    raise ValueError("bits_per_step: params has no leaves.")
-  compressed = float(sum(compressor.bits_per_leaf(n) for n in sizes))
-  uncompressed = FLOAT_BITS * sum(sizes)
-  return BitsPerStep(compressed, uncompressed, uncompressed / compressed)

@@ -1,0 +1,79 @@
+"""GPipe (lbjax.parallel.pipeline) on 8 simulated devices: equal to the unpipelined stack."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from lbjax.parallel import pipeline, stacks
+
+
+def _mesh(num_stages: int, data: int) -> jax.sharding.Mesh:
+  return jax.make_mesh((data, num_stages), ("data", "stage"), axis_types=(AxisType.Auto, AxisType.Auto),
+                       devices=jax.devices()[:data * num_stages])
+
+
+def _assert_trees_close(actual, expected, rtol):
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * float(jnp.abs(e).max()))
+
+
+@pytest.mark.parametrize("num_stages, num_microbatches", [(2, 1), (2, 4), (4, 2), (4, 8)])
+def test_pipelined_mlp_stack_equals_the_unpipelined_one_in_outputs_and_gradients(num_stages, num_microbatches):
+  """S stages x (8/S) data shards on 8 devices; the loss and every gradient equal the sequential stack's."""
+  params = stacks.init_mlp_stack(jax.random.key(0), num_layers=8, width=16)
+  x = jax.random.normal(jax.random.key(1), (32, 16))
+  target = jax.random.normal(jax.random.key(2), (32, 16))
+  apply = pipeline.pipeline(stacks.mlp_block, _mesh(num_stages, 8 // num_stages), num_microbatches,
+                            batch_axis="data")
+  loss = lambda forward: lambda p: jnp.mean((forward(p) - target) ** 2)
+  value, grads = jax.jit(jax.value_and_grad(loss(lambda p: apply(p, x).outputs)))(params)
+  expected_value, expected_grads = jax.value_and_grad(loss(lambda p: pipeline.sequential(stacks.mlp_block, p, x)))(
+      params)
+  np.testing.assert_allclose(value, expected_value, rtol=1e-6)
+  _assert_trees_close(grads, expected_grads, rtol=1e-5)
+
+
+def test_pipelined_lstm_layers_with_rematerialization_equal_the_unpipelined_stack():
+  """Four 8-unit LSTM layers (the PTB LSTM's layer, from a zero carry) in 2 stages x 4 data shards."""
+  params = stacks.init_lstm_stack(jax.random.key(0), num_layers=4, hidden_size=8)
+  x = jax.random.normal(jax.random.key(1), (16, 5, 8))
+  apply = pipeline.pipeline(stacks.lstm_layer, _mesh(2, 4), 2, batch_axis="data", remat=True)
+  loss = lambda forward: lambda p: jnp.sum(jnp.sin(forward(p)))
+  value, grads = jax.jit(jax.value_and_grad(loss(lambda p: apply(p, x).outputs)))(params)
+  expected_value, expected_grads = jax.value_and_grad(
+      loss(lambda p: pipeline.sequential(stacks.lstm_layer, p, x)))(params)
+  np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+  _assert_trees_close(grads, expected_grads, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_stages, num_microbatches", [(2, 1), (2, 16), (4, 4), (8, 3)])
+def test_executed_schedule_has_the_gpipe_bubble(num_stages, num_microbatches):
+  """Stage s holds micro-batch t - s at tick t; the idle fraction is (S-1)/(M+S-1), twice papers/004's
+  1/2 (1 - m/(k-1+m))."""
+  params = stacks.init_mlp_stack(jax.random.key(0), num_layers=num_stages, width=4)
+  x = jnp.ones((num_microbatches * 2, 4))
+  active = np.asarray(jax.jit(pipeline.pipeline(stacks.mlp_block, _mesh(num_stages, 1), num_microbatches))(
+      params, x).active)
+  ticks = np.arange(num_microbatches + num_stages - 1)
+  expected = (ticks[None] >= np.arange(num_stages)[:, None]) & (ticks[None] < np.arange(num_stages)[:, None]
+                                                                 + num_microbatches)
+  np.testing.assert_array_equal(active, expected)
+  idle = 1 - active.mean()
+  assert idle == pytest.approx((num_stages - 1) / (num_microbatches + num_stages - 1))
+  lecture = 0.5 * (1 - num_microbatches / (num_stages - 1 + num_microbatches))
+  assert idle == pytest.approx(2 * lecture)
+
+
+def test_bad_inputs_are_refused_before_compute():
+  params = stacks.init_mlp_stack(jax.random.key(0), num_layers=6, width=4)
+  with pytest.raises(ValueError, match="divisible by the 4 stages"):
+    pipeline.pipeline(stacks.mlp_block, _mesh(4, 2), 2)(params, jnp.ones((8, 4)))
+  params = stacks.init_mlp_stack(jax.random.key(0), num_layers=4, width=4)
+  with pytest.raises(ValueError, match="use a multiple of 8"):
+    pipeline.pipeline(stacks.mlp_block, _mesh(4, 2), 4, batch_axis="data")(params, jnp.ones((12, 4)))
+  with pytest.raises(ValueError, match="not 'model'"):
+    pipeline.pipeline(stacks.mlp_block, _mesh(4, 2), 4, stage_axis="model")
+  with pytest.raises(ValueError, match="num_microbatches"):
+    pipeline.pipeline(stacks.mlp_block, _mesh(4, 2), 0)
