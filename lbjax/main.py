@@ -8,8 +8,10 @@
 Settings: a packaged config (`--list` shows them with their variant keys) or a config file, with an
 optional `:key=value,...` variant, then any number of `--config.<field>=<value>` overrides; a variant
 key and the override of its field are the same setting. A mistake in any of them, a missing data set
-or a workdir holding another run's checkpoint prints what to change and exits with status 2 (set
-LBJAX_TRACEBACK=1 to see the traceback).
+or a workdir holding another run's checkpoint or in use by a running one prints what to change and exits
+with status 2; training stopped by a failed save or a non-finite step prints why and what is kept, and
+exits with status 1 (set LBJAX_TRACEBACK=1 to see the traceback). SIGTERM and Ctrl-C (SIGINT) save a
+checkpoint at the next step and exit 0; rerunning the same command resumes.
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
@@ -24,9 +26,14 @@ import sys
 from lbjax.train import config_files
 from lbjax.train import summary
 from lbjax.train import validation
-from lbjax.train.errors import CheckpointMismatchError, ConfigError
+from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
+                                DataMismatchError, WorkdirInUseError)
 
-USER_ERRORS = (ConfigError, CheckpointMismatchError, FileNotFoundError)
+# Errors whose message says what to change: printed without a traceback, exit status 2.
+USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, CheckpointCorruptError, WorkdirInUseError,
+               FileNotFoundError)
+# Training stopped with its checkpoints intact (a full disk, a non-finite step): the message, exit status 1.
+STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
 TRACEBACK_ENV = "LBJAX_TRACEBACK"
 
 
@@ -107,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
     _train(args, loaded)
-  except USER_ERRORS as e:
+  except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise
     print(f"lbjax-train: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
-    return 2
+    return 2 if isinstance(e, USER_ERRORS) else 1
+  except KeyboardInterrupt:  # before training started (during it, Ctrl-C saves and exits 0)
+    print("lbjax-train: interrupted before training started; nothing was saved.", file=sys.stderr)
+    return 130
   return 0
 
 

@@ -203,8 +203,8 @@ class PreemptionFlag:
   def _handle(self, signum, frame) -> None:
     del frame
     if self._event.is_set():
-      os.write(2, f"{signal.Signals(signum).name} again: still saving the checkpoint; waiting for it to be "
-                  "written before exiting.\n".encode())
+      os.write(2, f"{signal.Signals(signum).name} again: the run is saving its checkpoint and exits once it is "
+                  "written.\n".encode())
       return
     self.signal_name = signal.Signals(signum).name
     self._event.set()
