@@ -20,6 +20,7 @@ variables), or give `--coordinator_address`, `--num_processes` and `--process_id
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -35,6 +36,17 @@ USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, Checkpoi
 # Training stopped with its checkpoints intact (a full disk, a non-finite step): the message, exit status 1.
 STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
 TRACEBACK_ENV = "LBJAX_TRACEBACK"
+
+
+class _OneLineOrbaxErrors(logging.Filter):
+  """Orbax logs a failed background save with its whole traceback (hundreds of lines) before lbjax
+  stops with a short message saying what failed and what is kept: keep Orbax's line, drop the
+  traceback (shown with LBJAX_TRACEBACK=1)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if "orbax" in record.pathname and record.exc_info and not os.environ.get(TRACEBACK_ENV):
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +80,7 @@ def list_configs() -> str:
 
 
 def _train(args, loaded: config_files.LoadedConfig) -> None:
+  logging.getLogger("absl").addFilter(_OneLineOrbaxErrors())
   import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
   if args.coordinator_address is not None or args.distributed:
     jax.distributed.initialize(coordinator_address=args.coordinator_address,
@@ -118,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(TRACEBACK_ENV):
       raise
     print(f"lbjax-train: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
+    if isinstance(e, CheckpointSaveError):  # Orbax's abandoned writes would repeat it at exit, at length
+      logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return 2 if isinstance(e, USER_ERRORS) else 1
   except KeyboardInterrupt:  # before training started (during it, Ctrl-C saves and exits 0)
     print("lbjax-train: interrupted before training started; nothing was saved.", file=sys.stderr)

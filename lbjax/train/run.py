@@ -50,6 +50,20 @@ from lbjax.train.workdir_lock import WorkdirLock
 HISTORY_FILE = "history.jsonl"
 
 
+_OS_FAILURES = ("No space left on device", "Disk quota exceeded", "File too large", "Permission denied",
+                "Read-only file system", "Input/output error")
+
+
+def _save_failure_cause(error: BaseException) -> str:
+  """What made a save fail, in a few words (Orbax's and TensorStore's messages run to kilobytes)."""
+  text = str(error)
+  for failure in _OS_FAILURES:
+    if failure in text:
+      return failure.lower()
+  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+  return f"{type(error).__name__}: {lines[-1][:200] if lines else ''}"
+
+
 class NonFiniteError(FloatingPointError):
   """Training produced a non-finite loss or update; the state and checkpoints stay the last good ones."""
 
@@ -125,6 +139,8 @@ class Run:
     self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
     self.lock = WorkdirLock(workdir) if workdir is not None and self.process_index == 0 else None
     self.checkpointer = None
+    self._save_in_flight: int | None = None  # the step of a background save not yet known to be written
+    self.save_failed = False  # a save failed (reported by `CheckpointSaveError`)
     if self.lock is not None:
       self.lock.acquire()
     try:
@@ -148,7 +164,6 @@ class Run:
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
     self._latest_batch: Batch | None = None  # kept to name the first non-finite quantity
-    self._save_in_flight: int | None = None  # the step of a background save not yet known to be written
     self.state = self._initial_state()
     self.examples_seen, self.carry_batch_size, self.resumed_from = 0, None, None
     self.saved_data_parallel_size: int | None = None
@@ -562,7 +577,7 @@ class Run:
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(e) from e
     if not self.checkpointer.is_saving():
-      self._save_in_flight = None
+      self.wait_for_save()  # finished: joins the writer at once and raises what it left
 
   def wait_for_save(self) -> None:
     """Blocks until the save in flight is on disk; raises `CheckpointSaveError` if it failed."""
@@ -576,24 +591,29 @@ class Run:
 
   def _save_error(self, error: Exception) -> CheckpointSaveError:
     step, self._save_in_flight = self._save_in_flight, None
+    self.save_failed = True
     self.checkpointer.reload()
     directory = self.checkpointer.directory
     steps = self.checkpointer.all_steps()
     good = [s for s in steps if s != step]
     size = sum(f.stat().st_size for f in (directory / str(good[0])).rglob("*") if f.is_file()) if good else 0
     free = shutil.disk_usage(directory).free if directory.exists() else 0
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    cause = f"{type(error).__name__}: {lines[-1][:300] if lines else ''}"
+    cause = _save_failure_cause(error)
     kept = f"the last good checkpoint is step {good[0]} in {directory}" if good else "no earlier checkpoint exists"
     needed = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there." if good else ""
     return CheckpointSaveError(f"Saving checkpoint {step} failed ({cause}); {kept}, and training stopped.{needed} "
                                "Free space (or fix the cause) and rerun the same command to resume.")
 
   def close(self) -> None:
-    """Waits for checkpoints in flight, closes the checkpointer and releases the workdir lock."""
+    """Waits for checkpoints in flight, closes the checkpointer and releases the workdir lock. After a
+    failed save (already reported as `CheckpointSaveError`), what else Orbax raises on closing is dropped."""
     try:
       if self.checkpointer is not None:
-        self.checkpointer.close()
+        try:
+          self.checkpointer.close()
+        except Exception as e:  # pylint: disable=broad-except
+          if not self.save_failed:
+            raise self._save_error(e) from e
     finally:
       if self.lock is not None:
         self.lock.release()
