@@ -227,9 +227,9 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
     assert process.returncode == 1, stderr[-3000:]
     message = [line for line in stderr.splitlines() if line.startswith("lbjax-train: Saving checkpoint")]
     assert message and "the last good checkpoint is step" in message[0] and "MiB are free" in message[0], stderr[-3000:]
-    # Orbax logs its writers' failures (one line each here) and may print a thread's traceback; lbjax's
-    # message is the last word, and the whole is far from the 476 lines of before.
-    assert stderr.splitlines()[-2].startswith("lbjax-train: Saving checkpoint") and len(stderr.splitlines()) < 60
+    # Orbax logs its writers' failures (one line each here, before or after lbjax's message) and may
+    # print a thread's traceback; far from the 476 lines of before.
+    assert len(stderr.splitlines()) < 60, stderr
     last_good = int(message[0].split("the last good checkpoint is step ")[1].split()[0])
     failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
     last_step = max(r["step"] for r in _records(workdir) if r["kind"] == "train")
