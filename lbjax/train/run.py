@@ -196,9 +196,9 @@ class Run:
     try:
       first = next(iter(self.task.dataset.make_eval_batches(config.eval_batch_size, self.process_index,
                                                             self.process_count)), None)
-    except ValueError as e:
+    except (ValueError, MemoryError) as e:
       raise ConfigError(f"The evaluation split ({self.task.dataset.eval_split}) of {name} cannot be evaluated "
-                        f"with config.eval_batch_size={config.eval_batch_size}: {e}") from e
+                        f"with config.eval_batch_size={config.eval_batch_size}: {e or type(e).__name__}") from e
     if first is None or ("mask" in first and not np.any(first["mask"])):
       raise ConfigError(f"The evaluation split ({self.task.dataset.eval_split}) of {name} is empty; check the "
                         "data files (config.data_dir) before training.")

@@ -23,13 +23,16 @@ def _is_number(value) -> bool:
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
   """Resolves every name and binds every argument section; one message per section that fails."""
   problems = []
-  checks = [optimizer_lib.resolve_optimizer, optimizer_lib.learning_rate_schedule, optimizer_lib.build_compressor,
-            tasks.resolve_dataset, _check_model_options]
-  for check in checks:
+  checks = [(optimizer_lib.resolve_optimizer, "config.optimizer"), (optimizer_lib.learning_rate_schedule, "config.lr"),
+            (optimizer_lib.build_compressor, "config.compression"), (tasks.resolve_dataset, "config.data_options"),
+            (_check_model_options, "config.model_options")]
+  for check, section in checks:
     try:
       check(config)
     except ConfigError as e:
       problems.append(str(e))
+    except (ValueError, TypeError) as e:  # a function of the section refuses its arguments
+      problems.append(f"{section}: {e}")
   return problems
 
 
@@ -48,9 +51,10 @@ def _batch_problems(config: ml_collections.ConfigDict, data_parallel_size: int) 
                     "give one more size than boundaries.")
   if config.max_device_batch < 0:
     problems.append(f"config.max_device_batch must be >= 0 (0 = no accumulation), got {config.max_device_batch}.")
+  field = "config.batch_sizes" if config.batch_sizes else "config.batch_size"
   for size in config_lib.batch_sizes(config):
     if not isinstance(size, int) or size <= 0:
-      problems.append(f"batch size {size!r} must be a positive integer.")
+      problems.append(f"{field}: batch size {size!r} must be a positive integer.")
     elif size % data_parallel_size:
       problems.append(f"global batch size {size} is not divisible by the data-parallel size "
                       f"{data_parallel_size} (devices on the data x fsdp mesh axes); use a multiple of "
@@ -116,6 +120,8 @@ def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
   if not config.eval_every_epochs > 0:
     problems.append(f"config.eval_every_epochs must be > 0 (epochs between evaluations), got "
                     f"{config.eval_every_epochs!r}.")
+  if not isinstance(config.seed, int) or config.seed < 0:
+    problems.append(f"config.seed must be an integer >= 0, got {config.seed!r}.")
   if config.mesh.num_devices < 0:
     problems.append(f"config.mesh.num_devices must be >= 0 (0 = all devices), got {config.mesh.num_devices}.")
   if config.init_from and config.resume_with_changed_optimizer:
