@@ -1,10 +1,11 @@
 """`Run`: a config made into everything one training run holds, built whole in its constructor.
 
-`Run(config, workdir)` builds the mesh (and validates the config against it), the task, the
-learning-rate and batch-size schedules, the optimizer and gradient compressor, the initial state
-(each parameter initialised straight onto its sharding), the training stream and, given a workdir,
-the checkpointer; then it resumes from the workdir's latest checkpoint, if there is one. What is
-left to do is one step at a time:
+`Run(config, workdir)` builds the mesh (and validates the config against it), takes the workdir's
+lock, builds the task and the training stream (refusing a batch larger than the training set or an
+empty evaluation split), the learning-rate and batch-size schedules, the optimizer and gradient
+compressor, the initial state (each parameter initialised straight onto its sharding) and, given a
+workdir, the checkpointer; then it resumes from the workdir's newest checkpoint that passes its
+checksum, if there is one. What is left to do is one step at a time:
 
     run = Run(config, workdir)
     while not run.finished():
@@ -114,18 +115,27 @@ class Run:
     batch_size: the global batch size of the latest step (the schedule's at the start).
     carry_batch_size: the batch size the carried state (PTB's LSTM state) was made for, or None.
     checkpointer: the workdir's `Checkpointer`, or None without a workdir.
+    lock: the workdir's `WorkdirLock` (held by process 0 until `close`), or None.
     resumed_from: the step of the checkpoint this run resumed from, or None.
+    skipped_checkpoints: (step, reason) of each newer checkpoint that failed its checksum or could
+      not be read, set aside before resuming.
+    saved_data_parallel_size: the data-parallel size the resumed checkpoint was saved on, if known.
     compiled, compile_seconds: the compiled train steps and their compile times, by
       (global batch size, discard fraction), in the order they were compiled.
     new_compile: the key of the step the latest `step()` compiled, or None.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir=None):
-    """Builds the run; with a `workdir`, resumes from its latest checkpoint.
+    """Builds the run; with a `workdir`, takes its lock and resumes from its newest good checkpoint
+    (or, with none, starts from `config.init_from`'s parameters when set).
 
     Raises:
-      ValueError: invalid config (before any compute) or, with a workdir, a checkpoint in it of a
-        different recipe (`config_lib.check_resumable`).
+      ConfigError: invalid config, a batch larger than the training set or an empty evaluation
+        split (all before any compute).
+      WorkdirInUseError: another run holds the workdir.
+      CheckpointMismatchError, DataMismatchError: the workdir's checkpoint is of a different recipe
+        (`config_lib.check_resumable`) or was trained on other data.
+      CheckpointCorruptError: no checkpoint in the workdir passes its checksum.
       FileNotFoundError: missing data (the message says where to get it).
     """
     self.config = config

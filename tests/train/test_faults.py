@@ -128,29 +128,31 @@ def _largest_data_file(checkpoint: pathlib.Path) -> pathlib.Path:
 
 
 def _flip_a_bit_that_still_loads(workdir: pathlib.Path, step: int, target) -> None:
-  """Flips one bit of checkpoint `step`'s largest file where Orbax still reads it without error, to
-  other values: the silent corruption a checksum must catch. (The file is zstd-compressed and also
-  holds b-tree nodes: most single flips give a read error, some land in bytes nobody reads.)"""
-  path = _largest_data_file(workdir / "checkpoints" / str(step))
-  data = path.read_bytes()
+  """Flips one bit of checkpoint `step`'s files where Orbax still reads it without error, to other
+  values: the silent corruption a checksum must catch. (The data files are zstd-compressed and also
+  hold b-tree nodes: most single flips give a read error, some land in bytes nobody reads.)"""
   checkpointer = Checkpointer(workdir)
-  original = checkpointer.restore_state(step, target)
+  original = helpers.host_tree(checkpointer.restore_state(step, target))
   checkpointer.close()
-  for position in range(64, len(data), 97):
-    flipped = bytearray(data)
-    flipped[position] ^= 0x10
-    path.write_bytes(bytes(flipped))
-    checkpointer = Checkpointer(workdir)
-    try:
-      restored = checkpointer.restore_state(step, target)
-    except ValueError:
-      continue
-    finally:
-      checkpointer.close()
-    if not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(helpers.host_tree(original)),
-                                                    jax.tree.leaves(helpers.host_tree(restored)))):
-      return
-  raise AssertionError(f"no single flipped bit of {path} loads to other values")
+  files = sorted((f for f in (workdir / "checkpoints" / str(step) / "state").rglob("*") if f.is_file()),
+                 key=lambda f: -f.stat().st_size)
+  for path in files[:3]:
+    data = path.read_bytes()
+    for position in range(32, len(data), 61):
+      flipped = bytearray(data)
+      flipped[position] ^= 0x10
+      path.write_bytes(bytes(flipped))
+      checkpointer = Checkpointer(workdir)
+      try:
+        restored = helpers.host_tree(checkpointer.restore_state(step, target))
+      except ValueError:
+        continue
+      finally:
+        checkpointer.close()
+      if not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(restored))):
+        return
+    path.write_bytes(data)
+  raise AssertionError(f"no single flipped bit of {files[:3]} loads to other values")
 
 
 @pytest.mark.parametrize("damage", ["flip a bit", "truncate"])
