@@ -61,8 +61,9 @@ def _describe_start(run: Run, workdir: pathlib.Path, origin: str) -> None:
     if run.resumed_from is not None:
       print(f"Resumed from {run.checkpointer.directory} at step {run.resumed_from} "
             f"(epoch {run.epoch:.4f}).", flush=True)
-    if _device_change(run):
-      print(_device_change(run), flush=True)
+    note = _device_change(run)
+    if note:
+      print(note, flush=True)
 
 
 def _device_change(run: Run) -> str:
@@ -87,8 +88,9 @@ def _start_metrics(run: Run, writer: MetricsWriter) -> dict[str, float]:
   if run.skipped_checkpoints:
     values["skipped_checkpoints"] = [step for step, _ in run.skipped_checkpoints]
   writer.write("resume", run.resumed_from, values)
-  if _device_change(run):
-    logging.warning("%s", _device_change(run))
+  note = _device_change(run)
+  if note:
+    logging.warning("%s", note)
   return writer.last_record("eval", run.resumed_from)
 
 

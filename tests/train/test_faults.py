@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -38,13 +39,37 @@ def _tiny(*overrides: str):
   return config_files.load(TINY, list(overrides)).config
 
 
-def _start(workdir: pathlib.Path, *overrides: str, env=None, preexec_fn=None) -> subprocess.Popen:
-  command = [sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir), *overrides]
-  return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+class Training:
+  """`lbjax-train` in a subprocess; its output goes to files (a pipe nobody reads fills up and blocks it)."""
+
+  def __init__(self, workdir: pathlib.Path, *overrides: str, logs: pathlib.Path | None = None):
+    self.logs = logs or workdir.parent / f"{workdir.name}.log"
+    self.logs.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir), *overrides]
+    with open(self.logs / "stdout", "w") as stdout, open(self.logs / "stderr", "w") as stderr:
+      self.process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                                      stdout=stdout, stderr=stderr)
+    self.pid = self.process.pid
+
+  def poll(self):
+    return self.process.poll()
+
+  def send_signal(self, signum) -> None:
+    self.process.send_signal(signum)
+
+  def kill(self) -> None:
+    self.process.kill()
+
+  def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+    """Waits for the exit; returns (status, stdout, stderr)."""
+    status = self.process.wait(timeout=timeout)
+    return status, (self.logs / "stdout").read_text(), (self.logs / "stderr").read_text()
+
+  def stderr(self) -> str:
+    return (self.logs / "stderr").read_text()[-3000:]
 
 
-def _wait_for_steps(workdir: pathlib.Path, process: subprocess.Popen, steps: int) -> None:
+def _wait_for_steps(workdir: pathlib.Path, process: Training, steps: int) -> None:
   """Returns once `metrics.jsonl` has a train record at `steps` or later; fails if the run exits first."""
   metrics, deadline = workdir / "metrics.jsonl", time.monotonic() + 300
   while True:
@@ -52,7 +77,7 @@ def _wait_for_steps(workdir: pathlib.Path, process: subprocess.Popen, steps: int
       records = [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")]
       if any(r["kind"] == "train" and r["step"] >= steps for r in records):
         return
-    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert process.poll() is None, process.stderr()
     assert time.monotonic() < deadline
     time.sleep(0.1)
 
@@ -68,10 +93,11 @@ def _records(workdir: pathlib.Path) -> list[dict]:
 
 
 def test_a_second_run_is_refused_and_ctrl_c_then_sigterm_during_the_save_keeps_the_saved_checkpoint(tmp_path):
-  first = _start(tmp_path, *ENDLESS)
-  _wait_for_steps(tmp_path, first, 3)
+  workdir = tmp_path / "run"
+  first = Training(workdir, *ENDLESS)
+  _wait_for_steps(workdir, first, 3)
   start = time.monotonic()
-  second = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(tmp_path)],
+  second = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir)],
                           cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
                           timeout=120)
   refused_after = time.monotonic() - start
@@ -82,15 +108,15 @@ def test_a_second_run_is_refused_and_ctrl_c_then_sigterm_during_the_save_keeps_t
   first.send_signal(signal.SIGINT)
   time.sleep(random.Random(0).uniform(0.01, 0.2))
   first.send_signal(signal.SIGTERM)  # a second signal while the run saves
-  stdout, stderr = first.communicate(timeout=300)
-  assert first.returncode == 0, stderr[-3000:]
+  status, stdout, stderr = first.finish()
+  assert status == 0, stderr[-3000:]
   assert "KeyboardInterrupt" not in stderr
   saved = [line for line in stdout.splitlines() if "saved checkpoint" in line]
   assert len(saved) == 1 and saved[0].startswith("SIGINT: saved checkpoint"), stdout[-2000:]
   step = int(saved[0].split("saved checkpoint ")[1].split()[0])
-  assert Checkpointer(tmp_path).latest_step() == step
-  assert not (tmp_path / "lock").exists()
-  run = Run(_tiny(), tmp_path)  # verifies the checksums
+  assert Checkpointer(workdir).latest_step() == step
+  assert not (workdir / "lock").exists()
+  run = Run(_tiny(), workdir)  # verifies the checksums
   try:
     assert run.resumed_from == step and not run.skipped_checkpoints
   finally:
@@ -100,14 +126,14 @@ def test_a_second_run_is_refused_and_ctrl_c_then_sigterm_during_the_save_keeps_t
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_9_at_a_random_point_of_a_save_resumes_the_newest_durable_checkpoint_bit_exactly(tmp_path, seed):
   workdir = tmp_path / "run"
-  process = _start(workdir, *ENDLESS)
+  process = Training(workdir, *ENDLESS)
   _wait_for_steps(workdir, process, 2)
   while not _committed_steps(workdir):  # a first checkpoint is on disk (Orbax renames it when complete)
-    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert process.poll() is None, process.stderr()
     time.sleep(0.05)
   time.sleep(random.Random(seed).uniform(0.0, 1.0))
   process.kill()
-  process.communicate(timeout=60)
+  process.finish(timeout=60)
   durable = Checkpointer(workdir).all_steps()
   assert durable, "no checkpoint was complete when the run was killed"
   lock = json.loads((workdir / "lock").read_text())
@@ -210,28 +236,30 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
   disk.mkdir()
   if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], capture_output=True).returncode:
     pytest.skip("needs permission to mount a small tmpfs as a full disk")
+  process = None
   try:
     workdir = disk / "run"
     ballast = disk / "ballast"
-    process = _start(workdir, "--config.num_epochs=500", "--config.checkpoint_every_steps=4",
-                     "--config.keep_checkpoints=1", "--config.log_every=1", "--config.eval_every_epochs=1000")
+    process = Training(workdir, "--config.num_epochs=500", "--config.checkpoint_every_steps=4",
+                       "--config.keep_checkpoints=1", "--config.log_every=1", "--config.eval_every_epochs=1000",
+                       logs=tmp_path / "logs")
     _wait_for_steps(workdir, process, 5)  # checkpoint 4 is being written or on disk
     while not _committed_steps(workdir):
       time.sleep(0.05)
-    with open(ballast, "wb") as f:  # fill the disk
+    with open(ballast, "wb", buffering=0) as f:  # fill the disk
       try:
         while True:
           f.write(b"\0" * 4096)
-          f.flush()
       except OSError:
         pass
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1, stderr[-3000:]
+    status, _, stderr = process.finish()
+    assert status == 1, stderr[-3000:]
     message = [line for line in stderr.splitlines() if line.startswith("lbjax-train: Saving checkpoint")]
     assert message and "the last good checkpoint is step" in message[0] and "MiB are free" in message[0], stderr[-3000:]
     # Orbax logs its writers' failures (one line each here, before or after lbjax's message) and may
     # print a thread's traceback; far from the 476 lines of before.
-    assert len(stderr.splitlines()) < 60, stderr
+    python_lines = [line for line in stderr.splitlines() if not re.match(r"[EWI]\d{4} ", line)]  # not XLA's own
+    assert len(python_lines) < 60, stderr
     last_good = int(message[0].split("the last good checkpoint is step ")[1].split()[0])
     failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
     last_step = max(r["step"] for r in _records(workdir) if r["kind"] == "train")
@@ -242,6 +270,9 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
     assert resumed.resumed_from == last_good and not resumed.skipped_checkpoints
     resumed.close()
   finally:
+    if process is not None and process.poll() is None:
+      process.kill()
+      process.finish(timeout=60)
     subprocess.run(["umount", str(disk)], check=False)
 
 
