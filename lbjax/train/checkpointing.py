@@ -64,6 +64,19 @@ def _meta_digest(meta: dict[str, Any]) -> str:
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+_OS_FAILURES = ("No space left on device", "Disk quota exceeded", "File too large", "Permission denied",
+                "Read-only file system", "Input/output error")
+
+
+def _save_failure_cause(error: BaseException) -> str:
+  """What made a save fail, in a few words (Orbax's and TensorStore's messages run to kilobytes)."""
+  text = str(error)
+  for failure in _OS_FAILURES:
+    if failure in text:
+      return failure.lower()
+  return _short(error)
+
+
 def _short(error: BaseException) -> str:
   """An exception's type and the last line of its message (Orbax and TensorStore errors run long)."""
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
@@ -111,10 +124,12 @@ class Checkpointer:
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
     return restored["state"]
 
-  def restore_items(self, step: int, state_args: Any) -> Any:
-    """Restores the `state` item of checkpoint `step` with Orbax restore args of one's choosing (e.g. a
-    partial `PyTreeRestore` of the parameters only)."""
-    return self._manager.restore(step, args=ocp.args.Composite(state=state_args))["state"]
+  def restore_fields(self, step: int, abstract_fields: dict[str, Any]) -> dict[str, Any]:
+    """Restores only some fields of checkpoint `step`'s state (e.g. `params` and `model_state` for a new
+    run from its parameters), onto the shapes and shardings of `abstract_fields`."""
+    restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), abstract_fields)
+    return self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=abstract_fields, restore_args=restore_args, partial_restore=True)))["state"]
 
   def reload(self) -> None:
     """Re-reads which checkpoints exist (after another process moved one)."""
@@ -163,6 +178,20 @@ class Checkpointer:
     (target / "reason.txt").write_text(reason + "\n")
     self._manager.reload()
     return target
+
+  def failed_save_message(self, step: int | None, error: BaseException) -> str:
+    """What failed (checkpoint `step`, the cause in a few words), the last good checkpoint, the space a
+    checkpoint takes and the space free, and what to do."""
+    self._manager.reload()
+    good = [s for s in self.all_steps() if s != step]
+    kept = f"the last good checkpoint is step {good[0]} in {self.directory}" if good else "no earlier checkpoint exists"
+    space = ""
+    if good:
+      size = sum(f.stat().st_size for f in (self.directory / str(good[0])).rglob("*") if f.is_file())
+      free = shutil.disk_usage(self.directory).free
+      space = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there."
+    return (f"Saving checkpoint {step} failed ({_save_failure_cause(error)}); {kept}, and training stopped.{space} "
+            "Free space (or fix the cause) and rerun the same command to resume.")
 
   def check_for_errors(self) -> None:
     """Raises the error of a background save that failed since the last call (cheap: no waiting)."""

@@ -21,7 +21,6 @@ decides the batch size, the learning rate, the loss variant and the end of train
 import json
 import os
 import pathlib
-import shutil
 import socket
 import time
 from typing import Any, NamedTuple
@@ -32,11 +31,11 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
 from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train import config as config_lib
+from lbjax.train import nonfinite
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
@@ -49,20 +48,6 @@ from lbjax.train.tasks import build_task
 from lbjax.train.workdir_lock import WorkdirLock
 
 HISTORY_FILE = "history.jsonl"
-
-
-_OS_FAILURES = ("No space left on device", "Disk quota exceeded", "File too large", "Permission denied",
-                "Read-only file system", "Input/output error")
-
-
-def _save_failure_cause(error: BaseException) -> str:
-  """What made a save fail, in a few words (Orbax's and TensorStore's messages run to kilobytes)."""
-  text = str(error)
-  for failure in _OS_FAILURES:
-    if failure in text:
-      return failure.lower()
-  lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-  return f"{type(error).__name__}: {lines[-1][:200] if lines else ''}"
 
 
 class NonFiniteError(FloatingPointError):
@@ -339,11 +324,9 @@ class Run:
       steps = [step] if step is not None else source_checkpointer.all_steps()
       if not steps:
         raise ConfigError(f"config.init_from={source!r}: {path / 'checkpoints'} holds no complete checkpoint.")
-      partial = {"params": self.state.params, "model_state": self.state.model_state}
-      restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), partial)
+      fields = abstract_like({"params": self.state.params, "model_state": self.state.model_state})
       try:
-        restored = source_checkpointer.restore_items(steps[0], ocp.args.PyTreeRestore(
-            item=abstract_like(partial), restore_args=restore_args, partial_restore=True))
+        restored = source_checkpointer.restore_fields(steps[0], fields)
       except Exception as e:  # pylint: disable=broad-except  (shapes differ, files unreadable, ...)
         raise ConfigError(f"config.init_from={source!r}: the parameters of checkpoint {steps[0]} do not fit this "
                           f"run's model {self.task.model_description}: {str(e).strip().splitlines()[-1][:300]}") from e
@@ -490,7 +473,8 @@ class Run:
   def check_health(self) -> None:
     """Raises `NonFiniteError` if a step produced a non-finite loss or update (waits for the device).
 
-    The message names the step, the first non-finite quantity (`diagnose_nonfinite`) and the ways on.
+    The message names the step, the first non-finite quantity (`nonfinite.first_nonfinite`) and the
+    ways on.
     """
     bad_step = int(jax.device_get(self.state.first_nonfinite_step))
     if bad_step < 0:
@@ -499,7 +483,13 @@ class Run:
     if self.checkpointer is not None:
       self.wait_for_save()
       last = self.checkpointer.latest_step()
-    quantity, advice = self.diagnose_nonfinite()
+    try:
+      quantity, advice = nonfinite.first_nonfinite(self.state, self._latest_batch, graphdef=self.graphdef,
+                                                   task=self.task, optimizer=self.optimizer,
+                                                   replicated=self.replicated)
+    except Exception as e:  # pylint: disable=broad-except  (the diagnosis must not hide the stop)
+      quantity, advice = (f"the first non-finite quantity could not be found ({type(e).__name__})",
+                          "Lower config.lr.base or lengthen the warm-up, and check the data.")
     if last is None:
       raise NonFiniteError(f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped; no checkpoint was "
                            f"written. {advice}")
@@ -510,48 +500,6 @@ class Run:
         f"{advice} Then either resume it with the changed settings, --config.resume_with_changed_optimizer=True "
         f"(recorded in {workdir / HISTORY_FILE}), or start a new run from its parameters, "
         f"--config.init_from={workdir} --workdir=<a new workdir>.")
-
-  def diagnose_nonfinite(self) -> tuple[str, str]:
-    """The first non-finite quantity of the (frozen, last good) state on the latest batch, in the order
-    the step computes them: parameter or optimizer-state leaf, loss, gradient leaf, update leaf; and
-    what to change. The step itself keeps only *that* a value went bad, not which."""
-    def first_bad(tree) -> str | None:
-      for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(tree)):
-        if np.issubdtype(np.asarray(leaf).dtype, np.inexact) and not np.all(np.isfinite(leaf)):
-          return jax.tree_util.keystr(path)
-      return None
-
-    state = self.state
-    for what, tree in (("parameter", state.params), ("optimizer state", state.opt_state),
-                       ("BatchNorm statistic", state.model_state)):
-      leaf = first_bad(tree)
-      if leaf is not None:
-        return (f"the {what} {leaf} is not finite (it was so in the checkpoint or initialisation)",
-                "Check the checkpoint (a corrupt one) and the initialisation.")
-    if self._latest_batch is None:
-      return "no step was taken", "Check the data."
-    batch = self._latest_batch
-    arrays = {k: v for k, v in batch.arrays.items() if k not in ("mask",)}
-    carry = state.carry
-
-    def loss_fn(params):
-      model = nnx.merge(self.graphdef, params, state.model_state)
-      return self.task.train_loss(model, arrays, carry, jax.random.key(0), batch.discard_fraction)[0]
-
-    loss, grads = jax.jit(jax.value_and_grad(loss_fn))(state.params)
-    if not np.isfinite(float(loss)):
-      return "the loss is not finite (on the latest batch)", "Check the data, and lower config.lr.base."
-    leaf = first_bad(grads)
-    if leaf is not None:
-      return (f"the gradient of {leaf} is not finite (on the latest batch)",
-              "Lower config.lr.base, lengthen config.lr.warmup_epochs, or set config.clip_global_norm.")
-    updates, _ = jax.jit(self.optimizer.update)(grads, state.opt_state, state.params)
-    leaf = first_bad(updates)
-    if leaf is not None:
-      return (f"the optimizer's update of {leaf} is not finite (loss and gradient are finite)",
-              "Check the optimizer settings (config.optimizer) and lower config.lr.base.")
-    return ("the latest batch does not reproduce it: the loss, gradient or update went non-finite on an "
-            "earlier batch", "Lower config.lr.base or lengthen the warm-up, and check the data.")
 
   def save(self, *, durable: bool = False) -> None:
     """Checks the health, then checkpoints the current step, once (a SIGTERM right after an evaluation
@@ -602,17 +550,7 @@ class Run:
   def _save_error(self, error: Exception) -> CheckpointSaveError:
     step, self._save_in_flight = self._save_in_flight, None
     self.save_failed = True
-    self.checkpointer.reload()
-    directory = self.checkpointer.directory
-    steps = self.checkpointer.all_steps()
-    good = [s for s in steps if s != step]
-    size = sum(f.stat().st_size for f in (directory / str(good[0])).rglob("*") if f.is_file()) if good else 0
-    free = shutil.disk_usage(directory).free if directory.exists() else 0
-    cause = _save_failure_cause(error)
-    kept = f"the last good checkpoint is step {good[0]} in {directory}" if good else "no earlier checkpoint exists"
-    needed = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there." if good else ""
-    return CheckpointSaveError(f"Saving checkpoint {step} failed ({cause}); {kept}, and training stopped.{needed} "
-                               "Free space (or fix the cause) and rerun the same command to resume.")
+    return CheckpointSaveError(self.checkpointer.failed_save_message(step, error))
 
   def close(self) -> None:
     """Waits for checkpoints in flight, closes the checkpointer and releases the workdir lock. After a
