@@ -29,7 +29,6 @@ from tests.train import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = str(REPO / "tests" / "experiments" / "tiny_sweep_config.py")
-STEPS_PER_EPOCH = 8
 # Runs until stopped: saves every step, so a signal or a kill almost always meets a save in flight.
 ENDLESS = ("--config.num_epochs=500", "--config.checkpoint_every_steps=1", "--config.log_every=1",
            "--config.progress=True")
@@ -223,10 +222,14 @@ def test_a_non_finite_step_names_the_step_and_quantity_and_both_ways_on_work(tmp
   history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
   assert history[-1]["event"] == "resume" and history[-1]["changed_optimizer"]["lr"][1]["base"] == 0.01
 
-  fresh = helpers.tiny_classifier_config(num_steps=2, init_from=str(tmp_path), optimizer={"name": "lars"})
-  fresh.optimizer = {"name": "lars", "momentum": 0.9}
-  started = train_and_evaluate(fresh, tmp_path / "from_parameters")
-  assert started.step == 2
+  fresh = helpers.tiny_classifier_config(num_steps=2, init_from=str(tmp_path),  # another optimizer, too
+                                         optimizer={"name": "lars", "momentum": 0.9})
+  started = Run(fresh, tmp_path / "from_parameters")
+  try:
+    helpers.assert_trees_equal(started.state.params, result.state.params)  # the checkpoint's parameters
+    assert started.step_count == 0 and started.epoch == 0.0  # a new run
+  finally:
+    started.close()
   history = json.loads((tmp_path / "from_parameters" / "history.jsonl").read_text())
   assert history["init_from"] == {"workdir": str(tmp_path), "step": 8}
 
