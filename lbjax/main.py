@@ -7,11 +7,12 @@
 
 Settings: a packaged config (`--list` shows them with their variant keys) or a config file, with an
 optional `:key=value,...` variant, then any number of `--config.<field>=<value>` overrides; a variant
-key and the override of its field are the same setting. A mistake in any of them, a missing data set
-or a workdir holding another run's checkpoint or in use by a running one prints what to change and exits
-with status 2; training stopped by a failed save or a non-finite step prints why and what is kept, and
-exits with status 1 (set LBJAX_TRACEBACK=1 to see the traceback). SIGTERM and Ctrl-C (SIGINT) save a
-checkpoint at the next step and exit 0; rerunning the same command resumes.
+key and the override of its field are the same setting. A mistake in any of them, a missing data set,
+or a workdir holding another run's checkpoint or in use by a running one prints what to change and
+exits with status 2. Training stopped by a non-finite step prints why and what is kept and exits with
+status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRACEBACK=1 shows the
+traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
+same command resumes.
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
@@ -33,8 +34,10 @@ from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError,
 # Errors whose message says what to change: printed without a traceback, exit status 2.
 USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, CheckpointCorruptError, WorkdirInUseError,
                FileNotFoundError)
-# Training stopped with its checkpoints intact (a full disk, a non-finite step): the message, exit status 1.
+# Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step) or
+# SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
 STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
+SAVE_FAILED = 3
 TRACEBACK_ENV = "LBJAX_TRACEBACK"
 
 
@@ -131,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(TRACEBACK_ENV):
       raise
     print(f"lbjax-train: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
-    if isinstance(e, CheckpointSaveError):  # Orbax's abandoned writes would repeat it at exit, at length
-      logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if isinstance(e, CheckpointSaveError):
+      return SAVE_FAILED
     return 2 if isinstance(e, USER_ERRORS) else 1
   except KeyboardInterrupt:  # before training started (during it, Ctrl-C saves and exits 0)
     print("lbjax-train: interrupted before training started; nothing was saved.", file=sys.stderr)
@@ -142,7 +145,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
   """Console-script entry point (`lbjax-train`)."""
-  sys.exit(main())
+  status = main()
+  if status == SAVE_FAILED:
+    # Orbax's writer threads of the failed save are abandoned; at interpreter shutdown they would
+    # print a traceback each ("Event loop is closed"), burying the message. Everything of lbjax is
+    # closed by now (metrics, checkpointer, lock), so leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access
+  sys.exit(status)
 
 
 if __name__ == "__main__":

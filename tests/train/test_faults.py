@@ -256,11 +256,11 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
       except OSError:
         pass
     status, _, stderr = process.finish()
-    assert status == 1, stderr[-3000:]
+    assert status == 3, stderr[-3000:]
     message = [line for line in stderr.splitlines() if line.startswith("lbjax-train: Saving checkpoint")]
     assert message and "the last good checkpoint is step" in message[0] and "MiB are free" in message[0], stderr[-3000:]
-    # Orbax logs its writers' failures (one line each here, before or after lbjax's message) and may
-    # print a thread's traceback; far from the 476 lines of before.
+    # Orbax logs its writers' failures (one line each; on Python 3.11 its threads may add a few "Event
+    # loop is closed" tracebacks while it fails); far from the 476 lines of before.
     python_lines = [line for line in stderr.splitlines() if not re.match(r"[EWI]\d{4} ", line)]  # not XLA's own
     assert len(python_lines) < 60, stderr
     last_good = int(message[0].split("the last good checkpoint is step ")[1].split()[0])
