@@ -87,3 +87,12 @@ def test_a_checkpoint_config_without_newer_fields_counts_them_as_defaults():
   saved["lr"]["base"] = 0.5
   with pytest.raises(ValueError, match="lr: checkpoint"):
     check_resumable(json.dumps(saved), config, "runs/x")
+
+
+@pytest.mark.parametrize("dataset, tfds_name", [("imagenet", "imagenet2012"), ("cifar10", "cifar10")])
+def test_tfds_data_that_is_not_prepared_says_how_to_prepare_it(tmp_path, dataset, tfds_name):
+  pytest.importorskip("tensorflow_datasets")
+  config = helpers.tiny_resnet_config(dataset=dataset, data_options={}, data_dir=str(tmp_path / "tfds"))
+  with pytest.raises(FileNotFoundError, match=rf"TFDS dataset '{tfds_name}' is not prepared .*tfds build {tfds_name}"):
+    train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
