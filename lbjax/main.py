@@ -7,9 +7,12 @@
 
 Settings: a packaged config (`--list` shows them with their variant keys) or a config file, with an
 optional `:key=value,...` variant, then any number of `--config.<field>=<value>` overrides; a variant
-key and the override of its field are the same setting. A mistake in any of them, a missing data set
-or a workdir holding another run's checkpoint prints what to change and exits with status 2 (set
-LBJAX_TRACEBACK=1 to see the traceback).
+key and the override of its field are the same setting. A mistake in any of them, a missing data set,
+or a workdir holding another run's checkpoint or in use by a running one prints what to change and
+exits with status 2. Training stopped by a non-finite step prints why and what is kept and exits with
+status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRACEBACK=1 shows the
+traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
+same command resumes.
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
@@ -18,16 +21,35 @@ variables), or give `--coordinator_address`, `--num_processes` and `--process_id
 
 import argparse
 import json
+import logging
 import os
 import sys
 
 from lbjax.train import config_files
 from lbjax.train import summary
 from lbjax.train import validation
-from lbjax.train.errors import CheckpointMismatchError, ConfigError
+from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
+                                DataMismatchError, WorkdirInUseError)
 
-USER_ERRORS = (ConfigError, CheckpointMismatchError, FileNotFoundError)
+# Errors whose message says what to change: printed without a traceback, exit status 2.
+USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, CheckpointCorruptError, WorkdirInUseError,
+               FileNotFoundError)
+# Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step) or
+# SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
+STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
+SAVE_FAILED = 3
 TRACEBACK_ENV = "LBJAX_TRACEBACK"
+
+
+class _OneLineOrbaxErrors(logging.Filter):
+  """Orbax logs a failed background save with its whole traceback (hundreds of lines) before lbjax
+  stops with a short message saying what failed and what is kept: keep Orbax's line, drop the
+  traceback (shown with LBJAX_TRACEBACK=1)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if "orbax" in record.pathname and record.exc_info and not os.environ.get(TRACEBACK_ENV):
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,6 +83,7 @@ def list_configs() -> str:
 
 
 def _train(args, loaded: config_files.LoadedConfig) -> None:
+  logging.getLogger("absl").addFilter(_OneLineOrbaxErrors())
   import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
   if args.coordinator_address is not None or args.distributed:
     jax.distributed.initialize(coordinator_address=args.coordinator_address,
@@ -107,17 +130,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
     _train(args, loaded)
-  except USER_ERRORS as e:
+  except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise
     print(f"lbjax-train: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
-    return 2
+    if isinstance(e, CheckpointSaveError):
+      return SAVE_FAILED
+    return 2 if isinstance(e, USER_ERRORS) else 1
+  except KeyboardInterrupt:  # before training started (during it, Ctrl-C saves and exits 0)
+    print("lbjax-train: interrupted before training started; nothing was saved.", file=sys.stderr)
+    return 130
   return 0
 
 
 def run() -> None:
   """Console-script entry point (`lbjax-train`)."""
-  sys.exit(main())
+  status = main()
+  if status == SAVE_FAILED:
+    # Orbax's writer threads of the failed save are abandoned; at interpreter shutdown they would
+    # print a traceback each ("Event loop is closed"), burying the message. Everything of lbjax is
+    # closed by now (metrics, checkpointer, lock), so leave at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access
+  sys.exit(status)
 
 
 if __name__ == "__main__":

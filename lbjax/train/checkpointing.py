@@ -1,25 +1,94 @@
-"""Orbax checkpointing behind one small class.
+"""Orbax checkpointing behind one small class, with a checksum per checkpoint.
 
 A checkpoint is a step directory under `<workdir>/checkpoints/` with two items:
   - `state`: the `TrainState` arrays (params, optimizer state, BN statistics, RNG, carry, progress);
-  - `meta`: JSON with the data iterator's position, examples seen, the batch size in force and the
-    run's config.
+  - `meta`: JSON with the data iterator's position, examples seen, the batch size in force, the
+    run's config, the data's fingerprint, the data-parallel size, and the checksums below.
 Saves are asynchronous (training continues while the arrays are written) and atomic (Orbax writes to
 a temporary directory and renames it when complete), and the manager keeps the newest `max_to_keep`.
+
+Checksums. Orbax commits atomically but does not verify what it reads back: a bit flipped on disk
+loads silently. Each save therefore records, per state leaf, two sums of the leaf's raw bits modulo
+2^32 (the plain sum and the position-weighted sum, `state_checksums`), computed on the device before
+the save; the meta JSON records a SHA-256 of itself. Integer sums modulo 2^32 do not depend on the
+order of addition, so they are the same on any mesh and sharding (a resume on another device count
+verifies too), and any single flipped bit changes the plain sum. `restore_verified` recomputes them
+on what it reads and refuses a checkpoint that differs; the caller then falls back to an older one.
 """
 
+import hashlib
+import json
 import pathlib
+import shutil
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+from lbjax.train.errors import CheckpointCorruptError
+
+META_CHECKSUM = "meta_sha256"
+SKIPPED_DIR = "skipped_checkpoints"
+
+
+def _leaf_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def _raw_bits(x: jax.Array) -> jax.Array:
+  """The leaf's bits as uint32 (one per element; narrower types widened)."""
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _sums(tree: Any) -> dict[str, jax.Array]:
+  sums = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    bits = _raw_bits(leaf).reshape(-1)
+    position = jnp.arange(1, bits.size + 1, dtype=jnp.uint32)
+    sums[_leaf_name(path)] = jnp.stack([jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * position, dtype=jnp.uint32)])
+  return sums
+
+
+def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, list[int]]:
+  """Per leaf of `state`: [sum of its raw bits, sum of bits x (position + 1)], both modulo 2^32."""
+  sums = jax.jit(_sums, out_shardings=replicated)(state)
+  return {name: [int(v) for v in value] for name, value in jax.device_get(sums).items()}
+
+
+def _meta_digest(meta: dict[str, Any]) -> str:
+  body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+_OS_FAILURES = ("No space left on device", "Disk quota exceeded", "File too large", "Permission denied",
+                "Read-only file system", "Input/output error")
+
+
+def _save_failure_cause(error: BaseException) -> str:
+  """What made a save fail, in a few words (Orbax's and TensorStore's messages run to kilobytes)."""
+  text = str(error)
+  for failure in _OS_FAILURES:
+    if failure in text:
+      return failure.lower()
+  return _short(error)
+
+
+def _short(error: BaseException) -> str:
+  """An exception's type and the last line of its message (Orbax and TensorStore errors run long)."""
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  return f"{type(error).__name__}: {lines[-1][:300] if lines else ''}"
 
 
 class Checkpointer:
   """Saves and restores (`TrainState`, meta) pairs in `<workdir>/checkpoints`."""
 
   def __init__(self, workdir: str | pathlib.Path, *, max_to_keep: int = 3, async_save: bool = True):
-    self.directory = pathlib.Path(workdir).absolute() / "checkpoints"
+    self.workdir = pathlib.Path(workdir).absolute()
+    self.directory = self.workdir / "checkpoints"
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
@@ -28,8 +97,14 @@ class Checkpointer:
     """The newest complete checkpoint's step, or None when the workdir has none."""
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    """The complete checkpoints' steps, newest first."""
+    return sorted(self._manager.all_steps(), reverse=True)
+
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-    """Starts an (asynchronous) save of `state` and `meta` as checkpoint `step`."""
+    """Starts an (asynchronous) save of `state` and `meta` as checkpoint `step`; `meta` gets its digest."""
+    meta = dict(meta)
+    meta[META_CHECKSUM] = _meta_digest(meta)
     self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                      meta=ocp.args.JsonSave(meta)), force=True)
 
@@ -48,6 +123,82 @@ class Checkpointer:
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
     return restored["state"]
+
+  def restore_fields(self, step: int, abstract_fields: dict[str, Any]) -> dict[str, Any]:
+    """Restores only some fields of checkpoint `step`'s state (e.g. `params` and `model_state` for a new
+    run from its parameters), onto the shapes and shardings of `abstract_fields`."""
+    restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), abstract_fields)
+    return self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        item=abstract_fields, restore_args=restore_args, partial_restore=True)))["state"]
+
+  def reload(self) -> None:
+    """Re-reads which checkpoints exist (after another process moved one)."""
+    self._manager.reload()
+
+  def read_meta_verified(self, step: int) -> dict[str, Any]:
+    """The meta of checkpoint `step`; raises `CheckpointCorruptError` when unreadable or altered."""
+    try:
+      meta = self.restore_meta(step)
+    except Exception as e:  # pylint: disable=broad-except  (any failure to read means unusable)
+      raise CheckpointCorruptError(f"its meta cannot be read ({_short(e)})") from e
+    if not isinstance(meta, dict):
+      raise CheckpointCorruptError("its meta is not a JSON object")
+    if META_CHECKSUM in meta and meta[META_CHECKSUM] != _meta_digest(meta):
+      raise CheckpointCorruptError("its meta does not match its SHA-256")
+    return meta
+
+  def restore_verified(self, step: int, meta: dict[str, Any], abstract_state: Any,
+                       replicated: jax.sharding.Sharding) -> Any:
+    """The state of checkpoint `step`, checked against the checksums its meta records.
+
+    Raises:
+      CheckpointCorruptError: the arrays cannot be read, or a leaf's checksum differs (named).
+    """
+    try:
+      state = self.restore_state(step, abstract_state)
+    except Exception as e:  # pylint: disable=broad-except  (truncated files, bad headers, ...)
+      raise CheckpointCorruptError(f"its arrays cannot be read ({_short(e)})") from e
+    expected = meta.get("checksums")
+    if expected is not None:
+      found = state_checksums(state, replicated)
+      differing = sorted(name for name in set(expected) | set(found) if expected.get(name) != found.get(name))
+      if differing:
+        raise CheckpointCorruptError(f"the checksum of {', '.join(differing[:3])} differs from the one "
+                                     "saved (the files changed on disk)")
+    return state
+
+  def set_aside(self, step: int, reason: str) -> pathlib.Path:
+    """Moves checkpoint `step` to `<workdir>/skipped_checkpoints/<step>` (kept for inspection, out of
+    the way of new saves) with a `reason.txt`; returns where it went."""
+    target = self.workdir / SKIPPED_DIR / str(step)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+      shutil.rmtree(target)
+    (self.directory / str(step)).rename(target)
+    (target / "reason.txt").write_text(reason + "\n")
+    self._manager.reload()
+    return target
+
+  def failed_save_message(self, step: int | None, error: BaseException) -> str:
+    """What failed (checkpoint `step`, the cause in a few words), the last good checkpoint, the space a
+    checkpoint takes and the space free, and what to do."""
+    self._manager.reload()
+    good = [s for s in self.all_steps() if s != step]
+    kept = f"the last good checkpoint is step {good[0]} in {self.directory}" if good else "no earlier checkpoint exists"
+    space = ""
+    if good:
+      size = sum(f.stat().st_size for f in (self.directory / str(good[0])).rglob("*") if f.is_file())
+      free = shutil.disk_usage(self.directory).free
+      space = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there."
+    return (f"Saving checkpoint {step} failed ({_save_failure_cause(error)}); {kept}, and training stopped.{space} "
+            "Free space (or fix the cause) and rerun the same command to resume.")
+
+  def check_for_errors(self) -> None:
+    """Raises the error of a background save that failed since the last call (cheap: no waiting)."""
+    self._manager.check_for_errors()
+
+  def is_saving(self) -> bool:
+    return self._manager.is_saving_in_progress()
 
   def wait(self) -> None:
     """Blocks until any save in flight is committed to disk."""

@@ -15,7 +15,12 @@ from lbjax.train.errors import CheckpointMismatchError
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
 # watched or where it runs, not what it computes.
 OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard", "mesh",
-                      "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps", "progress")
+                      "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps", "progress",
+                      "resume_with_changed_optimizer", "resume_with_changed_data", "init_from")
+
+# What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
+# a non-finite step): the optimizer's settings but not which optimizer (its state would not fit).
+OPTIMIZER_FIELDS = ("optimizer", "lr", "scaling", "clip_global_norm")
 
 # Sections whose fields are the keyword arguments of the function the config names (lbjax.train.names):
 # a command-line override may add a field to them; elsewhere only existing fields can be set.
@@ -110,6 +115,14 @@ def default_config() -> ml_collections.ConfigDict:
   config.eval_every_epochs = 1.0
   config.checkpoint_every_steps = 1000  # also saved after every evaluation and at the end
   config.keep_checkpoints = 3
+  # Resuming a workdir's checkpoint needs the same recipe and data; these allow, explicitly, a changed
+  # optimizer setting (LR, warm-up, momentum, ...; recorded in <workdir>/history.jsonl) or changed data.
+  config.resume_with_changed_optimizer = False
+  config.resume_with_changed_data = False
+  # A checkpoint (a workdir, its checkpoints/ folder or one step folder) whose parameters and BatchNorm
+  # statistics start this run; the optimizer, step and data start afresh. Ignored once the workdir holds
+  # a checkpoint of its own (the run then resumes that).
+  config.init_from = ""
   config.tensorboard = False
   config.progress = True
   return config
@@ -150,18 +163,37 @@ def _with_defaults(values: dict, defaults: dict) -> dict:
   return merged
 
 
-def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str) -> None:
+def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str) -> dict[str, list]:
   """Raises if the workdir's checkpoint was written by a run with a different recipe.
 
-  Operational fields (`OPERATIONAL_FIELDS`) may change between runs; everything else must match. A
-  field the checkpoint's config lacks (written before lbjax added it) counts as its default value.
+  Operational fields (`OPERATIONAL_FIELDS`) may change between runs; with
+  `config.resume_with_changed_optimizer` so may `OPTIMIZER_FIELDS` (not `optimizer.name`); everything
+  else must match. A field the checkpoint's config lacks (written before lbjax added it) counts as its
+  default value.
+
+  Returns:
+    The allowed changes, `{field: [checkpoint value, value now]}` (empty when nothing changed).
   """
   defaults = json.loads(default_config().to_json())
   saved = _with_defaults(json.loads(saved_json), defaults)
   current = _with_defaults(json.loads(config.to_json()), defaults)
   differing = sorted(k for k in set(saved) | set(current)
                      if k not in OPERATIONAL_FIELDS and saved.get(k) != current.get(k))
+  allowed = {}
+  if config.resume_with_changed_optimizer:
+    allowed = {k: [saved.get(k), current.get(k)] for k in differing if k in OPTIMIZER_FIELDS}
+    if "optimizer" in allowed and saved["optimizer"].get("name") != current["optimizer"].get("name"):
+      raise CheckpointMismatchError(
+          f"The workdir {workdir} holds a checkpoint of optimizer {saved['optimizer'].get('name')!r}, now "
+          f"{current['optimizer'].get('name')!r}: its optimizer state cannot continue another optimizer. Start a "
+          f"new run from its parameters instead: --config.init_from={workdir} --workdir=<a new workdir>.")
+  differing = [k for k in differing if k not in allowed]
   if differing:
     details = "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
-    raise CheckpointMismatchError(f"The workdir {workdir} holds a checkpoint of a different run ({details}). Use a new "
-                     "--workdir, or restore the original config to resume.")
+    optimizer_hint = (" To change optimizer settings on purpose (e.g. a lower LR after a non-finite step), add "
+                      "--config.resume_with_changed_optimizer=True." if set(differing) <= set(OPTIMIZER_FIELDS) else "")
+    raise CheckpointMismatchError(
+        f"The workdir {workdir} holds a checkpoint of a different run ({details}). Use a new --workdir, restore "
+        f"the original config to resume, or start a new run from its parameters with "
+        f"--config.init_from={workdir}.{optimizer_hint}")
+  return allowed

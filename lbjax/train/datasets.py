@@ -10,6 +10,7 @@ this shape, named `"package.module:function"`.
 
 from collections.abc import Callable, Iterator
 import dataclasses
+import hashlib
 import os
 from typing import Any, Literal
 
@@ -36,6 +37,9 @@ class Dataset:
       them and the config does not set them.
     eval_split: the split evaluated ("test", "validation", ...), shown on the console.
     top_k: the accuracies reported besides top-1 (classification).
+    fingerprint: what identifies the data of each split ("train", "eval"), recorded in every
+      checkpoint so that a resume against other data is refused: a SHA-256 of the arrays read, or the
+      TFDS name, version and size.
   """
   kind: Literal["classification", "language_model"]
   make_train_stream: TrainStreamFactory
@@ -43,6 +47,18 @@ class Dataset:
   model_arguments: dict[str, Any]
   eval_split: str
   top_k: tuple[int, ...] = ()
+  fingerprint: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def array_fingerprint(arrays: dict[str, np.ndarray]) -> str:
+  """SHA-256 (first 16 hex digits) over the names, shapes, dtypes and bytes of `arrays`, and the size."""
+  digest = hashlib.sha256()
+  for name in sorted(arrays):
+    array = np.ascontiguousarray(arrays[name])
+    digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+    digest.update(memoryview(array).cast("B"))
+  length = len(next(iter(arrays.values()))) if arrays else 0
+  return f"sha256:{digest.hexdigest()[:16]} ({length} rows)"
 
 
 def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *, seed: int,
@@ -57,7 +73,9 @@ def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *,
     return lbdata.eval_batches(evaluation, batch_size, process_index=process_index,
                                process_count=process_count, transform=eval_transform)
 
-  return Dataset("classification", make_train_stream, make_eval_batches, model_arguments, eval_split, top_k)
+  fingerprint = {"train": array_fingerprint(train.arrays), "eval": array_fingerprint(evaluation.arrays)}
+  return Dataset("classification", make_train_stream, make_eval_batches, model_arguments, eval_split, top_k,
+                 fingerprint)
 
 
 def _split_off_validation(train: lbdata.ArraySource, num_validation: int) -> tuple[lbdata.ArraySource, ...]:
@@ -123,8 +141,41 @@ def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_
                                          "input_channels": 3})
 
 
-def _tfds_vision(train_stream, eval_batches, *, data_dir, seed: int, eval_split: str, num_classes: int,
-                 small_inputs: bool, **kwargs) -> Dataset:
+_TFDS_BUILD_COMMANDS = {
+    "imagenet2012": ("download ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org "
+                     "into a folder MANUAL_DIR, then run `tfds build imagenet2012 --manual_dir=MANUAL_DIR "
+                     "--file_format=array_record --data_dir={data_dir}`"),
+    "cifar10": "run `tfds build cifar10 --file_format=array_record --data_dir={data_dir}`",
+}
+
+
+def _tfds_fingerprint(name: str, data_dir, splits: tuple[str, str]) -> dict[str, str]:
+  """Checks that TFDS `name` is prepared (else the "not prepared, here is how" message, before any
+  compute) and returns its fingerprint: name, version and each split's size."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError(f"Reading {name!r} needs tensorflow-datasets and pillow: pip install 'lbjax[tfds]'.") from e
+  data_dir = None if data_dir in (None, "") else os.fspath(data_dir)
+  builder = tfds.builder(name, data_dir=data_dir)
+  if not builder.is_prepared():
+    root = os.path.dirname(os.path.dirname(builder.data_dir))
+    raise FileNotFoundError(
+        f"TFDS dataset {name!r} is not prepared in data_dir={root!r} (searched {builder.data_dir}). lbjax never "
+        f"downloads data; to prepare it, {_TFDS_BUILD_COMMANDS[name].format(data_dir=root)}. Or set "
+        "config.data_dir (or TFDS_DATA_DIR) to the folder that holds it.")
+  fingerprint = {}
+  for role, split in zip(("train", "eval"), splits):
+    if split not in builder.info.splits:
+      raise FileNotFoundError(f"TFDS dataset {name!r} in {builder.data_dir} has no split {split!r}; it has "
+                              f"{', '.join(builder.info.splits)}.")
+    fingerprint[role] = f"tfds:{name}:{builder.version}:{split} ({builder.info.splits[split].num_examples} rows)"
+  return fingerprint
+
+
+def _tfds_vision(train_stream, eval_batches, *, tfds_name: str, data_dir, seed: int, eval_split: str,
+                 num_classes: int, small_inputs: bool, **kwargs) -> Dataset:
+  fingerprint = _tfds_fingerprint(tfds_name, data_dir, ("train", eval_split))
 
   def make_train_stream(process_index, process_count):
     return train_stream(data_dir=data_dir or None, seed=seed, process_index=process_index,
@@ -136,7 +187,7 @@ def _tfds_vision(train_stream, eval_batches, *, data_dir, seed: int, eval_split:
 
   return Dataset("classification", make_train_stream, make_eval_batches,
                  {"num_classes": num_classes, "small_inputs": small_inputs, "input_channels": 3},
-                 eval_split, top_k=(5,))
+                 eval_split, top_k=(5,), fingerprint=fingerprint)
 
 
 def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, image_size: int = 224,
@@ -145,7 +196,8 @@ def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, i
   """ImageNet-1k (`imagenet2012` prepared for TFDS): Inception crops + flips for training, centre crops
   for evaluation; top-1 and top-5 accuracy. `decode`, `num_workers` and `decoder`: see
   `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on the GPU)."""
-  return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, data_dir=data_dir, seed=seed,
+  return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, tfds_name="imagenet2012",
+                      data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=1000, small_inputs=image_size <= 64,
                       image_size=image_size, decode=decode, num_workers=num_workers, decoder=decoder)
 
@@ -154,7 +206,8 @@ def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, ev
             num_workers: int = 0) -> Dataset:
   """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training; top-1 and top-5 accuracy. `num_workers`: grain
   worker processes computing batches (0: the training process)."""
-  return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, data_dir=data_dir, seed=seed,
+  return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, tfds_name="cifar10",
+                      data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=10, small_inputs=True, num_workers=num_workers)
 
 
@@ -169,7 +222,10 @@ def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_
     return lbdata.ptb_eval_batches(eval_tokens, batch_size, seq_len=seq_len, process_index=process_index,
                                    process_count=process_count)
 
-  return Dataset("language_model", make_train_stream, make_eval_batches, {"vocab_size": vocab_size}, eval_split)
+  fingerprint = {"train": array_fingerprint({"tokens": train_tokens}),
+                 "eval": array_fingerprint({"tokens": eval_tokens})}
+  return Dataset("language_model", make_train_stream, make_eval_batches, {"vocab_size": vocab_size}, eval_split,
+                 fingerprint=fingerprint)
 
 
 def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,

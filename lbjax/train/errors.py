@@ -11,3 +11,19 @@ class ConfigError(ValueError):
 
 class CheckpointMismatchError(ValueError):
   """The workdir holds a checkpoint of a different run."""
+
+
+class WorkdirInUseError(RuntimeError):
+  """Another run holds the workdir's lock (`lbjax.train.workdir_lock`)."""
+
+
+class CheckpointCorruptError(ValueError):
+  """No checkpoint in the workdir passes its checksum; the message lists each and why."""
+
+
+class CheckpointSaveError(OSError):
+  """A checkpoint could not be written (e.g. a full disk); the previous checkpoints are kept."""
+
+
+class DataMismatchError(ValueError):
+  """The checkpoint was trained on different data than the run now reads."""

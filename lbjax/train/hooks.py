@@ -11,13 +11,14 @@ lists them (records land in `metrics.jsonl` in that order):
   EvaluateAndSave   at every `eval_every_epochs` boundary: evaluation (record, console, best so far)
                     and a checkpoint
   Checkpoint        every `checkpoint_every_steps` steps: a checkpoint
-  SaveOnPreemption  on SIGTERM: metrics, a checkpoint, and the loop stops
+  SaveOnPreemption  on SIGTERM or SIGINT: metrics, a checkpoint on disk, and the loop stops
 
 The loop never waits for the device between steps: the metrics of each step stay on the device and
 `WriteMetrics` fetches them together.
 """
 
 import math
+import os
 import signal
 import threading
 from typing import Any, Callable
@@ -169,18 +170,25 @@ class Checkpoint:
       run.save()
 
 
-class PreemptionFlag:
-  """Whether a SIGTERM asks the run to save and stop, read at step boundaries.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  One process: a Python SIGTERM handler sets a flag. Several processes must stop at the same step (a
-  process that stops alone leaves the others waiting in the next collective): there JAX's preemption
-  service catches SIGTERM on any host, and `reached_preemption_sync_point(step)` turns true on every
-  host at the same step, so no Python handler is installed.
+
+class PreemptionFlag:
+  """Whether a SIGTERM or SIGINT (Ctrl-C) asks the run to save and stop, read at step boundaries.
+
+  One process: a Python handler for both signals sets a flag; a second signal while the run is
+  stopping says that the checkpoint is being written and that it waits for it (the handlers stay
+  installed until the checkpoint is on disk, so no signal can cut a save short). Several processes
+  must stop at the same step (a process that stops alone leaves the others waiting in the next
+  collective): there JAX's preemption service catches SIGTERM on any host, and
+  `reached_preemption_sync_point(step)` turns true on every host at the same step, so no Python
+  handler is installed.
   """
 
   def __init__(self):
     self._event = threading.Event()
-    self._previous = None
+    self._previous: dict[int, Any] = {}
+    self.signal_name: str | None = None
     self._multi_process = jax.process_count() > 1
     self._preemption_service = bool(jax.config.jax_enable_preemption_service)
     if self._multi_process:
@@ -189,21 +197,36 @@ class PreemptionFlag:
                         "without a checkpoint and leave the others waiting; the last periodic "
                         "checkpoint is what a restart resumes from.")
     elif threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._event.set())
+      for signum in STOP_SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._handle)
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    if self._event.is_set():
+      os.write(2, f"{signal.Signals(signum).name} again: the run is saving its checkpoint and exits once it is "
+                  "written.\n".encode())
+      return
+    self.signal_name = signal.Signals(signum).name
+    self._event.set()
 
   def should_stop(self, step: int) -> bool:
     if self._multi_process:
-      return self._preemption_service and multihost_utils.reached_preemption_sync_point(step)
+      if self._preemption_service and multihost_utils.reached_preemption_sync_point(step):
+        self.signal_name = "preemption"
+        return True
+      return False
     return self._event.is_set()
 
   def restore(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
 
 
 class SaveOnPreemption:
-  """On SIGTERM (`PreemptionFlag`), at the next step boundary: the metrics so far and a checkpoint;
-  then `stopped` is True and the loop ends. Construction installs the handler; `restore` removes it."""
+  """On SIGTERM or SIGINT (`PreemptionFlag`), at the next step boundary: the metrics so far and a
+  checkpoint, logged as saved once it is on disk; then `stopped` is True and the loop ends.
+  Construction installs the handlers; `restore` removes them (after the run has closed)."""
 
   def __init__(self, flush: Callable[[Run], None]):
     self.flush = flush
@@ -214,9 +237,13 @@ class SaveOnPreemption:
     del metrics
     if self._flag.should_stop(run.step_count):
       self.flush(run)
-      run.save()
+      run.save(durable=True)
       self.stopped = True
-      logging.warning("SIGTERM: saved a checkpoint at step %d; exiting.", run.step_count)
+      where = f" in {run.checkpointer.directory}" if run.checkpointer is not None else ""
+      logging.warning("%s: saved checkpoint %d%s (written to disk); exiting.", self._flag.signal_name,
+                      run.step_count, where)
+      if run.config.progress and run.process_index == 0:
+        print(f"{self._flag.signal_name}: saved checkpoint {run.step_count}{where}; exiting.", flush=True)
 
   def restore(self) -> None:
     self._flag.restore()

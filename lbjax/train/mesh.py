@@ -12,6 +12,8 @@ import math
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from lbjax.train.errors import ConfigError
+
 DATA_AXES = ("data", "fsdp")
 
 
@@ -24,19 +26,22 @@ def build_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | No
     devices: defaults to `jax.devices()`.
 
   Raises:
-    ValueError: if the sizes do not multiply to the number of devices.
+    ConfigError: if the sizes are not positive (or -1 for `data`) or do not multiply to the number of
+      devices.
   """
   devices = list(devices) if devices is not None else jax.devices()
   if fsdp < 1:
-    raise ValueError(f"mesh.fsdp must be >= 1, got {fsdp}.")
+    raise ConfigError(f"config.mesh.fsdp must be >= 1, got {fsdp}.")
   if data == -1:
     if len(devices) % fsdp:
-      raise ValueError(f"mesh.fsdp={fsdp} does not divide the {len(devices)} devices; choose a divisor.")
+      raise ConfigError(f"config.mesh.fsdp={fsdp} does not divide the {len(devices)} devices; choose a divisor.")
     data = len(devices) // fsdp
+  if data < 1:
+    raise ConfigError(f"config.mesh.data must be -1 (the devices left after fsdp) or >= 1, got {data}.")
   if data * fsdp != len(devices):
-    raise ValueError(
-        f"mesh.data * mesh.fsdp = {data} * {fsdp} = {data * fsdp} but there are {len(devices)} devices; "
-        "set mesh.data=-1 to use all devices.")
+    raise ConfigError(
+        f"config.mesh.data * config.mesh.fsdp = {data} * {fsdp} = {data * fsdp} but there are {len(devices)} "
+        "devices; set config.mesh.data=-1 to use all devices.")
   return jax.make_mesh((data, fsdp), DATA_AXES, axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
 
 

@@ -43,6 +43,44 @@ class MetricsWriter:
                             ) from e
         self._tensorboard = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
 
+  def truncate_after(self, step: int) -> int:
+    """Drops the records of steps after `step` (a resumed run redoes them); returns how many it dropped.
+
+    A line cut short by a crash is dropped too. The file is rewritten atomically (a new file renamed
+    over the old one).
+    """
+    if not self._enabled or not self.path.exists():
+      return 0
+    kept, dropped = [], 0
+    for line in self.path.read_text().splitlines():
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        dropped += 1
+        continue
+      if isinstance(record, dict) and int(record.get("step", 0)) > step:
+        dropped += 1
+        continue
+      kept.append(line)
+    if dropped:
+      self._file.close()
+      temporary = self.path.with_suffix(".jsonl.tmp")
+      temporary.write_text("".join(line + "\n" for line in kept))
+      temporary.replace(self.path)
+      self._file = self.path.open("a")
+    return dropped
+
+  def last_record(self, kind: str, step: int) -> dict[str, float]:
+    """The values of the last `kind` record at `step` in the file ({} if none)."""
+    if not self._enabled or not self.path.exists():
+      return {}
+    found = {}
+    for line in self.path.read_text().splitlines():
+      record = json.loads(line)
+      if record.get("kind") == kind and record.get("step") == step:
+        found = {k: v for k, v in record.items() if k not in ("kind", "step", "epoch", "final")}
+    return found
+
   def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
     """Writes a record `{"kind": kind, "step": step, **values}`."""
     if not self._enabled:

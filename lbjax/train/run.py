@@ -1,10 +1,11 @@
 """`Run`: a config made into everything one training run holds, built whole in its constructor.
 
-`Run(config, workdir)` builds the mesh (and validates the config against it), the task, the
-learning-rate and batch-size schedules, the optimizer and gradient compressor, the initial state
-(each parameter initialised straight onto its sharding), the training stream and, given a workdir,
-the checkpointer; then it resumes from the workdir's latest checkpoint, if there is one. What is
-left to do is one step at a time:
+`Run(config, workdir)` builds the mesh (and validates the config against it), takes the workdir's
+lock, builds the task and the training stream (refusing a batch larger than the training set or an
+empty evaluation split), the learning-rate and batch-size schedules, the optimizer and gradient
+compressor, the initial state (each parameter initialised straight onto its sharding) and, given a
+workdir, the checkpointer; then it resumes from the workdir's newest checkpoint that passes its
+checksum, if there is one. What is left to do is one step at a time:
 
     run = Run(config, workdir)
     while not run.finished():
@@ -17,25 +18,36 @@ One clock: the data stream's position in epochs (`run.epoch`: examples consumed 
 decides the batch size, the learning rate, the loss variant and the end of training.
 """
 
+import json
+import os
+import pathlib
+import socket
 import time
 from typing import Any, NamedTuple
 
+from absl import logging
 from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
 from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train import config as config_lib
+from lbjax.train import nonfinite
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
-from lbjax.train.errors import ConfigError
-from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
+from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
+                                DataMismatchError)
 from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
 from lbjax.train.state import TrainState
 from lbjax.train.step import make_eval_step, make_train_step, per_device_compression_state
 from lbjax.train.tasks import build_task
+from lbjax.train.workdir_lock import WorkdirLock
+
+HISTORY_FILE = "history.jsonl"
 
 
 class NonFiniteError(FloatingPointError):
@@ -88,49 +100,103 @@ class Run:
     batch_size: the global batch size of the latest step (the schedule's at the start).
     carry_batch_size: the batch size the carried state (PTB's LSTM state) was made for, or None.
     checkpointer: the workdir's `Checkpointer`, or None without a workdir.
+    lock: the workdir's `WorkdirLock` (held by process 0 until `close`), or None.
     resumed_from: the step of the checkpoint this run resumed from, or None.
+    skipped_checkpoints: (step, reason) of each newer checkpoint that failed its checksum or could
+      not be read, set aside before resuming.
+    saved_data_parallel_size: the data-parallel size the resumed checkpoint was saved on, if known.
     compiled, compile_seconds: the compiled train steps and their compile times, by
       (global batch size, discard fraction), in the order they were compiled.
     new_compile: the key of the step the latest `step()` compiled, or None.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir=None):
-    """Builds the run; with a `workdir`, resumes from its latest checkpoint.
+    """Builds the run; with a `workdir`, takes its lock and resumes from its newest good checkpoint
+    (or, with none, starts from `config.init_from`'s parameters when set).
 
     Raises:
-      ValueError: invalid config (before any compute) or, with a workdir, a checkpoint in it of a
-        different recipe (`config_lib.check_resumable`).
+      ConfigError: invalid config, a batch larger than the training set or an empty evaluation
+        split (all before any compute).
+      WorkdirInUseError: another run holds the workdir.
+      CheckpointMismatchError, DataMismatchError: the workdir's checkpoint is of a different recipe
+        (`config_lib.check_resumable`) or was trained on other data.
+      CheckpointCorruptError: no checkpoint in the workdir passes its checksum.
       FileNotFoundError: missing data (the message says where to get it).
     """
     self.config = config
+    if config.mesh.num_devices > jax.device_count():
+      raise ConfigError(f"config.mesh.num_devices={config.mesh.num_devices} but there are {jax.device_count()} "
+                        "devices; use at most that many (0 = all).")
     devices = jax.devices()[:config.mesh.num_devices] if config.mesh.num_devices > 0 else None
     self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices)
     validation.validate(config, data_parallel_size=data_parallel_size(self.mesh))
+    self.process_index, self.process_count = jax.process_index(), jax.process_count()
+    self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
+    self.lock = WorkdirLock(workdir) if workdir is not None and self.process_index == 0 else None
+    self.checkpointer = None
+    self._save_in_flight: int | None = None  # the step of a background save not yet known to be written
+    self.save_failed = False  # a save failed (reported by `CheckpointSaveError`)
+    if self.lock is not None:
+      self.lock.acquire()
+    try:
+      self._build(config)
+    except BaseException:
+      self.close()
+      raise
+
+  def _build(self, config: ml_collections.ConfigDict) -> None:
     self.task = build_task(config)
+    self.stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
+    self._check_data_sizes()
     self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
     self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
     self.optimizer = optimizer_lib.build_optimizer(config)
     self.compressor = optimizer_lib.build_compressor(config)
     self.batch_sharding = batch_sharding(self.mesh)
     self.replicated = replicated(self.mesh)
-    self.process_index, self.process_count = jax.process_index(), jax.process_count()
     self.compiled: dict[tuple[int, float], Any] = {}
     self.compile_seconds: dict[tuple[int, float], float] = {}
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
+    self._latest_batch: Batch | None = None  # kept to name the first non-finite quantity
     self.state = self._initial_state()
-    self.stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
     self.examples_seen, self.carry_batch_size, self.resumed_from = 0, None, None
-    self.checkpointer = None
-    if workdir is not None:
-      self.checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
-      try:
-        self._restore_latest(str(workdir))
-      except BaseException:
-        self.checkpointer.close()
-        raise
+    self.saved_data_parallel_size: int | None = None
+    self.skipped_checkpoints: list[tuple[int, str]] = []
+    if self.workdir is not None:
+      self.checkpointer = Checkpointer(self.workdir, max_to_keep=config.keep_checkpoints)
+      changes = self._restore_latest()
+      if self.resumed_from is None and config.init_from:
+        self._start_from(config.init_from)
+      self._record_history(changes)
     self.step_count = int(jax.device_get(self.state.step))
     self.batch_size = self.batch_size_schedule(self.epoch)
+
+  def _check_data_sizes(self) -> None:
+    """Refuses, before any compute, a batch larger than the training set and an empty evaluation split."""
+    config, name = self.config, f"config.dataset={self.config.dataset!r}"
+    field = "config.batch_sizes" if config.batch_sizes else "config.batch_size"
+    for size in config_lib.batch_sizes(config):
+      if hasattr(self.stream, "windows_per_epoch"):
+        try:
+          windows = self.stream.windows_per_epoch(size)
+        except ValueError:
+          windows = 0
+        if windows < 1:
+          raise ConfigError(f"{field}: a batch of {size} rows leaves the training tokens of {name} too short for "
+                            "one window per row; use a smaller batch size or seq_len.")
+      elif size > self.stream.num_examples:
+        raise ConfigError(f"{field}: a batch of {size} is larger than the training set of {name} "
+                          f"({self.stream.num_examples} examples); use at most {self.stream.num_examples}.")
+    try:
+      first = next(iter(self.task.dataset.make_eval_batches(config.eval_batch_size, self.process_index,
+                                                            self.process_count)), None)
+    except (ValueError, MemoryError) as e:
+      raise ConfigError(f"The evaluation split ({self.task.dataset.eval_split}) of {name} cannot be evaluated "
+                        f"with config.eval_batch_size={config.eval_batch_size}: {e or type(e).__name__}") from e
+    if first is None or ("mask" in first and not np.any(first["mask"])):
+      raise ConfigError(f"The evaluation split ({self.task.dataset.eval_split}) of {name} is empty; check the "
+                        "data files (config.data_dir) before training.")
 
   def _initial_state(self) -> TrainState:
     """Initialises the model inside one jitted program that writes each parameter straight to its
@@ -171,19 +237,123 @@ class Run:
     per_device = jax.tree.map(lambda x: np.broadcast_to(x, (devices,) + x.shape), state)
     return _place(per_device, self.batch_sharding)
 
-  def _restore_latest(self, workdir: str) -> None:
-    """Resumes from the workdir's latest checkpoint: state, stream position, examples seen, carry."""
-    latest = self.checkpointer.latest_step()
-    if latest is None:
+  def _restore_latest(self) -> dict[str, list]:
+    """Resumes from the newest good checkpoint in the workdir: state, stream position, examples seen,
+    carry. A checkpoint that cannot be read or fails its checksum is skipped with a warning (and set
+    aside in `<workdir>/skipped_checkpoints`); the one before it is tried.
+
+    Returns:
+      The optimizer settings changed on purpose (`config.resume_with_changed_optimizer`).
+    """
+    steps = self.checkpointer.all_steps()
+    for step in steps:
+      try:
+        meta = self.checkpointer.read_meta_verified(step)
+        changes = config_lib.check_resumable(meta["config"], self.config, str(self.workdir))
+        self._check_same_data(meta)
+        carry_batch_size = meta["carry_batch_size"]
+        state = self.state._replace(carry=self.zero_carry(carry_batch_size) if carry_batch_size else None)
+        state = self._compression_state_for(meta, state)
+        state = self.checkpointer.restore_verified(step, meta, abstract_like(state), self.replicated)
+      except CheckpointCorruptError as e:
+        self._skip_checkpoint(step, str(e))
+        continue
+      self.state, self.carry_batch_size = state, carry_batch_size
+      self.stream.set_state(meta["stream"])
+      self.examples_seen = meta["examples_seen"]
+      self.resumed_from = step
+      self.saved_data_parallel_size = meta.get("data_parallel_size")
+      return changes
+    if steps:
+      raise CheckpointCorruptError(
+          f"No checkpoint in {self.checkpointer.directory} can be restored: "
+          + "; ".join(f"step {step}: {reason}" for step, reason in self.skipped_checkpoints)
+          + f". They are kept in {self.workdir / 'skipped_checkpoints'}; use a new --workdir, or start from "
+          "one's parameters with --config.init_from=<its folder> if you trust it.")
+    return {}
+
+  def _skip_checkpoint(self, step: int, reason: str) -> None:
+    self.skipped_checkpoints.append((step, reason))
+    if self.process_count > 1:  # every process has read it before process 0 moves it
+      multihost_utils.sync_global_devices(f"lbjax_skip_checkpoint_{step}")
+    where = self.checkpointer.set_aside(step, reason) if self.process_index == 0 else None
+    if self.process_count > 1:
+      multihost_utils.sync_global_devices(f"lbjax_skipped_checkpoint_{step}")
+      self.checkpointer.reload()
+    logging.warning("Skipped checkpoint %d in %s: %s. Moved it to %s; trying the one before it.", step,
+                    self.checkpointer.directory, reason, where)
+    if self.config.progress and self.process_index == 0:
+      print(f"Warning: skipped checkpoint {step}: {reason}. Moved it to {where}.", flush=True)
+
+  def _check_same_data(self, meta: dict[str, Any]) -> None:
+    saved, now = meta.get("data_fingerprint"), self.task.dataset.fingerprint
+    if saved is None or not now or saved == now or self.config.resume_with_changed_data:
       return
-    meta = self.checkpointer.restore_meta(latest)
-    config_lib.check_resumable(meta["config"], self.config, workdir)
-    self.carry_batch_size = meta["carry_batch_size"]
-    state = self.state._replace(carry=self.zero_carry(self.carry_batch_size) if self.carry_batch_size else None)
-    self.state = self.checkpointer.restore_state(latest, abstract_like(state))
-    self.stream.set_state(meta["stream"])
-    self.examples_seen = meta["examples_seen"]
-    self.resumed_from = latest
+    differing = "; ".join(f"{split}: checkpoint {saved.get(split)} vs now {now.get(split)}"
+                          for split in sorted(set(saved) | set(now)) if saved.get(split) != now.get(split))
+    raise DataMismatchError(
+        f"The checkpoint in {self.checkpointer.directory} was trained on other data ({differing}). Point "
+        "config.data_dir at the data it was trained on, or pass --config.resume_with_changed_data=True to resume "
+        "on this data anyway.")
+
+  def _compression_state_for(self, meta: dict[str, Any], state: TrainState) -> TrainState:
+    """The restore target's compression state; refuses a per-device state saved on another device count."""
+    saved, now = meta.get("data_parallel_size"), data_parallel_size(self.mesh)
+    if saved is None or saved == now or not per_device_compression_state(state.compression_state):
+      return state
+    raise CheckpointMismatchError(
+        f"config.compression.name={self.config.compression.name!r} keeps an error-feedback residual per device; the "
+        f"checkpoint in {self.checkpointer.directory} holds {saved} of them, this run has {now} data-parallel "
+        f"devices. Resume on {saved} devices (config.mesh.num_devices={saved}), or start a new run from its "
+        f"parameters: --config.init_from={self.workdir} --workdir=<a new workdir>.")
+
+  def _start_from(self, source: str) -> None:
+    """Loads the parameters and BatchNorm statistics of the checkpoint `source` (a workdir, its
+    `checkpoints/` folder or one step folder); optimizer, step and data start afresh."""
+    path = pathlib.Path(source).expanduser().absolute()
+    step = None
+    if path.name.isdigit() and path.parent.name == "checkpoints":
+      path, step = path.parent.parent, int(path.name)
+    elif path.name == "checkpoints":
+      path = path.parent
+    if not (path / "checkpoints").is_dir():
+      raise ConfigError(f"config.init_from={source!r}: no checkpoints/ folder there; give a workdir, its "
+                        "checkpoints/ folder or one step folder in it.")
+    source_checkpointer = Checkpointer(path, max_to_keep=None)
+    try:
+      steps = [step] if step is not None else source_checkpointer.all_steps()
+      if not steps:
+        raise ConfigError(f"config.init_from={source!r}: {path / 'checkpoints'} holds no complete checkpoint.")
+      fields = abstract_like({"params": self.state.params, "model_state": self.state.model_state})
+      try:
+        restored = source_checkpointer.restore_fields(steps[0], fields)
+      except Exception as e:  # pylint: disable=broad-except  (shapes differ, files unreadable, ...)
+        raise ConfigError(f"config.init_from={source!r}: the parameters of checkpoint {steps[0]} do not fit this "
+                          f"run's model {self.task.model_description}: {str(e).strip().splitlines()[-1][:300]}") from e
+    finally:
+      source_checkpointer.close()
+    self.state = self.state._replace(params=restored["params"], model_state=restored["model_state"])
+    self.initialized_from = (path, steps[0])
+
+  def _record_history(self, changes: dict[str, list]) -> None:
+    """Appends this start to `<workdir>/history.jsonl`: resumed or new, from where, what changed."""
+    if self.process_index != 0:
+      return
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
+              "pid": os.getpid(), "event": "resume" if self.resumed_from is not None else "start",
+              "step": self.resumed_from or 0, "data_parallel_size": data_parallel_size(self.mesh)}
+    if changes:
+      record["changed_optimizer"] = changes
+    if self.skipped_checkpoints:
+      record["skipped_checkpoints"] = [{"step": step, "reason": reason} for step, reason in self.skipped_checkpoints]
+    if getattr(self, "initialized_from", None):
+      record["init_from"] = {"workdir": str(self.initialized_from[0]), "step": self.initialized_from[1]}
+    if self.saved_data_parallel_size not in (None, record["data_parallel_size"]):
+      record["saved_data_parallel_size"] = self.saved_data_parallel_size
+    if self.lock is not None and self.lock.stale_holder is not None:
+      record["stale_lock"] = self.lock.stale_holder
+    with open(self.workdir / HISTORY_FILE, "a") as f:
+      f.write(json.dumps(record) + "\n")
 
   @property
   def epoch(self) -> float:
@@ -242,7 +412,13 @@ class Run:
     return self.compiled[key]
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
-    """Takes one training step on `batch`; returns its metrics, still on the device."""
+    """Takes one training step on `batch`; returns its metrics, still on the device.
+
+    Raises:
+      CheckpointSaveError: the background save started before this step failed.
+    """
+    if self._save_in_flight is not None:
+      self.check_background_save()
     key = (batch.size, batch.discard_fraction)
     self.new_compile = None if key in self.compiled else key
     train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
@@ -254,6 +430,7 @@ class Run:
     if self._in_flight is not None:
       self._in_flight.block_until_ready()
     self._in_flight = metrics["loss"]
+    self._latest_batch = batch
     self.step_count += 1
     self.examples_seen += batch.size
     self.batch_size = batch.size
@@ -294,32 +471,97 @@ class Run:
     return float(jax.device_get(self._lipschitz(self.state)))
 
   def check_health(self) -> None:
-    """Raises `NonFiniteError` if a step produced a non-finite loss or update (waits for the device)."""
+    """Raises `NonFiniteError` if a step produced a non-finite loss or update (waits for the device).
+
+    The message names the step, the first non-finite quantity (`nonfinite.first_nonfinite`) and the
+    ways on.
+    """
     bad_step = int(jax.device_get(self.state.first_nonfinite_step))
     if bad_step < 0:
       return
     last = None
     if self.checkpointer is not None:
-      self.checkpointer.wait()
+      self.wait_for_save()
       last = self.checkpointer.latest_step()
-    kept = f"the last good checkpoint (step {last}) in {self.checkpointer.directory} is unharmed" \
-        if last is not None else "no checkpoint was written"
+    try:
+      quantity, advice = nonfinite.first_nonfinite(self.state, self._latest_batch, graphdef=self.graphdef,
+                                                   task=self.task, optimizer=self.optimizer,
+                                                   replicated=self.replicated)
+    except Exception as e:  # pylint: disable=broad-except  (the diagnosis must not hide the stop)
+      quantity, advice = (f"the first non-finite quantity could not be found ({type(e).__name__})",
+                          "Lower config.lr.base or lengthen the warm-up, and check the data.")
+    if last is None:
+      raise NonFiniteError(f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped; no checkpoint was "
+                           f"written. {advice}")
+    workdir = self.workdir
     raise NonFiniteError(
-        f"Non-finite loss or update at step {bad_step}: training stopped and the state was not "
-        f"updated from that step on; {kept}. Lower the learning rate, lengthen the warm-up, or check "
-        "the data.")
+        f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped and the state was not updated from "
+        f"that step on; the last good checkpoint (step {last}) in {self.checkpointer.directory} is unharmed. "
+        f"{advice} Then either resume it with the changed settings, --config.resume_with_changed_optimizer=True "
+        f"(recorded in {workdir / HISTORY_FILE}), or start a new run from its parameters, "
+        f"--config.init_from={workdir} --workdir=<a new workdir>.")
 
-  def save(self) -> None:
-    """Checks the health, then checkpoints the current step, once (a SIGTERM right after an
-    evaluation finds it saved). Without a workdir, only the health check."""
+  def save(self, *, durable: bool = False) -> None:
+    """Checks the health, then checkpoints the current step, once (a SIGTERM right after an evaluation
+    finds it saved). With `durable`, returns only once the checkpoint is on disk. Without a workdir,
+    only the health check.
+
+    Raises:
+      CheckpointSaveError: a save failed (e.g. a full disk); the previous checkpoints are kept.
+    """
     self.check_health()
-    if self.checkpointer is None or self.checkpointer.latest_step() == self.step_count:
+    if self.checkpointer is None:
       return
-    meta = {"stream": self.stream.get_state(), "examples_seen": self.examples_seen, "epoch": self.epoch,
-            "carry_batch_size": self.carry_batch_size, "config": self.config.to_json()}
-    self.checkpointer.save(self.step_count, self.state, meta)
+    if self.checkpointer.latest_step() != self.step_count and self._save_in_flight != self.step_count:
+      self.wait_for_save()
+      meta = {"stream": self.stream.get_state(), "examples_seen": self.examples_seen, "epoch": self.epoch,
+              "carry_batch_size": self.carry_batch_size, "config": self.config.to_json(),
+              "data_fingerprint": self.task.dataset.fingerprint, "data_parallel_size": data_parallel_size(self.mesh),
+              "checksums": state_checksums(self.state, self.replicated)}
+      self._save_in_flight = self.step_count
+      try:
+        self.checkpointer.save(self.step_count, self.state, meta)
+      except Exception as e:  # pylint: disable=broad-except  (written synchronously: directories, meta)
+        raise self._save_error(e) from e
+    if durable:
+      self.wait_for_save()
+
+  def check_background_save(self) -> None:
+    """Raises `CheckpointSaveError` if the background save has failed (no waiting when it is running)."""
+    if self._save_in_flight is None:
+      return
+    try:
+      self.checkpointer.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+    if not self.checkpointer.is_saving():
+      self.wait_for_save()  # finished: joins the writer at once and raises what it left
+
+  def wait_for_save(self) -> None:
+    """Blocks until the save in flight is on disk; raises `CheckpointSaveError` if it failed."""
+    if self._save_in_flight is None:
+      return
+    try:
+      self.checkpointer.wait()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+    self._save_in_flight = None
+
+  def _save_error(self, error: Exception) -> CheckpointSaveError:
+    step, self._save_in_flight = self._save_in_flight, None
+    self.save_failed = True
+    return CheckpointSaveError(self.checkpointer.failed_save_message(step, error))
 
   def close(self) -> None:
-    """Waits for checkpoints in flight and closes the checkpointer."""
-    if self.checkpointer is not None:
-      self.checkpointer.close()
+    """Waits for checkpoints in flight, closes the checkpointer and releases the workdir lock. After a
+    failed save (already reported as `CheckpointSaveError`), what else Orbax raises on closing is dropped."""
+    try:
+      if self.checkpointer is not None:
+        try:
+          self.checkpointer.close()
+        except Exception as e:  # pylint: disable=broad-except
+          if not self.save_failed:
+            raise self._save_error(e) from e
+    finally:
+      if self.lock is not None:
+        self.lock.release()

@@ -47,6 +47,7 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "diagnostics": _options(config.diagnostics),
       "eval_batch_size": config.eval_batch_size,
       "seed": config.seed,
+      "initial_parameters": f"from the checkpoint {config.init_from}" if config.init_from else f"drawn with seed {config.seed}",
   }
 
 

@@ -13,6 +13,7 @@ task it is; one class per kind implements the `Task` protocol the step and the l
 
 from collections.abc import Iterator
 import dataclasses
+import re
 from typing import Any, Protocol
 
 from flax import nnx
@@ -134,6 +135,13 @@ class LanguageModelTask:
     return bool(local_batch.pop("reset_carry"))
 
 
+def _options_named_in(options: dict[str, Any], message: str) -> str:
+  """The `config.data_options.<k>=<v>` that the message's numbers point at (all of them when none do)."""
+  numbers = set(re.findall(r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?", message))
+  named = {k: v for k, v in options.items() if str(v) in numbers} or options
+  return ", ".join(f"config.data_options.{k}={v!r}" for k, v in named.items()) or "no data_options"
+
+
 def model_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
   options = dict(config.model_options.to_dict())
   for name in ("dtype", "param_dtype"):
@@ -170,7 +178,11 @@ def resolve_model(config: ml_collections.ConfigDict, model_arguments: dict[str, 
 def build_task(config: ml_collections.ConfigDict) -> ClassificationTask | LanguageModelTask:
   """Builds the task a config names; opens or loads its data (missing data fails here)."""
   resolved, arguments = resolve_dataset(config)
-  dataset = resolved.function(**arguments)
+  try:
+    dataset = resolved.function(**arguments)
+  except (ValueError, TypeError, MemoryError) as e:
+    raise ConfigError(f"config.dataset={config.dataset!r}: {resolved.qualified_name} fails with "
+                      f"{_options_named_in(config.data_options.to_dict(), str(e))}: {e or type(e).__name__}") from e
   if not isinstance(dataset, datasets.Dataset):
     raise ConfigError(f"config.dataset={config.dataset!r}: {resolved.qualified_name} returned "
                       f"{type(dataset).__name__}, not an lbjax.train.datasets.Dataset.")

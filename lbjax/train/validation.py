@@ -5,6 +5,8 @@
 renamed field or an argument a function does not take is refused here, not dropped or found mid-run.
 """
 
+import math
+
 import ml_collections
 
 from lbjax.train import config as config_lib
@@ -21,13 +23,16 @@ def _is_number(value) -> bool:
 def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
   """Resolves every name and binds every argument section; one message per section that fails."""
   problems = []
-  checks = [optimizer_lib.resolve_optimizer, optimizer_lib.learning_rate_schedule, optimizer_lib.build_compressor,
-            tasks.resolve_dataset, _check_model_options]
-  for check in checks:
+  checks = [(optimizer_lib.resolve_optimizer, "config.optimizer"), (optimizer_lib.learning_rate_schedule, "config.lr"),
+            (optimizer_lib.build_compressor, "config.compression"), (tasks.resolve_dataset, "config.data_options"),
+            (_check_model_options, "config.model_options")]
+  for check, section in checks:
     try:
       check(config)
     except ConfigError as e:
       problems.append(str(e))
+    except (ValueError, TypeError) as e:  # a function of the section refuses its arguments
+      problems.append(f"{section}: {e}")
   return problems
 
 
@@ -46,9 +51,10 @@ def _batch_problems(config: ml_collections.ConfigDict, data_parallel_size: int) 
                     "give one more size than boundaries.")
   if config.max_device_batch < 0:
     problems.append(f"config.max_device_batch must be >= 0 (0 = no accumulation), got {config.max_device_batch}.")
+  field = "config.batch_sizes" if config.batch_sizes else "config.batch_size"
   for size in config_lib.batch_sizes(config):
     if not isinstance(size, int) or size <= 0:
-      problems.append(f"batch size {size!r} must be a positive integer.")
+      problems.append(f"{field}: batch size {size!r} must be a positive integer.")
     elif size % data_parallel_size:
       problems.append(f"global batch size {size} is not divisible by the data-parallel size "
                       f"{data_parallel_size} (devices on the data x fsdp mesh axes); use a multiple of "
@@ -72,8 +78,60 @@ def _batch_problems(config: ml_collections.ConfigDict, data_parallel_size: int) 
   return problems
 
 
+def _flat_numbers(section: ml_collections.ConfigDict, prefix: str):
+  for key, value in section.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _flat_numbers(value, f"{prefix}{key}.")
+    elif _is_number(value):
+      yield f"{prefix}{key}", value
+    elif isinstance(value, (tuple, list)):
+      for i, item in enumerate(value):
+        if _is_number(item):
+          yield f"{prefix}{key}[{i}]", item
+
+
+# Optimizer arguments by meaning: a decay rate of a moving average in [0, 1), a non-negative
+# coefficient. Names are those of lbjax.optim and optax.
+_RATE_ARGUMENTS = ("momentum", "b1", "b2", "beta", "decay", "beta1", "beta2")
+_NON_NEGATIVE_ARGUMENTS = ("weight_decay", "eps", "eps_root", "trust_coefficient", "eta")
+
+
+def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """Finite numbers everywhere; optimizer rates in [0, 1); coefficients >= 0; schedule epochs in range."""
+  problems = [f"config.{path} must be a finite number, got {value!r}."
+              for path, value in _flat_numbers(config, "") if isinstance(value, float) and not math.isfinite(value)]
+  if problems:
+    return problems
+  for name, value in config.optimizer.items():
+    if not _is_number(value):
+      continue
+    if name in _RATE_ARGUMENTS and not 0 <= value < 1:
+      problems.append(f"config.optimizer.{name} must be in [0, 1) (a moving average's decay rate), got {value!r}.")
+    if name in _NON_NEGATIVE_ARGUMENTS and value < 0:
+      problems.append(f"config.optimizer.{name} must be >= 0, got {value!r}.")
+  if config.lr.warmup_epochs < 0:
+    problems.append(f"config.lr.warmup_epochs must be >= 0, got {config.lr.warmup_epochs!r}.")
+  boundaries = config.lr.get("boundaries")
+  if isinstance(boundaries, (tuple, list)):
+    late = [b for b in boundaries if _is_number(b) and not 0 <= b < config.num_epochs]
+    if late:
+      problems.append(f"config.lr.boundaries {list(late)} lie outside training (0 to config.num_epochs="
+                      f"{config.num_epochs:g}); the decay would never happen. Move them inside or train longer.")
+  if not config.eval_every_epochs > 0:
+    problems.append(f"config.eval_every_epochs must be > 0 (epochs between evaluations), got "
+                    f"{config.eval_every_epochs!r}.")
+  if not isinstance(config.seed, int) or config.seed < 0:
+    problems.append(f"config.seed must be an integer >= 0, got {config.seed!r}.")
+  if config.mesh.num_devices < 0:
+    problems.append(f"config.mesh.num_devices must be >= 0 (0 = all devices), got {config.mesh.num_devices}.")
+  if config.init_from and config.resume_with_changed_optimizer:
+    problems.append("config.init_from starts a new run from a checkpoint's parameters with a fresh optimizer; "
+                    "config.resume_with_changed_optimizer resumes this workdir's own checkpoint. Set one.")
+  return problems
+
+
 def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
-  problems = []
+  problems = _range_problems(config)
   clip = config.clip_global_norm
   if not _is_number(clip) or not clip >= 0:
     problems.append(f"config.clip_global_norm must be a number >= 0 (0 turns clipping off), got {clip!r}.")

@@ -17,10 +17,11 @@ from tests.train import helpers
 # Watched or stored, not computed: each is exercised by the trainer tests (metrics cadence, evaluation,
 # checkpoints, TensorBoard, console).
 WATCHING_FIELDS = {"log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
-                   "progress"}
+                   "progress", "resume_with_changed_optimizer", "resume_with_changed_data"}
 STRING_VALUES = {"model": "ResNetTiny", "dataset": "synthetic_mnist", "data_dir": "/elsewhere",
                  "optimizer.name": "lars", "lr.warmup": "linear_warmup", "lr.decay": "cosine_decay",
-                 "scaling.rule": "sqrt", "compression.name": "one_bit"}
+                 "scaling.rule": "sqrt", "compression.name": "one_bit",
+                 "init_from": "/elsewhere/run"}
 TOGETHER = {"batch_sizes": {"batch_sizes": (128, 256), "batch_size_boundaries": (0.5,)},
             "batch_size_boundaries": {"batch_sizes": (128, 256), "batch_size_boundaries": (0.5,)},
             "lr.warmup": {"lr.warmup": "linear_warmup", "lr.warmup_epochs": 0.1},

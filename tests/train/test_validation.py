@@ -48,6 +48,17 @@ from tests.train import helpers
     ({"clip_global_norm": -1.0}, r"clip_global_norm must be a number >= 0 \(0 turns clipping off\), got -1.0"),
     ({"model": "ResNetTiny", "model_options": {"dtype": "float8"}, "dataset": "synthetic_images"},
      r"config.model_options.dtype=.float8. is not known"),
+    ({"eval_every_epochs": 0.0}, r"config.eval_every_epochs must be > 0 \(epochs between evaluations\), got 0.0"),
+    ({"num_epochs": float("inf")}, r"config.num_epochs must be a finite number, got inf"),
+    ({"optimizer.momentum": -3.0}, r"config.optimizer.momentum must be in \[0, 1\)"),
+    ({"lr.decay": "multistep_decay", "lr.boundaries": (0.5, 2.0)},
+     r"config.lr.boundaries \[2.0\] lie outside training \(0 to config.num_epochs=1\)"),
+    ({"mesh.num_devices": 16}, r"config.mesh.num_devices=16 but there are 8 devices"),
+    ({"data_options.num_train_examples": 16}, r"config.batch_size: a batch of 32 is larger than the training set of "
+                                              r"config.dataset='synthetic_mnist' \(16 examples\)"),
+    ({"data_options.num_train_examples": -3}, r"synthetic_mnist fails with config.data_options.num_train_examples=-3"),
+    ({"init_from": "/nowhere", "resume_with_changed_optimizer": True}, r"config.init_from starts a new run .* Set one"),
+    ({"init_from": "/nowhere"}, r"config.init_from='/nowhere': no checkpoints/ folder there"),
 ])
 def test_bad_config_is_refused_with_a_clear_message(tmp_path, overrides, message):
   with pytest.raises(ValueError, match=message):
@@ -76,3 +87,12 @@ def test_a_checkpoint_config_without_newer_fields_counts_them_as_defaults():
   saved["lr"]["base"] = 0.5
   with pytest.raises(ValueError, match="lr: checkpoint"):
     check_resumable(json.dumps(saved), config, "runs/x")
+
+
+@pytest.mark.parametrize("dataset, tfds_name", [("imagenet", "imagenet2012"), ("cifar10", "cifar10")])
+def test_tfds_data_that_is_not_prepared_says_how_to_prepare_it(tmp_path, dataset, tfds_name):
+  pytest.importorskip("tensorflow_datasets")
+  config = helpers.tiny_resnet_config(dataset=dataset, data_options={}, data_dir=str(tmp_path / "tfds"))
+  with pytest.raises(FileNotFoundError, match=rf"TFDS dataset '{tfds_name}' is not prepared .*tfds build {tfds_name}"):
+    train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()

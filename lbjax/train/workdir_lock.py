@@ -1,0 +1,109 @@
+"""One run per workdir: `<workdir>/lock` names the run that holds it (host, pid, start time, command).
+
+Two runs writing one workdir would replace each other's checkpoints and metrics, so a run takes the
+lock before it builds anything and a second run refuses to start, naming the first. A run that
+crashed (or was killed with -9) cannot remove its lock; the next run finds it stale when it names
+this host and a process that no longer exists, says so, and takes it over. A lock of another host
+cannot be checked from here: the message names it and how to remove it once that run is gone.
+
+The lock file is created with `O_CREAT | O_EXCL`, atomic on local and NFS v3+ file systems, so of two
+runs starting together exactly one gets it.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import sys
+import time
+
+from absl import logging
+
+from lbjax.train.errors import WorkdirInUseError
+
+LOCK_NAME = "lock"
+
+
+def _process_exists(pid: int) -> bool:
+  if pid <= 0:
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by another user
+    return True
+  return True
+
+
+def _describe(holder: dict) -> str:
+  started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("started", 0)))
+  return (f"pid {holder.get('pid')} on host {holder.get('host')!r}, started {started}: "
+          f"{holder.get('command', '?')}")
+
+
+class WorkdirLock:
+  """Holds `<workdir>/lock` from `acquire()` until `release()`.
+
+  Attributes:
+    path: the lock file.
+    stale_holder: the record of a crashed run whose lock this run took over, or None.
+  """
+
+  def __init__(self, workdir: str | os.PathLike[str]):
+    self.path = pathlib.Path(workdir).absolute() / LOCK_NAME
+    self.stale_holder: dict | None = None
+    self._held = False
+    self._record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                    "command": " ".join(sys.argv)}
+
+  def acquire(self) -> None:
+    """Takes the lock, or raises `WorkdirInUseError` naming the run that holds it."""
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(50):  # tries again after removing a stale lock or finding one half-written
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        holder = self._read_holder()
+        if holder is None:  # removed between our open and read, or being written: try again
+          time.sleep(0.1)
+          continue
+        if holder.get("host") == self._record["host"] and not _process_exists(int(holder.get("pid", -1))):
+          logging.warning("Workdir lock %s was left by a run that no longer exists (%s); taking it over.",
+                          self.path, _describe(holder))
+          self.stale_holder = holder
+          self.path.unlink(missing_ok=True)
+          continue
+        hint = ("" if holder.get("host") == self._record["host"] else
+                f" It is held from another host; if that run is gone, delete {self.path}.")
+        raise WorkdirInUseError(
+            f"The workdir {self.path.parent} is in use by another run ({_describe(holder)}). Wait for it "
+            f"to finish, stop it, or use another --workdir.{hint}") from None
+      with os.fdopen(fd, "w") as f:
+        json.dump(self._record, f)
+        f.flush()
+        os.fsync(f.fileno())
+      self._held = True
+      return
+    raise WorkdirInUseError(f"Could not take the workdir lock {self.path}: other runs keep replacing it.")
+
+  def _read_holder(self) -> dict | None:
+    try:
+      text = self.path.read_text()
+    except FileNotFoundError:
+      return None
+    try:
+      return json.loads(text)
+    except json.JSONDecodeError:
+      # Written by a run that died between creating and filling it, or being written right now.
+      age = time.time() - self.path.stat().st_mtime
+      if age < 5:
+        return None
+      return {"host": self._record["host"], "pid": -1, "started": self.path.stat().st_mtime,
+              "command": "(unreadable lock file)"}
+
+  def release(self) -> None:
+    """Removes the lock if this run holds it."""
+    if self._held:
+      self.path.unlink(missing_ok=True)
+      self._held = False

@@ -1,0 +1,334 @@
+"""Fault injection: what a run survives (README, "What survives what").
+
+Real subprocesses of `lbjax-train` and real signals on a tiny synthetic run (tests/experiments/
+tiny_sweep_config.py: a 16-unit MNIST LSTM, 8 steps of 32 per epoch): a second run on a workdir in
+use, Ctrl-C and a second signal during the save, kill -9 at random points of a save, corrupt
+checkpoints, a non-finite step and the ways on from it, a full disk, other data, a resume on another
+device count, and the metrics file after a resume.
+"""
+
+import json
+import os
+import pathlib
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from lbjax.train import CheckpointMismatchError, NonFiniteError, Run, train_and_evaluate
+from lbjax.train import config_files
+from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.errors import DataMismatchError
+from tests.train import helpers
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TINY = str(REPO / "tests" / "experiments" / "tiny_sweep_config.py")
+# Runs until stopped: saves every step, so a signal or a kill almost always meets a save in flight.
+ENDLESS = ("--config.num_epochs=500", "--config.checkpoint_every_steps=1", "--config.log_every=1",
+           "--config.progress=True")
+
+
+def _tiny(*overrides: str):
+  return config_files.load(TINY, list(overrides)).config
+
+
+class Training:
+  """`lbjax-train` in a subprocess; its output goes to files (a pipe nobody reads fills up and blocks it)."""
+
+  def __init__(self, workdir: pathlib.Path, *overrides: str, logs: pathlib.Path | None = None):
+    self.logs = logs or workdir.parent / f"{workdir.name}.log"
+    self.logs.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir), *overrides]
+    with open(self.logs / "stdout", "w") as stdout, open(self.logs / "stderr", "w") as stderr:
+      self.process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                                      stdout=stdout, stderr=stderr)
+    self.pid = self.process.pid
+
+  def poll(self):
+    return self.process.poll()
+
+  def send_signal(self, signum) -> None:
+    self.process.send_signal(signum)
+
+  def kill(self) -> None:
+    self.process.kill()
+
+  def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+    """Waits for the exit; returns (status, stdout, stderr)."""
+    status = self.process.wait(timeout=timeout)
+    return status, (self.logs / "stdout").read_text(), (self.logs / "stderr").read_text()
+
+  def stderr(self) -> str:
+    return (self.logs / "stderr").read_text()[-3000:]
+
+
+def _wait_for_steps(workdir: pathlib.Path, process: Training, steps: int) -> None:
+  """Returns once `metrics.jsonl` has a train record at `steps` or later; fails if the run exits first."""
+  metrics, deadline = workdir / "metrics.jsonl", time.monotonic() + 300
+  while True:
+    if metrics.exists():
+      records = [json.loads(line) for line in metrics.read_text().splitlines() if line.endswith("}")]
+      if any(r["kind"] == "train" and r["step"] >= steps for r in records):
+        return
+    assert process.poll() is None, process.stderr()
+    assert time.monotonic() < deadline
+    time.sleep(0.1)
+
+
+def _committed_steps(workdir: pathlib.Path) -> list[int]:
+  """The complete checkpoints, read from the folder names without opening an Orbax manager."""
+  folder = workdir / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+
+
+def _records(workdir: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_second_run_is_refused_and_ctrl_c_then_sigterm_during_the_save_keeps_the_saved_checkpoint(tmp_path):
+  workdir = tmp_path / "run"
+  first = Training(workdir, *ENDLESS)
+  _wait_for_steps(workdir, first, 3)
+  start = time.monotonic()
+  second = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir)],
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True,
+                          timeout=120)
+  refused_after = time.monotonic() - start
+  assert second.returncode == 2, second.stderr[-2000:]
+  assert f"in use by another run (pid {first.pid} on host" in second.stderr
+  assert refused_after < 60  # seconds on an idle machine (importing JAX); generous for a loaded CI box
+
+  first.send_signal(signal.SIGINT)
+  time.sleep(random.Random(0).uniform(0.01, 0.2))
+  first.send_signal(signal.SIGTERM)  # a second signal while the run saves
+  status, stdout, stderr = first.finish()
+  assert status == 0, stderr[-3000:]
+  assert "KeyboardInterrupt" not in stderr
+  saved = [line for line in stdout.splitlines() if "saved checkpoint" in line]
+  assert len(saved) == 1 and saved[0].startswith("SIGINT: saved checkpoint"), stdout[-2000:]
+  step = int(saved[0].split("saved checkpoint ")[1].split()[0])
+  assert Checkpointer(workdir).latest_step() == step
+  assert not (workdir / "lock").exists()
+  run = Run(_tiny(), workdir)  # verifies the checksums
+  try:
+    assert run.resumed_from == step and not run.skipped_checkpoints
+  finally:
+    run.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kill_9_at_a_random_point_of_a_save_resumes_the_newest_durable_checkpoint_bit_exactly(tmp_path, seed):
+  workdir = tmp_path / "run"
+  process = Training(workdir, *ENDLESS)
+  _wait_for_steps(workdir, process, 2)
+  while not _committed_steps(workdir):  # a first checkpoint is on disk (Orbax renames it when complete)
+    assert process.poll() is None, process.stderr()
+    time.sleep(0.05)
+  time.sleep(random.Random(seed).uniform(0.0, 1.0))
+  process.kill()
+  process.finish(timeout=60)
+  durable = Checkpointer(workdir).all_steps()
+  assert durable, "no checkpoint was complete when the run was killed"
+  lock = json.loads((workdir / "lock").read_text())
+  assert lock["pid"] == process.pid  # left behind by the killed run
+
+  target = durable[0] + 3
+  resumed = train_and_evaluate(_tiny(*ENDLESS[:3], f"--config.num_steps={target}"), workdir)
+  assert json.loads((workdir / "history.jsonl").read_text().splitlines()[-1])["stale_lock"]["pid"] == process.pid
+  resume = [r for r in _records(workdir) if r["kind"] == "resume"]
+  assert resume[-1]["step"] == durable[0]  # the newest complete checkpoint, nothing older
+  reference = train_and_evaluate(_tiny(*ENDLESS[:3], f"--config.num_steps={target}"), tmp_path / "reference")
+  assert resumed.step == reference.step == target
+  helpers.assert_trees_equal(resumed.state, reference.state)
+
+
+def _largest_data_file(checkpoint: pathlib.Path) -> pathlib.Path:
+  return max((f for f in (checkpoint / "state").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+def _flip_a_bit_that_still_loads(workdir: pathlib.Path, step: int, target) -> None:
+  """Flips one bit of checkpoint `step`'s files where Orbax still reads it without error, to other
+  values: the silent corruption a checksum must catch. (The data files are zstd-compressed and also
+  hold b-tree nodes: most single flips give a read error, some land in bytes nobody reads.)"""
+  checkpointer = Checkpointer(workdir)
+  original = helpers.host_tree(checkpointer.restore_state(step, target))
+  checkpointer.close()
+  files = sorted((f for f in (workdir / "checkpoints" / str(step) / "state").rglob("*") if f.is_file()),
+                 key=lambda f: -f.stat().st_size)
+  for path in files[:3]:
+    data = path.read_bytes()
+    for position in range(32, len(data), 61):
+      flipped = bytearray(data)
+      flipped[position] ^= 0x10
+      path.write_bytes(bytes(flipped))
+      checkpointer = Checkpointer(workdir)
+      try:
+        restored = helpers.host_tree(checkpointer.restore_state(step, target))
+      except ValueError:
+        continue
+      finally:
+        checkpointer.close()
+      if not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(restored))):
+        return
+    path.write_bytes(data)
+  raise AssertionError(f"no single flipped bit of {files[:3]} loads to other values")
+
+
+@pytest.mark.parametrize("damage", ["flip a bit", "truncate"])
+def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_one_resumed(tmp_path, damage, caplog):
+  config = helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0)
+  train_and_evaluate(config, tmp_path)
+  if damage == "truncate":
+    newest = _largest_data_file(tmp_path / "checkpoints" / "8")
+    newest.write_bytes(newest.read_bytes()[:64])
+  else:
+    _flip_a_bit_that_still_loads(tmp_path, 8, abstract_like(Run(config, None).state))
+  resumed = train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=12, num_epochs=2.0), tmp_path)
+  warnings = [r.getMessage() for r in caplog.records if "Skipped checkpoint 8" in r.getMessage()]
+  assert warnings, caplog.text[-2000:]
+  assert ("the checksum of" if damage == "flip a bit" else "its arrays cannot be read") in warnings[0]
+  assert (tmp_path / "skipped_checkpoints" / "8" / "reason.txt").exists()
+  assert [r for r in _records(tmp_path) if r["kind"] == "resume"][-1]["step"] == 4
+  reference = train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=12, num_epochs=2.0),
+                                 tmp_path / "reference")
+  assert resumed.step == 12
+  helpers.assert_trees_equal(resumed.state, reference.state)
+
+
+def test_a_non_finite_step_names_the_step_and_quantity_and_both_ways_on_work(tmp_path):
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=4), tmp_path)  # a good checkpoint at step 4
+  blowup = helpers.tiny_classifier_config(num_steps=8, resume_with_changed_optimizer=True)
+  blowup.lr.base = 1e38
+  with pytest.raises(NonFiniteError) as error:
+    train_and_evaluate(blowup, tmp_path)
+  message = str(error.value)
+  # Step 4's update (LR 1e38) is finite but huge; step 5's loss is not.
+  assert "at step 5: the loss is not finite" in message and "lower config.lr.base" in message
+  assert "--config.resume_with_changed_optimizer=True" in message and f"--config.init_from={tmp_path}" in message
+
+  lower = helpers.tiny_classifier_config(num_steps=8)
+  lower.lr.base = 0.01
+  with pytest.raises(CheckpointMismatchError, match="resume_with_changed_optimizer=True"):
+    train_and_evaluate(lower, tmp_path)  # a changed optimizer is refused unless asked for
+  lower.resume_with_changed_optimizer = True
+  result = train_and_evaluate(lower, tmp_path)
+  assert result.step == 8
+  history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+  assert history[-1]["event"] == "resume" and history[-1]["changed_optimizer"]["lr"][1]["base"] == 0.01
+
+  fresh = helpers.tiny_classifier_config(num_steps=2, init_from=str(tmp_path),  # another optimizer, too
+                                         optimizer={"name": "lars", "momentum": 0.9})
+  started = Run(fresh, tmp_path / "from_parameters")
+  try:
+    helpers.assert_trees_equal(started.state.params, result.state.params)  # the checkpoint's parameters
+    assert started.step_count == 0 and started.epoch == 0.0  # a new run
+  finally:
+    started.close()
+  history = json.loads((tmp_path / "from_parameters" / "history.jsonl").read_text())
+  assert history["init_from"] == {"workdir": str(tmp_path), "step": 8}
+
+
+def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_previous_checkpoint(tmp_path):
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], capture_output=True).returncode:
+    pytest.skip("needs permission to mount a small tmpfs as a full disk")
+  process = None
+  try:
+    workdir = disk / "run"
+    ballast = disk / "ballast"
+    process = Training(workdir, "--config.num_epochs=500", "--config.checkpoint_every_steps=4",
+                       "--config.keep_checkpoints=1", "--config.log_every=1", "--config.eval_every_epochs=1000",
+                       logs=tmp_path / "logs")
+    _wait_for_steps(workdir, process, 5)  # checkpoint 4 is being written or on disk
+    while not _committed_steps(workdir):
+      time.sleep(0.05)
+    with open(ballast, "wb", buffering=0) as f:  # fill the disk
+      try:
+        while True:
+          f.write(b"\0" * 4096)
+      except OSError:
+        pass
+    status, _, stderr = process.finish()
+    assert status == 3, stderr[-3000:]
+    message = [line for line in stderr.splitlines() if line.startswith("lbjax-train: Saving checkpoint")]
+    assert message and "the last good checkpoint is step" in message[0] and "MiB are free" in message[0], stderr[-3000:]
+    # Orbax logs its writers' failures (one line each; on Python 3.11 its threads may add a few "Event
+    # loop is closed" tracebacks while it fails); far from the 476 lines of before.
+    python_lines = [line for line in stderr.splitlines() if not re.match(r"[EWI]\d{4} ", line)]  # not XLA's own
+    assert len(python_lines) < 60, stderr
+    last_good = int(message[0].split("the last good checkpoint is step ")[1].split()[0])
+    failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
+    last_step = max(r["step"] for r in _records(workdir) if r["kind"] == "train")
+    assert last_step <= failed + 2  # detected within the steps in flight, not an interval later
+    ballast.unlink()
+    assert Checkpointer(workdir).latest_step() == last_good
+    resumed = Run(_tiny("--config.keep_checkpoints=1"), workdir)
+    assert resumed.resumed_from == last_good and not resumed.skipped_checkpoints
+    resumed.close()
+  finally:
+    if process is not None and process.poll() is None:
+      process.kill()
+      process.finish(timeout=60)
+    subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_resuming_on_other_data_is_refused_unless_asked_for(tmp_path):
+  """The same recipe on other files: PTB from a data_dir whose training text changed after the checkpoint."""
+  data = tmp_path / "data" / "ptb"
+  data.mkdir(parents=True)
+  for split in ("train", "valid", "test"):
+    (data / f"ptb.{split}.txt").write_text(" a b c <unk> d e f \n" * 100)
+  config = lambda **o: helpers.tiny_language_model_config(dataset="ptb", data_options={"seq_len": 10},
+                                                          data_dir=str(tmp_path / "data"), **o)
+  train_and_evaluate(config(num_steps=4), tmp_path / "run")
+  (data / "ptb.train.txt").write_text(" a b c <unk> d f e \n" * 100)
+  with pytest.raises(DataMismatchError, match="trained on other data .*train: checkpoint sha256:.*resume_with_changed_data=True"):
+    train_and_evaluate(config(num_steps=8), tmp_path / "run")
+  assert train_and_evaluate(config(num_steps=8, resume_with_changed_data=True), tmp_path / "run").step == 8
+
+
+def test_an_empty_evaluation_split_fails_before_training(tmp_path):
+  data = tmp_path / "ptb"
+  data.mkdir()
+  (data / "ptb.train.txt").write_text(" a b c <unk> d e f \n" * 200)
+  (data / "ptb.valid.txt").write_text("")
+  (data / "ptb.test.txt").write_text(" a b \n")
+  config = helpers.tiny_language_model_config(dataset="ptb", data_options={"seq_len": 10}, data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match=r"evaluation split \(valid\) of config.dataset='ptb'"):
+    train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_metrics_are_cut_at_the_resumed_step_and_a_device_change_is_noted(tmp_path, capsys):
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=8, num_epochs=2.0, checkpoint_every_steps=4, log_every=2),
+                     tmp_path)
+  with open(tmp_path / "metrics.jsonl", "a") as f:  # what a run killed after checkpoint 8 had written
+    f.write(json.dumps({"kind": "train", "step": 9, "loss": 1.0}) + "\n" + '{"kind": "tra')
+  resumed = train_and_evaluate(helpers.tiny_classifier_config(num_steps=12, num_epochs=2.0, log_every=2, progress=True,
+                                                              mesh={"num_devices": 4, "data": -1, "fsdp": 1,
+                                                                    "per_device_gradients": False}), tmp_path)
+  assert resumed.step == 12
+  records = _records(tmp_path)
+  steps = [r["step"] for r in records if r["kind"] == "train"]
+  assert steps == sorted(set(steps)) and not [r for r in records if r.get("loss") == 1.0]
+  resume = [r for r in records if r["kind"] == "resume"][-1]
+  assert resume == {**resume, "step": 8, "dropped_records": 2, "data_parallel_size": 4, "saved_data_parallel_size": 8}
+  assert "saved on 8 data-parallel devices and resumes on 4" in capsys.readouterr().out
+  rerun = train_and_evaluate(helpers.tiny_classifier_config(num_steps=12, num_epochs=2.0, log_every=2), tmp_path)
+  assert rerun.eval_metrics == resumed.eval_metrics
+  assert len([r for r in _records(tmp_path) if r["kind"] == "eval" and r["step"] == 12]) == 1
+
+
+def test_one_bit_compression_state_is_refused_clearly_on_another_device_count(tmp_path):
+  one_bit = {"compression.name": "one_bit", "compression.error_feedback": True}
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=2, **one_bit), tmp_path)
+  fewer = helpers.tiny_classifier_config(num_steps=4, **one_bit, **{"mesh.num_devices": 4})
+  with pytest.raises(CheckpointMismatchError, match="error-feedback residual per device.* holds 8 .* has 4"):
+    train_and_evaluate(fewer, tmp_path)
