@@ -276,7 +276,7 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
     if process is not None and process.poll() is None:
       process.kill()
       process.finish(timeout=60)
-    subprocess.run(["umount", str(disk)], check=False)
+    subprocess.run(["umount", "--lazy", str(disk)], check=False)  # even while a killed child holds a file
 
 
 def test_resuming_on_other_data_is_refused_unless_asked_for(tmp_path):
