@@ -27,10 +27,12 @@ import numpy as np
 
 from lbjax import diagnostics
 from lbjax import optim
+from lbjax.train import batch_policy as batch_policy_lib
 from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
 from lbjax.train.errors import ConfigError
+from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
 from lbjax.train.state import TrainState
@@ -109,6 +111,7 @@ class Run:
     self.task = build_task(config)
     self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
     self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
+    self.batch_policy = batch_policy_lib.BatchPolicy(config)
     self.optimizer = optimizer_lib.build_optimizer(config)
     self.compressor = optimizer_lib.build_compressor(config)
     self.batch_sharding = batch_sharding(self.mesh)
@@ -119,6 +122,7 @@ class Run:
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
     self.state = self._initial_state()
+    self.any_batch = AnyBatchStep(self, config.batch.micro_batch_size) if config.batch.micro_batch_size else None
     self.stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
     self.examples_seen, self.carry_batch_size, self.resumed_from = 0, None, None
     self.checkpointer = None
@@ -130,7 +134,7 @@ class Run:
         self.checkpointer.close()
         raise
     self.step_count = int(jax.device_get(self.state.step))
-    self.batch_size = self.batch_size_schedule(self.epoch)
+    self.batch_size = self.batch_policy.batch_size(self.epoch)
 
   def _initial_state(self) -> TrainState:
     """Initialises the model inside one jitted program that writes each parameter straight to its
@@ -183,6 +187,8 @@ class Run:
     self.state = self.checkpointer.restore_state(latest, abstract_like(state))
     self.stream.set_state(meta["stream"])
     self.examples_seen = meta["examples_seen"]
+    if "batch_policy" in meta:  # checkpoints written before lbjax had batch policies have none
+      self.batch_policy.load_state_dict(meta["batch_policy"])
     self.resumed_from = latest
 
   @property
@@ -214,15 +220,16 @@ class Run:
     learning rate from the LR schedule, the loss variant; resets the carried state where the
     stream starts a new row of batches or the batch size changed."""
     epoch = self.epoch
-    size = self.batch_size_schedule(epoch)
+    size = self.batch_policy.batch_size(epoch)
     local = self.stream.next_batch(size)
     if self.task.take_carry_reset(local) or (self.state.carry is not None and self.carry_batch_size != size):
       self.state = self.state._replace(carry=self.zero_carry(size))
       self.carry_batch_size = size
     config = self.config.loss
     discard_fraction = config.discard_fraction if epoch < config.discard_until_epoch else 0.0
-    return Batch(size, global_batch(local, self.batch_sharding),
-                 host_scalar(self.lr_schedule(epoch), self.replicated), discard_fraction)
+    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.batch_sharding)
+    return Batch(size, arrays, host_scalar(self.batch_policy.learning_rate(epoch, size), self.replicated),
+                 discard_fraction)
 
   def train_step(self, global_batch_size: int, discard_fraction: float, state: TrainState, batch,
                  learning_rate):
@@ -243,11 +250,19 @@ class Run:
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
     """Takes one training step on `batch`; returns its metrics, still on the device."""
-    key = (batch.size, batch.discard_fraction)
-    self.new_compile = None if key in self.compiled else key
-    train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
-                                 batch.learning_rate)
-    self.state, metrics = train_step(self.state, batch.arrays, batch.learning_rate)
+    epoch = self.epoch
+    if self.any_batch:
+      self.state, metrics, seconds = self.any_batch.step(self.state, batch.arrays, batch.learning_rate,
+                                                         batch.discard_fraction)
+      self.new_compile = (batch.size, batch.discard_fraction) if seconds else None
+      if seconds:  # the any-batch programs compiled (once per run and loss variant), at this batch size
+        self.compiled[self.new_compile], self.compile_seconds[self.new_compile] = self.any_batch, seconds
+    else:
+      key = (batch.size, batch.discard_fraction)
+      self.new_compile = None if key in self.compiled else key
+      train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
+                                   batch.learning_rate)
+      self.state, metrics = train_step(self.state, batch.arrays, batch.learning_rate)
     # At most two steps in flight: the host prepares the next batch while the device works, but
     # never runs far ahead of it, so a SIGTERM or a non-finite loss is acted on within two steps
     # (unbounded, it ran 51 steps ahead on a slow CPU step and the save came 83 s after SIGTERM).
@@ -257,6 +272,7 @@ class Run:
     self.step_count += 1
     self.examples_seen += batch.size
     self.batch_size = batch.size
+    self.batch_policy.after_step(self.step_count, batch.size, self.epoch - epoch, metrics)
     return metrics
 
   def evaluate(self) -> dict[str, float]:
@@ -316,7 +332,8 @@ class Run:
     if self.checkpointer is None or self.checkpointer.latest_step() == self.step_count:
       return
     meta = {"stream": self.stream.get_state(), "examples_seen": self.examples_seen, "epoch": self.epoch,
-            "carry_batch_size": self.carry_batch_size, "config": self.config.to_json()}
+            "carry_batch_size": self.carry_batch_size, "config": self.config.to_json(),
+            "batch_policy": self.batch_policy.state_dict()}
     self.checkpointer.save(self.step_count, self.state, meta)
 
   def close(self) -> None:
