@@ -66,13 +66,12 @@ class NoiseScaleAverage(NamedTuple):
     return self.grad_norm_sq / correction, self.trace_sigma / correction
 
   def noise_scale(self, decay: float) -> float:
-    """B_noise = tr(Sigma)/|G|^2 of the averages: +inf when |G|^2 <= 0, nan before any estimate,
-    0 when the tr(Sigma) average is negative (noise below what one step can resolve)."""
-    if self.count == 0:
-      return math.nan
+    """B_noise = tr(Sigma)/|G|^2 of the averages; nan while undetermined: before any estimate, or
+    while the |G|^2 average is not positive (the signal is below what the averages resolve, so
+    they say nothing about B_noise yet); 0 when the tr(Sigma) average is negative."""
     grad_norm_sq, trace_sigma = self.debiased(decay)
-    if grad_norm_sq <= 0:
-      return math.inf
+    if self.count == 0 or grad_norm_sq <= 0:
+      return math.nan
     return max(trace_sigma, 0.0) / grad_norm_sq
 
 
@@ -111,7 +110,7 @@ def noise_proportional_batch_size(noise_scale: float, *, multiple: float, micro_
   """The next batch: `multiple * B_noise` rounded to a multiple of the micro-batch, in [min, max].
 
   McCandlish et al. (§2.2) find the training time/compute trade-off balanced at B ~ B_noise, so
-  `multiple` near 1; a nan noise scale (no estimate yet) keeps `current`; +inf gives `max`. With
+  `multiple` near 1; a nan noise scale (undetermined) keeps `current`; +inf gives `max`. With
   `never_shrink`, the result is at least `current` (the noise scale grows as the loss falls, and a
   shrinking batch would undo the LR a scaling rule has set).
   """

@@ -162,10 +162,13 @@ class BatchPolicy:
     self.gain = 1.0  # adascale: the gain in force
     self.scale_invariant_epoch = 0.0  # adascale: progress in base-batch epochs
     self._pending: list[tuple[Any, Any]] = []
+    self._epoch = 0.0  # the clock when the latest batch was chosen
     self._window = (time.perf_counter(), 0)  # (start time, examples) of the current record window
     self.records: list[tuple[int, dict[str, Any]]] = []  # (step, `batch` record) not yet written
 
   def batch_size(self, epoch: float) -> int:
+    """The batch of the step that starts at `epoch` (the run's clock before its batch is drawn)."""
+    self._epoch = epoch
     return self.current if self.policy == "adaptive" else self._schedule(epoch)
 
   def _schedule_at(self, batch_size: int):
@@ -184,9 +187,9 @@ class BatchPolicy:
   def noise_scale(self) -> float:
     return self.average.noise_scale(self.decay)
 
-  def after_step(self, step: int, batch_size: int, epochs: float, metrics: dict[str, Any]) -> None:
-    """Records step `step` (1-based) of `batch_size` examples, `epochs` of the data long."""
-    self.scale_invariant_epoch += self.gain * self.base_batch_size / batch_size * epochs
+  def after_step(self, step: int, batch_size: int, epoch: float, metrics: dict[str, Any]) -> None:
+    """Records step `step` (1-based) of `batch_size` examples, which took the clock to `epoch`."""
+    self.scale_invariant_epoch += self.gain * self.base_batch_size / batch_size * (epoch - self._epoch)
     if "noise_scale_grad_norm_sq" in metrics:
       self._pending.append((metrics["noise_scale_grad_norm_sq"], metrics["noise_scale_trace_sigma"]))
     self._window = (self._window[0], self._window[1] + batch_size)

@@ -250,7 +250,6 @@ class Run:
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
     """Takes one training step on `batch`; returns its metrics, still on the device."""
-    epoch = self.epoch
     if self.any_batch:
       self.state, metrics, seconds = self.any_batch.step(self.state, batch.arrays, batch.learning_rate,
                                                          batch.discard_fraction)
@@ -272,7 +271,7 @@ class Run:
     self.step_count += 1
     self.examples_seen += batch.size
     self.batch_size = batch.size
-    self.batch_policy.after_step(self.step_count, batch.size, self.epoch - epoch, metrics)
+    self.batch_policy.after_step(self.step_count, batch.size, self.epoch, metrics)
     return metrics
 
   def evaluate(self) -> dict[str, float]:
