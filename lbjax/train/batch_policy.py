@@ -164,6 +164,7 @@ class BatchPolicy:
     self._pending: list[tuple[Any, Any]] = []
     self._epoch = 0.0  # the clock when the latest batch was chosen
     self._window = (time.perf_counter(), 0)  # (start time, examples) of the current record window
+    self._wall = (time.perf_counter(), 0.0)  # (start of this process's share, seconds of earlier ones)
     self.records: list[tuple[int, dict[str, Any]]] = []  # (step, `batch` record) not yet written
 
   def batch_size(self, epoch: float) -> int:
@@ -194,7 +195,7 @@ class BatchPolicy:
       self._pending.append((metrics["noise_scale_grad_norm_sq"], metrics["noise_scale_trace_sigma"]))
     self._window = (self._window[0], self._window[1] + batch_size)
     if step % self.every == 0:
-      self._decide(step, batch_size, metrics["learning_rate"])
+      self._decide(step, batch_size, epoch, metrics["learning_rate"])
 
   def _fold_pending(self) -> None:
     for grad_norm_sq, trace_sigma in jax.device_get(self._pending):
@@ -202,7 +203,7 @@ class BatchPolicy:
         self.average = self.average.update(self.decay, float(grad_norm_sq), float(trace_sigma))
     self._pending = []
 
-  def _decide(self, step: int, batch_size: int, learning_rate) -> None:
+  def _decide(self, step: int, batch_size: int, epoch: float, learning_rate) -> None:
     measured = bool(self._pending) or self.average.count > 0
     self._fold_pending()
     noise_scale = self.noise_scale()
@@ -223,25 +224,32 @@ class BatchPolicy:
     efficiency = adaptive_batch.statistical_efficiency(noise_scale, batch_size, self.base_batch_size)
     examples_per_second = examples / (now - start) if now > start else math.nan
     self.records.append((step, {
-        "batch_size": batch_size, "next_batch_size": self.current if self.policy == "adaptive" else None,
+        "epoch": epoch, "batch_size": batch_size, "next_batch_size": self.current if self.policy == "adaptive" else None,
         "noise_scale": noise_scale, "grad_norm_sq": grad_norm_sq, "trace_sigma": trace_sigma,
         "statistical_efficiency": efficiency,
         "adascale_gain": adaptive_batch.adascale_gain(noise_scale, batch_size, self.base_batch_size),
         "learning_rate": float(jax.device_get(learning_rate)),
         "scale_invariant_epoch": self.scale_invariant_epoch,
-        "examples_per_second": examples_per_second, "goodput": examples_per_second * efficiency}))
+        "examples_per_second": examples_per_second, "goodput": examples_per_second * efficiency,
+        "wall_seconds": self.wall_seconds()}))
+
+  def wall_seconds(self) -> float:
+    """Wall-clock seconds of the run so far, over all its resumptions (a record only: no decision
+    depends on it)."""
+    return self._wall[1] + time.perf_counter() - self._wall[0]
 
   def state_dict(self) -> dict[str, Any]:
     """The controller's state as JSON-ready host numbers (the pending estimates folded in first)."""
     self._fold_pending()
     return {"average": list(self.average), "current": self.current, "gain": self.gain,
-            "scale_invariant_epoch": self.scale_invariant_epoch}
+            "scale_invariant_epoch": self.scale_invariant_epoch, "wall_seconds": self.wall_seconds()}
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
     grad_norm_sq, trace_sigma, count = state["average"]
     self.average = adaptive_batch.NoiseScaleAverage(grad_norm_sq, trace_sigma, count)
     self.current, self.gain = state["current"], state["gain"]
     self.scale_invariant_epoch = state["scale_invariant_epoch"]
+    self._wall = (time.perf_counter(), state["wall_seconds"])
 
 
 class RecordBatchDecisions:
