@@ -73,7 +73,7 @@ def _place(tree: Any, shardings: Any) -> Any:
 class Batch(NamedTuple):
   """One training batch, placed on the mesh, and what its step needs besides (`Run.next_batch`)."""
   size: int  # the global batch size
-  arrays: dict[str, jax.Array]
+  arrays: dict[str, jax.Array] | list[dict[str, jax.Array]]  # the batch, or its micro-batches (any-batch step)
   learning_rate: jax.Array  # a replicated float32 scalar
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
 
@@ -83,6 +83,8 @@ class Run:
 
   Attributes:
     config, mesh, task, lr_schedule, batch_size_schedule, optimizer, compressor: the run's parts.
+    batch_policy: who chooses each step's batch size and learning rate (`lbjax.train.batch_policy`).
+    any_batch: the any-batch step (`lbjax.train.any_batch`) with `config.batch.micro_batch_size`, else None.
     state: the `TrainState` (restored from the workdir's latest checkpoint when there is one).
     stream: the training data stream (its position is the run's clock, `epoch`).
     step_count: steps taken (the restored checkpoint's step on resume).
