@@ -166,3 +166,15 @@ def test_bad_batch_configs_are_refused_before_compute(overrides, message):
 def test_a_language_model_is_refused_by_the_any_batch_step(tmp_path):
   with pytest.raises(ConfigError, match="does not carry a recurrent state"):
     train_and_evaluate(helpers.tiny_language_model_config(**{"batch.micro_batch_size": 8}), tmp_path)
+
+
+@pytest.mark.parametrize("run, policy, sizes", [
+    ("baseline", "fixed", (128,)), ("legw", "fixed", (1024,)), ("grow_batch", "schedule", (128, 640, 3200, 16000)),
+    ("adaptive", "adaptive", (128,)), ("adascale", "adaptive", (128,))])
+def test_the_experiment_config_sets_each_runs_policy_and_validates(run, policy, sizes):
+  from lbjax.train import config_files  # pylint: disable=g-import-not-at-top
+  config = config_files.load(f"adaptive_batch_mnist:run={run},epochs=2").config
+  validation.validate(config, data_parallel_size=1)
+  assert config.batch.policy == policy and config.batch.micro_batch_size == 64
+  assert (tuple(config.batch_sizes) or (config.batch_size,)) == sizes
+  assert (config.batch.learning_rate == "adascale") == (run == "adascale")
