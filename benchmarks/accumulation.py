@@ -77,10 +77,11 @@ def _ratio_cell(numerator: list[float], denominator: list[float]) -> str:
   return f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
 
 
-def any_batch_rows(rounds: int, seconds_per_round: float) -> list[list[object]]:
-  """One row per case: the any-batch step against the per-size steps (scan over k, and k = 1)."""
+def any_batch_rows(rounds: int, seconds_per_round: float, cases=ANY_BATCH_CASES) -> list[list[object]]:
+  """One row per (model, batch, micro-batch) case: the any-batch step against the per-size steps
+  (scan over k, and k = 1)."""
   rows = []
-  for model, batch_size, micro in ANY_BATCH_CASES:
+  for model, batch_size, micro in cases:
     whole = workloads.trainer_config(model, batch_size)
     scan = workloads.trainer_config(model, batch_size)
     scan.max_device_batch = micro
@@ -117,6 +118,8 @@ def main() -> None:
   parser.add_argument("--seconds-per-round", type=float, default=1.0)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   parser.add_argument("--any-batch", action="store_true", help="the any-batch step vs the per-size steps")
+  parser.add_argument("--case", action="append", default=[], metavar="MODEL:BATCH:MICRO",
+                      help="--any-batch cases instead of the default ones, e.g. mnist_lstm:512:512")
   args = parser.parse_args()
   if args.any_batch:
     any_batch_main(args)
@@ -156,11 +159,22 @@ def main() -> None:
                          report.header_lines() + "\n" + table + "\n\n" + notes)
 
 
+def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
+  cases = []
+  for spec in specs:
+    model, batch_size, micro = spec.split(":")
+    if model not in workloads.MODELS or int(batch_size) % int(micro):
+      raise SystemExit(f"--case {spec}: MODEL:BATCH:MICRO with MODEL in {', '.join(workloads.MODELS)} and "
+                       "BATCH a multiple of MICRO.")
+    cases.append((model, int(batch_size), int(micro)))
+  return tuple(cases)
+
+
 def any_batch_main(args) -> None:
   table = report.markdown_table(
       ["model", "global batch", "micro-batch", "k", "any-batch ms", "scan ms", "k=1 ms",
        "wall: scan / any-batch", "wall: k=1 / any-batch", "CPU: scan / any-batch", "CPU: k=1 / any-batch"],
-      any_batch_rows(args.rounds, args.seconds_per_round))
+      any_batch_rows(args.rounds, args.seconds_per_round, _cases(args.case) or ANY_BATCH_CASES))
   notes = ("One CPU device (the machine's 2 cores shared with other jobs and a background training run), "
            "momentum SGD, synthetic data placed once. 'any-batch': `config.batch.micro_batch_size` = the "
            "micro-batch; the same two programs serve every multiple of it. 'scan': today's per-size step "
