@@ -18,6 +18,7 @@ Wall time to the target is the `wall_seconds` of the run's `batch` record at or 
 import argparse
 import csv
 import pathlib
+import shlex
 import statistics
 import sys
 import time
@@ -139,9 +140,11 @@ def _table_rows(rows: list[dict[str, Any]]) -> list[str]:
   for row in rows:
     sizes = sorted(row["sizes"])
     shown = f"{sizes[0]}-{sizes[-1]} ({len(sizes)} sizes)" if len(sizes) > 1 else (str(sizes[0]) if sizes else "")
+    reached, seeds = len(row["updates_to_target"]), len(row["accuracy"])
+    partly = f" ({reached} of {seeds} seeds)" if 0 < reached < seeds else ""
     lines.append(f"| {LABELS[row['run']]} | {shown} | {_cell(row['accuracy'], '{:.2f}')}% | "
                  f"{_cell(row['updates'], '{:.0f}')} | {_cell(row['wall'], '{:.0f}')} | "
-                 f"{_cell(row['updates_to_target'], '{:.0f}')} | {_cell(row['wall_to_target'], '{:.0f}')} |")
+                 f"{_cell(row['updates_to_target'], '{:.0f}')}{partly} | {_cell(row['wall_to_target'], '{:.0f}')}{partly} |")
   return lines
 
 
@@ -189,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
   seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
   train_runs(args.config, args.workdir, runs, seeds, args.variant)
-  command = "python -m experiments.adaptive_batch " + " ".join(argv if argv is not None else sys.argv[1:])
+  command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
   extra_targets = tuple(float(t) for t in args.targets.split(",") if t.strip())
   write_outputs(args.workdir, args.out, runs, seeds, args.title, command, extra_targets)
 
