@@ -7,14 +7,100 @@ memory from `compiled.memory_analysis()`: temporaries (activations, gradients in
 peak estimate (arguments + outputs + temporaries - donated aliases).
 
     python -m benchmarks.accumulation [--rounds 5] [--no-readme]
+
+`--any-batch` instead compares, at a fixed global batch, the any-batch step (`config.batch.
+micro_batch_size`: a host loop over one compiled micro-batch program plus one compiled update whose
+micro-batch count is traced, `lbjax.train.any_batch`) with today's per-size steps: the same k
+micro-batches accumulated by `lax.scan` inside one compiled step (`max_device_batch`), and the
+whole batch at once (k = 1). Variants are interleaved round by round; the table gives the median
+seconds per update and the median and range over rounds of each per-size step's time divided by
+the any-batch step's (> 1: the any-batch step is faster).
+
+    python -m benchmarks.accumulation --any-batch [--rounds 15] [--no-readme]
 """
 
 import argparse
+import statistics
+import time
+
+import jax
 
 from benchmarks import report
 from benchmarks import workloads
+from lbjax.train import run as run_lib
 
 CASES = (("resnet_tiny", 512, (1, 2, 4, 8)), ("mnist_lstm", 2048, (1, 2, 4, 8)))
+ANY_BATCH_CASES = (("mnist_lstm", 512, 128), ("mnist_lstm", 2048, 512), ("resnet_tiny", 512, 128))
+
+
+class AnyBatchStep:
+  """The trainer's any-batch step (`Run.any_batch`) on one placed batch, ready to call repeatedly."""
+
+  def __init__(self, config):
+    self.run = run_lib.Run(config)
+    self.batch_size = config.batch_size
+    self.state = self.run.state
+    local = self.run.stream.next_batch(self.batch_size)
+    self.micro_batches = self.run.any_batch.place(local, self.batch_size)
+    self.learning_rate = run_lib.host_scalar(workloads.LEARNING_RATE, self.run.replicated)
+
+  def __call__(self):
+    self.state, metrics, _ = self.run.any_batch.step(self.state, self.micro_batches, self.learning_rate, 0.0)
+    return metrics
+
+  def close(self) -> None:
+    for leaf in jax.tree.leaves((self.state, self.micro_batches)):
+      leaf.delete()
+
+
+def _round_times(steps: dict, rounds: int, repeats: int) -> dict[str, tuple[list[float], list[float]]]:
+  """Per variant, (wall seconds, process CPU seconds) per update in each interleaved round.
+
+  CPU seconds (all threads of this process) are the work a step costs, less sensitive than wall
+  time to other jobs on a loaded machine; both are reported."""
+  for step in steps.values():
+    jax.block_until_ready(step())
+  times = {name: ([], []) for name in steps}
+  for _ in range(rounds):
+    for name, step in steps.items():
+      wall, cpu = time.perf_counter(), time.process_time()
+      for _ in range(repeats):
+        result = step()
+      jax.block_until_ready(result)
+      times[name][0].append((time.perf_counter() - wall) / repeats)
+      times[name][1].append((time.process_time() - cpu) / repeats)
+  return times
+
+
+def _ratio_cell(numerator: list[float], denominator: list[float]) -> str:
+  ratios = [n / d for n, d in zip(numerator, denominator)]
+  return f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
+
+
+def any_batch_rows(rounds: int, seconds_per_round: float, cases=ANY_BATCH_CASES) -> list[list[object]]:
+  """One row per (model, batch, micro-batch) case: the any-batch step against the per-size steps
+  (scan over k, and k = 1)."""
+  rows = []
+  for model, batch_size, micro in cases:
+    whole = workloads.trainer_config(model, batch_size)
+    scan = workloads.trainer_config(model, batch_size)
+    scan.max_device_batch = micro
+    any_batch = workloads.trainer_config(model, batch_size)
+    any_batch.batch.micro_batch_size = micro
+    steps = {"any": AnyBatchStep(any_batch), "scan": workloads.TrainerStep(scan),
+             "whole": workloads.TrainerStep(whole)}
+    probe = report.median_seconds({"any": steps["any"]}, rounds=1, repeats=1)["any"]
+    repeats = max(1, round(seconds_per_round / max(probe, 1e-6)))
+    times = _round_times(steps, rounds, repeats)
+    cells = [model, batch_size, micro, batch_size // micro]
+    cells += [f"{statistics.median(times[n][0]) * 1e3:.1f}" for n in ("any", "scan", "whole")]
+    for clock in (0, 1):
+      cells += [_ratio_cell(times[n][clock], times["any"][clock]) for n in ("scan", "whole")]
+    rows.append(cells)
+    print(cells, flush=True)
+    for step in steps.values():
+      step.close()
+  return rows
 
 
 def memory_bytes(compiled) -> tuple[int, int]:
@@ -31,7 +117,13 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--seconds-per-round", type=float, default=1.0)
   parser.add_argument("--no-readme", action="store_true", help="print only")
+  parser.add_argument("--any-batch", action="store_true", help="the any-batch step vs the per-size steps")
+  parser.add_argument("--case", action="append", default=[], metavar="MODEL:BATCH:MICRO",
+                      help="--any-batch cases instead of the default ones, e.g. mnist_lstm:512:512")
   args = parser.parse_args()
+  if args.any_batch:
+    any_batch_main(args)
+    return
   rows = []
   for model, batch_size, splits in CASES:
     steps = {}
@@ -64,6 +156,36 @@ def main() -> None:
   print(table)
   if not args.no_readme:
     report.write_section("accumulation", "Gradient accumulation: k micro-batches vs one batch",
+                         report.header_lines() + "\n" + table + "\n\n" + notes)
+
+
+def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
+  cases = []
+  for spec in specs:
+    model, batch_size, micro = spec.split(":")
+    if model not in workloads.MODELS or int(batch_size) % int(micro):
+      raise SystemExit(f"--case {spec}: MODEL:BATCH:MICRO with MODEL in {', '.join(workloads.MODELS)} and "
+                       "BATCH a multiple of MICRO.")
+    cases.append((model, int(batch_size), int(micro)))
+  return tuple(cases)
+
+
+def any_batch_main(args) -> None:
+  table = report.markdown_table(
+      ["model", "global batch", "micro-batch", "k", "any-batch ms", "scan ms", "k=1 ms",
+       "wall: scan / any-batch", "wall: k=1 / any-batch", "CPU: scan / any-batch", "CPU: k=1 / any-batch"],
+      any_batch_rows(args.rounds, args.seconds_per_round, _cases(args.case) or ANY_BATCH_CASES))
+  notes = ("One CPU device (the machine's 2 cores shared with other jobs and a background training run), "
+           "momentum SGD, synthetic data placed once. 'any-batch': `config.batch.micro_batch_size` = the "
+           "micro-batch; the same two programs serve every multiple of it. 'scan': today's per-size step "
+           "with `max_device_batch` = the micro-batch (k micro-batches in one compiled `lax.scan`, unrolled "
+           "for the ResNet on CPU). 'k=1': today's per-size step on the whole batch. ms: median wall time "
+           "per update. Ratios (median [min, max] over the interleaved rounds, > 1: the any-batch step is "
+           "faster) of wall time and of the process's CPU time (all threads), the latter less disturbed "
+           "by the other jobs on the machine.")
+  print(table)
+  if not args.no_readme:
+    report.write_section("any-batch", "Any batch, one compile: the any-batch step vs the per-size steps",
                          report.header_lines() + "\n" + table + "\n\n" + notes)
 
 

@@ -49,8 +49,8 @@ def _check_batch_sizes(small_batch: int, big_batch: int) -> None:
 def noise_scale_estimates(
     small_grad_norm_sq: ArrayLike,
     big_grad_norm_sq: ArrayLike,
-    small_batch: int,
-    big_batch: int,
+    small_batch: int | jax.Array,
+    big_batch: int | jax.Array,
 ) -> NoiseScaleEstimate:
   """Unbiased estimates of |G|^2 and tr(Sigma) from gradients at two batch sizes. Jittable.
 
@@ -62,13 +62,18 @@ def noise_scale_estimates(
     small_grad_norm_sq: |G_small|^2, squared global norm of a gradient over small_batch examples
       (e.g. `optax.tree.norm(g, squared=True)`).
     big_grad_norm_sq: |G_big|^2, the same over big_batch examples.
-    small_batch: B_small, a Python int.
-    big_batch: B_big > B_small, a Python int.
+    small_batch: B_small, a Python int (checked) or a traced integer scalar.
+    big_batch: B_big > B_small, a Python int (checked) or a traced integer scalar, e.g. the
+      micro-batch count times the micro-batch in a step whose count is a traced value; there the
+      caller ensures B_big > B_small (the estimates are inf/nan otherwise).
 
   Returns:
     `NoiseScaleEstimate(grad_norm_sq, trace_sigma)`.
   """
-  _check_batch_sizes(small_batch, big_batch)
+  if not isinstance(small_batch, jax.Array) and not isinstance(big_batch, jax.Array):
+    _check_batch_sizes(small_batch, big_batch)
+  small_batch = jnp.asarray(small_batch, jnp.float32)
+  big_batch = jnp.asarray(big_batch, jnp.float32)
   g_small = jnp.asarray(small_grad_norm_sq, jnp.float32)
   g_big = jnp.asarray(big_grad_norm_sq, jnp.float32)
   grad_norm_sq = (big_batch * g_big - small_batch * g_small) / (big_batch - small_batch)

@@ -70,6 +70,21 @@ def default_config() -> ml_collections.ConfigDict:
   config.max_device_batch = 0  # >0: accumulate micro-batches when a device's share exceeds this
   config.eval_batch_size = 1000
 
+  # Who chooses the batch (lbjax.train.batch_policy): "schedule" = batch_sizes at batch_size_boundaries,
+  # or batch_size when they are empty; "fixed" = batch_size; "adaptive" = from the gradient noise scale.
+  config.batch = ml_collections.ConfigDict()
+  config.batch.policy = "schedule"
+  # > 0: every update is a whole number of micro-batches of this global size, and any such batch runs on
+  # the same two compiled programs (lbjax.train.any_batch); the adaptive policy needs it.
+  config.batch.micro_batch_size = 0
+  config.batch.min_batch_size = 0  # adaptive: the smallest batch; 0 = config.batch_size (the first batch)
+  config.batch.max_batch_size = 0  # adaptive: the largest batch (required)
+  config.batch.noise_multiple = 1.0  # adaptive: next batch = noise_multiple * B_noise
+  config.batch.never_shrink = True  # adaptive: the batch only grows
+  config.batch.learning_rate = "scaling_rule"  # adaptive: "scaling_rule" (config.scaling.rule) or "adascale"
+  config.batch.adapt_every = 10  # steps between decisions and `batch` records (noise scale, goodput)
+  config.batch.ema_decay = 0.9  # per step, of the |G|^2 and tr(Sigma) estimates
+
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = "momentum"  # lbjax.optim.momentum: SGD + momentum, L2 decay on kernels
   config.optimizer.momentum = 0.9

@@ -15,6 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from lbjax.train import batch_policy
 from lbjax.train import config as config_lib
 from lbjax.train import hooks
 from lbjax.train import summary
@@ -127,7 +128,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   preemption = hooks.SaveOnPreemption(metrics.flush)
   around_steps = [hooks.RecordCompiles(writer, progress), metrics,
                   hooks.Lipschitz(writer, config.diagnostics.lipschitz_every), evaluation,
-                  hooks.Checkpoint(config.checkpoint_every_steps), preemption]
+                  hooks.Checkpoint(config.checkpoint_every_steps), batch_policy.RecordBatchDecisions(writer),
+                  preemption]
   try:
     hooks.write_compression_bits(run, writer)
     while not run.finished() and not preemption.stopped:

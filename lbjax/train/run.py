@@ -34,10 +34,12 @@ import numpy as np
 
 from lbjax import diagnostics
 from lbjax import optim
+from lbjax.train import batch_policy as batch_policy_lib
 from lbjax.train import config as config_lib
 from lbjax.train import nonfinite
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
+from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
                                 DataMismatchError)
@@ -83,7 +85,7 @@ def _place(tree: Any, shardings: Any) -> Any:
 class Batch(NamedTuple):
   """One training batch, placed on the mesh, and what its step needs besides (`Run.next_batch`)."""
   size: int  # the global batch size
-  arrays: dict[str, jax.Array]
+  arrays: dict[str, jax.Array] | list[dict[str, jax.Array]]  # the batch, or its micro-batches (any-batch step)
   learning_rate: jax.Array  # a replicated float32 scalar
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
 
@@ -93,6 +95,8 @@ class Run:
 
   Attributes:
     config, mesh, task, lr_schedule, batch_size_schedule, optimizer, compressor: the run's parts.
+    batch_policy: who chooses each step's batch size and learning rate (`lbjax.train.batch_policy`).
+    any_batch: the any-batch step (`lbjax.train.any_batch`) with `config.batch.micro_batch_size`, else None.
     state: the `TrainState` (restored from the workdir's latest checkpoint when there is one).
     stream: the training data stream (its position is the run's clock, `epoch`).
     step_count: steps taken (the restored checkpoint's step on resume).
@@ -150,6 +154,7 @@ class Run:
     self._check_data_sizes()
     self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
     self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
+    self.batch_policy = batch_policy_lib.BatchPolicy(config)
     self.optimizer = optimizer_lib.build_optimizer(config)
     self.compressor = optimizer_lib.build_compressor(config)
     self.batch_sharding = batch_sharding(self.mesh)
@@ -160,6 +165,7 @@ class Run:
     self._in_flight = None  # the loss of the latest step, not yet waited for
     self._latest_batch: Batch | None = None  # kept to name the first non-finite quantity
     self.state = self._initial_state()
+    self.any_batch = AnyBatchStep(self, config.batch.micro_batch_size) if config.batch.micro_batch_size else None
     self.examples_seen, self.carry_batch_size, self.resumed_from = 0, None, None
     self.saved_data_parallel_size: int | None = None
     self.skipped_checkpoints: list[tuple[int, str]] = []
@@ -170,7 +176,7 @@ class Run:
         self._start_from(config.init_from)
       self._record_history(changes)
     self.step_count = int(jax.device_get(self.state.step))
-    self.batch_size = self.batch_size_schedule(self.epoch)
+    self.batch_size = self.batch_policy.batch_size(self.epoch)
 
   def _check_data_sizes(self) -> None:
     """Refuses, before any compute, a batch larger than the training set and an empty evaluation split."""
@@ -261,6 +267,8 @@ class Run:
       self.state, self.carry_batch_size = state, carry_batch_size
       self.stream.set_state(meta["stream"])
       self.examples_seen = meta["examples_seen"]
+      if "batch_policy" in meta:  # checkpoints written before lbjax had batch policies have none
+        self.batch_policy.load_state_dict(meta["batch_policy"])
       self.resumed_from = step
       self.saved_data_parallel_size = meta.get("data_parallel_size")
       return changes
@@ -384,15 +392,16 @@ class Run:
     learning rate from the LR schedule, the loss variant; resets the carried state where the
     stream starts a new row of batches or the batch size changed."""
     epoch = self.epoch
-    size = self.batch_size_schedule(epoch)
+    size = self.batch_policy.batch_size(epoch)
     local = self.stream.next_batch(size)
     if self.task.take_carry_reset(local) or (self.state.carry is not None and self.carry_batch_size != size):
       self.state = self.state._replace(carry=self.zero_carry(size))
       self.carry_batch_size = size
     config = self.config.loss
     discard_fraction = config.discard_fraction if epoch < config.discard_until_epoch else 0.0
-    return Batch(size, global_batch(local, self.batch_sharding),
-                 host_scalar(self.lr_schedule(epoch), self.replicated), discard_fraction)
+    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.batch_sharding)
+    return Batch(size, arrays, host_scalar(self.batch_policy.learning_rate(epoch, size), self.replicated),
+                 discard_fraction)
 
   def train_step(self, global_batch_size: int, discard_fraction: float, state: TrainState, batch,
                  learning_rate):
@@ -419,11 +428,18 @@ class Run:
     """
     if self._save_in_flight is not None:
       self.check_background_save()
-    key = (batch.size, batch.discard_fraction)
-    self.new_compile = None if key in self.compiled else key
-    train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
-                                 batch.learning_rate)
-    self.state, metrics = train_step(self.state, batch.arrays, batch.learning_rate)
+    if self.any_batch:
+      self.state, metrics, seconds = self.any_batch.step(self.state, batch.arrays, batch.learning_rate,
+                                                         batch.discard_fraction)
+      self.new_compile = (batch.size, batch.discard_fraction) if seconds else None
+      if seconds:  # the any-batch programs compiled (once per run and loss variant), at this batch size
+        self.compiled[self.new_compile], self.compile_seconds[self.new_compile] = self.any_batch, seconds
+    else:
+      key = (batch.size, batch.discard_fraction)
+      self.new_compile = None if key in self.compiled else key
+      train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
+                                   batch.learning_rate)
+      self.state, metrics = train_step(self.state, batch.arrays, batch.learning_rate)
     # At most two steps in flight: the host prepares the next batch while the device works, but
     # never runs far ahead of it, so a SIGTERM or a non-finite loss is acted on within two steps
     # (unbounded, it ran 51 steps ahead on a slow CPU step and the save came 83 s after SIGTERM).
@@ -434,6 +450,7 @@ class Run:
     self.step_count += 1
     self.examples_seen += batch.size
     self.batch_size = batch.size
+    self.batch_policy.after_step(self.step_count, batch.size, self.epoch, metrics)
     return metrics
 
   def evaluate(self) -> dict[str, float]:
@@ -517,7 +534,8 @@ class Run:
       meta = {"stream": self.stream.get_state(), "examples_seen": self.examples_seen, "epoch": self.epoch,
               "carry_batch_size": self.carry_batch_size, "config": self.config.to_json(),
               "data_fingerprint": self.task.dataset.fingerprint, "data_parallel_size": data_parallel_size(self.mesh),
-              "checksums": state_checksums(self.state, self.replicated)}
+              "checksums": state_checksums(self.state, self.replicated),
+              "batch_policy": self.batch_policy.state_dict()}
       self._save_in_flight = self.step_count
       try:
         self.checkpointer.save(self.step_count, self.state, meta)

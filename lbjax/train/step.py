@@ -13,7 +13,7 @@ update the true batch makes. Hence accumulation gives the same update as the tru
 """
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from flax import nnx
 import jax
@@ -202,23 +202,112 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
           state.params, state.model_state, batch, state.carry, key, mesh)
     else:
       loss, metrics, model_state, carry, grads, compression_state = per_device_gradients(state, batch, key)
-    hyperparams = dict(state.opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))
-    opt_state = state.opt_state._replace(hyperparams=hyperparams)
-    updates, opt_state = optimizer.update(grads, opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    finite = jnp.isfinite(loss) & _all_finite(updates)
-    healthy = state.first_nonfinite_step < 0
-    accept = finite & healthy
-    updated = TrainState(state.step + 1, params, opt_state, model_state, state.rng, carry,
-                         state.first_nonfinite_step, compression_state)
-    new_state = jax.tree.map(lambda new, old: jnp.where(accept, new, old), updated, state)
-    new_state = new_state._replace(first_nonfinite_step=jnp.where(
-        healthy & ~finite, state.step, state.first_nonfinite_step))
-    metrics = dict(metrics, loss=loss, learning_rate=learning_rate, grad_norm=optax.tree.norm(grads),
-                   update_norm=optax.tree.norm(updates))
-    return new_state, metrics
+    return _apply_gradients(optimizer, state, loss, metrics, model_state, carry, grads, compression_state,
+                            learning_rate)
 
   return step
+
+
+def _apply_gradients(optimizer: optax.GradientTransformation, state: TrainState, loss, metrics, model_state,
+                     carry, grads, compression_state, learning_rate) -> tuple[TrainState, dict[str, jax.Array]]:
+  """The optimizer update from `grads`, kept only if the loss and update are finite (see `make_train_step`)."""
+  hyperparams = dict(state.opt_state.hyperparams, learning_rate=jnp.asarray(learning_rate, jnp.float32))
+  opt_state = state.opt_state._replace(hyperparams=hyperparams)
+  updates, opt_state = optimizer.update(grads, opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  finite = jnp.isfinite(loss) & _all_finite(updates)
+  healthy = state.first_nonfinite_step < 0
+  accept = finite & healthy
+  updated = TrainState(state.step + 1, params, opt_state, model_state, state.rng, carry,
+                       state.first_nonfinite_step, compression_state)
+  new_state = jax.tree.map(lambda new, old: jnp.where(accept, new, old), updated, state)
+  new_state = new_state._replace(first_nonfinite_step=jnp.where(
+      healthy & ~finite, state.step, state.first_nonfinite_step))
+  metrics = dict(metrics, loss=loss, learning_rate=learning_rate, grad_norm=optax.tree.norm(grads),
+                 update_norm=optax.tree.norm(updates))
+  return new_state, metrics
+
+
+class Accumulator(NamedTuple):
+  """Sums over the micro-batches of one update (`make_accumulate_step`), zero at its start."""
+  loss: jax.Array
+  metrics: dict[str, jax.Array]
+  model_state: Any
+  grads: Any
+  micro_grad_norm_sq: jax.Array  # sum over micro-batches of |g_j|^2, for the noise scale
+
+
+def make_micro_batch_terms(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0
+                           ) -> Callable[[TrainState, Batch, jax.Array], Accumulator]:
+  """Returns `terms(state, micro_batch, index) -> Accumulator` of one micro-batch (not yet jitted).
+
+  Its loss, metrics, BatchNorm statistics (from `state.model_state`, as in the scan of
+  `make_train_step`), gradient at `state.params` and squared gradient norm. The dropout key is that
+  of `make_train_step` for micro-batch `index` (a traced int32).
+  """
+
+  def loss_fn(params, model_state, batch, key):
+    model = nnx.merge(graphdef, params, model_state)
+    loss, metrics, _ = task.train_loss(model, batch, None, key, discard_fraction)
+    return loss, (metrics, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)))
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def terms(state: TrainState, micro_batch: Batch, index: jax.Array) -> Accumulator:
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), index)
+    (loss, (metrics, model_state)), grads = grad_fn(state.params, state.model_state, micro_batch, key)
+    return Accumulator(loss, metrics, model_state, grads, optax.tree.norm(grads, squared=True))
+
+  return terms
+
+
+def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0
+                         ) -> Callable[[Accumulator, TrainState, Batch, jax.Array], Accumulator]:
+  """Returns `accumulate(totals, state, micro_batch, index) -> totals + terms` (not yet jitted).
+
+  The first half of the step whose micro-batch count is a runtime value (`lbjax.train.any_batch`):
+  `make_micro_batch_terms` of one micro-batch added to `totals`. Its shapes are those of one
+  micro-batch whatever the batch, so it compiles once.
+  """
+  terms = make_micro_batch_terms(graphdef, task, discard_fraction)
+
+  def accumulate(totals: Accumulator, state: TrainState, micro_batch: Batch, index: jax.Array) -> Accumulator:
+    return jax.tree.map(jnp.add, totals, terms(state, micro_batch, index))
+
+  return accumulate
+
+
+def make_apply_step(optimizer: optax.GradientTransformation, micro_batch_size: int
+                    ) -> Callable[..., tuple[TrainState, dict[str, jax.Array], Accumulator]]:
+  """Returns `apply(state, totals, num_microbatches, learning_rate) -> (state, metrics, zeros)`.
+
+  The second half of the any-batch step: with k = `num_microbatches` a traced int32 scalar, the
+  update of the true batch of k * `micro_batch_size` examples,
+
+    g = (1/k) sum_j g_j,   BN statistics = (1/k) sum_j s_j,   loss = (1/k) sum_j L_j,
+
+  exactly as `make_train_step` accumulates them, then the optimizer update with the same finite-value
+  guard. The gradient noise-scale ingredients (McCandlish et al. 2018, appendix A.1) come from the
+  two batch sizes B_small = micro-batch and B_big = k micro-batches (nan when k = 1: one batch size
+  gives no estimate). `zeros` is a zeroed accumulator for the next update (the donated `totals`
+  buffers reused).
+  """
+
+  def apply(state: TrainState, totals: Accumulator, num_microbatches: jax.Array, learning_rate: jax.Array):
+    count = num_microbatches.astype(jnp.float32)
+    loss, metrics, model_state, grads, micro_norm_sq = jax.tree.map(lambda t: t / count, totals)
+    estimate = diagnostics.noise_scale_estimates(
+        micro_norm_sq, optax.tree.norm(grads, squared=True), jnp.int32(micro_batch_size),
+        num_microbatches * micro_batch_size)
+    defined = num_microbatches > 1
+    metrics = dict(metrics,
+                   noise_scale_grad_norm_sq=jnp.where(defined, estimate.grad_norm_sq, jnp.nan),
+                   noise_scale_trace_sigma=jnp.where(defined, estimate.trace_sigma, jnp.nan))
+    state, metrics = _apply_gradients(optimizer, state, loss, metrics, model_state, state.carry, grads,
+                                      state.compression_state, learning_rate)
+    return state, metrics, jax.tree.map(jnp.zeros_like, totals)
+
+  return apply
 
 
 def make_eval_step(graphdef: nnx.GraphDef, task: Task):

@@ -41,6 +41,7 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "num_epochs": config.num_epochs,
       "num_steps": config.num_steps or None,
       "max_device_batch": config.max_device_batch or None,
+      "batch_policy": _options(config.batch),
       "mesh": _options(config.mesh),
       "compression": names.describe(*compressor) if compressor else "none",
       "loss": _options(config.loss),
@@ -68,6 +69,8 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
       f"mesh      {resolved['mesh']}; seed {resolved['seed']}; eval batch {resolved['eval_batch_size']}"
       + (f"; compression {resolved['compression']}" if resolved["compression"] != "none" else ""),
   ]
+  if "policy='schedule'" not in resolved["batch_policy"] or "micro_batch_size=0" not in resolved["batch_policy"]:
+    lines.append(f"batch by  {resolved['batch_policy']}")
   if "discard_fraction=0.0" not in resolved["loss"].split(", "):
     lines.append(f"loss      {resolved['loss']}")
   if "lipschitz_every=0" not in resolved["diagnostics"].split(", "):

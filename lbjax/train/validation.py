@@ -9,6 +9,7 @@ import math
 
 import ml_collections
 
+from lbjax.train import batch_policy
 from lbjax.train import config as config_lib
 from lbjax.train import names
 from lbjax.train import optimizer as optimizer_lib
@@ -185,6 +186,7 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
   problems = config_lib.renamed_problems(config)
   if not problems:  # names and values are read only once the fields mean what they say
     problems += _value_problems(config) + _batch_problems(config, data_parallel_size)
+    problems += batch_policy.problems(config, data_parallel_size)
     problems += _name_problems(config)
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(p.replace("\n", "\n    ") for p in problems))

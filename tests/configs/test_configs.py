@@ -143,7 +143,9 @@ def test_a_variant_and_the_override_of_its_field_are_the_same_run():
       if declared.field is None:
         continue
       value = {"batch_size": "256", "scaling.rule": "sqrt", "lr.base": "0.5", "num_epochs": "3",
-               "lr.warmup_epochs": "0.5", "seed": "3", "clip_global_norm": "0.5"}.get(declared.field)
+               "lr.warmup_epochs": "0.5", "seed": "3", "clip_global_norm": "0.5",
+               "batch.micro_batch_size": "32", "batch.max_batch_size": "2048",
+               "batch.noise_multiple": "2.0"}.get(declared.field)
       value = value or {"mnist_lstm": "validation", "ptb_lstm": "valid"}.get(name)
       by_variant = _config(name, f"{key}={value}")
       by_override = _config(name, None, [f"--config.{declared.field}={value}"])

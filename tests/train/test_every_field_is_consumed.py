@@ -21,7 +21,7 @@ WATCHING_FIELDS = {"log_every", "eval_every_epochs", "checkpoint_every_steps", "
 STRING_VALUES = {"model": "ResNetTiny", "dataset": "synthetic_mnist", "data_dir": "/elsewhere",
                  "optimizer.name": "lars", "lr.warmup": "linear_warmup", "lr.decay": "cosine_decay",
                  "scaling.rule": "sqrt", "compression.name": "one_bit",
-                 "init_from": "/elsewhere/run"}
+                 "init_from": "/elsewhere/run", "batch.policy": "adaptive", "batch.learning_rate": "adascale"}
 TOGETHER = {"batch_sizes": {"batch_sizes": (128, 256), "batch_size_boundaries": (0.5,)},
             "batch_size_boundaries": {"batch_sizes": (128, 256), "batch_size_boundaries": (0.5,)},
             "lr.warmup": {"lr.warmup": "linear_warmup", "lr.warmup_epochs": 0.1},

@@ -1,0 +1,201 @@
+"""The batch from the gradient noise vs fixed and scheduled batches: accuracy, updates and wall time.
+
+  python -m experiments.adaptive_batch --config adaptive_batch_mnist --variant epochs=2 --seeds 0 \
+      --out docs/results/adaptive_batch_mnist --workdir runs/adaptive_batch_mnist
+
+Trains `<config>:run=<r>,seed=<s>[,<variant>]` for each run r (baseline, legw, grow_batch, adaptive,
+adascale; `lbjax.configs.adaptive_batch_mnist`) and seed s in `<workdir>/<r>_seed<s>` (a finished run
+is not trained again; an interrupted one resumes), then writes
+  `<out>.csv`: every evaluation and every `batch` record (batch size, noise scale, efficiency, goodput);
+  `<out>.md`: per run, over seeds (mean, and min-max when several), the final test accuracy, optimizer
+    updates, wall time, and the updates and wall time at the first evaluation that reached the
+    baseline's final accuracy (its mean over seeds), or "not reached";
+  `<out>.png`: test accuracy vs updates, batch size and noise scale vs epochs.
+Wall time to the target is the `wall_seconds` of the run's `batch` record at or after that evaluation
+(records every `batch.adapt_every` steps); it includes evaluations and compilation.
+"""
+
+import argparse
+import csv
+import pathlib
+import shlex
+import statistics
+import sys
+import time
+from typing import Any, Sequence
+
+from experiments import config_spec
+from experiments import run_records
+from lbjax import train
+from lbjax.train import config_files
+
+RUNS = ("baseline", "legw", "grow_batch", "adaptive", "adascale")
+LABELS = {"baseline": "baseline B=128", "legw": "LEGW, fixed large batch",
+          "grow_batch": "increase the batch (papers/002)", "adaptive": "adaptive batch, LEGW LR",
+          "adascale": "adaptive batch, AdaScale LR"}
+
+
+def run_dir(workdir: str, run: str, seed: int) -> pathlib.Path:
+  return pathlib.Path(workdir) / f"{run}_seed{seed}"
+
+
+def train_runs(config: str, workdir: str, runs: Sequence[str], seeds: Sequence[int], variant: str = "") -> None:
+  """Trains every (run, seed) not yet finished; refuses unknown run names before any training."""
+  unknown = [r for r in runs if r not in RUNS]
+  if unknown or not runs:
+    raise ValueError(f"runs {list(runs)} must be a non-empty subset of {', '.join(RUNS)}.")
+  configs = {(r, s): config_files.load(config_spec(config, f"run={r}", f"seed={s}", variant)).config
+             for r in runs for s in seeds}
+  for (run, seed), run_config in configs.items():
+    directory = run_dir(workdir, run, seed)
+    if (directory / "metrics.jsonl").is_file() and run_records.final_eval(directory) is not None:
+      continue
+    print(f"[adaptive_batch] {run} seed {seed} -> {directory}", flush=True)
+    start = time.time()
+    train.train_and_evaluate(run_config, directory)
+    print(f"[adaptive_batch] {run} seed {seed}: {time.time() - start:.0f} s", flush=True)
+
+
+def _reached(evals: list[dict[str, Any]], batches: list[dict[str, Any]], target: float) -> tuple[int, float] | None:
+  """(updates, wall seconds) at the first evaluation with accuracy >= target, or None."""
+  for record in evals:
+    if record["accuracy"] >= target:
+      later = [b for b in batches if b["step"] >= record["step"]] or batches[-1:]
+      return record["step"], later[0]["wall_seconds"] if later else float("nan")
+  return None
+
+
+def _cell(values: Sequence[float], fmt: str) -> str:
+  if not values:
+    return "not reached"
+  mean = fmt.format(statistics.fmean(values))
+  return mean if len(values) == 1 else f"{mean} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
+def baseline_target(workdir: str, seeds: Sequence[int]) -> float:
+  """The baseline's final test accuracy, its mean over seeds."""
+  return statistics.fmean(run_records.final_eval(run_dir(workdir, "baseline", s))["accuracy"] for s in seeds)
+
+
+def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: float) -> list[dict[str, Any]]:
+  """Per run: final accuracy, updates, wall time, and updates/wall time to the `target` accuracy."""
+  finals = {(r, s): run_records.final_eval(run_dir(workdir, r, s)) for r in runs for s in seeds}
+  rows = []
+  for run in runs:
+    row = {"run": run, "accuracy": [], "updates": [], "wall": [], "updates_to_target": [], "wall_to_target": [],
+           "sizes": set()}
+    for seed in seeds:
+      directory = run_dir(workdir, run, seed)
+      batches = run_records.read_records(directory, "batch")
+      final = finals[(run, seed)]
+      row["accuracy"].append(100 * final["accuracy"])
+      row["updates"].append(final["step"])
+      row["wall"].append(batches[-1]["wall_seconds"] if batches else float("nan"))
+      row["sizes"] |= {r["batch_size"] for r in batches + run_records.read_records(directory, "train")}
+      reached = _reached(run_records.eval_curve(directory), batches, target)
+      if reached:
+        row["updates_to_target"].append(reached[0])
+        row["wall_to_target"].append(reached[1])
+    rows.append(row)
+  return rows
+
+
+def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[int], title: str, command: str,
+                  extra_targets: Sequence[float] = ()) -> None:
+  out_path = pathlib.Path(out)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  with open(out_path.with_suffix(".csv"), "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(("run", "seed", "kind", "step", "epoch", "test_accuracy", "batch_size", "noise_scale",
+                     "statistical_efficiency", "examples_per_second", "goodput", "learning_rate", "wall_seconds"))
+    for run in runs:
+      for seed in seeds:
+        directory = run_dir(workdir, run, seed)
+        for r in run_records.eval_curve(directory):
+          writer.writerow((run, seed, "eval", r["step"], f"{r['epoch']:.4f}", f"{r['accuracy']:.4f}",
+                           "", "", "", "", "", "", ""))
+        for r in run_records.read_records(directory, "batch"):
+          writer.writerow((run, seed, "batch", r["step"], f"{r['epoch']:.4f}", "", r["batch_size"], r["noise_scale"],
+                           r["statistical_efficiency"], r["examples_per_second"], r["goodput"],
+                           r["learning_rate"], f"{r['wall_seconds']:.1f}"))
+  targets = ([("the baseline's final accuracy", baseline_target(workdir, seeds))] if "baseline" in runs else [])
+  targets += [("a fixed accuracy", t) for t in extra_targets]
+  lines = [f"# {title}", "", f"Command: `{command}`", "",
+           f"Seeds: {', '.join(map(str, seeds))}; mean over seeds, [min-max] when several. 'wall s': the run's "
+           "wall-clock time to its last `batch` record (training, evaluations every quarter epoch and "
+           "compilation; not the final evaluation), on a shared, loaded 2-core CPU. 'to target': the "
+           "updates and wall time at the first evaluation (every quarter epoch) whose test accuracy "
+           "reached the target.", ""]
+  for name, target in targets:
+    lines += [f"## Target: {name} ({100 * target:.2f}%)", "",
+              "| run | batch sizes used | final test accuracy | optimizer updates | wall s | updates to target "
+              "| wall s to target |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += _table_rows(summarize(workdir, runs, seeds, target)) + [""]
+  out_path.with_suffix(".md").write_text("\n".join(lines))
+  _plot(workdir, runs, seeds, title, out_path.with_suffix(".png"))
+
+
+def _table_rows(rows: list[dict[str, Any]]) -> list[str]:
+  lines = []
+  for row in rows:
+    sizes = sorted(row["sizes"])
+    shown = f"{sizes[0]}-{sizes[-1]} ({len(sizes)} sizes)" if len(sizes) > 1 else (str(sizes[0]) if sizes else "")
+    reached, seeds = len(row["updates_to_target"]), len(row["accuracy"])
+    partly = f" ({reached} of {seeds} seeds)" if 0 < reached < seeds else ""
+    lines.append(f"| {LABELS[row['run']]} | {shown} | {_cell(row['accuracy'], '{:.2f}')}% | "
+                 f"{_cell(row['updates'], '{:.0f}')} | {_cell(row['wall'], '{:.0f}')} | "
+                 f"{_cell(row['updates_to_target'], '{:.0f}')}{partly} | {_cell(row['wall_to_target'], '{:.0f}')}{partly} |")
+  return lines
+
+
+def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, path: pathlib.Path) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  figure, (accuracy, batch, noise) = plt.subplots(1, 3, figsize=(15, 4))
+  for index, run in enumerate(runs):
+    color = f"C{index}"
+    for seed in seeds:
+      directory = run_dir(workdir, run, seed)
+      evals = run_records.eval_curve(directory)
+      records = run_records.read_records(directory, "batch")
+      label = LABELS[run] if seed == seeds[0] else None
+      accuracy.plot([r["step"] for r in evals], [100 * r["accuracy"] for r in evals], marker=".", color=color,
+                    label=label)
+      epochs = [r["epoch"] for r in records]
+      batch.plot(epochs, [r["batch_size"] for r in records], color=color, label=label)
+      noise.plot(epochs, [float(r["noise_scale"]) for r in records], color=color, label=label)
+  accuracy.set(xlabel="optimizer updates", ylabel="test accuracy (%)", xscale="log")
+  batch.set(xlabel="epochs", ylabel="batch size", yscale="log")
+  noise.set(xlabel="epochs", ylabel="noise scale B_noise (EMA)", yscale="log")
+  for axes in (accuracy, batch, noise):
+    axes.grid(alpha=0.3)
+  accuracy.legend(fontsize=8)
+  figure.suptitle(title)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m experiments.adaptive_batch", description=__doc__.split("\n")[0])
+  parser.add_argument("--config", default="adaptive_batch_mnist")
+  parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/adaptive_batch_mnist")
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--runs", default=",".join(RUNS), help="subset of " + ",".join(RUNS))
+  parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+  parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=2")
+  parser.add_argument("--targets", default="", help="more accuracy targets besides the baseline's, e.g. 0.975")
+  parser.add_argument("--title", default="Adaptive batch vs fixed and scheduled batches (MNIST LSTM)")
+  args = parser.parse_args(argv)
+  runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
+  seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+  train_runs(args.config, args.workdir, runs, seeds, args.variant)
+  command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
+  extra_targets = tuple(float(t) for t in args.targets.split(",") if t.strip())
+  write_outputs(args.workdir, args.out, runs, seeds, args.title, command, extra_targets)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

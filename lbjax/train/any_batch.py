@@ -1,0 +1,145 @@
+"""Any global batch that is a multiple of the micro-batch, with no new compile: `AnyBatchStep`.
+
+`config.batch.micro_batch_size = m > 0` turns it on. A step of k micro-batches (global batch k*m) is
+
+    totals = zeros
+    for j in range(k):                      # host loop, k a Python int
+      totals = accumulate(totals, state, micro_batch[j], j)     # one compiled program, [m, ...]
+    state, metrics, zeros = apply(state, totals, k, lr)          # one compiled program, k traced
+
+`accumulate` (`lbjax.train.step.make_accumulate_step`) sees one micro-batch, whatever k is, and
+`apply` (`make_apply_step`) takes k as a traced int32 scalar; so the whole run compiles each once
+(per loss variant) however often the batch size changes, and each update equals the true batch of
+k*m examples, as the in-step `lax.scan` of `make_train_step` does.
+
+Why a host loop over a fixed-shape program, not one program with a traced trip count: a
+`lax.fori_loop`/`while_loop` with a dynamic count needs its input at a fixed shape, i.e. the batch
+padded to the largest count, [k_max, m, ...]. Feeding that moves and stores k_max/k times the data
+(64x at B=128 with a max of 8192): the host copy and the transfer alone would cost more than the 5%
+the any-batch step may lose, and the device holds k_max micro-batches instead of the k in use. The
+host loop moves exactly the batch, one micro-batch at a time, holds one micro-batch's activations
+(memory 1/k, like the rolled scan), and dispatches asynchronously: the host prepares micro-batch
+j+1 while the device computes j. What it pays is one dispatch per micro-batch and an accumulator
+add per micro-batch that the scan fuses in the same way (`benchmarks/accumulation.py --any-batch`).
+
+Data sharding: each micro-batch is a global [m, ...] array split over the data axes like any batch
+(m must be a multiple of the data-parallel size). Micro-batch j holds the j-th slice of every
+device's share of the global batch, cut on the host from each process's local rows, exactly the
+split `_split_microbatches` makes on the device; so no example changes device and ghost-BatchNorm
+groups (a divisor of the per-device micro share) are those of the true batch.
+"""
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from lbjax.train.errors import ConfigError
+from lbjax.train.mesh import data_parallel_size
+from lbjax.train.state import TrainState
+from lbjax.train.step import Accumulator, make_accumulate_step, make_apply_step, make_micro_batch_terms
+
+
+def split_local_batch(local: dict[str, np.ndarray], num_microbatches: int, local_devices: int
+                      ) -> list[dict[str, np.ndarray]]:
+  """A process's rows [B/P, ...] as k micro-batches [m/P, ...]; micro-batch j holds the j-th slice
+  of each of the `local_devices` devices' shares (the host-side `_split_microbatches`)."""
+
+  def slice_j(x, j):
+    shares = x.reshape(local_devices, num_microbatches, -1, *x.shape[1:])
+    return np.ascontiguousarray(shares[:, j].reshape(-1, *x.shape[1:]))
+
+  return [{k: slice_j(v, j) for k, v in local.items()} for j in range(num_microbatches)]
+
+
+class AnyBatchStep:
+  """The train step for any multiple of `micro_batch_size`: two programs, each compiled once.
+
+  Attributes:
+    micro_batch_size: m, the global micro-batch.
+    compiled: the compiled programs by name (`"accumulate"` per loss variant, `"apply"`).
+    compile_seconds: their compile times, by the same keys.
+  """
+
+  def __init__(self, run, micro_batch_size: int):
+    if run.task.zero_carry(run.model, micro_batch_size) is not None:
+      raise ConfigError("config.batch.micro_batch_size: the any-batch step does not carry a recurrent "
+                        "state across batches (PTB's LSTM); set it to 0 and give batch sizes with "
+                        "config.batch_sizes instead.")
+    if run.compressor is not None:
+      raise ConfigError("config.batch.micro_batch_size reduces GSPMD gradients; it does not combine with "
+                        "config.compression or config.mesh.per_device_gradients. Set it to 0.")
+    self.micro_batch_size = micro_batch_size
+    self._run = run
+    self._local_devices = data_parallel_size(run.mesh) // run.process_count
+    self.compiled: dict[Any, Any] = {}
+    self.compile_seconds: dict[Any, float] = {}
+    self._totals: Accumulator | None = None
+    self._indices: dict[int, jax.Array] = {}
+
+  def num_microbatches(self, global_batch_size: int) -> int:
+    return global_batch_size // self.micro_batch_size
+
+  def place(self, local: dict[str, np.ndarray], global_batch_size: int) -> list[dict[str, jax.Array]]:
+    """This process's rows of a global batch as k global micro-batches on the mesh."""
+    run = self._run
+    micro_batches = split_local_batch(local, self.num_microbatches(global_batch_size), self._local_devices)
+    count = run.process_count
+    return [{k: jax.make_array_from_process_local_data(run.batch_sharding, v, (v.shape[0] * count,) + v.shape[1:])
+             for k, v in micro.items()} for micro in micro_batches]
+
+  def _compile(self, key, build):
+    if key not in self.compiled:
+      start = time.perf_counter()
+      self.compiled[key] = build()
+      self.compile_seconds[key] = time.perf_counter() - start
+    return self.compiled[key]
+
+  def _zero_totals(self, state: TrainState, micro_batch) -> Accumulator:
+    """A zero accumulator with the shapes of one micro-batch's terms, on their shardings."""
+    run = self._run
+    shapes = jax.eval_shape(make_micro_batch_terms(run.graphdef, run.task), state, micro_batch, 0)
+    return jax.tree.map(lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
+                        shapes, self._totals_shardings(state, shapes))
+
+  def _index(self, j: int) -> jax.Array:
+    """Micro-batch index j (or a count) as a replicated int32, placed once."""
+    if j not in self._indices:
+      self._indices[j] = jax.device_put(np.int32(j), self._run.replicated)
+    return self._indices[j]
+
+  def _totals_shardings(self, state: TrainState, totals) -> Accumulator:
+    replicated = self._run.replicated
+    return Accumulator(replicated, jax.tree.map(lambda _: replicated, totals.metrics),
+                       jax.tree.map(lambda _: replicated, totals.model_state),
+                       jax.tree.map(lambda x: x.sharding, state.params), replicated)
+
+  def step(self, state: TrainState, micro_batches: list[dict[str, jax.Array]], learning_rate: jax.Array,
+           discard_fraction: float) -> tuple[TrainState, dict[str, jax.Array], float]:
+    """One update over the micro-batches; returns the new state, its metrics and the seconds spent
+    compiling during this call (0.0 when nothing compiled: any batch after the first)."""
+    run = self._run
+    before = set(self.compiled)
+    if self._totals is None:
+      self._totals = self._zero_totals(state, micro_batches[0])
+    totals_shardings = self._totals_shardings(state, self._totals)
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    micro_shardings = jax.tree.map(lambda x: x.sharding, micro_batches[0])
+    index = self._index
+    accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
+        make_accumulate_step(run.graphdef, run.task, discard_fraction),
+        in_shardings=(totals_shardings, state_shardings, micro_shardings, run.replicated),
+        out_shardings=totals_shardings, donate_argnums=(0,),
+    ).lower(self._totals, state, micro_batches[0], index(0)).compile())
+    count = index(len(micro_batches))
+    apply = self._compile("apply", lambda: jax.jit(
+        make_apply_step(run.optimizer, self.micro_batch_size),
+        in_shardings=(state_shardings, totals_shardings, run.replicated, run.replicated),
+        out_shardings=(state_shardings, run.replicated, totals_shardings), donate_argnums=(0, 1),
+    ).lower(state, self._totals, count, learning_rate).compile())
+    totals = self._totals
+    for j, micro_batch in enumerate(micro_batches):
+      totals = accumulate(totals, state, micro_batch, index(j))
+    state, metrics, self._totals = apply(state, totals, count, learning_rate)
+    return state, metrics, sum(self.compile_seconds[key] for key in self.compiled if key not in before)
