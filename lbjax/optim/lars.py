@@ -151,9 +151,13 @@ def lars(
       curvature radius.)
     optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
-  return layerwise.layerwise_sgd(
-      scale_by_lars(trust_coefficient, weight_decay, eps, denominator, mask, stacked, axis_name),
+  return layerwise.layerwise_rate_sgd(
+      lars_rate(trust_coefficient, eps, denominator),
       learning_rate,
       momentum,
       nesterov,
+      weight_decay=weight_decay,
+      mask=mask,
+      stacked=stacked,
+      axis_name=axis_name,
   )

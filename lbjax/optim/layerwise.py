@@ -233,6 +233,24 @@ def _zip_with_path(params: Params, other: Params):
     yield jax.tree_util.keystr(path), leaf, value
 
 
+def _scale_leaf(rate, g, w, is_selected, stacked_axes, weight_decay, axis_name):
+  """`(rate * (g + beta * w), rate)` for a selected leaf, `(g, MaskedNode())` for another."""
+  if not is_selected:
+    return g, optax.MaskedNode()
+  k = stacked_axes
+  layer = LayerReducer(
+      stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=axis_name
+  )
+  local_rate = rate(w, g, weight_decay, layer)
+  scale = local_rate.reshape(local_rate.shape + (1,) * (w.ndim - k))
+  # scale * g + (scale * beta) * w rather than scale * (g + beta * w): a statistic of g + beta * w
+  # then reads g and w in its own reduction instead of sharing (and so materialising) a full-size
+  # g + beta * w with this update.
+  no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+  update = scale * g if no_decay else scale * g + (scale * weight_decay) * w
+  return update.astype(g.dtype), local_rate.astype(real_dtype(w.dtype))
+
+
 def scale_by_layerwise_rate(
     rate: LayerRate,
     *,
@@ -277,7 +295,6 @@ def scale_by_layerwise_rate(
       statistics of the curvature radius |w_i / g_i|.)
   """
   validation.check_nonnegative("weight_decay", weight_decay)
-  skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
 
   def layout(params):
     stacked_tree = _resolve_stacked(stacked, params)
@@ -305,26 +322,13 @@ def scale_by_layerwise_rate(
     flat_w = updates_def.flatten_up_to(params)
     flat_sel = updates_def.flatten_up_to(selected)
     flat_k = updates_def.flatten_up_to(stacked_tree)
-    new_updates, new_rates = [], []
-    for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k):
-      if not is_selected:
-        new_updates.append(g)
-        new_rates.append(optax.MaskedNode())
-        continue
-      layer = LayerReducer(
-          stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=axis_name
-      )
-      local_rate = rate(w, g, weight_decay, layer)
-      scale = local_rate.reshape(local_rate.shape + (1,) * (w.ndim - k))
-      # scale * g + (scale * beta) * w rather than scale * (g + beta * w): a statistic of
-      # g + beta * w then reads g and w in its own reduction instead of sharing (and so
-      # materialising) a full-size g + beta * w with this update.
-      update = scale * g if skip_decay else scale * g + (scale * weight_decay) * w
-      new_updates.append(update.astype(g.dtype))
-      new_rates.append(local_rate.astype(real_dtype(w.dtype)))
+    scaled = [
+        _scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
+        for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k)
+    ]
     return (
-        jax.tree.unflatten(updates_def, new_updates),
-        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
+        jax.tree.unflatten(updates_def, [update for update, _ in scaled]),
+        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, [r for _, r in scaled])),
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -412,3 +416,92 @@ def layerwise_sgd(
       optax.scale_by_learning_rate(learning_rate),
       optax.trace(decay=momentum, nesterov=nesterov),
   )
+
+
+def layerwise_rate_sgd(
+    rate: LayerRate,
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: Any = 0.9,
+    nesterov: bool = False,
+    *,
+    weight_decay: Any = 0.0,
+    mask: MaskOrFn = None,
+    stacked: StackedOrFn = None,
+    axis_name: AxisName = None,
+) -> optax.GradientTransformation:
+  """`layerwise_sgd(scale_by_layerwise_rate(rate, ...), ...)` computed one leaf at a time.
+
+  The same update, the same numbers and the same state (so `trust_ratios`, checkpoints,
+  `optax.inject_hyperparams` and `optax.MultiSteps` see no difference): for a selected leaf
+
+      v_{t+1} = m * v_t + gamma_t * rate(w_t, g_t, beta) * (g_t + beta * w_t),  w_{t+1} = w_t - v_{t+1}
+
+  (the state keeps `-v` as `optax.trace` does). The difference is the order of the work, which
+  matters on a CPU: the chain leaves XLA free to compute the norms of every leaf first and update
+  every leaf afterwards, so each update reads `w` and `g` back from memory after the norms read
+  them; here, on the CPU backend, the inputs of leaf `i + 1` pass an `optimization_barrier` with
+  the new momentum of leaf `i`, so that each leaf's norms and update run back to back while its
+  `w` and `g` are still in cache. (XLA:CPU has no multi-output fusion, so norms and update cannot
+  share one pass.) Other backends fuse freely and get no barrier.
+
+  Args:
+    rate: the `LayerRate` statistic.
+    learning_rate: gamma, a float or an optax schedule of the update count.
+    momentum: m, in [0, 1).
+    nesterov: return `-(m * v_{t+1} + gamma_t * u_t)` instead (as `optax.trace`).
+    weight_decay: beta, selected leaves only.
+    mask: which leaves get weight decay and the rate (see `scale_by_layerwise_rate`).
+    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
+    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+
+  Returns:
+    An `optax.GradientTransformation` with the state of the chain `layerwise_sgd` builds.
+
+  References:
+    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
+      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
+      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
+  """
+  scaling = scale_by_layerwise_rate(
+      rate, weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name
+  )
+  scale_by_lr = optax.scale_by_learning_rate(learning_rate)
+  chained = layerwise_sgd(scaling, learning_rate, momentum, nesterov)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(
+          "layer-wise rates need the parameters: call update(grads, state, params), "
+          "not update(grads, state)."
+      )
+    rate_state, lr_state, trace_state = state
+    stacked_tree = _resolve_stacked(stacked, params)
+    selected = _resolve_mask(mask, params, stacked_tree)
+    updates_def = jax.tree.structure(updates)
+    flat_g = updates_def.flatten_up_to(updates)
+    flat_w = updates_def.flatten_up_to(params)
+    flat_v = updates_def.flatten_up_to(trace_state.trace)
+    flat_sel = updates_def.flatten_up_to(selected)
+    flat_k = updates_def.flatten_up_to(stacked_tree)
+    # -gamma_t in each leaf dtype, and the schedule's next count, from the LR transform itself:
+    # `-gamma_t * 1` in dtype d is what it multiplies a leaf of dtype d by.
+    dtypes = sorted({jax.dtypes.canonicalize_dtype(g.dtype).name for g in flat_g})
+    factors, lr_state = scale_by_lr.update({d: jnp.ones((), d) for d in dtypes}, lr_state)
+    in_order = jax.default_backend() == "cpu"
+    new_updates, new_trace, new_rates = [], [], []
+    for g, w, v, is_selected, k in zip(flat_g, flat_w, flat_v, flat_sel, flat_k):
+      if in_order and new_trace:
+        g, w, v, _ = jax.lax.optimization_barrier((g, w, v, new_trace[-1]))
+      scaled, leaf_rate = _scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
+      step = factors[jax.dtypes.canonicalize_dtype(g.dtype).name] * scaled
+      trace = step + momentum * v
+      new_updates.append(step + momentum * trace if nesterov else trace)
+      new_trace.append(trace)
+      new_rates.append(leaf_rate)
+    return jax.tree.unflatten(updates_def, new_updates), (
+        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
+        lr_state,
+        optax.TraceState(trace=jax.tree.unflatten(updates_def, new_trace)),
+    )
+
+  return optax.GradientTransformation(chained.init, update_fn)
