@@ -3,8 +3,9 @@
 The machine these run on is shared and noisy, so a figure is a ratio against a baseline measured in
 the same process, in interleaved rounds (A, B, C, then B, C, A, ...), reported as the median over
 rounds with its interquartile range. A ratio is taken round by round (both sides under the same
-load) and `SpreadCheck` refuses to report one whose per-round values scatter too much: the script
-then exits with status 3 and leaves its README section as it was.
+load) and `SpreadCheck` refuses to report one whose median is too uncertain (95% interval wider
+than --max-spread of it): the script then exits with status 3 and leaves its README section as it
+was.
 """
 
 from collections.abc import Callable, Sequence
@@ -103,6 +104,8 @@ class Spread:
   low: float
   high: float
   count: int
+  median_low: float
+  median_high: float
 
   @classmethod
   def of(cls, values: Sequence[float]) -> "Spread":
@@ -112,17 +115,38 @@ class Spread:
       raise ValueError("Spread.of needs at least one value.")
     q1, _, q3 = (statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1
                  else (values[0],) * 3)
-    return cls(statistics.median(values), q1, q3, values[0], values[-1], len(values))
+    rank = _median_interval_rank(len(values))
+    return cls(statistics.median(values), q1, q3, values[0], values[-1], len(values),
+               values[rank], values[len(values) - 1 - rank])
 
   @property
   def relative_iqr(self) -> float:
     """(q3 - q1) / median: the spread as a fraction of the median."""
     return (self.q3 - self.q1) / self.median if self.median else math.inf
 
+  @property
+  def relative_median_interval(self) -> float:
+    """Width of the 95% confidence interval of the median, as a fraction of the median."""
+    return (self.median_high - self.median_low) / self.median if self.median else math.inf
+
   def format(self, scale: float = 1.0, digits: int = 1) -> str:
     """`median [q1, q3]` of the values times `scale`, e.g. `24.5 [23.9, 25.2]`."""
     return (f"{scale * self.median:.{digits}f} [{scale * self.q1:.{digits}f}, "
             f"{scale * self.q3:.{digits}f}]")
+
+
+def _median_interval_rank(count: int, confidence: float = 0.95) -> int:
+  """0-based rank `j` such that [x_(j), x_(n-1-j)] of `count` sorted values holds the median with
+  at least `confidence` (distribution-free: the median lies below x_(j) only if at most j values
+  are below it, and that count is Binomial(n, 1/2)); 0 (the whole range) when `count` is too small
+  for that confidence."""
+  tail, rank = 0.0, 0
+  for j in range((count + 1) // 2):
+    tail += math.comb(count, j) / 2**count  # P(at most j values below the median)
+    if 2 * tail > 1 - confidence:
+      break
+    rank = j
+  return rank
 
 
 def paired_ratios(times: dict[str, list[float]], numerator: str, denominator: str) -> Spread:
@@ -137,24 +161,29 @@ def paired_ratios(times: dict[str, list[float]], numerator: str, denominator: st
 class SpreadCheck:
   """Collects ratios and says which are too noisy to mean anything.
 
-  A ratio is meaningless when the interquartile range of its per-round values exceeds
-  `max_relative_iqr` of its median. A benchmark records every ratio it reports, prints the
-  verdict and exits with `EXIT_TOO_NOISY` (without rewriting its README section) if any failed.
+  A ratio is meaningless when the 95% confidence interval of the median of its per-round values
+  (distribution-free, from their order statistics) is wider than `max_width` of the median: the
+  load of the machine moved it more than the comparison can bear. More rounds narrow the interval.
+  A benchmark records every ratio it reports, prints the verdict and exits with `EXIT_TOO_NOISY`
+  (without rewriting its README section) if any failed.
   """
 
   EXIT_TOO_NOISY = 3
 
-  def __init__(self, max_relative_iqr: float):
-    if not max_relative_iqr > 0:
-      raise ValueError(f"max_relative_iqr must be > 0, got {max_relative_iqr}.")
-    self.max_relative_iqr = max_relative_iqr
+  def __init__(self, max_width: float):
+    if not max_width > 0:
+      raise ValueError(f"max_width must be > 0, got {max_width}.")
+    self.max_width = max_width
     self.failures: list[str] = []
 
   def record(self, label: str, spread: Spread) -> Spread:
     """Records one reported ratio; returns it."""
-    if spread.relative_iqr > self.max_relative_iqr:
-      self.failures.append(f"{label}: {spread.format(digits=3)}, IQR {100 * spread.relative_iqr:.0f}% "
-                           f"of the median > {100 * self.max_relative_iqr:.0f}%")
+    if spread.relative_median_interval > self.max_width:
+      self.failures.append(
+          f"{label}: median {spread.median:.3f}, 95% interval [{spread.median_low:.3f}, "
+          f"{spread.median_high:.3f}] over {spread.count} rounds, "
+          f"{100 * spread.relative_median_interval:.0f}% of the median > "
+          f"{100 * self.max_width:.0f}%")
     return spread
 
   def exit_if_noisy(self) -> None:
@@ -170,8 +199,9 @@ def add_spread_arguments(parser, *, rounds: int, max_spread: float = 0.1) -> Non
   parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
   parser.add_argument(
       "--max-spread", type=float, default=max_spread,
-      help="largest interquartile range of a reported ratio, as a fraction of its median, before "
-           f"the run is declared too noisy (exit {SpreadCheck.EXIT_TOO_NOISY}, README untouched)")
+      help="widest 95%% confidence interval of a reported ratio's median, as a fraction of the "
+           f"median, before the run is declared too noisy (exit {SpreadCheck.EXIT_TOO_NOISY}, "
+           "README untouched)")
 
 
 def load_average() -> str:

@@ -20,10 +20,10 @@ iteration is then timed piece by piece:
   lr_scalar       the learning rate placed as a device scalar (`run.host_scalar`)
   schedules       the host learning-rate and batch-size schedules
 
-    python -m benchmarks.train_loop [--rounds 7] [--steps 40] [--max-spread 0.1] [--no-readme]
+    python -m benchmarks.train_loop [--rounds 9] [--steps 30] [--max-spread 0.1] [--no-readme]
 
-Exits with status 3 (README untouched) when a ratio's interquartile range exceeds --max-spread of
-its median.
+Exits with status 3 (README untouched) when the 95% confidence interval of a ratio's
+median is wider than --max-spread of it.
 """
 
 import argparse
@@ -40,7 +40,7 @@ from benchmarks import workloads
 from lbjax import train
 from lbjax.train import run as run_lib
 
-CASES = (("mnist_lstm", 128), ("resnet_tiny", 128))
+CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
 
 
 class Loop:
@@ -122,11 +122,15 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  report.add_spread_arguments(parser, rounds=7)
-  parser.add_argument("--steps", type=int, default=40, help="steps per loop run")
+  report.add_spread_arguments(parser, rounds=9)
+  parser.add_argument("--steps", type=int, default=30, help="steps per loop run")
   parser.add_argument("--log-every", type=int, default=10)
+  parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
+  models = [m.strip() for m in args.models.split(",") if m.strip()]
+  if not models or any(m not in CASES for m in models):
+    parser.error(f"--models takes names from {', '.join(CASES)}, got {args.models!r}")
   if args.rounds < 2 or args.log_every < 1 or args.steps < 2 * args.log_every:
     parser.error("need --rounds >= 2, --log-every >= 1 and --steps >= 2 x --log-every")
   jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="lbjax-bench-cache-"))
@@ -134,7 +138,8 @@ def main() -> None:
 
   check = report.SpreadCheck(args.max_spread)
   rate_rows, host_rows = [], []
-  for model, batch_size in CASES:
+  for model in models:
+    batch_size = CASES[model]
     times = measure(model, batch_size, args)
     host = times.pop("host")
     spreads = {name: report.Spread.of(values) for name, values in times.items()}
