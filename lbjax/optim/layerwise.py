@@ -233,7 +233,13 @@ def _zip_with_path(params: Params, other: Params):
     yield jax.tree_util.keystr(path), leaf, value
 
 
-def _scale_leaf(rate, g, w, is_selected, stacked_axes, weight_decay, axis_name):
+def layout(mask: MaskOrFn, stacked: StackedOrFn, params: Params) -> tuple[Params, Params]:
+  """`(selected, stacked_axes)`: pytrees like `params` of Python bools and ints (checked)."""
+  stacked_tree = _resolve_stacked(stacked, params)
+  return _resolve_mask(mask, params, stacked_tree), stacked_tree
+
+
+def scale_leaf(rate, g, w, is_selected, stacked_axes, weight_decay, axis_name):
   """`(rate * (g + beta * w), rate)` for a selected leaf, `(g, MaskedNode())` for another."""
   if not is_selected:
     return g, optax.MaskedNode()
@@ -296,12 +302,8 @@ def scale_by_layerwise_rate(
   """
   validation.check_nonnegative("weight_decay", weight_decay)
 
-  def layout(params):
-    stacked_tree = _resolve_stacked(stacked, params)
-    return _resolve_mask(mask, params, stacked_tree), stacked_tree
-
   def init_fn(params):
-    selected, stacked_tree = layout(params)
+    selected, stacked_tree = layout(mask, stacked, params)
 
     def init_rate(p, is_selected, k):
       if not is_selected:
@@ -316,14 +318,14 @@ def scale_by_layerwise_rate(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
-    selected, stacked_tree = layout(params)
+    selected, stacked_tree = layout(mask, stacked, params)
     updates_def = jax.tree.structure(updates)
     flat_g = updates_def.flatten_up_to(updates)
     flat_w = updates_def.flatten_up_to(params)
     flat_sel = updates_def.flatten_up_to(selected)
     flat_k = updates_def.flatten_up_to(stacked_tree)
     scaled = [
-        _scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
+        scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
         for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k)
     ]
     return (
@@ -474,34 +476,63 @@ def layerwise_rate_sgd(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
-    rate_state, lr_state, trace_state = state
-    stacked_tree = _resolve_stacked(stacked, params)
-    selected = _resolve_mask(mask, params, stacked_tree)
+    _, lr_state, trace_state = state
+    selected, stacked_tree = layout(mask, stacked, params)
     updates_def = jax.tree.structure(updates)
-    flat_g = updates_def.flatten_up_to(updates)
-    flat_w = updates_def.flatten_up_to(params)
-    flat_v = updates_def.flatten_up_to(trace_state.trace)
-    flat_sel = updates_def.flatten_up_to(selected)
-    flat_k = updates_def.flatten_up_to(stacked_tree)
-    # -gamma_t in each leaf dtype, and the schedule's next count, from the LR transform itself:
-    # `-gamma_t * 1` in dtype d is what it multiplies a leaf of dtype d by.
-    dtypes = sorted({jax.dtypes.canonicalize_dtype(g.dtype).name for g in flat_g})
-    factors, lr_state = scale_by_lr.update({d: jnp.ones((), d) for d in dtypes}, lr_state)
-    in_order = jax.default_backend() == "cpu"
-    new_updates, new_trace, new_rates = [], [], []
-    for g, w, v, is_selected, k in zip(flat_g, flat_w, flat_v, flat_sel, flat_k):
-      if in_order and new_trace:
-        g, w, v, _ = jax.lax.optimization_barrier((g, w, v, new_trace[-1]))
-      scaled, leaf_rate = _scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
-      step = factors[jax.dtypes.canonicalize_dtype(g.dtype).name] * scaled
+    flat = [updates_def.flatten_up_to(tree)
+            for tree in (updates, params, trace_state.trace, selected, stacked_tree)]
+    factors, lr_state = learning_rate_factors(scale_by_lr, flat[0], lr_state)
+
+    def leaf(g, w, v, is_selected, k):
+      scaled, leaf_rate = scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
+      step = factors[_dtype_name(g)] * scaled
       trace = step + momentum * v
-      new_updates.append(step + momentum * trace if nesterov else trace)
-      new_trace.append(trace)
-      new_rates.append(leaf_rate)
-    return jax.tree.unflatten(updates_def, new_updates), (
-        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
+      return (step + momentum * trace if nesterov else trace), (trace,), leaf_rate
+
+    results = in_leaf_order(leaf, list(zip(*flat)), array_arguments=3)
+    new_updates, new_trace, new_rates = zip(*results) if results else ((), (), ())
+    unflatten = lambda leaves: jax.tree.unflatten(updates_def, list(leaves))
+    return unflatten(new_updates), (
+        LayerwiseRateState(rates=unflatten(new_rates)),
         lr_state,
-        optax.TraceState(trace=jax.tree.unflatten(updates_def, new_trace)),
+        optax.TraceState(trace=unflatten(trace for (trace,) in new_trace)),
     )
 
   return optax.GradientTransformation(chained.init, update_fn)
+
+
+def _dtype_name(x: Any) -> str:
+  return jax.dtypes.canonicalize_dtype(x.dtype).name
+
+
+def learning_rate_factors(scale_by_lr: optax.GradientTransformation, leaves: list[Any],
+                          lr_state: Any) -> tuple[dict[str, jax.Array], Any]:
+  """`-gamma_t` in each (canonical) dtype of `leaves`, and the LR transform's next state.
+
+  `scale_by_lr` (an `optax.scale_by_learning_rate`) is applied once to a scalar 1 of each dtype:
+  `-gamma_t * 1` in dtype d is exactly what it multiplies a leaf of dtype d by, and a schedule's
+  count advances once, as when it is applied to the whole tree.
+  """
+  dtypes = sorted({_dtype_name(x) for x in leaves})
+  return scale_by_lr.update({d: jnp.ones((), d) for d in dtypes}, lr_state)
+
+
+def in_leaf_order(leaf_update, leaves: list[tuple], array_arguments: int) -> list[tuple]:
+  """`[leaf_update(*args) for args in leaves]`, leaf after leaf on the CPU backend.
+
+  `leaf_update` returns `(update, new_state_arrays, extra)`. On the CPU backend the first
+  `array_arguments` arguments of each leaf (its full-size inputs) pass an `optimization_barrier`
+  with the new state arrays of the previous leaf, so that XLA runs each leaf's reductions and
+  elementwise passes back to back, while the leaf is in cache, instead of all reductions first and
+  all updates afterwards (XLA:CPU has no multi-output fusion: a reduction and an update of the same
+  arrays are separate passes over memory). Only state arrays are chained: they are written anyway,
+  so the barrier adds no copy. Other backends fuse across leaves and get no barrier.
+  """
+  ordered = jax.default_backend() == "cpu"
+  results = []
+  for args in leaves:
+    if ordered and results:
+      arrays, _ = jax.lax.optimization_barrier((args[:array_arguments], results[-1][1]))
+      args = tuple(arrays) + tuple(args[array_arguments:])
+    results.append(leaf_update(*args))
+  return results
