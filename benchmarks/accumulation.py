@@ -3,12 +3,12 @@
 For a fixed global batch, `config.max_device_batch = batch / k` makes the trainer split each step
 into k micro-batches accumulated with `lax.scan` (the papers' `iter_size`). The table gives, per k,
 the throughput relative to k = 1 (interleaved rounds in one process; per-round ratios, median and
-quartiles; exit status 3 and README untouched when the 95% interval of a median is wider than --max-spread
-of it) and the compiled step's
-memory from `compiled.memory_analysis()`: temporaries (activations, gradients in flight) and the
-peak estimate (arguments + outputs + temporaries - donated aliases).
+quartiles; exit status 3 and README untouched when the 95% interval of a median is wider than
+--max-spread of it) and the compiled step's memory from `compiled.memory_analysis()`: temporaries
+(activations, gradients in flight) and the peak estimate (arguments + outputs + temporaries -
+donated aliases).
 
-    python -m benchmarks.accumulation [--rounds 5] [--max-spread 0.1] [--no-readme]
+    python -m benchmarks.accumulation [--rounds 9] [--max-spread 0.1] [--no-readme]
 """
 
 import argparse
@@ -30,7 +30,7 @@ def memory_bytes(compiled) -> tuple[int, int]:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  report.add_spread_arguments(parser, rounds=5)
+  report.add_spread_arguments(parser, rounds=9)
   parser.add_argument("--seconds-per-round", type=float, default=1.0)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()

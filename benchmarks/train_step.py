@@ -3,13 +3,13 @@
 For each model and batch size, both steps run on the same placed batch (no input pipeline) in
 interleaved rounds on one device; the table gives the time per step (median over rounds with its
 quartiles) and the per-round ratio trainer / hand-written (median and quartiles). The run exits
-with status 3 (README untouched) when the 95% confidence interval of a ratio's
-median is wider than --max-spread of it. The trainer's step adds, by design, the injected learning rate, the
+with status 3 (README untouched) when the 95% confidence interval of a ratio's median is wider
+than --max-spread of it. The trainer's step adds, by design, the injected learning rate, the
 non-finite guard (`jnp.where` over the state), grad/update norms and the dropout-key fold; its
 overhead should stay within 5%.
 
     python -m benchmarks.train_step [--models mnist_lstm,ptb_lstm,resnet_tiny,resnet18]
-        [--rounds 11] [--seconds-per-round 0.3] [--max-spread 0.1] [--no-readme]
+        [--rounds 21] [--seconds-per-round 0.1] [--max-spread 0.1] [--no-readme]
 
 ResNet-50 (32x32, batch 8) is affordable on a CPU but slow to compile: add it with --models.
 """
@@ -55,8 +55,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default=DEFAULT_MODELS,
                       help=f"comma-separated, from {', '.join(workloads.MODELS)}")
-  report.add_spread_arguments(parser, rounds=11)
-  parser.add_argument("--seconds-per-round", type=float, default=0.3)
+  report.add_spread_arguments(parser, rounds=21)
+  parser.add_argument("--seconds-per-round", type=float, default=0.1)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   models = [m.strip() for m in args.models.split(",") if m.strip()]
