@@ -68,10 +68,10 @@ def main() -> None:
            "estimate for the compiled step (CPU backend); peak = arguments + outputs + temporaries "
            "- donated aliases.")
   print(table)
-  check.exit_if_noisy()
-  if not args.no_readme:
+  if not args.no_readme and check.should_write(args.write_noisy):
     report.write_section("accumulation", "Gradient accumulation: k micro-batches vs one batch",
-                         report.header_lines() + "\n" + table + "\n\n" + notes)
+                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
+  check.exit_if_noisy()
 
 
 if __name__ == "__main__":

@@ -276,11 +276,12 @@ def main() -> None:
       lines.append(f"- {tree}: {pair}: {diff:.1e}")
   body = "\n".join(lines)
   print(body)
-  check.exit_if_noisy()
-  if not args.no_readme:
+  if not args.no_readme and check.should_write(args.write_noisy):
     report.write_section(
         "optimizer", "Optimizer update: `benchmarks/optimizer.py`",
-        report.header_lines() + "\n" + body + "\n\n" + NOTES.format(seconds=args.seconds_per_round))
+        report.header_lines() + "\n" + check.warning() + body + "\n\n" +
+        NOTES.format(seconds=args.seconds_per_round))
+  check.exit_if_noisy()
 
 
 if __name__ == "__main__":

@@ -186,6 +186,19 @@ class SpreadCheck:
           f"{100 * self.max_width:.0f}%")
     return spread
 
+  def should_write(self, write_noisy: bool) -> bool:
+    """Whether the README section may be written: the ratios are sound, or `--write-noisy`."""
+    return not self.failures or write_noisy
+
+  def warning(self) -> str:
+    """Markdown naming the too-noisy ratios (empty when there are none), to head a section."""
+    if not self.failures:
+      return ""
+    return ("**Too noisy** (written with `--write-noisy`; the run exited with status "
+            f"{self.EXIT_TOO_NOISY}): the 95% interval of these medians is wider than "
+            f"{100 * self.max_width:.0f}% of them, so read these ratios as rough:\n\n" +
+            "\n".join(f"- {failure}" for failure in self.failures) + "\n\n")
+
   def exit_if_noisy(self) -> None:
     """Prints the failed ratios and exits with `EXIT_TOO_NOISY` if there are any."""
     if self.failures:
@@ -195,13 +208,17 @@ class SpreadCheck:
 
 
 def add_spread_arguments(parser, *, rounds: int, max_spread: float = 0.1) -> None:
-  """The `--rounds` and `--max-spread` options every timing benchmark shares."""
+  """The `--rounds`, `--max-spread` and `--write-noisy` options every timing benchmark shares."""
   parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
   parser.add_argument(
       "--max-spread", type=float, default=max_spread,
       help="widest 95%% confidence interval of a reported ratio's median, as a fraction of the "
            f"median, before the run is declared too noisy (exit {SpreadCheck.EXIT_TOO_NOISY}, "
-           "README untouched)")
+           "README untouched unless --write-noisy)")
+  parser.add_argument(
+      "--write-noisy", action="store_true",
+      help="write the README section even when too noisy, headed by the list of noisy ratios "
+           f"(the exit status is still {SpreadCheck.EXIT_TOO_NOISY})")
 
 
 def load_average() -> str:

@@ -20,7 +20,7 @@ iteration is then timed piece by piece:
   lr_scalar       the learning rate placed as a device scalar (`run.host_scalar`)
   schedules       the host learning-rate and batch-size schedules
 
-    python -m benchmarks.train_loop [--rounds 9] [--steps 30] [--max-spread 0.1] [--no-readme]
+    python -m benchmarks.train_loop [--rounds 15] [--steps 25] [--log-every 5] [--max-spread 0.1] [--no-readme]
 
 Exits with status 3 (README untouched) when the 95% confidence interval of a ratio's
 median is wider than --max-spread of it.
@@ -122,9 +122,9 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  report.add_spread_arguments(parser, rounds=9)
-  parser.add_argument("--steps", type=int, default=30, help="steps per loop run")
-  parser.add_argument("--log-every", type=int, default=10)
+  report.add_spread_arguments(parser, rounds=15)
+  parser.add_argument("--steps", type=int, default=25, help="steps per loop run")
+  parser.add_argument("--log-every", type=int, default=5)
   parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
@@ -170,12 +170,12 @@ def main() -> None:
       "the previous one (at most two in flight); metrics reach the host once per window. Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a 2-core CPU they compete with it for cores).")
-  body = (report.header_lines() + "\n" + rates + "\n\nHost work of one loop iteration:\n\n" +
-          pieces + "\n\n" + notes)
+  body = (report.header_lines() + "\n" + check.warning() + rates +
+          "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)
-  check.exit_if_noisy()
-  if not args.no_readme:
+  if not args.no_readme and check.should_write(args.write_noisy):
     report.write_section("train-loop", "Whole loop vs bare step", body)
+  check.exit_if_noisy()
 
 
 if __name__ == "__main__":
