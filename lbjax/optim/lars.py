@@ -68,7 +68,8 @@ def scale_by_lars(
 
   `lambda^l` is `lars_rate` (papers/000 Algorithm 1: `eta * ||w|| / (||g|| + beta * ||w||)`).
   Unselected leaves pass through unchanged (no weight decay, no trust ratio). Composes with any optax
-  chain; `lars` is `chain(scale_by_lars, scale_by_learning_rate, trace)`.
+  chain; `lars` computes `chain(scale_by_lars, scale_by_learning_rate, trace)` (same state, same
+  numbers) one leaf at a time (`layerwise.layerwise_rate_sgd`).
 
   Args:
     trust_coefficient: eta (the LARS coefficient), > 0.
@@ -123,6 +124,10 @@ def lars(
   weight decay, no trust ratio. `nesterov=True` returns `-(m * v_{t+1} + gamma_t * lambda * d)`
   instead, as `optax.trace` does. Zero norms: `lambda^l = eta` when `||w^l|| = 0` or the denominator
   is 0 (see `layerwise`), so a zero-initialised selected leaf moves by `gamma_t * eta * g`, never NaN.
+
+  The state is that of `chain(scale_by_lars, scale_by_learning_rate, trace)`, and so are the
+  numbers, bit for bit; the work runs one leaf at a time (`layerwise.layerwise_rate_sgd`: on a CPU,
+  each leaf's norms and update back to back while it is in cache).
 
   Works under `optax.inject_hyperparams(lars)(learning_rate=..., ...)` (the numeric arguments become
   hyper-parameters; pass callable `mask`/`stacked` through `static_args`) and `optax.MultiSteps`.
