@@ -2,7 +2,6 @@
 
 from typing import Any
 
-import jax
 import optax
 
 from lbjax.optim import layerwise
@@ -82,12 +81,6 @@ def lamb(
   for selected leaves; unselected leaves take the plain Adam step `-gamma_t * r_t`. With every leaf
   selected this is `optax.lamb` (whose `mask` only governs weight decay).
 
-  The state and the formulas are those of `optax.chain(optax.scale_by_adam(...),
-  scale_by_lamb_trust_ratio(...), optax.scale_by_learning_rate(...))` (the numbers to float32
-  rounding: XLA may fuse Adam's bias correction differently), computed one leaf at a
-  time (see `layerwise.in_leaf_order`: on a CPU each leaf's moments, norms and step run back to
-  back while it is in cache).
-
   Args:
     learning_rate: gamma, a float or an optax schedule of the update count.
     b1: Adam's first-moment decay, in [0, 1).
@@ -114,45 +107,8 @@ def lamb(
   validation.check_momentum("b2", b2)
   validation.check_nonnegative("eps", eps)
   validation.check_nonnegative("eps_root", eps_root)
-  adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root)
-  scale_by_lr = optax.scale_by_learning_rate(learning_rate)
-  chained = optax.chain(
-      adam, scale_by_lamb_trust_ratio(weight_decay, mask, stacked, axis_name), scale_by_lr
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+      scale_by_lamb_trust_ratio(weight_decay, mask, stacked, axis_name),
+      optax.scale_by_learning_rate(learning_rate),
   )
-  rate = lamb_rate()
-
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError(
-          "LAMB's trust ratio needs the parameters: call update(grads, state, params), "
-          "not update(grads, state)."
-      )
-    adam_state, _, lr_state = state
-    selected, stacked_tree = layerwise.layout(mask, stacked, params)
-    updates_def = jax.tree.structure(updates)
-    flat = [updates_def.flatten_up_to(tree)
-            for tree in (updates, params, adam_state.mu, adam_state.nu, selected, stacked_tree)]
-    factors, lr_state = layerwise.learning_rate_factors(scale_by_lr, flat[0], lr_state)
-
-    def leaf(g, w, mu, nu, is_selected, k):
-      # optax's Adam on this one leaf: the same code, the same numbers as on the whole tree.
-      (direction,), leaf_state = adam.update((g,), adam_state._replace(mu=(mu,), nu=(nu,)))
-      scaled, leaf_rate = layerwise.scale_leaf(
-          rate, direction, w, is_selected, k, weight_decay, axis_name
-      )
-      step = factors[jax.dtypes.canonicalize_dtype(scaled.dtype).name] * scaled
-      return step, (leaf_state.mu[0], leaf_state.nu[0]), leaf_rate
-
-    results = layerwise.in_leaf_order(leaf, list(zip(*flat)), array_arguments=4)
-    unflatten = lambda leaves: jax.tree.unflatten(updates_def, list(leaves))
-    count = optax.safe_increment(adam_state.count)
-    new_updates = unflatten(step for step, _, _ in results)
-    new_adam = adam_state._replace(
-        count=count,
-        mu=unflatten(moments[0] for _, moments, _ in results),
-        nu=unflatten(moments[1] for _, moments, _ in results),
-    )
-    rates = layerwise.LayerwiseRateState(rates=unflatten(r for _, _, r in results))
-    return new_updates, (new_adam, rates, lr_state)
-
-  return optax.GradientTransformation(chained.init, update_fn)

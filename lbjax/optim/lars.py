@@ -68,8 +68,7 @@ def scale_by_lars(
 
   `lambda^l` is `lars_rate` (papers/000 Algorithm 1: `eta * ||w|| / (||g|| + beta * ||w||)`).
   Unselected leaves pass through unchanged (no weight decay, no trust ratio). Composes with any optax
-  chain; `lars` computes `chain(scale_by_lars, scale_by_learning_rate, trace)` (same state, same
-  numbers) one leaf at a time (`layerwise.layerwise_rate_sgd`).
+  chain; `lars` is `chain(scale_by_lars, scale_by_learning_rate, trace)`.
 
   Args:
     trust_coefficient: eta (the LARS coefficient), > 0.
@@ -125,10 +124,6 @@ def lars(
   instead, as `optax.trace` does. Zero norms: `lambda^l = eta` when `||w^l|| = 0` or the denominator
   is 0 (see `layerwise`), so a zero-initialised selected leaf moves by `gamma_t * eta * g`, never NaN.
 
-  The state is that of `chain(scale_by_lars, scale_by_learning_rate, trace)`, and so are the
-  numbers, bit for bit; the work runs one leaf at a time (`layerwise.layerwise_rate_sgd`: on a CPU,
-  each leaf's norms and update back to back while it is in cache).
-
   Works under `optax.inject_hyperparams(lars)(learning_rate=..., ...)` (the numeric arguments become
   hyper-parameters; pass callable `mask`/`stacked` through `static_args`) and `optax.MultiSteps`.
 
@@ -156,13 +151,9 @@ def lars(
       curvature radius.)
     optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
-  return layerwise.layerwise_rate_sgd(
-      lars_rate(trust_coefficient, eps, denominator),
+  return layerwise.layerwise_sgd(
+      scale_by_lars(trust_coefficient, weight_decay, eps, denominator, mask, stacked, axis_name),
       learning_rate,
       momentum,
       nesterov,
-      weight_decay=weight_decay,
-      mask=mask,
-      stacked=stacked,
-      axis_name=axis_name,
   )

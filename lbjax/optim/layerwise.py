@@ -233,30 +233,6 @@ def _zip_with_path(params: Params, other: Params):
     yield jax.tree_util.keystr(path), leaf, value
 
 
-def layout(mask: MaskOrFn, stacked: StackedOrFn, params: Params) -> tuple[Params, Params]:
-  """`(selected, stacked_axes)`: pytrees like `params` of Python bools and ints (checked)."""
-  stacked_tree = _resolve_stacked(stacked, params)
-  return _resolve_mask(mask, params, stacked_tree), stacked_tree
-
-
-def scale_leaf(rate, g, w, is_selected, stacked_axes, weight_decay, axis_name):
-  """`(rate * (g + beta * w), rate)` for a selected leaf, `(g, MaskedNode())` for another."""
-  if not is_selected:
-    return g, optax.MaskedNode()
-  k = stacked_axes
-  layer = LayerReducer(
-      stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=axis_name
-  )
-  local_rate = rate(w, g, weight_decay, layer)
-  scale = local_rate.reshape(local_rate.shape + (1,) * (w.ndim - k))
-  # scale * g + (scale * beta) * w rather than scale * (g + beta * w): a statistic of g + beta * w
-  # then reads g and w in its own reduction instead of sharing (and so materialising) a full-size
-  # g + beta * w with this update.
-  no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
-  update = scale * g if no_decay else scale * g + (scale * weight_decay) * w
-  return update.astype(g.dtype), local_rate.astype(real_dtype(w.dtype))
-
-
 def scale_by_layerwise_rate(
     rate: LayerRate,
     *,
@@ -301,9 +277,14 @@ def scale_by_layerwise_rate(
       statistics of the curvature radius |w_i / g_i|.)
   """
   validation.check_nonnegative("weight_decay", weight_decay)
+  skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+
+  def layout(params):
+    stacked_tree = _resolve_stacked(stacked, params)
+    return _resolve_mask(mask, params, stacked_tree), stacked_tree
 
   def init_fn(params):
-    selected, stacked_tree = layout(mask, stacked, params)
+    selected, stacked_tree = layout(params)
 
     def init_rate(p, is_selected, k):
       if not is_selected:
@@ -318,19 +299,32 @@ def scale_by_layerwise_rate(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
-    selected, stacked_tree = layout(mask, stacked, params)
+    selected, stacked_tree = layout(params)
     updates_def = jax.tree.structure(updates)
     flat_g = updates_def.flatten_up_to(updates)
     flat_w = updates_def.flatten_up_to(params)
     flat_sel = updates_def.flatten_up_to(selected)
     flat_k = updates_def.flatten_up_to(stacked_tree)
-    scaled = [
-        scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
-        for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k)
-    ]
+    new_updates, new_rates = [], []
+    for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k):
+      if not is_selected:
+        new_updates.append(g)
+        new_rates.append(optax.MaskedNode())
+        continue
+      layer = LayerReducer(
+          stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=axis_name
+      )
+      local_rate = rate(w, g, weight_decay, layer)
+      scale = local_rate.reshape(local_rate.shape + (1,) * (w.ndim - k))
+      # scale * g + (scale * beta) * w rather than scale * (g + beta * w): a statistic of
+      # g + beta * w then reads g and w in its own reduction instead of sharing (and so
+      # materialising) a full-size g + beta * w with this update.
+      update = scale * g if skip_decay else scale * g + (scale * weight_decay) * w
+      new_updates.append(update.astype(g.dtype))
+      new_rates.append(local_rate.astype(real_dtype(w.dtype)))
     return (
-        jax.tree.unflatten(updates_def, [update for update, _ in scaled]),
-        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, [r for _, r in scaled])),
+        jax.tree.unflatten(updates_def, new_updates),
+        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -418,121 +412,3 @@ def layerwise_sgd(
       optax.scale_by_learning_rate(learning_rate),
       optax.trace(decay=momentum, nesterov=nesterov),
   )
-
-
-def layerwise_rate_sgd(
-    rate: LayerRate,
-    learning_rate: optax.ScalarOrSchedule,
-    momentum: Any = 0.9,
-    nesterov: bool = False,
-    *,
-    weight_decay: Any = 0.0,
-    mask: MaskOrFn = None,
-    stacked: StackedOrFn = None,
-    axis_name: AxisName = None,
-) -> optax.GradientTransformation:
-  """`layerwise_sgd(scale_by_layerwise_rate(rate, ...), ...)` computed one leaf at a time.
-
-  The same update, the same numbers and the same state (so `trust_ratios`, checkpoints,
-  `optax.inject_hyperparams` and `optax.MultiSteps` see no difference): for a selected leaf
-
-      v_{t+1} = m * v_t + gamma_t * rate(w_t, g_t, beta) * (g_t + beta * w_t),  w_{t+1} = w_t - v_{t+1}
-
-  (the state keeps `-v` as `optax.trace` does). The difference is the order of the work, which
-  matters on a CPU: the chain leaves XLA free to compute the norms of every leaf first and update
-  every leaf afterwards, so each update reads `w` and `g` back from memory after the norms read
-  them; here, on the CPU backend, the inputs of leaf `i + 1` pass an `optimization_barrier` with
-  the new momentum of leaf `i`, so that each leaf's norms and update run back to back while its
-  `w` and `g` are still in cache. (XLA:CPU has no multi-output fusion, so norms and update cannot
-  share one pass.) Other backends fuse freely and get no barrier.
-
-  Args:
-    rate: the `LayerRate` statistic.
-    learning_rate: gamma, a float or an optax schedule of the update count.
-    momentum: m, in [0, 1).
-    nesterov: return `-(m * v_{t+1} + gamma_t * u_t)` instead (as `optax.trace`).
-    weight_decay: beta, selected leaves only.
-    mask: which leaves get weight decay and the rate (see `scale_by_layerwise_rate`).
-    stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
-    axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
-
-  Returns:
-    An `optax.GradientTransformation` with the state of the chain `layerwise_sgd` builds.
-
-  References:
-    You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
-      arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
-      Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
-  """
-  scaling = scale_by_layerwise_rate(
-      rate, weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name
-  )
-  scale_by_lr = optax.scale_by_learning_rate(learning_rate)
-  chained = layerwise_sgd(scaling, learning_rate, momentum, nesterov)
-
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError(
-          "layer-wise rates need the parameters: call update(grads, state, params), "
-          "not update(grads, state)."
-      )
-    _, lr_state, trace_state = state
-    selected, stacked_tree = layout(mask, stacked, params)
-    updates_def = jax.tree.structure(updates)
-    flat = [updates_def.flatten_up_to(tree)
-            for tree in (updates, params, trace_state.trace, selected, stacked_tree)]
-    factors, lr_state = learning_rate_factors(scale_by_lr, flat[0], lr_state)
-
-    def leaf(g, w, v, is_selected, k):
-      scaled, leaf_rate = scale_leaf(rate, g, w, is_selected, k, weight_decay, axis_name)
-      step = factors[_dtype_name(g)] * scaled
-      trace = step + momentum * v
-      return (step + momentum * trace if nesterov else trace), (trace,), leaf_rate
-
-    results = in_leaf_order(leaf, list(zip(*flat)), array_arguments=3)
-    new_updates, new_trace, new_rates = zip(*results) if results else ((), (), ())
-    unflatten = lambda leaves: jax.tree.unflatten(updates_def, list(leaves))
-    return unflatten(new_updates), (
-        LayerwiseRateState(rates=unflatten(new_rates)),
-        lr_state,
-        optax.TraceState(trace=unflatten(trace for (trace,) in new_trace)),
-    )
-
-  return optax.GradientTransformation(chained.init, update_fn)
-
-
-def _dtype_name(x: Any) -> str:
-  return jax.dtypes.canonicalize_dtype(x.dtype).name
-
-
-def learning_rate_factors(scale_by_lr: optax.GradientTransformation, leaves: list[Any],
-                          lr_state: Any) -> tuple[dict[str, jax.Array], Any]:
-  """`-gamma_t` in each (canonical) dtype of `leaves`, and the LR transform's next state.
-
-  `scale_by_lr` (an `optax.scale_by_learning_rate`) is applied once to a scalar 1 of each dtype:
-  `-gamma_t * 1` in dtype d is exactly what it multiplies a leaf of dtype d by, and a schedule's
-  count advances once, as when it is applied to the whole tree.
-  """
-  dtypes = sorted({_dtype_name(x) for x in leaves})
-  return scale_by_lr.update({d: jnp.ones((), d) for d in dtypes}, lr_state)
-
-
-def in_leaf_order(leaf_update, leaves: list[tuple], array_arguments: int) -> list[tuple]:
-  """`[leaf_update(*args) for args in leaves]`, leaf after leaf on the CPU backend.
-
-  `leaf_update` returns `(update, new_state_arrays, extra)`. On the CPU backend the first
-  `array_arguments` arguments of each leaf (its full-size inputs) pass an `optimization_barrier`
-  with the new state arrays of the previous leaf, so that XLA runs each leaf's reductions and
-  elementwise passes back to back, while the leaf is in cache, instead of all reductions first and
-  all updates afterwards (XLA:CPU has no multi-output fusion: a reduction and an update of the same
-  arrays are separate passes over memory). Only state arrays are chained: they are written anyway,
-  so the barrier adds no copy. Other backends fuse across leaves and get no barrier.
-  """
-  ordered = jax.default_backend() == "cpu"
-  results = []
-  for args in leaves:
-    if ordered and results:
-      arrays, _ = jax.lax.optimization_barrier((args[:array_arguments], results[-1][1]))
-      args = tuple(arrays) + tuple(args[array_arguments:])
-    results.append(leaf_update(*args))
-  return results

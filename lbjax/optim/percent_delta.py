@@ -99,7 +99,7 @@ def percent_delta(
       Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 24.)
     Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
-  return layerwise.layerwise_rate_sgd(
-      percent_delta_rate(), learning_rate, momentum, nesterov, weight_decay=weight_decay,
-      mask=mask, stacked=stacked, axis_name=axis_name,
+  return layerwise.layerwise_sgd(
+      scale_by_percent_delta(weight_decay, mask, stacked, axis_name), learning_rate, momentum,
+      nesterov,
   )

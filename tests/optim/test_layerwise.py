@@ -115,29 +115,3 @@ def test_every_statistic_under_shard_map_and_sharded_jit_equals_global(name):
     np.testing.assert_allclose(got_ratios[k], want_ratios[k], rtol=1e-5)
     np.testing.assert_allclose(jit_got[k], want[k], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(optim.trust_ratios(jit_state)[k], want_ratios[k], rtol=1e-5)
-
-
-@pytest.mark.parametrize("nesterov", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, jax.numpy.bfloat16])
-def test_leaf_by_leaf_update_is_the_chain_bit_for_bit(nesterov, dtype):
-  """`layerwise_rate_sgd` (what `lars` and `percent_delta` run) only reorders the chain's work:
-  the same parameters and the same state, bit for bit, under jit, with a schedule and stacked
-  layers."""
-  rate = optim.lars_rate(1e-3)
-  schedule = optax.cosine_decay_schedule(0.5, 10)
-  kwargs = dict(weight_decay=1e-3, stacked={"conv": 1, "dense": 0, "bias": 0, "scale": 0})
-  fused = optim.layerwise.layerwise_rate_sgd(rate, schedule, 0.9, nesterov, **kwargs)
-  chain = optim.layerwise_sgd(optim.scale_by_layerwise_rate(rate, **kwargs), schedule, 0.9, nesterov)
-  params = jax.tree.map(lambda x: x.astype(dtype), make_tree(120))
-  results = []
-  for opt in (fused, chain):
-    step = jax.jit(lambda p, s, g, opt=opt: (lambda u, s: (optax.apply_updates(p, u), s))(
-        *opt.update(g, s, p)))
-    p, state = params, opt.init(params)
-    for t in range(3):
-      p, state = step(p, state, jax.tree.map(lambda x: x.astype(dtype), make_tree(121 + t)))
-    results.append((p, state))
-  assert jax.tree.structure(results[0]) == jax.tree.structure(results[1])
-  for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
-    assert a.dtype == b.dtype
-    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
