@@ -2,11 +2,13 @@
 
 For a fixed global batch, `config.max_device_batch = batch / k` makes the trainer split each step
 into k micro-batches accumulated with `lax.scan` (the papers' `iter_size`). The table gives, per k,
-the throughput relative to k = 1 (interleaved in one process, medians) and the compiled step's
-memory from `compiled.memory_analysis()`: temporaries (activations, gradients in flight) and the
-peak estimate (arguments + outputs + temporaries - donated aliases).
+the throughput relative to k = 1 (interleaved rounds in one process; per-round ratios, median and
+quartiles; exit status 3 and README untouched when the 95% interval of a median is wider than
+--max-spread of it) and the compiled step's memory from `compiled.memory_analysis()`: temporaries
+(activations, gradients in flight) and the peak estimate (arguments + outputs + temporaries -
+donated aliases).
 
-    python -m benchmarks.accumulation [--rounds 5] [--no-readme]
+    python -m benchmarks.accumulation [--rounds 9] [--max-spread 0.1] [--no-readme]
 
 `--any-batch` instead compares, at a fixed global batch, the any-batch step (`config.batch.
 micro_batch_size`: a host loop over one compiled micro-batch program plus one compiled update whose
@@ -114,7 +116,7 @@ def memory_bytes(compiled) -> tuple[int, int]:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rounds", type=int, default=5)
+  report.add_spread_arguments(parser, rounds=9)
   parser.add_argument("--seconds-per-round", type=float, default=1.0)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   parser.add_argument("--any-batch", action="store_true", help="the any-batch step vs the per-size steps")
@@ -124,6 +126,7 @@ def main() -> None:
   if args.any_batch:
     any_batch_main(args)
     return
+  check = report.SpreadCheck(args.max_spread)
   rows = []
   for model, batch_size, splits in CASES:
     steps = {}
@@ -131,14 +134,17 @@ def main() -> None:
       config = workloads.trainer_config(model, batch_size)
       config.max_device_batch = batch_size // k if k > 1 else 0
       steps[k] = workloads.TrainerStep(config)
-    probe = report.median_seconds({1: steps[1]}, rounds=1, repeats=1)[1]
-    repeats = max(1, round(args.seconds_per_round / max(probe, 1e-6)))
-    seconds = report.median_seconds(steps, rounds=args.rounds, repeats=repeats)
+    repeats = report.repeats_for(steps[1], args.seconds_per_round)
+    times = report.round_seconds(steps, rounds=args.rounds, repeats=repeats)
     base_temp, base_peak = memory_bytes(steps[1].compiled)
     for k in splits:
       temp, peak = memory_bytes(steps[k].compiled)
-      rows.append([model, batch_size, k, batch_size // k, f"{batch_size / seconds[k]:,.0f}",
-                   f"{seconds[1] / seconds[k]:.3f}", f"{temp / 2**20:.1f}", f"{temp / base_temp:.2f}",
+      speedup = report.paired_ratios(times, 1, k)
+      if k != 1:
+        check.record(f"{model} k={k}: time at k=1 / time at k", speedup)
+      rows.append([model, batch_size, k, batch_size // k,
+                   f"{batch_size / report.Spread.of(times[k]).median:,.0f}",
+                   speedup.format(digits=3), f"{temp / 2**20:.1f}", f"{temp / base_temp:.2f}",
                    f"{peak / 2**20:.1f}", f"{peak / base_peak:.2f}"])
       print(rows[-1], flush=True)
     for step in steps.values():
@@ -150,13 +156,14 @@ def main() -> None:
            "inside the accumulation loop (`lax.scan`, a `while` loop) runs ~10x slower than outside "
            "it, so on CPU models with convolutions unroll the loop (ResNet rows: fast, but memory "
            "as for k = 1) and the others keep it rolled (LSTM rows: memory 1/k); see Findings 7. "
-           "Memory is XLA's static "
+           "Throughput vs k=1: per-round ratios, median [quartiles]. Memory is XLA's static "
            "estimate for the compiled step (CPU backend); peak = arguments + outputs + temporaries "
            "- donated aliases.")
   print(table)
-  if not args.no_readme:
+  if not args.no_readme and check.should_write(args.write_noisy):
     report.write_section("accumulation", "Gradient accumulation: k micro-batches vs one batch",
-                         report.header_lines() + "\n" + table + "\n\n" + notes)
+                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
+  check.exit_if_noisy()
 
 
 def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:

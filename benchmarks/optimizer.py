@@ -1,33 +1,34 @@
-"""Speed of one optimizer update (update + apply_updates, jitted, donated buffers).
+"""Speed of one optimizer update (update + apply_updates, jitted, donated buffers) against memory.
 
 Compares lbjax's layer-wise optimizers with optax's and with plain momentum SGD on the real ResNet-50
-parameter tree (25.6M parameters, 161 leaves) and the PTB LSTM tree, checks that lbjax LARS with the
-optax denominator gives optax.lars's numbers, and writes the table into benchmarks/README.md.
+parameter tree (25.6M parameters, 161 leaves) and the PTB LSTM tree (4.65M parameters, 7 leaves),
+checks that lbjax LARS with the optax denominator gives optax.lars's numbers, and writes the table
+into benchmarks/README.md.
 
-    .venv/bin/python benchmarks/optimizer.py [--repeats 30] [--rounds 3] [--no-readme]
+    python -m benchmarks.optimizer [--rounds 61] [--seconds-per-round 0.05] [--max-spread 0.1]
+        [--trees resnet50,ptb_lstm] [--optimizers NAME,...] [--no-readme]
 
-Each optimizer is timed in `rounds` interleaved rounds of `repeats` steps; the table gives the median
-and the minimum (the machine is shared, so the minimum is the less noisy figure).
+All optimizers of a tree and a STREAM-like scale (`a = s * a`, donated, over as many float32 values
+as the tree has parameters: one read and one write of every value) run in interleaved rounds in one
+process. Each row gives the median time per update over rounds with its interquartile range, the
+per-round ratio to momentum SGD (median [quartiles]), XLA's count of the bytes the update accesses
+(`compiled.cost_analysis()`) and the rate at which it moves them, as a fraction of the scale's
+measured bandwidth. The run exits with status 3 (README untouched) if the 95% confidence interval of
+a ratio's median is wider than --max-spread of it.
 """
 
 import argparse
-import datetime
-import os
-import pathlib
-import platform
-import re
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import report
 from lbjax import optim
 
-README = pathlib.Path(__file__).resolve().parent / "README.md"
-BEGIN, END = "<!-- optimizer-benchmark:begin -->", "<!-- optimizer-benchmark:end -->"
+SGD = "momentum SGD (optax.sgd)"
+STREAM = "STREAM scale a = s * a"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -62,6 +63,9 @@ def ptb_lstm_shapes() -> dict[str, tuple[int, ...]]:
   }
 
 
+TREES = {"resnet50": ("ResNet-50", resnet50_shapes), "ptb_lstm": ("PTB LSTM", ptb_lstm_shapes)}
+
+
 def random_tree(shapes, seed, scale):
   rng = np.random.default_rng(seed)
   return {k: jnp.asarray((scale * rng.standard_normal(s)).astype(np.float32))
@@ -79,7 +83,7 @@ def everything(params):
 def optimizers(lr=0.1, wd=1e-4):
   """name -> optax.GradientTransformation; LARS variants select the kernels (ndim >= 2)."""
   return {
-      "momentum SGD (optax.sgd)": optax.sgd(lr, momentum=0.9),
+      SGD: optax.sgd(lr, momentum=0.9),
       "optax.lars": optax.lars(lr, weight_decay=wd, weight_decay_mask=kernels,
                                trust_ratio_mask=kernels),
       "lbjax lars": optim.lars(lr, weight_decay=wd),
@@ -99,32 +103,75 @@ def make_step(opt):
   return jax.jit(step, donate_argnums=(0, 1))
 
 
-def time_steps(step, params, state, grads, repeats):
-  """Runs `repeats` steps, returns (per-step seconds, params, state)."""
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    params, state = step(params, state, grads)
-    jax.block_until_ready(params)
-    times.append(time.perf_counter() - start)
-  return times, params, state
+class Update:
+  """One optimizer's jitted, donating update on its own copy of the parameters, called repeatedly."""
+
+  def __init__(self, opt, shapes, grads):
+    self.params = random_tree(shapes, seed=0, scale=0.05)
+    self.state = opt.init(self.params)
+    self.grads = grads
+    self.step = make_step(opt)
+    self.compiled = self.step.lower(self.params, self.state, grads).compile()
+
+  def __call__(self):
+    self.params, self.state = self.compiled(self.params, self.state, self.grads)
+    return self.params
 
 
-def benchmark(shapes, repeats, rounds):
-  """(median, min) ms per step of every optimizer, timed in interleaved rounds."""
+class StreamScale:
+  """`a = s * a` over `size` float32 values, donated: reads and writes each value once."""
+
+  def __init__(self, size: int):
+    self.array = jnp.ones((size,), jnp.float32)
+    self.factor = jnp.float32(1.0)  # an argument, so XLA cannot fold the multiply away
+    self.compiled = jax.jit(lambda a, s: s * a, donate_argnums=(0,)).lower(
+        self.array, self.factor).compile()
+    self.bytes = 2 * 4 * size
+
+  def __call__(self):
+    self.array = self.compiled(self.array, self.factor)
+    return self.array
+
+
+def bytes_accessed(compiled) -> float:
+  """XLA's count of the bytes one call of `compiled` reads and writes."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, list):  # older jax: one dict per computation
+    analysis = analysis[0]
+  return float(analysis.get("bytes accessed", float("nan")))
+
+
+def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
+  """Rows of the table for one tree: timings, ratios, bytes."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
-  runs = {}
-  for name, opt in optimizers().items():
-    params = random_tree(shapes, seed=0, scale=0.05)
-    state = opt.init(params)
-    step = make_step(opt)
-    _, params, state = time_steps(step, params, state, grads, 2)  # compile and warm up
-    runs[name] = [step, params, state, []]
-  for _ in range(rounds):
-    for run in runs.values():
-      times, run[1], run[2] = time_steps(run[0], run[1], run[2], grads, repeats)
-      run[3].extend(times)
-  return {name: (1e3 * statistics.median(run[3]), 1e3 * min(run[3])) for name, run in runs.items()}
+  all_optimizers = optimizers()
+  functions = {name: Update(all_optimizers[name], shapes, grads) for name in names}
+  size = sum(int(np.prod(s)) for s in shapes.values())
+  functions[STREAM] = StreamScale(size)
+  repeats = {name: report.repeats_for(f, seconds_per_round) for name, f in functions.items()}
+  times = report.round_seconds(functions, rounds=rounds, repeats=repeats)
+  stream_bytes_per_s = functions[STREAM].bytes / report.Spread.of(times[STREAM]).median
+  rows = []
+  for name in names:
+    spread = report.Spread.of(times[name])
+    ratio = report.paired_ratios(times, name, SGD)
+    if name != SGD:
+      check.record(f"{tree_label}: {name} / {SGD}", ratio)
+    moved = bytes_accessed(functions[name].compiled)
+    rate = moved / spread.median
+    rows.append([tree_label, name, spread.format(1e3), ratio.format(digits=2),
+                 f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
+                 f"{100 * rate / stream_bytes_per_s:.0f}%"])
+  stream = report.Spread.of(times[STREAM])
+  rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
+               f"{stream_bytes_per_s / 1e9:.1f}", "100%"])
+  ratios = {}
+  for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars")):
+    if name in times and baseline in times:
+      ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
+      if SGD not in (name, baseline):
+        check.record(f"{tree_label}: {name} / {baseline}", ratios[(name, baseline)])
+  return rows, ratios
 
 
 def max_relative_difference(a_opt, b_opt, shapes, steps=3):
@@ -142,86 +189,95 @@ def max_relative_difference(a_opt, b_opt, shapes, steps=3):
              for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])))
 
 
-def numerics(shapes):
-  """Comparable pairs: lbjax vs optax with the same definition."""
+def numerics(shapes, names):
+  """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
-  return {
-      "lbjax lars (optax denominator) vs optax.lars": max_relative_difference(
-          ops["lbjax lars, optax denominator"], ops["optax.lars"], shapes),
-      "lbjax lamb (all leaves) vs optax.lamb": max_relative_difference(
-          ops["lbjax lamb (all leaves)"], ops["optax.lamb"], shapes),
-  }
+  pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"))
+  return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
+          for a, b in pairs if a in names and b in names}
 
 
-def cpu_model() -> str:
-  """The CPU's model name (from /proc/cpuinfo where there is one)."""
-  cpuinfo = pathlib.Path("/proc/cpuinfo")
-  if cpuinfo.exists():
-    for line in cpuinfo.read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  return platform.processor() or platform.machine()
+NOTES = """\
+Time per update: median over interleaved rounds [first and third quartiles], in ms; one round runs
+each variant back to back for ~{seconds:g} s. x SGD: the per-round ratio to momentum SGD, median
+[quartiles]. Bytes: XLA's `cost_analysis()` of the compiled update (what its fusions read and
+write); GB/s: those bytes over the median time; the last column compares that with the STREAM-like
+scale measured in the same rounds (the memory bandwidth this process got under the same load);
+above 100%, part of what XLA counts came from cache (the PTB LSTM tree, 18.6 MB, and the small
+leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed).
+LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB rows select every
+leaf so that they compute what `optax.lamb` computes.
+
+Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
+487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so
+`optax.sgd` moves 6 x 4 bytes per parameter. LARS needs the norms of w and g of every kernel before
+it can update it: one more read of each (8 x 4 bytes), and its momentum pass reads w for the weight
+decay (9 x 4 bytes, 1.5x SGD by bytes). Carrying ||w_t+1|| from the previous update would save the
+read of w only where XLA fuses a reduction with the elementwise pass that writes w (GPU
+multi-output fusion); on XLA:CPU the norm is a separate fusion that reads w_t+1 again, so the
+carry moves the read from one step to the previous one and saves nothing, while it is exact only
+when the updates are applied unchanged (not under a later clip, EMA or a user's own apply): lbjax
+does not carry it.
+"""
 
 
-def markdown(results, diffs, args):
-  lines = [
-      f"Command: `.venv/bin/python benchmarks/optimizer.py --repeats {args.repeats} "
-      f"--rounds {args.rounds}`  ",
-      f"Machine: {cpu_model()}, {os.cpu_count()} cores, "
-      f"{jax.device_count()} x {jax.devices()[0].device_kind} device, jax {jax.__version__}, "
-      f"optax {optax.__version__}  ",
-      f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-      "",
-      "Milliseconds per update (update + apply_updates, jitted, donated buffers): median and min",
-      "over all timed steps; x SGD is the median's ratio to momentum SGD on the same tree.",
-      "",
-  ]
-  names = list(next(iter(results.values())))
-  header = "| optimizer | " + " | ".join(
-      f"{tree} median | {tree} min | {tree} x SGD" for tree in results) + " |"
-  lines += [header, "|---" * (1 + 3 * len(results)) + "|"]
-  for name in names:
-    cells = []
-    for tree in results.values():
-      sgd = tree["momentum SGD (optax.sgd)"][0]
-      median, fastest = tree[name]
-      cells += [f"{median:.1f}", f"{fastest:.1f}", f"{median / sgd:.2f}"]
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  report.add_spread_arguments(parser, rounds=61)
+  parser.add_argument("--seconds-per-round", type=float, default=0.05,
+                      help="time of one variant's turn in a round (at least one update): short "
+                           "turns keep the two sides of a ratio close in time")
+  parser.add_argument("--trees", default=",".join(TREES), help=f"from {', '.join(TREES)}")
+  parser.add_argument("--optimizers", default="",
+                      help="comma-separated names from the table (default: all but lbjax mclr, "
+                           "~50x SGD, whose 31-pass median would set the pace of every round); "
+                           "momentum SGD is always included")
+  parser.add_argument("--no-readme", action="store_true", help="print only")
+  args = parser.parse_args()
+  if args.rounds < 2 or args.seconds_per_round <= 0:
+    parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
+  trees = [t.strip() for t in args.trees.split(",") if t.strip()]
+  if not trees or any(t not in TREES for t in trees):
+    parser.error(f"--trees takes names from {', '.join(TREES)}, got {args.trees!r}")
+  names = [name for name in optimizers() if name != "lbjax mclr"]
+  if args.optimizers:
+    chosen = [n.strip() for n in args.optimizers.split(",") if n.strip()]
+    known = list(optimizers())
+    unknown = [n for n in chosen if n not in known]
+    if unknown:
+      parser.error(f"unknown optimizers {unknown}; choose from {known}")
+    names = [n for n in known if n == SGD or n in chosen]
+  check = report.SpreadCheck(args.max_spread)
+  rows, ratios, diffs = [], {}, {}
+  for tree in trees:
+    label, shapes_fn = TREES[tree]
+    shapes = shapes_fn()
+    count = sum(int(np.prod(s)) for s in shapes.values())
+    print(f"{label}: {len(shapes)} leaves, {count / 1e6:.2f}M parameters", flush=True)
+    tree_rows, tree_ratios = benchmark(shapes, names, args.rounds, args.seconds_per_round, check,
+                                       label)
+    rows += tree_rows
+    ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
+    diffs[label] = numerics(shapes, names)
+  table = report.markdown_table(
+      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM"], rows)
+  lines = [table, "", "Ratios of time per update (per-round ratios: median [quartiles], and the 95% "
+           "confidence interval of the median):", ""]
+  for (tree, name, baseline), spread in ratios.items():
+    lines.append(f"- {tree}: {name} / {baseline} = {spread.format(digits=3)}, interval "
+                 f"[{spread.median_low:.3f}, {spread.median_high:.3f}]")
   lines += ["", "Numerics after 3 steps (max |a - b| / max |b| over leaves):", ""]
   for tree, pairs in diffs.items():
     for pair, diff in pairs.items():
       lines.append(f"- {tree}: {pair}: {diff:.1e}")
-  return "\n".join(lines)
-
-
-def write_readme(table):
-  text = README.read_text() if README.exists() else ""
-  block = f"{BEGIN}\n{table}\n{END}"
-  if BEGIN in text:
-    text = re.sub(re.escape(BEGIN) + ".*" + re.escape(END), lambda _: block, text, flags=re.S)
-  else:
-    text = text.rstrip() + "\n\n" + block + "\n"
-  README.write_text(text)
-
-
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--repeats", type=int, default=30, help="steps per round")
-  parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-  parser.add_argument("--no-readme", action="store_true", help="print only")
-  args = parser.parse_args()
-  if args.repeats < 1 or args.rounds < 1:
-    parser.error("--repeats and --rounds must be >= 1")
-  trees = {"ResNet-50": resnet50_shapes(), "PTB LSTM": ptb_lstm_shapes()}
-  for name, shapes in trees.items():
-    count = sum(int(np.prod(s)) for s in shapes.values())
-    print(f"{name}: {len(shapes)} leaves, {count / 1e6:.2f}M parameters")
-  results = {name: benchmark(shapes, args.repeats, args.rounds) for name, shapes in trees.items()}
-  diffs = {name: numerics(shapes) for name, shapes in trees.items()}
-  table = markdown(results, diffs, args)
-  print(table)
-  if not args.no_readme:
-    write_readme(table)
+  body = "\n".join(lines)
+  print(body)
+  if not args.no_readme and check.should_write(args.write_noisy):
+    report.write_section(
+        "optimizer", "Optimizer update: `benchmarks/optimizer.py`",
+        report.header_lines() + "\n" + check.warning() + body + "\n\n" +
+        NOTES.format(seconds=args.seconds_per_round))
+  check.exit_if_noisy()
 
 
 if __name__ == "__main__":

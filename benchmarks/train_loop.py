@@ -1,18 +1,29 @@
-"""The whole training loop vs its bare compiled step, and where the difference goes.
+"""The whole training loop vs a bare jitted step on the same model and batch: the trainer's overhead.
 
-`train_and_evaluate` is run on a synthetic twin; its examples/s comes from the `train` records of
-metrics.jsonl (each covers the `log_every` steps since the previous record; the window is reset
-after compilation and evaluation, so compile time is excluded). The bare rate is the trainer's own
-compiled step called back to back on one placed batch, measured in the same process between loop
-runs. The host work of one loop iteration is then timed piece by piece:
+Three ways to take a training step, timed in interleaved rounds in one process:
+
+  hand step     a minimal hand-written `jax.jit` step (`workloads.HandStep`: value_and_grad, optax
+                momentum SGD, donated buffers) called back to back on one batch already on the device
+  trainer step  the trainer's own compiled step (`workloads.TrainerStep`), called the same way
+  loop          `train_and_evaluate` on the model's synthetic twin for `--steps` steps: input
+                pipeline, host -> device transfer, LR schedule, metrics, hooks
+
+The loop's time per step comes from its `train` records (each covers `--log-every` steps; the first
+window, which holds the first step after compilation, is dropped). Each round gives the ratios
+loop / trainer step and loop / hand step under the same load; the table gives their medians and
+quartiles. Compilation is kept out of every timing, and JAX's persistent compilation cache (in a
+temporary directory) spares the loop runs after the first their compile. The host work of one loop
+iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
   global_batch    host -> device (`run.global_batch`: `make_array_from_process_local_data` per array)
-  device_put      the same transfer with `jax.device_put(batch, sharding)`, for comparison
   lr_scalar       the learning rate placed as a device scalar (`run.host_scalar`)
   schedules       the host learning-rate and batch-size schedules
 
-    python -m benchmarks.train_loop [--rounds 3] [--steps 60] [--no-readme]
+    python -m benchmarks.train_loop [--rounds 15] [--steps 25] [--log-every 5] [--max-spread 0.1] [--no-readme]
+
+Exits with status 3 (README untouched) when the 95% confidence interval of a ratio's
+median is wider than --max-spread of it.
 """
 
 import argparse
@@ -29,30 +40,61 @@ from benchmarks import workloads
 from lbjax import train
 from lbjax.train import run as run_lib
 
-CASES = (("mnist_lstm", 512), ("resnet_tiny", 128), ("ptb_lstm", 16))
+CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
 
 
-def loop_examples_per_second(config, steps: int, log_every: int) -> float:
-  """Median examples/s over the `train` records of one `train_and_evaluate` run (first dropped)."""
-  config = config.copy_and_resolve_references()
-  examples_per_epoch = _examples_per_epoch(config)
-  config.num_epochs = steps * config.batch_size / examples_per_epoch
-  config.eval_every_epochs = config.num_epochs
-  config.log_every = log_every
-  with tempfile.TemporaryDirectory() as workdir:
-    train.train_and_evaluate(config, workdir)
-    records = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").open()]
-  rates = [r["examples_per_second"] for r in records if r["kind"] == "train"]
-  return statistics.median(rates[1:] if len(rates) > 1 else rates)
+class Loop:
+  """One `train_and_evaluate` run of `steps` steps per call; returns its seconds per step."""
+
+  def __init__(self, config, steps: int, log_every: int):
+    config = config.copy_and_resolve_references()
+    config.num_steps = steps
+    config.num_epochs = 1000.0  # num_steps ends the run
+    config.eval_every_epochs = config.num_epochs
+    config.log_every = log_every
+    self.config = config
+    self.batch_size = config.batch_size
+
+  def __call__(self) -> float:
+    with tempfile.TemporaryDirectory() as workdir:
+      train.train_and_evaluate(self.config, workdir)
+      records = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").open()]
+    rates = [r["examples_per_second"] for r in records if r["kind"] == "train"][1:]
+    if not rates:
+      raise ValueError("Too few steps for a timed window: raise --steps or lower --log-every.")
+    return statistics.fmean(self.batch_size / rate for rate in rates)
 
 
-def _examples_per_epoch(config) -> float:
-  """Examples one epoch of the config's train stream holds (rows x windows for PTB)."""
-  task = train.build_task(config)
-  stream = task.dataset.make_train_stream(0, 1)
-  if hasattr(stream, "windows_per_epoch"):
-    return stream.windows_per_epoch(config.batch_size) * config.batch_size
-  return stream.num_examples
+def step_seconds(step, repeats: int) -> float:
+  """Mean seconds per call of `repeats` back-to-back calls of a step (synchronised at the end)."""
+  start = time.perf_counter()
+  for _ in range(repeats):
+    result = step()
+  jax.block_until_ready(result)
+  return (time.perf_counter() - start) / repeats
+
+
+def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
+  """Per-round seconds per step of the hand step, the trainer step and the loop."""
+  config = workloads.trainer_config(model, batch_size, num_train_examples=8192)
+  trainer_step = workloads.TrainerStep(config)
+  hand_step = workloads.HandStep(trainer_step)
+  loop = Loop(config, args.steps, args.log_every)
+  repeats = args.steps - args.log_every  # as many steps as the loop's timed windows hold
+  variants = {"hand step": lambda: step_seconds(hand_step, repeats),
+              "trainer step": lambda: step_seconds(trainer_step, repeats),
+              "loop": loop}
+  for function in variants.values():  # compile, warm up, fill the compilation cache
+    function()
+  names = list(variants)
+  times = {name: [] for name in names}
+  for round_index in range(args.rounds):
+    shift = round_index % len(names)
+    for name in names[shift:] + names[:shift]:
+      times[name].append(variants[name]())
+  times["host"] = host_seconds(trainer_step, repeats=50)
+  trainer_step.close()
+  return times
 
 
 def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str, float]:
@@ -61,11 +103,9 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
   stream = run.task.dataset.make_train_stream(0, 1)
   local = stream.next_batch(size)
   local.pop("reset_carry", None)
-
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
       "global_batch": lambda: run_lib.global_batch(local, run.batch_sharding),
-      "device_put": lambda: jax.device_put(local, run.batch_sharding),
       "lr_scalar": lambda: run_lib.host_scalar(0.1, run.replicated),
       "schedules": lambda: (run.lr_schedule(0.5), run.batch_size_schedule(0.5)),
   }
@@ -82,52 +122,60 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--steps", type=int, default=60)
-  parser.add_argument("--log-every", type=int, default=10)
+  report.add_spread_arguments(parser, rounds=15)
+  parser.add_argument("--steps", type=int, default=25, help="steps per loop run")
+  parser.add_argument("--log-every", type=int, default=5)
+  parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
+  models = [m.strip() for m in args.models.split(",") if m.strip()]
+  if not models or any(m not in CASES for m in models):
+    parser.error(f"--models takes names from {', '.join(CASES)}, got {args.models!r}")
+  if args.rounds < 2 or args.log_every < 1 or args.steps < 2 * args.log_every:
+    parser.error("need --rounds >= 2, --log-every >= 1 and --steps >= 2 x --log-every")
+  jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="lbjax-bench-cache-"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
+  check = report.SpreadCheck(args.max_spread)
   rate_rows, host_rows = [], []
-  for model, batch_size in CASES:
-    config = workloads.trainer_config(model, batch_size, num_train_examples=8192)
-    trainer_step = workloads.TrainerStep(config)
-    probe = report.median_seconds({"step": trainer_step}, rounds=1, repeats=1)["step"]
-    repeats = max(2, round(1.0 / max(probe, 1e-6)))
-    bare, looped = [], []
-    for _ in range(args.rounds):
-      bare.append(report.median_seconds({"step": trainer_step}, rounds=1, repeats=repeats)["step"])
-      looped.append(loop_examples_per_second(config, args.steps, args.log_every))
-    bare_rate = batch_size / statistics.median(bare)
-    loop_rate = statistics.median(looped)
-    host = host_seconds(trainer_step, repeats=50)
-    trainer_step.close()
-    step_ms = 1000 * statistics.median(bare)
-    rate_rows.append([model, batch_size, f"{bare_rate:,.0f}", f"{loop_rate:,.0f}",
-                      f"{loop_rate / bare_rate:.3f}",
-                      f"{1000 * batch_size / loop_rate - step_ms:+.2f}"])
-    host_rows.append([model, batch_size, f"{step_ms:.2f}"] +
-                     [f"{1000 * host[k]:.3f}" for k in ("next_batch", "global_batch", "device_put",
-                                                        "lr_scalar", "schedules")])
+  for model in models:
+    batch_size = CASES[model]
+    times = measure(model, batch_size, args)
+    host = times.pop("host")
+    spreads = {name: report.Spread.of(values) for name, values in times.items()}
+    vs_trainer = check.record(f"{model}: loop / trainer step",
+                              report.paired_ratios(times, "loop", "trainer step"))
+    vs_hand = check.record(f"{model}: loop / hand step",
+                           report.paired_ratios(times, "loop", "hand step"))
+    rate_rows.append([model, batch_size, spreads["hand step"].format(1e3),
+                      spreads["trainer step"].format(1e3), spreads["loop"].format(1e3),
+                      vs_trainer.format(digits=3), vs_hand.format(digits=3)])
+    host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
+                     [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "lr_scalar",
+                                                       "schedules")])
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
-      ["model", "global batch", "bare step ex/s", "train_and_evaluate ex/s", "loop / bare",
-       "extra ms per step"], rate_rows)
+      ["model", "global batch", "hand step ms", "trainer step ms", "loop ms per step",
+       "loop / trainer step", "loop / hand step"], rate_rows)
   pieces = report.markdown_table(
-      ["model", "global batch", "bare step ms", "next_batch ms", "global_batch ms", "device_put ms",
+      ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
        "lr_scalar ms", "schedules ms"], host_rows)
   notes = (
-      f"One CPU device, momentum SGD, synthetic twins, {args.steps} steps per run, metrics every "
-      f"{args.log_every} steps, no checkpoints during the run; loop rate = median of the run's "
-      f"`examples_per_second` records (first dropped), median over {args.rounds} runs interleaved "
-      "with the bare-step measurements. Host pieces are medians of 50 calls each, measured alone "
-      "(in the loop they overlap the previous step's device work through async dispatch, but on a "
-      "2-core CPU they compete with it for cores).")
-  body = (report.header_lines() + "\n" + rates + "\n\nHost work of one loop iteration:\n\n" +
-          pieces + "\n\n" + notes)
+      f"One CPU device, momentum SGD, synthetic twins. Times per step: median over {args.rounds} "
+      "interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
+      f"[quartiles]; above 1 the loop is slower. A loop run takes {args.steps} steps with metrics "
+      f"every {args.log_every} steps (the first window dropped), no checkpoint during the run; "
+      f"a bare-step round takes {args.steps - args.log_every} steps. Per step the loop dispatches "
+      "the step, prepares the next batch while the device works, and waits for the step before "
+      "the previous one (at most two in flight); metrics reach the host once per window. Host "
+      "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
+      "work, but on a 2-core CPU they compete with it for cores).")
+  body = (report.header_lines() + "\n" + check.warning() + rates +
+          "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)
-  if not args.no_readme:
+  if not args.no_readme and check.should_write(args.write_noisy):
     report.write_section("train-loop", "Whole loop vs bare step", body)
+  check.exit_if_noisy()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""The statistics the benchmarks report (no timing is asserted here: benchmarks are not tests)."""
+
+import math
+
+import pytest
+
+from benchmarks import report
+
+
+def test_spread_gives_median_quartiles_and_range():
+  spread = report.Spread.of([5.0, 1.0, 3.0, 2.0, 4.0])
+  assert (spread.median, spread.q1, spread.q3, spread.low, spread.high, spread.count) == (
+      3.0, 2.0, 4.0, 1.0, 5.0, 5)
+  assert spread.relative_iqr == pytest.approx(2 / 3)
+  assert spread.format(digits=1) == "3.0 [2.0, 4.0]"
+
+
+@pytest.mark.parametrize("count", [6, 9, 11, 15, 21, 41, 61])
+def test_median_interval_holds_the_median_with_95_percent(count):
+  """[x_(j), x_(n-1-j)] misses the median only if at most j of n values fall below it (Binomial)."""
+  rank = report._median_interval_rank(count)  # pylint: disable=protected-access
+  miss = 2 * sum(math.comb(count, j) for j in range(rank + 1)) / 2**count
+  assert miss <= 0.05
+  wider_miss = 2 * sum(math.comb(count, j) for j in range(rank + 2)) / 2**count
+  assert wider_miss > 0.05  # the narrowest interval that keeps 95%
+
+
+def test_paired_ratios_are_taken_round_by_round():
+  times = {"a": [2.0, 4.0, 6.0], "b": [1.0, 2.0, 3.0]}
+  assert report.paired_ratios(times, "a", "b").median == 2.0
+  assert report.paired_ratios(times, "a", "b").relative_iqr == 0.0
+
+
+def test_spread_check_flags_a_wide_interval_and_exits_with_status_3(capsys):
+  check = report.SpreadCheck(0.1)
+  check.record("steady", report.Spread.of([1.0] * 11))
+  assert not check.failures and check.warning() == ""
+  check.record("noisy", report.Spread.of([0.5, 1.0, 1.5] * 4))
+  assert len(check.failures) == 1 and check.failures[0].startswith("noisy:")
+  assert "**Too noisy**" in check.warning()
+  assert not check.should_write(write_noisy=False) and check.should_write(write_noisy=True)
+  with pytest.raises(SystemExit) as exit_info:
+    check.exit_if_noisy()
+  assert exit_info.value.code == report.SpreadCheck.EXIT_TOO_NOISY
+  assert "noisy:" in capsys.readouterr().err
+
+
+def test_round_seconds_interleaves_with_rotating_order():
+  calls = []
+  functions = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+  times = report.round_seconds(functions, rounds=3, repeats={"a": 1, "b": 2, "c": 1},
+                               sync=lambda result: result)
+  assert calls[:3] == ["a", "b", "c"]  # the warm-up call of each
+  assert calls[3:] == ["a", "b", "b", "c", "b", "b", "c", "a", "c", "a", "b", "b"]
+  assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3, "c": 3}
