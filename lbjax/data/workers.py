@@ -72,6 +72,12 @@ def _prefetch_on_workers(dataset, num_workers: int, buffer_size: int) -> Iterato
   return iter(dataset.to_iter_dataset(read_options).mp_prefetch(options))
 
 
+def _plain_arrays(batch: Mapping[str, Any]) -> stream_lib.Batch:
+  """The batch as plain `np.ndarray`s (views, no copy): grain hands out its shared-memory array
+  subclass, which older NumPy-facing code (e.g. NumPy 2.0's testing with grain 0.2.9) warns about."""
+  return {key: np.asarray(value) for key, value in batch.items()}
+
+
 def _close(iterator: Any) -> None:
   """Stops a grain iterator's workers (grain >= 0.2.12 has `close`; older ones stop when dropped)."""
   close = getattr(iterator, "close", None)
@@ -145,7 +151,7 @@ class WorkerTrainStream:
       dataset = _grain().MapDataset.range(_MAX_BATCHES).map(
           functools.partial(_batch_at, self._stream, start, global_batch_size))
       self._iterator = _prefetch_on_workers(dataset, self._num_workers, self._buffer_size)
-    batch = next(self._iterator)
+    batch = _plain_arrays(next(self._iterator))
     self._stream.set_state({**self._stream.get_state(),
                             "examples_consumed": start + global_batch_size})
     self._pipeline_key = (start + global_batch_size, global_batch_size)
@@ -197,4 +203,4 @@ def worker_eval_batches(source: stream_lib.RandomAccessSource, global_batch_size
   num_batches = -(-len(source) // int(global_batch_size))
   dataset = _grain().MapDataset.range(num_batches).map(
       functools.partial(_eval_batch, source, int(global_batch_size), mine, transform))
-  return _prefetch_on_workers(dataset, int(num_workers), buffer_size)
+  return map(_plain_arrays, _prefetch_on_workers(dataset, int(num_workers), buffer_size))
