@@ -136,7 +136,10 @@ def _field_type(config: ml_collections.ConfigDict, path: str, where: str) -> typ
   node = config
   for i, part in enumerate(parents):
     if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-      raise ConfigError(f"{where}: config has no section {'.'.join(parents[:i + 1])!r}.")
+      sections = [k for k in node.keys() if isinstance(node[k], ml_collections.ConfigDict)]
+      close = names.suggestions(part, sections)
+      hint = f" Did you mean {'.'.join(parents[:i] + [close[0]])!r}?" if close else ""
+      raise ConfigError(f"{where}: config has no section {'.'.join(parents[:i + 1])!r}.{hint}")
     node = node[part]
   if leaf in node:
     if isinstance(node[leaf], ml_collections.ConfigDict):

@@ -162,6 +162,7 @@ def test_an_explicit_setting_wins_over_what_the_config_derives():
     ("mnist_lstm:batch=abc", (), r"variant batch \(config.batch_size\)='abc': expected int"),
     ("mnist_lstm:batsh=8", (), r"unknown variant key 'batsh' \(did you mean 'batch'\?\)"),
     ("mnist_lstm", ("--config.num_epoch=3",), r"config has no field 'num_epoch'. Did you mean 'num_epochs'"),
+    ("mnist_lstm", ("--config.optimiser.momentum=0.5",), r"no section 'optimiser'. Did you mean 'optimizer'"),
     ("mnist_lstm", ("--config.lr.base=fast",), r"--config.lr.base='fast': expected float"),
     ("mnist_lsmt", (), r"No config named 'mnist_lsmt'. Did you mean 'mnist_lstm'"),
     ("configs/mnist_lstm.py", (), r"Config file configs/mnist_lstm.py not found. The packaged config 'mnist_lstm'"),
