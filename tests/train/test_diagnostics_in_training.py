@@ -56,10 +56,11 @@ def test_a_small_first_epoch_batch_is_a_batch_size_schedule(tmp_path):
 
 
 @pytest.mark.parametrize("name, options", [("one_bit", {"compression.error_feedback": True}),
-                                           ("qsgd", {"compression.num_levels": 4})])
+                                           ("qsgd", {"compression.num_levels": 4}),
+                                           ("powersgd", {"compression.rank": 2})])
 def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, name, options):
   """papers/004 compressors in the shard_map step over 8 devices; the compressor state (QSGD key,
-  per-device error-feedback residual) is checkpointed, so resume stays exact."""
+  per-device error-feedback residual, PowerSGD's Q and memories) is checkpointed, so resume stays exact."""
   make = lambda **kw: helpers.tiny_classifier_config(
       **{"compression.name": name, **options, "num_epochs": 4.0, "lr.base": 0.2, **kw})
   full = train_and_evaluate(make(), tmp_path / "full")
