@@ -1,0 +1,382 @@
+"""Named variants of one config, each run with seeds -> CSV, markdown table and plot.
+
+  python -m experiments.variant_table experiments/tables/mnist_legw_8k_hypotheses.json \
+      --out reproduced/mnist_legw_8k_hypotheses --workdir runs/mnist_legw_8k_hypotheses
+
+A table file (JSON) names the config every row starts from and the rows: each row is the config with
+its own variant keys and `field=value` overrides (the same as `--config.<field>=<value>` of
+`lbjax-train`), and says what it tests. Hypothesis tables (does a longer warm-up close the gap?),
+learning-rate grids at a fixed batch size and ablations are all such tables:
+
+  {"title": "...", "config": "mnist_lstm:batch=8192,eval_split=validation",
+   "overrides": ["max_device_batch=512"],          # for every row (optional)
+   "seeds": [0],                                   # default seeds (optional; --seeds wins)
+   "notes": "what the paper says, how to read the table (optional)",
+   "rows": [{"name": "legw", "variant": "rule=legw", "tests": "the recipe of the headline table"},
+            {"name": "lr_0.04", "overrides": ["lr.base=0.04"], "tests": "..."}]}
+
+The first row is the reference the others are compared with (the `Δ` column). Each run goes to
+`<workdir>/<name>_s<seed>`; after each run the outputs `<out>.csv` (one line per run), `<out>.md` and
+`<out>.png` are rewritten. Runs already in `<out>.csv` are skipped (delete a line to rerun it); an
+interrupted run resumes from its checkpoint. `--rows a,b` runs only those rows (the table keeps every
+row already recorded). A run stopped by a non-finite loss is recorded as `diverged`. The metric is
+reported on the split each row evaluates on (`data_options.eval_split`): choose on `validation`, then
+report the chosen recipe's `test` metric once.
+"""
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+import re
+import statistics
+import sys
+import time
+from typing import Sequence
+
+import ml_collections
+
+from experiments import config_spec
+from experiments import run_records
+from lbjax import train
+from lbjax.train import config_files
+from lbjax.train import optimizer as optimizer_lib
+
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_TABLE_KEYS = {"title", "config", "rows", "overrides", "seeds", "notes", "metric"}
+_ROW_KEYS = {"name", "tests", "variant", "overrides"}
+CSV_FIELDS = ("name", "seed", "split", "metric", "value", "status", "learning_rate", "warmup_epochs",
+              "epochs", "steps", "seconds")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRow:
+  """One recipe of a table.
+
+  Attributes:
+    name: short identifier (letters, digits, `_.+-`), also the run directory's prefix.
+    tests: what the row tests, in words.
+    variant: variant keys added to the table's config (e.g. `"rule=legw,warmup=0.078125"`).
+    overrides: `field=value` settings applied after the variant (`lr.decay=polynomial_decay`).
+  """
+  name: str
+  tests: str
+  variant: str = ""
+  overrides: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """A table file: a config and its rows.
+
+  Attributes:
+    title: the title of the markdown page and the plot.
+    config: the config every row starts from (a packaged name or a file, optionally with `:variant`).
+    rows: the recipes; the first is the reference.
+    overrides: `field=value` settings for every row (before the row's own).
+    seeds: the seeds each row runs with.
+    notes: a paragraph printed under the title.
+    metric: "accuracy" or "perplexity".
+  """
+  title: str
+  config: str
+  rows: tuple[TableRow, ...]
+  overrides: tuple[str, ...] = ()
+  seeds: tuple[int, ...] = (0,)
+  notes: str = ""
+  metric: str = "accuracy"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """One finished run: a row at a seed (a line of `<out>.csv`)."""
+  name: str
+  seed: int
+  split: str
+  metric: str
+  value: float
+  status: str
+  learning_rate: float
+  warmup_epochs: float
+  epochs: float
+  steps: int
+  seconds: float
+
+
+def _strings(value, where: str, errors: list[str]) -> tuple[str, ...]:
+  if isinstance(value, list) and all(isinstance(v, str) for v in value):
+    return tuple(value)
+  errors.append(f"{where} must be a list of strings such as [\"lr.base=0.04\"], got {value!r}.")
+  return ()
+
+
+def parse_table(data: dict, source: str = "table") -> Table:
+  """The `Table` of a parsed table file; raises ValueError naming every problem."""
+  errors = []
+  if not isinstance(data, dict):
+    raise ValueError(f"{source}: a table file holds a JSON object, got {type(data).__name__}.")
+  for key in sorted(set(data) - _TABLE_KEYS):
+    errors.append(f"unknown key {key!r}; a table has {', '.join(sorted(_TABLE_KEYS))}.")
+  for key in ("title", "config"):
+    if not isinstance(data.get(key), str) or not data.get(key):
+      errors.append(f"{key!r} must be a non-empty string.")
+  seeds = data.get("seeds", [0])
+  if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and s >= 0 for s in seeds)
+          and len(set(seeds)) == len(seeds)):
+    errors.append(f"'seeds' must be a non-empty list of distinct integers >= 0, got {seeds!r}.")
+    seeds = [0]
+  metric = data.get("metric", "accuracy")
+  if metric not in ("accuracy", "perplexity"):
+    errors.append(f"'metric' must be 'accuracy' or 'perplexity', got {metric!r}.")
+  overrides = _strings(data.get("overrides", []), "'overrides'", errors)
+  rows = []
+  raw_rows = data.get("rows")
+  if not isinstance(raw_rows, list) or not raw_rows:
+    errors.append("'rows' must be a non-empty list of {\"name\", \"tests\", \"variant\", \"overrides\"}.")
+    raw_rows = []
+  for index, raw in enumerate(raw_rows):
+    where = f"rows[{index}]"
+    if not isinstance(raw, dict):
+      errors.append(f"{where} must be an object, got {raw!r}.")
+      continue
+    for key in sorted(set(raw) - _ROW_KEYS):
+      errors.append(f"{where}: unknown key {key!r}; a row has {', '.join(sorted(_ROW_KEYS))}.")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+      errors.append(f"{where}: 'name' must be letters, digits and _.+- only, got {name!r}.")
+      continue
+    if not isinstance(raw.get("tests"), str) or not raw["tests"]:
+      errors.append(f"{where} ({name}): 'tests' must say what the row tests.")
+    if not isinstance(raw.get("variant", ""), str):
+      errors.append(f"{where} ({name}): 'variant' must be a string such as \"rule=legw\".")
+    rows.append(TableRow(name, str(raw.get("tests", "")), str(raw.get("variant", "")),
+                         _strings(raw.get("overrides", []), f"{where} ({name}): 'overrides'", errors)))
+  names = [r.name for r in rows]
+  duplicates = sorted({n for n in names if names.count(n) > 1})
+  if duplicates:
+    errors.append(f"row names must be distinct; repeated: {', '.join(duplicates)}.")
+  if errors:
+    raise ValueError(f"Invalid table {source}:\n  - " + "\n  - ".join(errors))
+  return Table(title=data["title"], config=data["config"], rows=tuple(rows), overrides=overrides,
+               seeds=tuple(seeds), notes=str(data.get("notes", "")), metric=metric)
+
+
+def load_table(path: str | pathlib.Path) -> Table:
+  """Reads and checks a table file; raises ValueError (missing file, bad JSON, bad fields)."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise ValueError(f"table file {path} not found; the packaged ones are in experiments/tables/.")
+  try:
+    data = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"table file {path} is not valid JSON: {e}") from None
+  return parse_table(data, str(path))
+
+
+def row_config(table: Table, row: TableRow, seed: int) -> ml_collections.ConfigDict:
+  """The config of `row` at `seed`: the table's config, the row's variant, then every override."""
+  overrides = [f"--config.{o}" for o in (*table.overrides, *row.overrides)] + [f"--config.seed={seed}"]
+  return config_files.load(config_spec(table.config, row.variant), overrides).config
+
+
+def read_results(path: str | pathlib.Path) -> list[RunResult]:
+  """The runs recorded in `<out>.csv` (none if it does not exist)."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    return []
+  with open(path, newline="") as f:
+    return [RunResult(r["name"], int(r["seed"]), r["split"], r["metric"], float(r["value"]), r["status"],
+                      float(r["learning_rate"]), float(r["warmup_epochs"]), float(r["epochs"]),
+                      int(r["steps"]), float(r["seconds"])) for r in csv.DictReader(f)]
+
+
+def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, metric: str) -> RunResult:
+  recipe = optimizer_lib.scaled_recipe(config)
+  warmup = recipe.warmup_epochs if config.lr.warmup != "none" else 0.0
+  split = config.data_options.get("eval_split", "test")
+  start = time.time()
+  try:
+    result = train.train_and_evaluate(config, run_dir)
+  except train.NonFiniteError as error:
+    print(f"  diverged: {error}", flush=True)
+    records = run_records.read_records(run_dir, "train")
+    return RunResult(name, config.seed, split, metric, math.nan, "diverged", recipe.learning_rate, warmup,
+                     records[-1]["epoch"] if records else 0.0, records[-1]["step"] if records else 0,
+                     time.time() - start)
+  if result.preempted:
+    raise KeyboardInterrupt(f"row {name} (seed {config.seed}) was preempted; its checkpoint in {run_dir} "
+                            "resumes on the next run of the table.")
+  final = run_records.final_eval(run_dir)
+  return RunResult(name, config.seed, split, metric, float(final[metric]), "done", recipe.learning_rate, warmup,
+                   result.epoch, result.step, time.time() - start)
+
+
+def _format(value: float, metric: str) -> str:
+  return "–" if math.isnan(value) else (f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.2f}")
+
+
+def _summary(results: list[RunResult]) -> tuple[float, float, int]:
+  values = [r.value for r in results if r.status == "done"]
+  mean = statistics.fmean(values) if values else math.nan
+  return mean, statistics.stdev(values) if len(values) > 1 else math.nan, len(values)
+
+
+def _describe(row: TableRow) -> str:
+  return ", ".join(p for p in (row.variant, *row.overrides) if p) or "(the table's config)"
+
+
+def markdown(table: Table, results: list[RunResult]) -> str:
+  """The page: one line per row (mean ± sample sd over seeds, difference to the reference), then runs."""
+  by_row = {row.name: [r for r in results if r.name == row.name] for row in table.rows}
+  scale = 100.0 if table.metric == "accuracy" else 1.0
+  reference, _, _ = _summary(by_row[table.rows[0].name])
+  lines = [f"# {table.title}", ""] + ([table.notes, ""] if table.notes else [])
+  lines += [f"Config `{table.config}`" + (f", with {', '.join(f'`{o}`' for o in table.overrides)}" if table.overrides
+                                          else "") + f"; reference row: `{table.rows[0].name}`.", "",
+            f"| row | tests | settings | split | {table.metric} | Δ vs reference | seeds | updates |",
+            "|---|---|---|---|---:|---:|---:|---:|"]
+  for row in table.rows:
+    runs = by_row[row.name]
+    if not runs:
+      lines.append(f"| `{row.name}` | {row.tests} | `{_describe(row)}` | | not run | | 0 | |")
+      continue
+    mean, std, finished = _summary(runs)
+    cell = _format(mean, table.metric) + ("" if math.isnan(std) else f" ± {scale * std:.2f}")
+    failed = [r.status for r in runs if r.status != "done"]
+    if failed:
+      cell += f" ({len(failed)} {'/'.join(sorted(set(failed)))})"
+    delta = "" if row is table.rows[0] or math.isnan(mean) or math.isnan(reference) else \
+        f"{scale * (mean - reference):+.2f}"
+    lines.append(f"| `{row.name}` | {row.tests} | `{_describe(row)}` | {runs[0].split} | {cell} | {delta} | "
+                 f"{finished}/{len(runs)} | {runs[0].steps} |")
+  lines += ["", "Runs (peak LR and warm-up as trained):", "",
+            f"| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | {table.metric} | status |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+  order = {row.name: i for i, row in enumerate(table.rows)}
+  for r in sorted(results, key=lambda r: (order.get(r.name, len(order)), r.seed)):
+    lines.append(f"| `{r.name}` | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | {r.epochs:.4g} | "
+                 f"{r.steps} | {r.seconds:.0f} | {_format(r.value, table.metric)} | {r.status} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> None:
+  """One horizontal bar per row at its mean (error bar: sample sd), the reference as a dashed line."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  scale = 100.0 if table.metric == "accuracy" else 1.0
+  rows = [row for row in table.rows if any(r.name == row.name for r in results)]
+  stats = [_summary([r for r in results if r.name == row.name]) for row in rows]
+  figure, axes = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+  positions = list(range(len(rows)))[::-1]
+  means = [scale * m for m, _, _ in stats]
+  finite = [m for m in means if not math.isnan(m)]
+  axes.errorbar([m if not math.isnan(m) else (min(finite) if finite else 0) for m in means], positions,
+                xerr=[0.0 if math.isnan(s) else scale * s for _, s, _ in stats], fmt="o", capsize=3)
+  for position, mean in zip(positions, means):
+    if math.isnan(mean):
+      axes.annotate("diverged", (min(finite) if finite else 0, position), textcoords="offset points",
+                    xytext=(6, -3))
+  if stats and not math.isnan(stats[0][0]):
+    axes.axvline(scale * stats[0][0], linestyle="--", color="gray", linewidth=1)
+  axes.set_yticks(positions, [row.name for row in rows])
+  split = results[0].split if results else "test"
+  axes.set_xlabel(f"{split} {table.metric}" + (" (%)" if table.metric == "accuracy" else ""))
+  axes.set_title(table.title, fontsize=9)
+  axes.grid(axis="x", alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def write_outputs(table: Table, results: list[RunResult], out: str | pathlib.Path) -> None:
+  """Writes `<out>.csv`, `<out>.md` and `<out>.png`."""
+  out = pathlib.Path(out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  with open(out.with_suffix(".csv"), "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(CSV_FIELDS)
+    for r in results:
+      writer.writerow([getattr(r, field) for field in CSV_FIELDS])
+  out.with_suffix(".md").write_text(markdown(table, results))
+  plot(table, results, out.with_suffix(".png"))
+
+
+def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
+              only: Sequence[str] = ()) -> list[RunResult]:
+  """Runs every (row, seed) not yet in `<out>.csv`; returns all recorded runs.
+
+  Args:
+    table: the table.
+    out: output prefix (`<out>.csv`, `.md`, `.png`).
+    workdir: directory holding one run directory per (row, seed).
+    seeds: the seeds to run (default: the table's).
+    only: if not empty, the names of the rows to run.
+
+  Raises:
+    ValueError: unknown row names in `only`, bad seeds, or a row whose config does not load (all
+      checked before any training).
+  """
+  seeds = tuple(seeds) or table.seeds
+  names = [row.name for row in table.rows]
+  errors = [f"--rows names {n!r}, which the table does not have; its rows: {', '.join(names)}."
+            for n in only if n not in names]
+  if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+    errors.append(f"seeds must be distinct integers >= 0, got {list(seeds)}.")
+  configs = {}
+  for row in table.rows:
+    if only and row.name not in only:
+      continue
+    for seed in seeds:
+      try:
+        configs[(row.name, seed)] = row_config(table, row, seed)
+      except train.ConfigError as e:
+        errors.append(f"row {row.name}: {e}")
+  if errors:
+    raise ValueError("Invalid table run:\n  - " + "\n  - ".join(errors))
+  csv_path = pathlib.Path(out).with_suffix(".csv")
+  results = read_results(csv_path)
+  done = {(r.name, r.seed) for r in results}
+  order = sorted(configs, key=lambda key: (seeds.index(key[1]), names.index(key[0])))
+  to_run = [key for key in order if key not in done]
+  print(f"[variant_table] {len(order)} runs ({len(order) // len(seeds)} rows x {len(seeds)} seeds): "
+        f"{len(order) - len(to_run)} recorded in {csv_path} (skipped), {len(to_run)} to run.", flush=True)
+  for name, seed in to_run:
+    run_dir = pathlib.Path(workdir) / f"{name}_s{seed}"
+    print(f"[variant_table] {name} seed={seed} -> {run_dir}", flush=True)
+    result = _run(configs[(name, seed)], run_dir, name, table.metric)
+    print(f"[variant_table] {name} seed={seed}: {result.split} {table.metric}={result.value:.4f} "
+          f"({result.status}, {result.seconds:.0f} s)", flush=True)
+    results.append(result)
+    write_outputs(table, results, out)
+  if not to_run and results:
+    write_outputs(table, results, out)
+  return results
+
+
+def main(argv: Sequence[str] | None = None) -> list[RunResult]:
+  """Command-line entry; see the module docstring."""
+  parser = argparse.ArgumentParser(prog="python -m experiments.variant_table",
+                                   description=__doc__.split("\n")[0])
+  parser.add_argument("table", help="a table file (JSON), e.g. experiments/tables/mnist_legw_8k_hypotheses.json")
+  parser.add_argument("--out", required=True, help="output prefix, e.g. reproduced/mnist_legw_8k_hypotheses")
+  parser.add_argument("--workdir", required=True, help="directory for the runs")
+  parser.add_argument("--seeds", default="", help="comma-separated seeds (default: the table's)")
+  parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
+  args = parser.parse_args(argv)
+  try:
+    seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+  except ValueError:
+    parser.error(f"--seeds must be comma-separated integers such as 0,1,2, got {args.seeds!r}")
+  try:
+    table = load_table(args.table)
+    return run_table(table, args.out, args.workdir, seeds, [n for n in args.rows.split(",") if n.strip()])
+  except ValueError as e:
+    parser.exit(2, f"{e}\n")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
