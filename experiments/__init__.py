@@ -5,6 +5,8 @@ file) with the public lbjax API.
   (final test metric vs batch size, like Figure 1 of papers/001).
 * `batch_schedule`: decaying LR vs increasing batch vs hybrid (papers/002) -> table and plots of
   test accuracy vs epochs and vs parameter updates.
+* `variant_table`: named variants of a config (hypotheses, LR grids at a fixed batch, ablations), each
+  with seeds -> table and plot; the tables live in `experiments/tables/*.json`.
 * `lr_grid`, `mclr_vs_lars`, `lipschitz`, `noise_scale`, `by_epoch`: see their docstrings.
 
 Every script takes `--config` as `lbjax-train` does: a packaged config (`mnist_lstm`) or a config file

@@ -201,7 +201,7 @@ def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, me
     result = train.train_and_evaluate(config, run_dir)
   except train.NonFiniteError as error:
     print(f"  diverged: {error}", flush=True)
-    records = run_records.read_records(run_dir, "train")
+    records = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []
     return RunResult(name, config.seed, split, metric, math.nan, "diverged", recipe.learning_rate, warmup,
                      records[-1]["epoch"] if records else 0.0, records[-1]["step"] if records else 0,
                      time.time() - start)
@@ -333,6 +333,8 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
     for seed in seeds:
       try:
         configs[(row.name, seed)] = row_config(table, row, seed)
+        # Names, arguments and values now, as lbjax-train does; what depends on the devices at the start.
+        train.validate(configs[(row.name, seed)], data_parallel_size=1)
       except train.ConfigError as e:
         errors.append(f"row {row.name}: {e}")
   if errors:

@@ -1,0 +1,133 @@
+"""Variant tables on the tiny synthetic config: each row's recipe, outputs, skipping, bad tables."""
+
+import json
+import math
+import pathlib
+
+import pytest
+
+from experiments import variant_table
+from lbjax import train
+
+TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_sweep_config.py"))
+TABLES = pathlib.Path(variant_table.__file__).with_name("tables")
+
+
+def _table(**overrides):
+  data = {"title": "tiny", "config": TINY_CONFIG + ":batch=64",
+          "rows": [{"name": "base", "tests": "the config"},
+                   {"name": "lr_0.2", "variant": "lr=0.2", "tests": "a larger LR"},
+                   {"name": "legw", "variant": "rule=legw", "overrides": ["lr.decay=polynomial_decay"],
+                    "tests": "LEGW with poly decay"}]}
+  data.update(overrides)
+  return variant_table.parse_table(data)
+
+
+@pytest.fixture(scope="module")
+def finished_table(tmp_path_factory):
+  tmp_path = tmp_path_factory.mktemp("table")
+  table = _table(seeds=[0, 1])
+  out = tmp_path / "results" / "tiny"
+  results = variant_table.run_table(table, str(out), str(tmp_path / "runs"))
+  return table, out, tmp_path / "runs", results
+
+
+def test_each_row_trains_its_own_recipe_once_per_seed(finished_table):
+  _, out, runs, results = finished_table
+  by_run = {(r.name, r.seed): r for r in results}
+  assert set(by_run) == {(n, s) for n in ("base", "lr_0.2", "legw") for s in (0, 1)}
+  assert by_run[("base", 0)].learning_rate == pytest.approx(0.05)
+  assert by_run[("lr_0.2", 0)].learning_rate == pytest.approx(0.2)
+  # LEGW from B=32 to 64: sqrt(2) x the LR, 2 x the 0.125-epoch baseline warm-up.
+  assert by_run[("legw", 1)].learning_rate == pytest.approx(0.05 * math.sqrt(2))
+  assert by_run[("legw", 1)].warmup_epochs == pytest.approx(0.25)
+  legw_config = json.loads((runs / "legw_s1" / "config.json").read_text())["config"]
+  assert legw_config["lr"]["decay"] == "polynomial_decay" and legw_config["seed"] == 1
+  for r in results:
+    assert r.status == "done" and 0.0 <= r.value <= 1.0 and r.split == "test" and r.steps == 4
+  assert variant_table.read_results(out.with_suffix(".csv")) == results
+
+
+def test_markdown_compares_rows_with_the_reference(finished_table):
+  table, out, _, results = finished_table
+  page = out.with_suffix(".md").read_text()
+  base = [r.value for r in results if r.name == "base"]
+  larger = [r.value for r in results if r.name == "lr_0.2"]
+  delta = 100 * (sum(larger) / 2 - sum(base) / 2)
+  line = next(l for l in page.splitlines() if l.startswith("| `lr_0.2` |"))
+  assert f"{delta:+.2f}" in line and "`lr=0.2`" in line and "| 2/2 |" in line
+  assert "`rule=legw, lr.decay=polynomial_decay`" in page
+  assert out.with_suffix(".png").stat().st_size > 0
+  assert table.rows[0].name == "base"
+
+
+def test_recorded_runs_are_skipped_and_rows_can_be_chosen(finished_table, monkeypatch):
+  table, out, runs, results = finished_table
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained a recorded run"))
+  assert variant_table.run_table(table, str(out), str(runs)) == results
+  extended = _table(rows=[*json.loads(json.dumps([{"name": "base", "tests": "t"}])),
+                          {"name": "new", "variant": "lr=0.01", "tests": "t"}])
+  trained = []
+  monkeypatch.setattr(variant_table, "_run", lambda config, run_dir, name, metric: trained.append(name)
+                      or variant_table.RunResult(name, config.seed, "test", metric, 0.5, "done", 0.01, 0.0,
+                                                 1.0, 4, 1.0))
+  variant_table.run_table(extended, str(out), str(runs), seeds=(0,), only=("new",))
+  assert trained == ["new"]
+
+
+def test_a_diverging_row_is_recorded_as_such(tmp_path, monkeypatch):
+  table = _table(rows=[{"name": "base", "tests": "t"},
+                       {"name": "huge", "variant": "lr=1e30", "tests": "diverges"}])
+  train_and_evaluate = train.train_and_evaluate
+
+  def diverge_at_huge_lr(config, workdir):
+    if config.lr.base > 1:
+      raise train.NonFiniteError("loss is nan at step 3")
+    return train_and_evaluate(config, workdir)
+
+  monkeypatch.setattr(train, "train_and_evaluate", diverge_at_huge_lr)
+  results = variant_table.run_table(table, str(tmp_path / "t"), str(tmp_path / "runs"))
+  huge = next(r for r in results if r.name == "huge")
+  assert huge.status == "diverged" and math.isnan(huge.value)
+  assert "diverged" in (tmp_path / "t.md").read_text()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rows": []}, "'rows' must be a non-empty list"),
+    ({"rows": [{"name": "a", "tests": "t"}, {"name": "a", "tests": "t"}]}, "repeated: a"),
+    ({"rows": [{"name": "a b", "tests": "t"}]}, "'name' must be letters"),
+    ({"rows": [{"name": "a", "tests": "t", "extra": 1}]}, "unknown key 'extra'"),
+    ({"rows": [{"name": "a"}]}, "'tests' must say what the row tests"),
+    ({"seeds": [0, 0]}, "'seeds' must be a non-empty list of distinct"),
+    ({"overrides": "lr.base=1"}, "'overrides' must be a list of strings"),
+    ({"metric": "loss"}, "'metric' must be 'accuracy' or 'perplexity'"),
+    ({"colour": "red"}, "unknown key 'colour'"),
+])
+def test_bad_tables_are_refused_naming_the_problem(changes, message):
+  with pytest.raises(ValueError, match=message):
+    _table(**changes)
+
+
+def test_bad_rows_and_names_are_refused_before_training(tmp_path, monkeypatch):
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = _table(rows=[{"name": "a", "tests": "t", "overrides": ["lr.bogus_field=1"]}])
+  with pytest.raises(ValueError, match="(?s)row a: .*bogus_field"):
+    variant_table.run_table(table, str(tmp_path / "t"), str(tmp_path / "runs"))
+  with pytest.raises(ValueError, match="--rows names 'nope'"):
+    variant_table.run_table(_table(), str(tmp_path / "t"), str(tmp_path / "runs"), only=("nope",))
+
+
+def test_cli_reports_a_bad_table_in_one_message(tmp_path, capsys):
+  path = tmp_path / "t.json"
+  path.write_text("{not json")
+  with pytest.raises(SystemExit) as exit_info:
+    variant_table.main([str(path), "--out", str(tmp_path / "o"), "--workdir", str(tmp_path / "w")])
+  assert exit_info.value.code == 2 and "is not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(TABLES.glob("*.json")), ids=lambda p: p.stem)
+def test_packaged_tables_load_every_row(path):
+  table = variant_table.load_table(path)
+  for row in table.rows:
+    for seed in table.seeds:
+      variant_table.row_config(table, row, seed)
