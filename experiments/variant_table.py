@@ -45,8 +45,8 @@ from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-_TABLE_KEYS = {"title", "config", "rows", "overrides", "seeds", "notes", "metric"}
-_ROW_KEYS = {"name", "tests", "variant", "overrides"}
+_TABLE_KEYS = {"title", "config", "rows", "overrides", "seeds", "notes", "metric", "x_label"}
+_ROW_KEYS = {"name", "tests", "variant", "overrides", "series", "x"}
 CSV_FIELDS = ("name", "seed", "split", "metric", "value", "status", "learning_rate", "warmup_epochs",
               "epochs", "steps", "seconds")
 
@@ -60,11 +60,15 @@ class TableRow:
     tests: what the row tests, in words.
     variant: variant keys added to the table's config (e.g. `"rule=legw,warmup=0.078125"`).
     overrides: `field=value` settings applied after the variant (`lr.decay=polynomial_decay`).
+    series: with `x`, the line of the plot the row belongs to (e.g. "adam").
+    x: with `series`, the row's position on the plot's x-axis (e.g. its batch size), > 0.
   """
   name: str
   tests: str
   variant: str = ""
   overrides: tuple[str, ...] = ()
+  series: str = ""
+  x: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,7 @@ class Table:
     seeds: the seeds each row runs with.
     notes: a paragraph printed under the title.
     metric: "accuracy" or "perplexity".
+    x_label: the x-axis of a plot whose rows give `series` and `x` (log2 scale); empty: one bar per row.
   """
   title: str
   config: str
@@ -87,6 +92,7 @@ class Table:
   seeds: tuple[int, ...] = (0,)
   notes: str = ""
   metric: str = "accuracy"
+  x_label: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +157,15 @@ def parse_table(data: dict, source: str = "table") -> Table:
       errors.append(f"{where} ({name}): 'tests' must say what the row tests.")
     if not isinstance(raw.get("variant", ""), str):
       errors.append(f"{where} ({name}): 'variant' must be a string such as \"rule=legw\".")
+    series, x = raw.get("series", ""), raw.get("x")
+    if not isinstance(series, str) or (x is not None and not (isinstance(x, (int, float)) and x > 0)):
+      errors.append(f"{where} ({name}): 'series' must be a string and 'x' a number > 0, got {series!r}, {x!r}.")
+    elif bool(series) != (x is not None) or bool(series) != bool(data.get("x_label")):
+      errors.append(f"{where} ({name}): a line plot needs 'series' and 'x' on every row and the table's "
+                    "'x_label'; a bar plot none of them.")
     rows.append(TableRow(name, str(raw.get("tests", "")), str(raw.get("variant", "")),
-                         _strings(raw.get("overrides", []), f"{where} ({name}): 'overrides'", errors)))
+                         _strings(raw.get("overrides", []), f"{where} ({name}): 'overrides'", errors),
+                         series if isinstance(series, str) else "", x))
   names = [r.name for r in rows]
   duplicates = sorted({n for n in names if names.count(n) > 1})
   if duplicates:
@@ -160,7 +173,8 @@ def parse_table(data: dict, source: str = "table") -> Table:
   if errors:
     raise ValueError(f"Invalid table {source}:\n  - " + "\n  - ".join(errors))
   return Table(title=data["title"], config=data["config"], rows=tuple(rows), overrides=overrides,
-               seeds=tuple(seeds), notes=str(data.get("notes", "")), metric=metric)
+               seeds=tuple(seeds), notes=str(data.get("notes", "")), metric=metric,
+               x_label=str(data.get("x_label", "")))
 
 
 def load_table(path: str | pathlib.Path) -> Table:
@@ -261,8 +275,38 @@ def markdown(table: Table, results: list[RunResult]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _draw_lines(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float, x_label: str):
+  for series in dict.fromkeys(row.series for row in rows):
+    points = sorted((row.x, mean, std) for row, (mean, std, _) in zip(rows, stats)
+                    if row.series == series and not math.isnan(mean))
+    axes.errorbar([p[0] for p in points], [scale * p[1] for p in points], marker="o", capsize=3, label=series,
+                  yerr=[0.0 if math.isnan(p[2]) else scale * p[2] for p in points])
+  axes.set_xscale("log", base=2)
+  axes.set_xlabel(x_label)
+  axes.legend()
+  axes.grid(alpha=0.3)
+
+
+def _draw_bars(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float):
+  positions = list(range(len(rows)))[::-1]
+  means = [scale * m for m, _, _ in stats]
+  finite = [m for m in means if not math.isnan(m)]
+  floor = min(finite) if finite else 0.0
+  axes.errorbar([floor if math.isnan(m) else m for m in means], positions,
+                xerr=[0.0 if math.isnan(s) else scale * s for _, s, _ in stats], fmt="o", capsize=3)
+  for position, mean in zip(positions, means):
+    if math.isnan(mean):
+      axes.annotate("diverged", (floor, position), textcoords="offset points", xytext=(6, -3))
+  if finite and not math.isnan(means[0]):
+    axes.axvline(means[0], linestyle="--", color="gray", linewidth=1)
+  axes.set_yticks(positions, [row.name for row in rows])
+  axes.grid(axis="x", alpha=0.3)
+
+
 def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> None:
-  """One horizontal bar per row at its mean (error bar: sample sd), the reference as a dashed line."""
+  """The table as a figure: lines of the metric vs `x` per series when the table has `x_label` (log2
+  x-axis, e.g. papers/001 Figure 5), else one horizontal bar per row with the reference as a dashed
+  line; error bars: sample sd over seeds."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -270,23 +314,16 @@ def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> No
   scale = 100.0 if table.metric == "accuracy" else 1.0
   rows = [row for row in table.rows if any(r.name == row.name for r in results)]
   stats = [_summary([r for r in results if r.name == row.name]) for row in rows]
-  figure, axes = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
-  positions = list(range(len(rows)))[::-1]
-  means = [scale * m for m, _, _ in stats]
-  finite = [m for m in means if not math.isnan(m)]
-  axes.errorbar([m if not math.isnan(m) else (min(finite) if finite else 0) for m in means], positions,
-                xerr=[0.0 if math.isnan(s) else scale * s for _, s, _ in stats], fmt="o", capsize=3)
-  for position, mean in zip(positions, means):
-    if math.isnan(mean):
-      axes.annotate("diverged", (min(finite) if finite else 0, position), textcoords="offset points",
-                    xytext=(6, -3))
-  if stats and not math.isnan(stats[0][0]):
-    axes.axvline(scale * stats[0][0], linestyle="--", color="gray", linewidth=1)
-  axes.set_yticks(positions, [row.name for row in rows])
-  split = results[0].split if results else "test"
-  axes.set_xlabel(f"{split} {table.metric}" + (" (%)" if table.metric == "accuracy" else ""))
+  label = f"{results[0].split if results else 'test'} {table.metric}" + (" (%)" if table.metric == "accuracy" else "")
+  if table.x_label:
+    figure, axes = plt.subplots(figsize=(6, 4))
+    _draw_lines(axes, rows, stats, scale, table.x_label)
+    axes.set_ylabel(label)
+  else:
+    figure, axes = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    _draw_bars(axes, rows, stats, scale)
+    axes.set_xlabel(label)
   axes.set_title(table.title, fontsize=9)
-  axes.grid(axis="x", alpha=0.3)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)

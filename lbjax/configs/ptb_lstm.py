@@ -29,6 +29,9 @@ BASE_BATCH_SIZE = 20
 # gives no PTB warm-up; this is the MNIST choice (73 baseline steps) carried over.
 BASE_WARMUP_EPOCHS = 0.03125
 DECAY_RATE = 0.5
+# Adam, the adaptive baseline of papers/001 §5.2 ("does not require the users to input hyper-parameters"):
+# its default LR with the recipe's decay and clipping.
+ADAM_LEARNING_RATE = 0.001
 SEQ_LEN = 20
 # name: (optimizer section, learning rate, clip of the per-token mean loss's gradient, decay start epoch)
 RECIPES = {
@@ -48,6 +51,8 @@ VARIANTS = {
     "seed": Variant("initialisation seed", field="seed"),
     "eval_split": Variant("test, or valid", field="data_options.eval_split"),
     "recipe": Variant("the B=20 baseline", default="paper", choices=tuple(RECIPES)),
+    "optimizer": Variant("the recipe's optimizer, or adam (papers/001 §5.2's adaptive baseline, LR 0.001)",
+                         default="recipe", choices=("recipe", "adam")),
 }
 
 
@@ -82,4 +87,7 @@ def _apply_recipe(config, recipe: str) -> None:
 
 def finalize(config, presets):
   _apply_recipe(config, presets["recipe"])
+  if presets["optimizer"] == "adam":
+    config.optimizer = {"name": "adam"}
+    config.lr.base = ADAM_LEARNING_RATE
   complete_baseline_warmup(config, BASE_WARMUP_EPOCHS)

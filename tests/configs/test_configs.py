@@ -99,6 +99,15 @@ def test_ptb_zaremba_recipe_is_tensorflows_small_config_on_the_per_token_loss():
     _config("ptb_lstm.py", "recipe=adam")
 
 
+def test_ptb_adam_baseline_keeps_the_recipe_but_the_optimizer_and_lr():
+  """papers/001 §5.2: Adam with its default LR at every batch size, the recipe's decay and clipping."""
+  paper, adam = _config("ptb_lstm.py", "batch=640"), _config("ptb_lstm.py", "batch=640,optimizer=adam")
+  assert (adam.optimizer.name, adam.lr.base) == ("adam", 0.001)
+  assert [_lr(adam, e) for e in (0, 7, 8)] == pytest.approx([0.001, 0.0005, 0.00025])
+  assert adam.clip_global_norm == paper.clip_global_norm and adam.num_epochs == paper.num_epochs
+  train.validate(adam, data_parallel_size=1)
+
+
 def test_mnist_lstm_legw_at_8k():
   config = _config("mnist_lstm.py", "batch=8192,rule=legw")
   assert _lr(config, 10.0) == pytest.approx(config.lr.base * 8)  # sqrt(64), warm-up 64 x 0.15625

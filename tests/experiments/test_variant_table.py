@@ -131,3 +131,21 @@ def test_packaged_tables_load_every_row(path):
   for row in table.rows:
     for seed in table.seeds:
       variant_table.row_config(table, row, seed)
+
+
+def test_a_table_with_series_plots_lines_over_x(tmp_path):
+  table = _table(x_label="batch size", rows=[
+      {"name": f"{s}_b{b}", "variant": f"batch={b}" + (",rule=legw" if s == "legw" else ""), "series": s, "x": b,
+       "tests": "t"} for s in ("legw", "none") for b in (32, 64)])
+  results = [variant_table.RunResult(row.name, 0, "test", "accuracy", 0.5 + row.x / 1000, "done", 0.05, 0.0, 1.0, 4,
+                                     1.0) for row in table.rows]
+  variant_table.write_outputs(table, results, tmp_path / "lines")
+  assert (tmp_path / "lines.png").stat().st_size > 0
+  assert {row.series for row in table.rows} == {"legw", "none"}
+
+
+def test_series_without_x_or_axis_label_is_refused():
+  with pytest.raises(ValueError, match="a line plot needs 'series' and 'x' on every row"):
+    _table(rows=[{"name": "a", "tests": "t", "series": "s", "x": 32}])
+  with pytest.raises(ValueError, match="'x' a number > 0"):
+    _table(x_label="batch", rows=[{"name": "a", "tests": "t", "series": "s", "x": -1}])
