@@ -1,6 +1,6 @@
 """A reproduced sweep table against the committed one, point by point.
 
-  python -m experiments.compare reproduced/mnist_lstm_legw.csv docs/results/mnist_lstm_legw.csv
+  python -m experiments.compare reproduced/mnist_lstm_headline.csv docs/results/mnist_lstm_headline.csv
 
 Both files are CSVs written by `experiments.sweep`. For every (rule, batch size) in either, prints the
 new and the reference metric (mean ± sample standard deviation over seeds), their difference and a
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   """Command-line entry; see the module docstring. Returns the exit status."""
   parser = argparse.ArgumentParser(prog="python -m experiments.compare", description=__doc__.split("\n")[0])
   parser.add_argument("new", help="the reproduced CSV")
-  parser.add_argument("reference", help="the committed CSV, e.g. docs/results/mnist_lstm_legw.csv")
+  parser.add_argument("reference", help="the committed CSV, e.g. docs/results/mnist_lstm_headline.csv")
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
   parser.add_argument("--tolerance", type=float, default=0.0,
                       help="largest accepted difference of single-seed points (0: no check)")

@@ -2,7 +2,7 @@
 
   python -m experiments.sweep --config mnist_lstm --rules none,linear,sqrt,legw \
       --batch_sizes 128,512,2048,8192 --seeds 0,1,2 --out reproduced/mnist_lstm_legw \
-      --reference docs/results/mnist_lstm_legw.csv --workdir runs/sweeps/mnist
+      --reference docs/results/mnist_lstm_headline.csv --workdir runs/sweeps/mnist
 
 Each point (rule, batch size) is the config (`--config`: a packaged config such as `mnist_lstm`, or a
 config file; `--variant` adds variant keys) with `--config.batch_size=B --config.scaling.rule=R`, i.e.
@@ -113,7 +113,7 @@ def check_spec(spec: SweepSpec) -> None:
     errors.append(f"seeds must be distinct integers >= 0, got {list(spec.seeds)}.")
   if spec.reference and not pathlib.Path(spec.reference).is_file():
     errors.append(f"reference {spec.reference} not found; pass a CSV written by a sweep, e.g. "
-                  "docs/results/mnist_lstm_legw.csv.")
+                  "docs/results/mnist_lstm_headline.csv.")
   if errors:
     raise ValueError("Invalid sweep:\n  - " + "\n  - ".join(errors))
 
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
                       help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--rules", required=True, help="comma-separated scaling rules: " + ",".join(RULES))
   parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
-  parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/mnist_lstm_legw")
+  parser.add_argument("--out", required=True, help="output prefix, e.g. reproduced/mnist_lstm_legw")
   parser.add_argument("--workdir", required=True, help="directory for the runs, e.g. runs/sweeps/mnist")
   parser.add_argument("--variant", default="", help="extra variant keys for every point, e.g. epochs=5")
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
   parser.add_argument("--seeds", type=_ints, default=(),
                       help="comma-separated seeds, one run per seed and point (default: the config's seed)")
   parser.add_argument("--reference", default="",
-                      help="a committed CSV (e.g. docs/results/mnist_lstm_legw.csv): its times for the plan, "
+                      help="a committed CSV (e.g. docs/results/mnist_lstm_headline.csv): its times for the plan, "
                            "and a comparison at the end")
   args = parser.parse_args(argv)
   spec = SweepSpec(config=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
