@@ -1,8 +1,11 @@
 """Accuracy vs bytes sent: PowerSGD at ranks 1, 2, 4 beside 1-bit SGD, QSGD and no compression.
 
-  JAX_NUM_CPU_DEVICES=8 python -m experiments.compression_bytes --config mnist_lstm --epochs 1 \
+  JAX_NUM_CPU_DEVICES=8 python -m experiments.compression_bytes --config mnist_lstm --epochs 2 \
       --batch_size 128 --ranks 1,2,4 --out docs/results/powersgd_mnist_lstm \
       --workdir runs/compression_bytes
+  JAX_NUM_CPU_DEVICES=8 python -m experiments.compression_bytes --config resnet_tiny_synthetic_cifar \
+      --epochs 6 --batch_size 128 --ranks 1,2,4 --lrs 0.1,0.2,0.4 \
+      --out docs/results/powersgd_resnet_cifar --workdir runs/compression_bytes_resnet
 
 papers/004 compresses each worker's gradient before the data-parallel all-reduce; PowerSGD
 (Vogels et al. 2019) sends rank-r factors instead. Every variant trains the same config with the
@@ -14,19 +17,28 @@ visible devices; only `config.compression` differs:
   qsgd_s<S>    QSGD with S levels, fixed-length (dense) code
   powersgd_r<R> PowerSGD at rank R with error feedback and warm start
 
+`--config` is any config (a packaged name or a file) whose `data_options.eval_split` can be
+"validation". Without `--lrs` every variant runs once, at the config's learning rate, in
+`<workdir>/<variant>`. With `--lrs`, the learning rate is chosen per variant on the validation split:
+each LR runs with `eval_split=validation` in `<workdir>/<variant>/validation_lr_<lr>`, the one with the
+highest final validation accuracy (a run that goes non-finite counts as diverged) runs again on the
+test split in `<workdir>/<variant>/test_lr_<lr>`, and that run is reported.
+
 Bytes are what one device sends per step (`lbjax.optim.compression.bits_per_step`, logged by the
 trainer as the `compression` record) times the number of steps. A run whose workdir holds a final
-evaluation is not trained again.
+evaluation (or a diverged run's marker) is not trained again, so an interrupted experiment resumes
+where it stopped, and the outputs are rewritten after every variant.
 Outputs:
-  <out>.csv  variant, bits per device step, ratio, steps, MB sent per device, final train loss,
-             final test accuracy
-  <out>.md   the same as a table, with the command
+  <out>.csv  variant, learning rate, validation accuracy (with --lrs), bits per device step, ratio,
+             steps, MB sent per device, final train loss, final test accuracy
+  <out>.md   the same as a table (and the validation accuracy of every LR), with the command
   <out>.png  final test accuracy vs MB sent per device (log scale)
 """
 
 import argparse
 import csv
 import dataclasses
+import math
 import pathlib
 import sys
 from typing import Any, Sequence
@@ -50,6 +62,8 @@ class Result:
   steps: int
   final_train_loss: float
   final_test_accuracy: float
+  learning_rate: float = math.nan
+  validation_accuracy: dict[float, float] = dataclasses.field(default_factory=dict)  # LR -> (nan: diverged)
 
   @property
   def megabytes_sent(self) -> float:
@@ -63,9 +77,13 @@ def variants(ranks: Sequence[int], qsgd_levels: int) -> list[Variant]:
           *(Variant(f"powersgd_r{r}", {"name": "powersgd", "rank": r}) for r in ranks)]
 
 
-def run_config(config_name: str, variant: Variant, batch_size: int, epochs: float):
+VALIDATION_SPLIT = "--config.data_options.eval_split=validation"
+DIVERGED_MARKER = "diverged.txt"
+
+
+def run_config(config_name: str, variant: Variant, batch_size: int, epochs: float, overrides: Sequence[str] = ()):
   config = config_files.load(config_name, [f"--config.batch_size={batch_size}",
-                                           f"--config.num_epochs={float(epochs)!r}"]).config
+                                           f"--config.num_epochs={float(epochs)!r}", *overrides]).config
   config.compression = variant.compression
   config.mesh.per_device_gradients = True
   config.progress = False
@@ -84,26 +102,86 @@ def read_result(run_dir: pathlib.Path, variant: str) -> Result | None:
                 train_records[-1]["loss"], final["accuracy"])
 
 
-def write_outputs(results: list[Result], out: str, command: str, batch_size: int, epochs: float,
-                  config_name: str, num_devices: int) -> None:
+def finished(run_dir: pathlib.Path) -> bool:
+  return (run_dir / DIVERGED_MARKER).is_file() or (
+      (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None)
+
+
+def train_once(config, run_dir: pathlib.Path) -> None:
+  """Trains `config` in `run_dir` unless it finished (or diverged) there before; a run that goes
+  non-finite leaves a marker with the trainer's message instead of stopping the experiment."""
+  if finished(run_dir):
+    return
+  print(f"training {run_dir}", flush=True)
+  try:
+    train.train_and_evaluate(config, run_dir)
+  except train.NonFiniteError as e:
+    (run_dir / DIVERGED_MARKER).write_text(f"{e}\n")
+
+
+def variant_result(variant: Variant, args: argparse.Namespace, common: Sequence[str]) -> Result:
+  """The variant's reported run: at the config's LR, or at the LR that is best on the validation split."""
+  def config(overrides=()):
+    return run_config(args.config, variant, args.batch_size, args.epochs, (*common, *overrides))
+
+  if not args.lrs:
+    run_dir = pathlib.Path(args.workdir) / variant.name
+    train_once(config(), run_dir)
+    return dataclasses.replace(read_result(run_dir, variant.name), learning_rate=config().lr.base)
+  validation = {}
+  for lr in args.lrs:
+    run_dir = pathlib.Path(args.workdir) / variant.name / f"validation_lr_{lr:g}"
+    train_once(config([f"--config.lr.base={lr!r}", VALIDATION_SPLIT]), run_dir)
+    result = read_result(run_dir, variant.name)
+    validation[lr] = math.nan if result is None else result.final_test_accuracy
+  if all(math.isnan(a) for a in validation.values()):
+    raise SystemExit(f"{variant.name}: every learning rate of {list(args.lrs)} diverged; try smaller ones.")
+  best = max((lr for lr in args.lrs if not math.isnan(validation[lr])), key=lambda lr: validation[lr])
+  run_dir = pathlib.Path(args.workdir) / variant.name / f"test_lr_{best:g}"
+  train_once(config([f"--config.lr.base={best!r}"]), run_dir)
+  result = read_result(run_dir, variant.name)
+  if result is None:
+    raise SystemExit(f"{variant.name}: the test run at the chosen LR {best:g} diverged ({run_dir / DIVERGED_MARKER}).")
+  return dataclasses.replace(result, learning_rate=best, validation_accuracy=validation)
+
+
+def _percent(accuracy: float) -> str:
+  return "diverged" if math.isnan(accuracy) else f"{100 * accuracy:.2f}%"
+
+
+def write_outputs(results: list[Result], out: str, command: str, args: argparse.Namespace, num_devices: int) -> None:
+  tuned = bool(args.lrs)
   with open(f"{out}.csv", "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(("variant", "bits_per_device_step", "ratio", "steps", "megabytes_per_device",
-                     "final_train_loss", "final_test_accuracy"))
+    writer.writerow(("variant", "learning_rate", "validation_accuracy", "bits_per_device_step", "ratio", "steps",
+                     "megabytes_per_device", "final_train_loss", "final_test_accuracy"))
     for r in results:
-      writer.writerow((r.variant, f"{r.bits_per_step:.0f}", f"{r.ratio:.4g}", r.steps, f"{r.megabytes_sent:.4g}",
-                       f"{r.final_train_loss:.4f}", f"{r.final_test_accuracy:.4f}"))
-  lines = [f"# Accuracy vs bytes sent: {config_name}, PowerSGD beside 1-bit SGD and QSGD", "",
-           f"Global batch {batch_size} over {num_devices} devices (per-device gradients in `shard_map`, one "
-           f"compressed all-reduce per step), {epochs:g} epoch(s), the config's learning-rate recipe, same seed. "
+      validation = f"{r.validation_accuracy[r.learning_rate]:.4f}" if tuned else ""
+      writer.writerow((r.variant, f"{r.learning_rate:g}", validation, f"{r.bits_per_step:.0f}", f"{r.ratio:.4g}",
+                       r.steps, f"{r.megabytes_sent:.4g}", f"{r.final_train_loss:.4f}", f"{r.final_test_accuracy:.4f}"))
+  if tuned:
+    recipe = (f"the learning rate chosen per variant on the validation split among {', '.join(f'{lr:g}' for lr in args.lrs)} "
+              "(highest final validation accuracy; every LR's in the second table), then one run on the test split")
+  else:
+    recipe = "the config's learning-rate recipe"
+  lines = [f"# Accuracy vs bytes sent: {args.config}, PowerSGD beside 1-bit SGD and QSGD", "",
+           f"Global batch {args.batch_size} over {num_devices} devices (per-device gradients in `shard_map`, one "
+           f"compressed all-reduce per step), {args.epochs:g} epoch(s), {recipe}, seed {args.seed} for every run. "
            "Bytes: what one device sends per step (`bits_per_step`) times the steps.", "",
            "```", command, "```", "",
-           "| variant | bits / device step | compression ratio | steps | MB sent / device | final train loss "
-           "| final test accuracy |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           "| variant | LR | bits / device step | compression ratio | steps | MB sent / device | final train loss "
+           f"| {'validation accuracy | ' if tuned else ''}final test accuracy |",
+           f"|---|---:|---:|---:|---:|---:|---:|{'---:|' if tuned else ''}---:|"]
   for r in results:
-    lines.append(f"| {r.variant} | {r.bits_per_step:,.0f} | {r.ratio:.1f}x | {r.steps} | {r.megabytes_sent:.3f} | "
-                 f"{r.final_train_loss:.4f} | {100 * r.final_test_accuracy:.2f}% |")
+    validation = f"{_percent(r.validation_accuracy[r.learning_rate])} | " if tuned else ""
+    lines.append(f"| {r.variant} | {r.learning_rate:g} | {r.bits_per_step:,.0f} | {r.ratio:.1f}x | {r.steps} | "
+                 f"{r.megabytes_sent:.3f} | {r.final_train_loss:.4f} | {validation}{_percent(r.final_test_accuracy)} |")
+  if tuned:
+    lines += ["", "Final validation accuracy of every learning rate:", "",
+              "| variant | " + " | ".join(f"LR {lr:g}" for lr in args.lrs) + " |",
+              "|---|" + "---:|" * len(args.lrs)]
+    lines += [f"| {r.variant} | " + " | ".join(_percent(r.validation_accuracy[lr]) for lr in args.lrs) + " |"
+              for r in results]
   lines += ["", "One run per variant (one seed) on simulated CPU devices of a loaded 2-core host, so differences of a "
             "few tenths of a percent are within seed-to-seed noise, which this table does not measure. 1-bit SGD "
             "and PowerSGD carry their compression error to the next step (error feedback); QSGD is unbiased but "
@@ -113,7 +191,7 @@ def write_outputs(results: list[Result], out: str, command: str, batch_size: int
             "a collective would move the messages (all-gather of quantized ones, all-reduce of PowerSGD's "
             "factors) is not modelled."]
   pathlib.Path(f"{out}.md").write_text("\n".join(lines) + "\n")
-  plot(results, f"{out}.png", f"{config_name}, batch {batch_size}, {epochs:g} epoch(s)")
+  plot(results, f"{out}.png", f"{args.config}, batch {args.batch_size}, {args.epochs:g} epoch(s)")
 
 
 def plot(results: list[Result], path: str, title: str) -> None:
@@ -139,30 +217,33 @@ def _ints(text: str) -> tuple[int, ...]:
   return tuple(int(x) for x in text.split(",") if x)
 
 
+def _floats(text: str) -> tuple[float, ...]:
+  return tuple(float(x) for x in text.split(",") if x)
+
+
 def main(argv: Sequence[str] | None = None) -> list[Result]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="mnist_lstm")
+  parser.add_argument("--config", default="mnist_lstm", help="a packaged config or a config file")
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--epochs", type=float, default=1.0)
   parser.add_argument("--ranks", type=_ints, default=(1, 2, 4))
   parser.add_argument("--qsgd_levels", type=int, default=4)
+  parser.add_argument("--lrs", type=_floats, default=(),
+                      help="learning rates to choose from on the validation split, per variant (none: the config's)")
+  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", required=True)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args(argv)
+  if any(not lr > 0 for lr in args.lrs):
+    parser.error(f"--lrs must be positive numbers, got {','.join(f'{lr:g}' for lr in args.lrs)}.")
   import jax
   command = "JAX_NUM_CPU_DEVICES=8 python -m experiments.compression_bytes " + " ".join(
       sys.argv[1:] if argv is None else argv)
+  common = [f"--config.seed={args.seed}"]
   results = []
   for variant in variants(args.ranks, args.qsgd_levels):
-    run_dir = pathlib.Path(args.workdir) / variant.name
-    result = read_result(run_dir, variant.name)
-    if result is None:
-      print(f"training {variant.name} in {run_dir}", flush=True)
-      config = run_config(args.config, variant, args.batch_size, args.epochs)
-      train.train_and_evaluate(config, run_dir)
-      result = read_result(run_dir, variant.name)
-    results.append(result)
-    write_outputs(results, args.out, command, args.batch_size, args.epochs, args.config, jax.device_count())
+    results.append(variant_result(variant, args, common))
+    write_outputs(results, args.out, command, args, jax.device_count())
   return results
 
 

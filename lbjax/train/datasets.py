@@ -131,12 +131,21 @@ def synthetic_mnist(*, seed: int = 0, num_train_examples: int = 2048, num_eval_e
 
 
 def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_examples: int = 512,
-                     image_size: int = 32, num_classes: int = 10) -> Dataset:
-  """Class-prototype RGB images shaped like the ImageNet/CIFAR pipelines' output (tests, benchmarks)."""
-  kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes)
+                     image_size: int = 32, num_classes: int = 10, noise: float = 1.0,
+                     eval_split: Literal["test", "validation"] = "test") -> Dataset:
+  """Class-prototype RGB images shaped like the ImageNet/CIFAR pipelines' output (tests, benchmarks).
+
+  `noise`: the per-pixel noise standard deviation around each class prototype (larger is harder; see
+  `lbjax.data.synthetic_images`). `eval_split`: "test" evaluates on the generator's test draws,
+  "validation" on its independent validation draws of the same classes: choose hyper-parameters this way.
+  """
+  if eval_split not in ("test", "validation"):
+    raise ValueError(f"synthetic_images: eval_split must be 'test' or 'validation', got {eval_split!r}.")
+  kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes, noise=noise)
   train = lbdata.synthetic_images(num_train_examples, **kwargs, seed=seed, split="train")
-  test = lbdata.synthetic_images(num_eval_examples, **kwargs, seed=seed, split="test")
-  return _array_dataset(train, test, seed=seed, eval_split="test", top_k=(5,) if num_classes > 5 else (),
+  evaluation = lbdata.synthetic_images(num_eval_examples, **kwargs, seed=seed,
+                                       split="valid" if eval_split == "validation" else "test")
+  return _array_dataset(train, evaluation, seed=seed, eval_split=eval_split, top_k=(5,) if num_classes > 5 else (),
                         model_arguments={"num_classes": num_classes, "small_inputs": image_size <= 64,
                                          "input_channels": 3})
 
