@@ -1,4 +1,5 @@
-"""Dataset functions and task metrics: MNIST's validation split, top-k accuracy, the console's ETA."""
+"""Dataset functions and task metrics: the validation splits of MNIST and of the synthetic images, top-k
+accuracy, the console's ETA."""
 
 import io
 
@@ -33,6 +34,21 @@ def test_mnist_validation_split_is_held_out_of_training_and_the_same_for_every_s
   with pytest.raises(ValueError, match="eval_split must be 'test' or 'validation'"):
     datasets.mnist(shared_data, eval_split="valid")
 
+
+
+def test_synthetic_images_validation_split_is_new_draws_of_the_same_task_with_the_same_training_set():
+  options = dict(num_train_examples=32, num_eval_examples=16, image_size=4, noise=0.5)
+  test, validation = datasets.synthetic_images(**options), datasets.synthetic_images(**options, eval_split="validation")
+  assert (test.eval_split, validation.eval_split) == ("test", "validation")
+  assert test.fingerprint["train"] == validation.fingerprint["train"]
+  assert test.fingerprint["eval"] != validation.fingerprint["eval"]
+  noisier = datasets.synthetic_images(**{**options, "noise": 2.0})
+  # The same labels and prototypes: the noise is the only difference, and it scales by 4.
+  clean = datasets.synthetic_images(**{**options, "noise": 0.0})
+  np.testing.assert_allclose(_all_examples(noisier, "eval") - _all_examples(clean, "eval"),
+                             4 * (_all_examples(test, "eval") - _all_examples(clean, "eval")), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="eval_split must be 'test' or 'validation'"):
+    datasets.synthetic_images(eval_split="valid")
 
 def test_top5_counts_a_label_among_the_five_largest_logits():
   dataset = datasets.Dataset("classification", None, None, {}, "test", top_k=(5,))

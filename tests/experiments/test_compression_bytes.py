@@ -1,0 +1,73 @@
+"""experiments/compression_bytes.py with `--lrs`: the LR chosen on the validation split, a diverged LR
+recorded and skipped, finished runs not trained again, and the outputs."""
+
+import argparse
+import csv
+import json
+import math
+import pathlib
+
+import pytest
+
+from experiments import compression_bytes
+from lbjax import train
+
+TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_image_config.py"))  # 64 synthetic 8x8 images, B=16
+
+
+def _args(tmp_path, **overrides):
+  fields = dict(config=TINY_CONFIG, batch_size=16, epochs=0.5, ranks=(1,), qsgd_levels=4, lrs=(0.05, 1e30),
+                seed=0, out=str(tmp_path / "out"), workdir=str(tmp_path / "runs"))
+  fields.update(overrides)
+  return argparse.Namespace(**fields)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+  """PowerSGD rank 1 at two LRs on the validation split (1e30 goes non-finite), then the chosen one on test."""
+  tmp_path = tmp_path_factory.mktemp("compression_bytes")
+  args = _args(tmp_path)
+  variant = compression_bytes.Variant("powersgd_r1", {"name": "powersgd", "rank": 1})
+  return args, variant, compression_bytes.variant_result(variant, args, ["--config.seed=0"])
+
+
+def test_the_lr_is_chosen_on_validation_and_reported_on_test(tuned):
+  args, variant, result = tuned
+  runs = pathlib.Path(args.workdir) / variant.name
+  assert sorted(p.name for p in runs.iterdir()) == ["test_lr_0.05", "validation_lr_0.05", "validation_lr_1e+30"]
+  assert (runs / "validation_lr_1e+30" / compression_bytes.DIVERGED_MARKER).read_text().startswith("Non-finite")
+  assert result.learning_rate == 0.05 and math.isnan(result.validation_accuracy[1e30])
+  for run, split in (("validation_lr_0.05", "validation"), ("test_lr_0.05", "test")):
+    config = json.loads((runs / run / "config.json").read_text())["config"]
+    assert (config["data_options"]["eval_split"], config["lr"]["base"], config["seed"]) == (split, 0.05, 0)
+  assert result.steps == 2 and 0.0 <= result.final_test_accuracy <= 1.0
+
+
+def test_finished_and_diverged_runs_are_not_trained_again(tuned, monkeypatch):
+  args, variant, result = tuned
+
+  def refuse(*_):
+    raise AssertionError("a finished run was trained again")
+
+  monkeypatch.setattr(train, "train_and_evaluate", refuse)
+  assert compression_bytes.variant_result(variant, args, ["--config.seed=0"]) == result
+
+
+def test_outputs_list_the_chosen_lr_and_every_validation_accuracy(tuned):
+  args, _, result = tuned
+  compression_bytes.write_outputs([result], args.out, "the command", args, num_devices=8)
+  with open(f"{args.out}.csv", newline="") as f:
+    (row,) = list(csv.DictReader(f))
+  assert (row["variant"], float(row["learning_rate"])) == ("powersgd_r1", 0.05)
+  assert float(row["validation_accuracy"]) == pytest.approx(result.validation_accuracy[0.05], abs=1e-4)
+  assert float(row["megabytes_per_device"]) == pytest.approx(result.bits_per_step * 2 / 8 / 1e6, rel=1e-3)
+  markdown = pathlib.Path(f"{args.out}.md").read_text()
+  assert "the command" in markdown and "seed 0" in markdown
+  assert "| powersgd_r1 | " in markdown and "diverged |" in markdown
+  assert pathlib.Path(f"{args.out}.png").stat().st_size > 0
+
+
+def test_every_lr_diverging_is_refused_with_a_message(tmp_path):
+  variant = compression_bytes.Variant("none", {"name": "no_compression"})
+  with pytest.raises(SystemExit, match="every learning rate of \\[1e\\+30\\] diverged"):
+    compression_bytes.variant_result(variant, _args(tmp_path, lrs=(1e30,)), [])
