@@ -4,23 +4,24 @@
       --batch_size 128 --ranks 1,2,4 --out docs/results/powersgd_mnist_lstm \
       --workdir runs/compression_bytes
   JAX_NUM_CPU_DEVICES=8 python -m experiments.compression_bytes --config resnet_tiny_synthetic_cifar \
-      --epochs 6 --batch_size 128 --ranks 1,2,4 --lrs 0.1,0.2,0.4 \
-      --out docs/results/powersgd_resnet_cifar --workdir runs/compression_bytes_resnet
+      --epochs 6 --batch_size 128 --ranks 1,2,4 --out docs/results/powersgd_resnet_cifar \
+      --workdir runs/compression_bytes_resnet
 
 papers/004 compresses each worker's gradient before the data-parallel all-reduce; PowerSGD
 (Vogels et al. 2019) sends rank-r factors instead. Every variant trains the same config with the
-same seed, batch size, epochs and learning-rate recipe in the per-device (`shard_map`) step, on all
-visible devices; only `config.compression` differs:
+same seed, batch size, epochs and learning-rate recipe (with `--lrs`: each its own LR, below) in the
+per-device (`shard_map`) step, on all visible devices; only `config.compression` differs:
 
   none         no_compression (the float32 gradient, one pmean)
   one_bit      1-bit SGD with error feedback
   qsgd_s<S>    QSGD with S levels, fixed-length (dense) code
   powersgd_r<R> PowerSGD at rank R with error feedback and warm start
 
-`--config` is any config (a packaged name or a file) whose `data_options.eval_split` can be
-"validation". Without `--lrs` every variant runs once, at the config's learning rate, in
-`<workdir>/<variant>`. With `--lrs`, the learning rate is chosen per variant on the validation split:
-each LR runs with `eval_split=validation` in `<workdir>/<variant>/validation_lr_<lr>`, the one with the
+`--config` is a packaged config or a config file. Without `--lrs` every variant runs once, at the
+config's learning rate, in `<workdir>/<variant>`. With `--lrs` (e.g. `--lrs 0.1,0.2,0.4`; the config's
+dataset must take `data_options.eval_split="validation"`, as mnist and synthetic_images do), the
+learning rate is chosen per variant on the validation split: each LR runs with
+`eval_split=validation` in `<workdir>/<variant>/validation_lr_<lr>`, the one with the
 highest final validation accuracy (a run that goes non-finite counts as diverged) runs again on the
 test split in `<workdir>/<variant>/test_lr_<lr>`, and that run is reported.
 
