@@ -199,12 +199,15 @@ def plot(results: list[Result], path: str, title: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
+  from matplotlib import ticker
   fig, ax = plt.subplots(figsize=(6, 4))
-  for index, r in enumerate(results):
-    ax.scatter(r.megabytes_sent, 100 * r.final_test_accuracy)
-    ax.annotate(r.variant, (r.megabytes_sent, 100 * r.final_test_accuracy), textcoords="offset points",
-                xytext=(4, 4 if index % 2 else -12), fontsize=8)  # alternate sides: nearby labels overlap
+  for r in results:  # a legend, not labels at the points: nearby points' labels overlap
+    ax.scatter(r.megabytes_sent, 100 * r.final_test_accuracy, label=r.variant)
   ax.set_xscale("log")
+  ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+  ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+  ax.legend(fontsize=8)
   ax.set_xlabel("MB sent per device (log scale)")
   ax.set_ylabel("final test accuracy (%)")
   ax.set_title(title)
