@@ -161,8 +161,9 @@ def write_outputs(results: list[Result], out: str, command: str, args: argparse.
       writer.writerow((r.variant, f"{r.learning_rate:g}", validation, f"{r.bits_per_step:.0f}", f"{r.ratio:.4g}",
                        r.steps, f"{r.megabytes_sent:.4g}", f"{r.final_train_loss:.4f}", f"{r.final_test_accuracy:.4f}"))
   if tuned:
-    recipe = (f"the learning rate chosen per variant on the validation split among {', '.join(f'{lr:g}' for lr in args.lrs)} "
-              "(highest final validation accuracy; every LR's in the second table), then one run on the test split")
+    grid = ", ".join(f"{lr:g}" for lr in args.lrs)
+    recipe = (f"the learning rate chosen per variant on the validation split among {grid} (highest final "
+              "validation accuracy; every LR's in the second table), then one run on the test split")
   else:
     recipe = "the config's learning-rate recipe"
   lines = [f"# Accuracy vs bytes sent: {args.config}, PowerSGD beside 1-bit SGD and QSGD", "",
