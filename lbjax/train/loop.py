@@ -126,7 +126,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   metrics = hooks.WriteMetrics(writer, progress, config.log_every)
   evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, config.eval_every_epochs, run.epoch)
   preemption = hooks.SaveOnPreemption(metrics.flush)
-  around_steps = [hooks.RecordCompiles(writer, progress), metrics,
+  around_steps = [metrics, hooks.RecordCompiles(writer, progress),
                   hooks.Lipschitz(writer, config.diagnostics.lipschitz_every), evaluation,
                   hooks.Checkpoint(config.checkpoint_every_steps), batch_policy.RecordBatchDecisions(writer),
                   preemption]

@@ -163,7 +163,10 @@ class Run:
     self.compile_seconds: dict[tuple[int, float], float] = {}
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
-    self._latest_batch: Batch | None = None  # kept to name the first non-finite quantity
+    # The batches of the latest two steps, kept to name the first non-finite quantity (the metrics
+    # that show it reach the host one step late).
+    self._previous_batch: Batch | None = None
+    self._latest_batch: Batch | None = None
     self.state = self._initial_state()
     self.any_batch = AnyBatchStep(self, config.batch.micro_batch_size) if config.batch.micro_batch_size else None
     self.examples_seen, self.carry_batch_size, self.resumed_from = 0, None, None
@@ -446,7 +449,7 @@ class Run:
     if self._in_flight is not None:
       self._in_flight.block_until_ready()
     self._in_flight = metrics["loss"]
-    self._latest_batch = batch
+    self._previous_batch, self._latest_batch = self._latest_batch, batch
     self.step_count += 1
     self.examples_seen += batch.size
     self.batch_size = batch.size
@@ -501,7 +504,8 @@ class Run:
       self.wait_for_save()
       last = self.checkpointer.latest_step()
     try:
-      quantity, advice = nonfinite.first_nonfinite(self.state, self._latest_batch, graphdef=self.graphdef,
+      bad_batch = self._previous_batch if bad_step == self.step_count - 2 else self._latest_batch
+      quantity, advice = nonfinite.first_nonfinite(self.state, bad_batch, graphdef=self.graphdef,
                                                    task=self.task, optimizer=self.optimizer,
                                                    replicated=self.replicated)
     except Exception as e:  # pylint: disable=broad-except  (the diagnosis must not hide the stop)
