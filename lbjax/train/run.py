@@ -297,8 +297,11 @@ class Run:
       print(f"Warning: skipped checkpoint {step}: {reason}. Moved it to {where}.", flush=True)
 
   def _check_same_data(self, meta: dict[str, Any]) -> None:
-    saved, now = meta.get("data_fingerprint"), self.task.dataset.fingerprint
-    if saved is None or not now or saved == now or self.config.resume_with_changed_data:
+    saved = meta.get("data_fingerprint")
+    if saved is None or not self.task.dataset.fingerprint or self.config.resume_with_changed_data:
+      return
+    now = self.task.dataset.fingerprint_like(saved)  # taken again in the checkpoint's kind where it differs
+    if saved == now:
       return
     differing = "; ".join(f"{split}: checkpoint {saved.get(split)} vs now {now.get(split)}"
                           for split in sorted(set(saved) | set(now)) if saved.get(split) != now.get(split))
