@@ -68,7 +68,7 @@ def _host_sums(leaf: np.ndarray) -> list[int]:
   flat = flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[flat.dtype.itemsize])
   plain = weighted = 0
   for start in range(0, flat.size, _CHUNK):
-    bits = flat[start:start + _CHUNK].astype(np.uint32)
+    bits = flat[start:start + _CHUNK].astype(np.uint32, copy=False)
     chunk_sum = int(np.sum(bits, dtype=np.uint32))
     plain += chunk_sum
     weighted += int(np.sum(bits * _POSITIONS[:bits.size], dtype=np.uint32)) + start * chunk_sum

@@ -74,14 +74,15 @@ def _fingerprint_kind(fingerprint: str) -> str | None:
   return next((kind for kind in (SAMPLED, FULL) if fingerprint.startswith(kind)), None)
 
 
-def _sampled_bytes(array: np.ndarray) -> np.ndarray:
+def _sampled_blocks(array: np.ndarray) -> Iterator[memoryview]:
   """`_SAMPLE_BLOCKS` blocks of `_SAMPLE_BLOCK_BYTES` at evenly spaced offsets, the first block at the
-  start and the last at the end of the array's bytes."""
+  start and the last at the end of the array's bytes (all of them when the array is smaller)."""
   flat = array.reshape(-1).view(np.uint8)
   if flat.size <= _SAMPLE_BLOCKS * _SAMPLE_BLOCK_BYTES:
-    return flat
-  starts = np.linspace(0, flat.size - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCKS).astype(np.int64)
-  return flat[starts[:, None] + np.arange(_SAMPLE_BLOCK_BYTES)]
+    yield memoryview(flat)
+    return
+  for start in np.linspace(0, flat.size - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCKS).astype(np.int64):
+    yield memoryview(flat[start:start + _SAMPLE_BLOCK_BYTES])
 
 
 def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = None) -> str:
@@ -101,7 +102,8 @@ def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = N
     array = arrays[name]
     digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
     if sampled and array.nbytes > SAMPLE_ABOVE_BYTES:
-      digest.update(_sampled_bytes(array).tobytes())
+      for block in _sampled_blocks(array):
+        digest.update(block)
     else:
       digest.update(memoryview(array).cast("B"))
   length = len(next(iter(arrays.values()))) if arrays else 0
