@@ -13,8 +13,8 @@ loads silently. Each save therefore records, per state leaf, two sums of the lea
 (with numpy for arrays in CPU memory, on the device for arrays on an accelerator); the meta JSON
 records a SHA-256 of itself. Integer sums modulo 2^32 do not depend on the order of addition, so
 they are the same on any mesh and sharding (a resume on another device count verifies too), and any
-single flipped bit changes the plain sum. `restore_verified` recomputes them
-on what it reads and refuses a checkpoint that differs; the caller then falls back to an older one.
+single flipped bit changes the plain sum. `restore_verified` recomputes them on what it reads and
+refuses a checkpoint that differs; the caller then falls back to an older one.
 """
 
 import hashlib
@@ -86,9 +86,9 @@ def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, 
 
   Leaves in CPU memory are summed with numpy where they lie (on ResNet-50's parameters and momentum,
   84 ms against 682 ms for the compiled sums on a loaded 2-core CPU: `benchmarks/checkpoint_checksums.py`
-  and its section of benchmarks/README.md); leaves on an
-  accelerator, or spread over several processes, are summed on their devices. Both give the same
-  numbers (sums modulo 2^32 do not depend on the order of addition nor on the sharding).
+  and its section of benchmarks/README.md); leaves on an accelerator, or spread over several
+  processes, are summed on their devices. Both give the same numbers (sums modulo 2^32 depend neither
+  on the order of addition nor on the sharding).
   """
   named = {_leaf_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
   on_host = {name for name, leaf in named.items() if _on_host_cpu(leaf)}
