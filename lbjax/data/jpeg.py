@@ -207,7 +207,7 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
   _check_window(Box(*box), height, width)
   pixels, step = decode(encoded, dct_scale(box.height, box.width, *size))
   resized = resize_window(pixels, Box(*(edge / step for edge in box)), size)
-  return resized[:, ::-1] if flip else resized
+  return codecs()[1].flip(resized, 1) if flip else resized  # Contiguous, unlike [:, ::-1].
 
 
 def center_crop_box(height: int, width: int, image_size: int, resize_size: int) -> Box:
