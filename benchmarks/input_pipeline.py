@@ -425,7 +425,10 @@ def imagenet_part(args) -> None:
       f"{load_between} before the worker rows, {load_average()} at the end): the wall-clock rows "
       "measure the share of the 2 cores the scheduler gives, not the scaling on free cores. The "
       "per-CPU-second rows divide by the CPU time of the main process and the workers together: "
-      "equal rates for 1 and 2 workers mean a second worker adds no work per image.")
+      "equal rates for 1 and 2 workers mean a second worker adds no work per image. With one "
+      f"worker an image costs {per_core[(TRAIN_NEW, image_size)] / statistics.median(worker_cpu[1]) - 1:.0%} "
+      "more CPU than the same transform in the training process (the batch passes through shared "
+      "memory to the main process, which receives and unpacks it).")
   print(table + "\n\n" + notes)
   if not args.no_readme:
     report.write_section("input-pipeline-imagenet",
