@@ -214,7 +214,8 @@ def reference_transforms(image_size: int):
       images = np.empty((len(positions), image_size, image_size, 3), np.float32)
       for i, (encoded, rng) in enumerate(zip(examples["image"],
                                              stream_lib.example_rngs(0, positions))):
-        imagenet._normalize_into(images[i], crop(encoded, rng), normalizer)  # pylint: disable=protected-access
+        imagenet._normalize_into(  # pylint: disable=protected-access
+            images[i], crop(encoded, rng), normalizer)
       return {"images": images, "labels": np.asarray(examples["label"]).astype(np.int32)}
     return transform
 
@@ -384,18 +385,21 @@ def imagenet_part(args) -> None:
       ["variant", "output side", "parallelism", "images/s, median (min-max)",
        "ratio to baseline, median (min-max)", f"cores for {args.imagenet_target:,.0f} images/s"],
       rows)
+  worker_overhead = per_core[(TRAIN_NEW, image_size)] / statistics.median(worker_cpu[1]) - 1
   decode_bound = (per_core[("decode alone, simplejpeg, full size", image_size)]
                   / per_core[(TRAIN_BASELINE, image_size)])
   notes = (
       f"Data: {described}, quality 90, generated at run time (`lbjax.data.synthetic_jpeg`). "
-      "Single-process rows: images per CPU second of the process (`time.process_time`, so the "
-      "machine's load does not enter), i.e. images/s per core, on one thread, in "
+      "Single-process rows: images per CPU second of the process (`time.process_time`: time "
+      "the scheduler gives to other jobs is not counted, though they share the caches and the "
+      "memory bus), i.e. images/s per core, on one thread, in "
       f"{args.rounds} interleaved rounds of about {args.seconds:g} CPU s; the ratio column divides "
       "by the full-decode baseline of the same transform and output side in the same round (decode "
       "rows by the Pillow decode). All train variants draw the same windows and flips and "
       "normalise alike; they differ in decode and resize: `full-decode baseline` = the ImageNet "
       "path before reduced decoding (Pillow decodes the whole JPEG to a numpy array, as TFDS does; "
-      "Pillow's antialiased bilinear resizes the window from it); `PIL draft` = the previous lbjax path (Pillow's draft mode at the DCT "
+      "Pillow's antialiased bilinear resizes the window from it); `PIL draft` = the previous lbjax "
+      "path (Pillow's draft mode at the DCT "
       "scale covering the crop, Pillow resize); `Pillow full decode + OpenCV` = lbjax's "
       "`decode='full'` path (TFDS decodes with Pillow, `jpeg.resize_window`); `simplejpeg + "
       "OpenCV` = lbjax's `decode='reduced'` path (`lbjax.data.jpeg`). Cores for "
@@ -426,7 +430,7 @@ def imagenet_part(args) -> None:
       "measure the share of the 2 cores the scheduler gives, not the scaling on free cores. The "
       "per-CPU-second rows divide by the CPU time of the main process and the workers together: "
       "equal rates for 1 and 2 workers mean a second worker adds no work per image. With one "
-      f"worker an image costs {per_core[(TRAIN_NEW, image_size)] / statistics.median(worker_cpu[1]) - 1:.0%} "
+      f"worker an image costs {worker_overhead:.0%} "
       "more CPU than the same transform in the training process (the batch passes through shared "
       "memory to the main process, which receives and unpacks it).")
   print(table + "\n\n" + notes)

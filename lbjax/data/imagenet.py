@@ -16,8 +16,9 @@ size; evaluation decodes at the smallest scale covering the resize-to-256 step. 
 `decode="full"` TFDS decodes every image in full with Pillow and the transforms crop and resize the
 arrays (the same crop windows and flips). The transforms accept either form per example; both
 resample with `jpeg.resize_window` (OpenCV bilinear, not antialiased, as the TF reference
-pipeline), so at DCT scale 1 the two forms give the same pixels. Augmentation randomness comes from `example_rngs(seed, stream
-position)`, so a batch is the same for any number of processes, worker processes and after a resume.
+pipeline), so at DCT scale 1 the two forms give the same pixels. Augmentation randomness comes from
+`example_rngs(seed, stream position)`, so a batch is the same for any number of processes, worker
+processes and after a resume.
 
 TFDS and Pillow are the optional `[tfds]` extra, simplejpeg and OpenCV the `[imagenet]` extra (the
 transforms refuse to be built without them, saying what to install); all are imported when first
@@ -292,7 +293,8 @@ def sample_crop_box(rng: np.random.Generator, height: int, width: int, *,
   return center_crop_box(height, width, fallback_crop_fraction)
 
 
-def crop_and_resize(image: np.ndarray, box: CropBox | jpeg.Box, size: tuple[int, int]) -> np.ndarray:
+def crop_and_resize(image: np.ndarray, box: CropBox | jpeg.Box,
+                    size: tuple[int, int]) -> np.ndarray:
   """Crops `box` out of uint8 `image` [H, W, 3] and resizes it to `size` = (height, width).
 
   `jpeg.resize_window`: one bilinear resampling of the exact window (area averaging when it is at
@@ -541,9 +543,9 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
       Both give the same crop windows and flips.
     num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
       0 computes them in this process. With workers, `num_threads` defaults to 1 per worker.
-    decoder: "cpu" (simplejpeg and OpenCV, the `[imagenet]` extra) or "dali" (`lbjax.data.dali`: decode, crop, resize, flip and normalise on
-      the GPU with the same windows and flips; needs the `[dali]` extra, decode="reduced" and no
-      workers).
+    decoder: "cpu" (simplejpeg and OpenCV, the `[imagenet]` extra) or "dali" (`lbjax.data.dali`:
+      decode, crop, resize, flip and normalise on the GPU with the same windows and flips; needs
+      the `[dali]` extra, decode="reduced" and no workers).
 
   Returns:
     A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose

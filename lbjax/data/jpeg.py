@@ -1,4 +1,4 @@
-"""JPEG decoding at the smallest DCT scale that covers a crop (libjpeg-turbo), bilinear resize (OpenCV).
+"""JPEG decoding at the smallest DCT scale covering a crop (libjpeg-turbo), bilinear resize (OpenCV).
 
 A baseline JPEG stores 8x8 blocks of DCT coefficients. libjpeg-turbo can run its inverse DCT at
 M/8 of the size (M = 1..8), giving the image downscaled by 8/M for a fraction of the inverse-DCT,
@@ -124,7 +124,8 @@ def dct_scale(box_height: float, box_width: float, out_height: int, out_width: i
 def scaling_numerator(height: int, width: int, scale: int) -> int:
   """The M of the M/8 inverse DCT libjpeg-turbo runs when asked for at least
   `ceil(height / scale) x ceil(width / scale)` pixels: the smallest M in 1..8 that gives as many
-  (`8 / scale` except for images of a few pixels, where a smaller M can round up to the same size)."""
+  (`8 / scale`, except for images of a few pixels, where a smaller M rounds up to the same size).
+  """
   min_height, min_width = -(-height // scale), -(-width // scale)
   return next(m for m in range(1, 9)
               if -(-height * m // 8) >= min_height and -(-width * m // 8) >= min_width)
