@@ -16,19 +16,23 @@ tests/data/test_jpeg.py).
 `resize_window` is the one resampler of the ImageNet transforms (decoded arrays too): OpenCV
 bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antialias=False)` in the
 reference ResNet-50 pipeline), on the exact window (`cv2.warpAffine` when the window has
-fractional edges). After the DCT scale the window is shrunk by less than 2x in each direction
-unless even 1/8 leaves it more than twice the output (crops over 16x the output side), so bilinear
-reads every decoded pixel; for such shrinks it averages areas (`INTER_AREA`, antialiased) over the
-window rounded out to whole decoded pixels (less than half an output pixel).
+fractional edges). After the DCT scale the window is shrunk by less than 2x in its shorter
+direction relative to the output (the other by at most the crop's aspect ratio more), so aliasing
+stays that of a mild bilinear shrink; where even 1/8 leaves the window at least twice the output
+in both directions (crops over 16x the output side), it averages areas instead (`INTER_AREA`,
+antialiased; at fractional factors it costs more than bilinear, so it is kept for these) over the
+window rounded out to whole decoded pixels (under half an output pixel).
 
 Why simplejpeg and OpenCV, not Pillow's draft mode, PyTurboJPEG or OpenCV's decoder: measured on
 this machine (`python -m benchmarks.input_pipeline --part imagenet`, benchmarks/README.md), the
 entropy decoding of every JPEG dominates the training transform; simplejpeg (libjpeg-turbo bundled
 in its wheel) decodes about 1.4x faster than Pillow, and OpenCV's bilinear resize of the numpy
 window costs a fraction of Pillow's antialiased resize, which needs the pixels in a PIL image.
-PyTurboJPEG could decode only the crop's rows and columns but needs the system libturbojpeg;
-OpenCV's own decoder (`imdecode`) is slower than simplejpeg's. Other formats and CMYK JPEGs (rare
-in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
+Decoding only the crop's region (libjpeg-turbo's `tj3SetCroppingRegion`, skipped scanlines) would
+save the inverse DCT outside the crop and the entropy decoding below it, but no wheel-packaged
+wrapper exposes it (PyTurboJPEG needs the system libturbojpeg); OpenCV's decoder (`cv2.imdecode`)
+was slower than simplejpeg's when tried and is not in the benchmark. Other formats and CMYK JPEGs
+(rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
 
 References:
   libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
