@@ -12,9 +12,11 @@
   (`lbjax.schedules.adaptive_batch.noise_proportional_batch_size`). The learning rate follows
   - `batch.learning_rate = "scaling_rule"`: `config.scaling.rule` (linear, sqrt, legw, ...) applied to
     the baseline recipe at the batch in force, as for a fixed batch of that size; or
-  - `"adascale"`: AdaScale (Johnson et al. 2020): LR = r * lr0(tau), with r the gain of the batch in
-    force and lr0 the baseline recipe at `config.scaling.base_batch_size` evaluated at the
-    scale-invariant progress tau (in base-batch epochs: each step adds r * B0/B of its epochs).
+  - `"adascale"`: AdaScale (Johnson et al. 2020, Algorithm 1): LR = r * lr0(tau), with r the gain of
+    the batch in force and lr0 the baseline recipe at `config.scaling.base_batch_size` evaluated at
+    the scale-invariant progress tau (in base-batch epochs: each step adds r * B0/B of its epochs,
+    i.e. r base-batch iterations); the run ends when tau reaches `config.num_epochs`, not the data
+    epochs (`progress`), so a batch that buys less than S = B/B0 base steps trains on more data.
 
 Every policy also reports what a batch buys, in a `batch` record every `batch.adapt_every` steps
 (when the step accumulates, so the noise scale is measured): the noise scale, the statistical
@@ -161,6 +163,7 @@ class BatchPolicy:
     self.base_batch_size = config.scaling.base_batch_size
     self.decay = config.batch.ema_decay
     self.every = config.batch.adapt_every
+    self.adascale = self.policy == "adaptive" and config.batch.learning_rate == "adascale"
     self._schedule = optimizer_lib.batch_size_schedule(config)
     self._learning_rates: dict[int, Any] = {}
     self._fixed_learning_rate = optimizer_lib.learning_rate_schedule(config)  # "fixed" and "schedule"
@@ -189,12 +192,18 @@ class BatchPolicy:
   def learning_rate(self, epoch: float, batch_size: int) -> float:
     if self.policy != "adaptive":
       return self._fixed_learning_rate(epoch)
-    if self.config.batch.learning_rate == "adascale":
+    if self.adascale:
       return self.gain * self._schedule_at(self.base_batch_size)(self.scale_invariant_epoch)
     return self._schedule_at(batch_size)(epoch)
 
   def noise_scale(self) -> float:
     return self.average.noise_scale(self.decay)
+
+  def progress(self, epoch: float) -> float:
+    """Training done, in the epochs `config.num_epochs` counts: under AdaScale the scale-invariant
+    epochs tau (Johnson et al. 2020, Algorithm 1 trains until tau reaches the base schedule's
+    length), else the data epochs `epoch` (the run's clock)."""
+    return self.scale_invariant_epoch if self.adascale else epoch
 
   def after_step(self, step: int, batch_size: int, epoch: float, metrics: dict[str, Any]) -> None:
     """Records step `step` (1-based) of `batch_size` examples, which took the clock to `epoch`.
@@ -235,7 +244,7 @@ class BatchPolicy:
           noise_scale, multiple=batch.noise_multiple, micro_batch_size=batch.micro_batch_size,
           min_batch_size=batch.min_batch_size or self.config.batch_size, max_batch_size=batch.max_batch_size,
           current=self.current, never_shrink=batch.never_shrink)
-      if batch.learning_rate == "adascale":
+      if self.adascale:
         self.gain = adaptive_batch.adascale_gain(noise_scale, self.current, self.base_batch_size)
     start, examples = self._window
     now = time.perf_counter()

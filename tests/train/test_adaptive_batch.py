@@ -82,6 +82,11 @@ def adaptive_config(**overrides):
   return helpers.tiny_classifier_config(**dict(fields, **overrides))
 
 
+def adascale_config(**overrides):
+  """The adaptive run with AdaScale's learning rate (constant base LR 0.05 at B0 = 16)."""
+  return adaptive_config(**{"batch.learning_rate": "adascale", "scaling.rule": "none", **overrides})
+
+
 def test_each_decision_is_the_policy_of_the_logged_noise_scale_and_compiles_nothing(tmp_path):
   result = train_and_evaluate(adaptive_config(), tmp_path)
   decisions = _records(tmp_path, "batch")
@@ -174,13 +179,14 @@ def test_a_schedule_runs_records_are_the_averages_up_to_their_step_and_none_is_l
     assert d["batch_size"] == (16 if d["epoch"] <= 1.0 else 32) and d["next_batch_size"] is None
 
 
-@pytest.mark.parametrize("make_config, stop_after", [(adaptive_config, 7), (schedule_config, 8)])
+@pytest.mark.parametrize("make_config, stop_after", [(adaptive_config, 7), (schedule_config, 8),
+                                                     (adascale_config, 7)], ids=["adaptive", "schedule", "adascale"])
 def test_sigterm_mid_run_resumes_with_the_same_decisions_and_final_parameters(tmp_path, monkeypatch, make_config,
                                                                                stop_after):
-  """A real SIGTERM after step 7 of the adaptive run (between decisions, so step 7's estimate is
-  pending), or after step 8 of the schedule run (a record step, whose record waits for step 9): the
-  run saves and stops; resumed, it makes the decisions (records) and reaches the parameters of the
-  unbroken run."""
+  """A real SIGTERM after step 7 of the adaptive runs (between decisions, so step 7's estimate is
+  pending; AdaScale's progress tau mid-way), or after step 8 of the schedule run (a record step, whose
+  record waits for step 9): the run saves and stops; resumed, it makes the decisions (records, tau),
+  stops at the same step and reaches the parameters of the unbroken run."""
   unbroken = train_and_evaluate(make_config(), tmp_path / "unbroken")
   after_step = batch_policy.BatchPolicy.after_step
 
@@ -195,24 +201,29 @@ def test_sigterm_mid_run_resumes_with_the_same_decisions_and_final_parameters(tm
   assert preempted.preempted and preempted.step == stop_after
   resumed = train_and_evaluate(make_config(), tmp_path / "resumed")
   assert resumed.step == unbroken.step
-  decision = lambda r: (r["step"], r["batch_size"], r["next_batch_size"], r["noise_scale"], r["learning_rate"])
+  decision = lambda r: (r["step"], r["batch_size"], r["next_batch_size"], r["noise_scale"], r["learning_rate"],
+                        r["scale_invariant_epoch"])
   assert ([decision(r) for r in _records(tmp_path / "resumed", "batch")]
           == [decision(r) for r in _records(tmp_path / "unbroken", "batch")])
   helpers.assert_trees_equal(resumed.state, unbroken.state)
 
 
-def test_adascale_multiplies_the_base_lr_by_its_gain_and_counts_scale_invariant_epochs(tmp_path):
-  train_and_evaluate(adaptive_config(**{"batch.learning_rate": "adascale", "scaling.rule": "none"}), tmp_path)
+def test_adascale_counts_scale_invariant_epochs_and_stops_when_they_reach_num_epochs(tmp_path):
+  """Each step's LR is r x the base LR and adds r x B0 examples' worth to tau (Johnson et al. 2020,
+  Algorithm 1), r the gain in force; the run ends at the first step where tau >= num_epochs = 2,
+  which takes more than 2 data epochs once the batch outgrows what it buys (r < S = B/B0)."""
+  result = train_and_evaluate(adascale_config(**{"batch.adapt_every": 1}), tmp_path)
   decisions = _records(tmp_path, "batch")
-  gain, progress, previous = 1.0, 0.0, None
+  assert [d["step"] for d in decisions] == list(range(1, result.step + 1))
+  gain, tau, epoch = 1.0, 0.0, 0.0
   for d in decisions:
-    assert d["learning_rate"] == pytest.approx(0.05 * gain, rel=1e-6)  # constant base LR 0.05
-    if not math.isnan(float(d["noise_scale"])):
-      gain = adaptive_batch.adascale_gain(float(d["noise_scale"]), d["next_batch_size"], 16)
-    assert d["scale_invariant_epoch"] >= progress
-    progress = d["scale_invariant_epoch"]
-    previous = d
-  assert previous is not None and progress > 0
+    assert d["learning_rate"] == pytest.approx(0.05 * gain, rel=1e-6)
+    tau += gain * 16 / d["batch_size"] * (d["epoch"] - epoch)
+    assert d["scale_invariant_epoch"] == pytest.approx(tau, rel=1e-12)
+    gain, epoch = adaptive_batch.adascale_gain(float(d["noise_scale"]), d["next_batch_size"], 16), d["epoch"]
+  assert decisions[-2]["scale_invariant_epoch"] < 2.0 <= decisions[-1]["scale_invariant_epoch"]
+  assert result.epoch == decisions[-1]["epoch"] > 2.0
+  assert max(d["batch_size"] for d in decisions) > 16
 
 
 @pytest.mark.parametrize("overrides, message", [
