@@ -176,7 +176,7 @@ class EvaluateAndSave:
 
   def after_step(self, run: Run, metrics: Metrics) -> None:
     del metrics
-    if run.epoch >= self.next_epoch and run.epoch < run.config.num_epochs:
+    if run.epoch >= self.next_epoch and run.batch_policy.progress(run.epoch) < run.config.num_epochs:
       self.flush(run)
       self.evaluate(run)
       self.next_epoch = self._boundary_after(run.epoch)

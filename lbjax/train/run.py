@@ -375,8 +375,10 @@ class Run:
     return self.stream.epoch()
 
   def finished(self) -> bool:
-    """Whether training is over: `num_epochs` reached, or `num_steps` (when > 0) taken."""
-    return self.epoch >= self.config.num_epochs or 0 < self.config.num_steps <= self.step_count
+    """Whether training is over: `num_epochs` reached (scale-invariant epochs under AdaScale,
+    `BatchPolicy.progress`), or `num_steps` (when > 0) taken."""
+    return (self.batch_policy.progress(self.epoch) >= self.config.num_epochs
+            or 0 < self.config.num_steps <= self.step_count)
 
   def zero_carry(self, global_batch_size: int) -> Any:
     carry = self.task.zero_carry(self.model, global_batch_size)
