@@ -43,6 +43,7 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "max_device_batch": config.max_device_batch or None,
       "batch_policy": _options(config.batch),
       "mesh": _options(config.mesh),
+      "pipeline": _options(config.pipeline),
       "compression": names.describe(*compressor) if compressor else "none",
       "loss": _options(config.loss),
       "diagnostics": _options(config.diagnostics),
