@@ -13,6 +13,12 @@ all-backward). Gradients are sums over micro-batches of the per-micro-batch grad
 to the unpipelined model's. With `remat=True` each stage's activations are recomputed in the
 backward pass (GPipe's re-materialization): memory per stage O(B + (L/S) B/M) instead of O((L/S) B).
 
+Layers may carry a per-example state (`pipeline_with_state`: an LSTM layer's recurrent carry across
+batches, a dropout mask): stage s keeps its layers' states and, at the tick it holds micro-batch m,
+reads and updates the rows of micro-batch m, so the states leave the step as the unpipelined stack
+leaves them. `stack_runner` is that pipeline in the form a model's `run_stack` argument takes
+(`lbjax.models.PtbLSTM`; the trainer's `mesh.stage`).
+
 Each stage is busy M of the M+S-1 ticks of each pass, so the idle fraction (the bubble) is
 
   (S - 1) / (M + S - 1)                                   (GPipe, Huang et al. 2019, §2.3)

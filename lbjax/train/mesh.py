@@ -16,7 +16,6 @@ Model parallelism is driven by what a model class declares, so the trainer names
 """
 
 from collections.abc import Callable, Sequence
-import inspect
 import math
 from typing import Any
 
@@ -55,15 +54,17 @@ def build_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | No
   others = fsdp * stage * model
   if data == -1:
     if len(devices) % others:
-      raise ConfigError(f"config.mesh.fsdp * stage * model = {fsdp} * {stage} * {model} = {others} does not divide "
-                        f"the {len(devices)} devices; choose sizes whose product divides it.")
+      named = [f"config.mesh.{n}={v}" for n, v in (("fsdp", fsdp), ("stage", stage), ("model", model)) if v > 1]
+      raise ConfigError(f"{' * '.join(named)}{f' = {others}' if len(named) > 1 else ''} does not divide the "
+                        f"{len(devices)} devices; choose sizes whose product divides it.")
     data = len(devices) // others
   if data < 1:
     raise ConfigError(f"config.mesh.data must be -1 (the devices left after fsdp, stage and model) or >= 1, got {data}.")
   if data * others != len(devices):
+    factors = [("data", data), ("fsdp", fsdp)] + [(n, v) for n, v in (("stage", stage), ("model", model)) if v > 1]
     raise ConfigError(
-        f"config.mesh.data * fsdp * stage * model = {data} * {fsdp} * {stage} * {model} = {data * others} but there "
-        f"are {len(devices)} devices; set config.mesh.data=-1 to use all devices.")
+        f"{' * '.join(f'config.mesh.{n}' for n, _ in factors)} = {' * '.join(str(v) for _, v in factors)} = "
+        f"{data * others} but there are {len(devices)} devices; set config.mesh.data=-1 to use all devices.")
   return jax.make_mesh((data, fsdp, stage, model), MESH_AXES, axis_types=(AxisType.Auto,) * 4, devices=devices)
 
 
@@ -173,10 +174,7 @@ def _declared_class(model_function: Any) -> type | None:
   """The model class a constructor builds: itself, or a factory's annotated return class (else None)."""
   if isinstance(model_function, type):
     return model_function
-  try:
-    returned = inspect.signature(model_function).return_annotation
-  except (TypeError, ValueError):
-    return None
+  returned = getattr(model_function, "__annotations__", {}).get("return")
   return returned if isinstance(returned, type) else None
 
 
