@@ -1,6 +1,6 @@
 """One PTB LSTM run under the trainer's layouts of 8 simulated devices: same loss, ms per step, bytes per step.
 
-  JAX_NUM_CPU_DEVICES=8 python -m experiments.model_parallel_layouts --steps 10 --repeats 3 \\
+  JAX_NUM_CPU_DEVICES=8 python -m experiments.model_parallel_layouts --steps 5 --repeats 3 \\
       --out docs/results/model_parallel_ptb
 
 Each layout is the same trainer config (`lbjax.train.Run`) with other `mesh.*` / `pipeline.*` fields: the
@@ -10,11 +10,12 @@ synthetic PTB tokens, global batch 64 x 20, momentum SGD. Layouts: one device; d
 M = 1, 2, 4 micro-batches (and M = 4 with re-materialization); the vocabulary-sharded embedding and
 softmax over `mesh.model` = 2, 4, 8 with 4, 2, 1 data shards.
 
-Columns: the training loss of the last step and the difference of the parameters from the one-device
-run's, max |w - w_1| / max |w_1| over each parameter array, the largest over the arrays (equal up to float rounding: model parallelism changes where the arithmetic runs,
-not what it computes); the median wall time per step after the compiling step, over `repeats` rounds
-of `steps` steps that interleave the layouts (min-max across rounds); the bytes one device sends per
-step with ring algorithms, from the compiled step's collectives (`benchmarks.collectives`).
+Columns: the training loss of the last step; the difference of the parameters from the one-device
+run's, max |w - w_1| / max |w_1| per parameter array, the largest over the arrays (float rounding
+only: model parallelism changes where the arithmetic runs, not what it computes); the median wall
+time per step after the compiling step, over `repeats` rounds of `steps` steps that interleave the
+layouts (min-max across rounds); the bytes one device sends per step with ring algorithms, from the
+compiled step's collectives (`benchmarks.collectives`); the parameter floats each device holds.
 Simulated devices share the host's cores, so times show the work and copies added, not a speed-up.
 """
 
