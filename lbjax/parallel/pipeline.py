@@ -88,6 +88,11 @@ def gpipe_stage(layer_fn: StatefulLayerFn, stage_params: Any, stage_states: Any,
   num_stages = jax.lax.axis_size(axis_name)
   stage = jax.lax.axis_index(axis_name)
   rows = inputs.shape[0] // num_microbatches
+  if batch_axes:
+    # The parameters are the same on every data shard. Used as such inside the loops, their gradient
+    # would be all-reduced over the data axes inside them, once per tick and time step; cast to
+    # per-shard values here, it is all-reduced once, where this cast is transposed.
+    stage_params = jax.lax.pcast(stage_params, batch_axes, to="varying")
   micro = inputs.reshape(num_microbatches, rows, *inputs.shape[1:])
 
   def apply_stage(h, states):
