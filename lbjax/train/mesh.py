@@ -24,6 +24,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 
 from lbjax.parallel import pipeline
+from lbjax.train import config as config_lib
 from lbjax.train.errors import ConfigError
 
 DATA_AXES = ("data", "fsdp")
@@ -105,6 +106,11 @@ def _path_name(path: tuple) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
+def _is_under(name: str, suffix: str) -> bool:
+  """Whether the parameter path `name` ends with the path `suffix` ('softmax/kernel')."""
+  return name == suffix or name.endswith("/" + suffix)
+
+
 def parameter_shardings(mesh: Mesh, tree: Any, specs: dict[str, P]) -> Any:
   """The shardings of a parameter tree, or of optimizer state that mirrors it: a leaf whose path ends
   with a key of `specs` (and has its rank) gets that spec, every other leaf `parameter_sharding`."""
@@ -112,7 +118,7 @@ def parameter_shardings(mesh: Mesh, tree: Any, specs: dict[str, P]) -> Any:
   def sharding(path, leaf):
     name = _path_name(path)
     for suffix, spec in specs.items():
-      if (name == suffix or name.endswith("/" + suffix)) and len(spec) == len(leaf.shape):
+      if _is_under(name, suffix) and len(spec) == len(leaf.shape):
         return NamedSharding(mesh, spec)
     return parameter_sharding(mesh, leaf.shape)
 
@@ -162,7 +168,7 @@ def model_parallel_problems(config: ml_collections.ConfigDict, data_parallel_siz
       problems.append(f"config.max_device_batch={config.max_device_batch} with {parallel}: the pipeline already "
                       "splits each batch into config.pipeline.num_microbatches micro-batches; set max_device_batch=0 "
                       "and raise pipeline.num_microbatches to hold less at once.")
-    for size in (config.batch_sizes or (config.batch_size,)):
+    for size in config_lib.batch_sizes(config):
       if isinstance(size, int) and size > 0 and size % (data_parallel_size * micro):
         problems.append(f"global batch size {size} does not split into {data_parallel_size} data shard(s) of "
                         f"config.pipeline.num_microbatches={micro} micro-batches; use a multiple of "
@@ -208,7 +214,7 @@ def check_model_parallelism(mesh: Mesh, model: Any, params: Any) -> None:
   for suffix, spec in tensor_parallel_specs(mesh, model).items():
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
       name = _path_name(path)
-      if name != suffix and not name.endswith("/" + suffix):
+      if not _is_under(name, suffix):
         continue
       for dim, axis in zip(leaf.shape, spec):
         if axis == MODEL_AXIS and dim % size:
