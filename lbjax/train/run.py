@@ -18,6 +18,7 @@ One clock: the data stream's position in epochs (`run.epoch`: examples consumed 
 decides the batch size, the learning rate, the loss variant and the end of training.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -43,7 +44,8 @@ from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
                                 DataMismatchError)
-from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
+from lbjax.train import mesh as mesh_lib
+from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, replicated
 from lbjax.train.state import TrainState
 from lbjax.train.step import make_eval_step, make_train_step, per_device_compression_state
 from lbjax.train.tasks import build_task
@@ -132,7 +134,8 @@ class Run:
       raise ConfigError(f"config.mesh.num_devices={config.mesh.num_devices} but there are {jax.device_count()} "
                         "devices; use at most that many (0 = all).")
     devices = jax.devices()[:config.mesh.num_devices] if config.mesh.num_devices > 0 else None
-    self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices, stage=config.mesh.stage,
+                           model=config.mesh.model)
     validation.validate(config, data_parallel_size=data_parallel_size(self.mesh))
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
     self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
@@ -217,8 +220,9 @@ class Run:
     except (ValueError, TypeError) as e:
       raise ConfigError(f"config.model / config.model_options: {self.task.model_description} fails: {e}") from e
     self.graphdef, abstract_params, abstract_model_state = nnx.split(self.model, nnx.Param, nnx.BatchStat)
-    param_shardings = jax.tree.map(lambda x: parameter_sharding(self.mesh, x.shape),
-                                   nnx.to_pure_dict(abstract_params))
+    mesh_lib.check_model_parallelism(self.mesh, self.model, nnx.to_pure_dict(abstract_params))
+    specs = mesh_lib.tensor_parallel_specs(self.mesh, self.model)
+    param_shardings = mesh_lib.parameter_shardings(self.mesh, nnx.to_pure_dict(abstract_params), specs)
     model_state_shardings = jax.tree.map(lambda _: self.replicated, nnx.to_pure_dict(abstract_model_state))
 
     def init():
@@ -229,8 +233,8 @@ class Run:
     abstract_opt_state = jax.eval_shape(self.optimizer.init, params)
     is_rate_state = lambda x: isinstance(x, optim.LayerwiseRateState)
     self.has_layerwise_rates = any(map(is_rate_state, jax.tree.leaves(abstract_opt_state, is_leaf=is_rate_state)))
-    opt_state = jax.jit(self.optimizer.init, out_shardings=jax.tree.map(
-        lambda x: parameter_sharding(self.mesh, x.shape), abstract_opt_state))(params)
+    opt_state = jax.jit(self.optimizer.init, out_shardings=mesh_lib.parameter_shardings(
+        self.mesh, abstract_opt_state, specs))(params)
     rng = jax.random.key_data(jax.random.key(self.config.seed))
     step, first_nonfinite_step, rng = _place((np.int32(0), np.int32(-1), rng), self.replicated)
     return TrainState(step, params, opt_state, model_state, rng, None, first_nonfinite_step,
@@ -417,7 +421,8 @@ class Run:
     key = (global_batch_size, discard_fraction)
     if key not in self.compiled:
       start = time.perf_counter()
-      step = make_train_step(self.graphdef, self.task, self.optimizer, self.mesh,
+      task = dataclasses.replace(self.task, run_stack=mesh_lib.pipeline_runner(self.mesh, self.config))
+      step = make_train_step(self.graphdef, task, self.optimizer, self.mesh,
                              self.num_microbatches(global_batch_size), discard_fraction, self.compressor)
       state_shardings = jax.tree.map(lambda x: x.sharding, state)
       batch_shardings = jax.tree.map(lambda x: x.sharding, batch)

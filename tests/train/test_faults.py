@@ -316,8 +316,7 @@ def test_metrics_are_cut_at_the_resumed_step_and_a_device_change_is_noted(tmp_pa
   with open(tmp_path / "metrics.jsonl", "a") as f:  # what a run killed after checkpoint 8 had written
     f.write(json.dumps({"kind": "train", "step": 9, "loss": 1.0}) + "\n" + '{"kind": "tra')
   resumed = train_and_evaluate(helpers.tiny_classifier_config(num_steps=12, num_epochs=2.0, log_every=2, progress=True,
-                                                              mesh={"num_devices": 4, "data": -1, "fsdp": 1,
-                                                                    "per_device_gradients": False}), tmp_path)
+                                                              **{"mesh.num_devices": 4}), tmp_path)
   assert resumed.step == 12
   records = _records(tmp_path)
   steps = [r["step"] for r in records if r["kind"] == "train"]
