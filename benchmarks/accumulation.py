@@ -19,6 +19,13 @@ seconds per update and the median and range over rounds of each per-size step's 
 the any-batch step's (> 1: the any-batch step is faster).
 
     python -m benchmarks.accumulation --any-batch [--rounds 15] [--no-readme]
+
+`--any-batch --loop` times the same variants in the trainer's host loop instead of on one placed
+batch: each update is `Run.step(Run.next_batch())` (data stream, placement, the batch policy's
+bookkeeping and records, two steps in flight), as `train_and_evaluate` runs it without its hooks, with
+a `batch` record every `--adapt-every` updates (default 1: every update).
+
+    python -m benchmarks.accumulation --any-batch --loop [--adapt-every 1] [--rounds 10] [--no-readme]
 """
 
 import argparse
@@ -55,6 +62,23 @@ class AnyBatchStep:
       leaf.delete()
 
 
+class LoopStep:
+  """One update of the trainer's host loop: `Run.step(Run.next_batch())` on the synthetic stream, the
+  batch policy's records dropped (the hook that writes them is not timed)."""
+
+  def __init__(self, config):
+    self.run = run_lib.Run(config)
+
+  def __call__(self):
+    metrics = self.run.step(self.run.next_batch())
+    self.run.batch_policy.records.clear()
+    return metrics
+
+  def close(self) -> None:
+    for leaf in jax.tree.leaves(self.run.state):
+      leaf.delete()
+
+
 def _round_times(steps: dict, rounds: int, repeats: int) -> dict[str, tuple[list[float], list[float]]]:
   """Per variant, (wall seconds, process CPU seconds) per update in each interleaved round.
 
@@ -79,18 +103,23 @@ def _ratio_cell(numerator: list[float], denominator: list[float]) -> str:
   return f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
 
 
-def any_batch_rows(rounds: int, seconds_per_round: float, cases=ANY_BATCH_CASES) -> list[list[object]]:
+def any_batch_rows(rounds: int, seconds_per_round: float, cases=ANY_BATCH_CASES, adapt_every: int = 0
+                   ) -> list[list[object]]:
   """One row per (model, batch, micro-batch) case: the any-batch step against the per-size steps
-  (scan over k, and k = 1)."""
+  (scan over k, and k = 1); with `adapt_every` > 0, each in the trainer's host loop (`LoopStep`)
+  with a `batch` record every `adapt_every` updates."""
   rows = []
   for model, batch_size, micro in cases:
-    whole = workloads.trainer_config(model, batch_size)
-    scan = workloads.trainer_config(model, batch_size)
-    scan.max_device_batch = micro
-    any_batch = workloads.trainer_config(model, batch_size)
-    any_batch.batch.micro_batch_size = micro
-    steps = {"any": AnyBatchStep(any_batch), "scan": workloads.TrainerStep(scan),
-             "whole": workloads.TrainerStep(whole)}
+    configs = {name: workloads.trainer_config(model, batch_size) for name in ("any", "scan", "whole")}
+    configs["scan"].max_device_batch = micro
+    configs["any"].batch.micro_batch_size = micro
+    if adapt_every:
+      for config in configs.values():
+        config.batch.adapt_every = adapt_every
+      steps = {name: LoopStep(config) for name, config in configs.items()}
+    else:
+      steps = {"any": AnyBatchStep(configs["any"]), "scan": workloads.TrainerStep(configs["scan"]),
+               "whole": workloads.TrainerStep(configs["whole"])}
     probe = report.median_seconds({"any": steps["any"]}, rounds=1, repeats=1)["any"]
     repeats = max(1, round(seconds_per_round / max(probe, 1e-6)))
     times = _round_times(steps, rounds, repeats)
@@ -122,6 +151,9 @@ def main() -> None:
   parser.add_argument("--any-batch", action="store_true", help="the any-batch step vs the per-size steps")
   parser.add_argument("--case", action="append", default=[], metavar="MODEL:BATCH:MICRO",
                       help="--any-batch cases instead of the default ones, e.g. mnist_lstm:512:512")
+  parser.add_argument("--loop", action="store_true",
+                      help="--any-batch in the trainer's host loop (data, batch policy) instead of one placed batch")
+  parser.add_argument("--adapt-every", type=int, default=1, help="--loop: updates between `batch` records")
   args = parser.parse_args()
   if args.any_batch:
     any_batch_main(args)
@@ -178,10 +210,24 @@ def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
 
 
 def any_batch_main(args) -> None:
+  if args.loop and args.adapt_every < 1:
+    raise SystemExit(f"--adapt-every must be >= 1, got {args.adapt_every}.")
   table = report.markdown_table(
       ["model", "global batch", "micro-batch", "k", "any-batch ms", "scan ms", "k=1 ms",
        "wall: scan / any-batch", "wall: k=1 / any-batch", "CPU: scan / any-batch", "CPU: k=1 / any-batch"],
-      any_batch_rows(args.rounds, args.seconds_per_round, _cases(args.case) or ANY_BATCH_CASES))
+      any_batch_rows(args.rounds, args.seconds_per_round, _cases(args.case) or ANY_BATCH_CASES,
+                     args.adapt_every if args.loop else 0))
+  if args.loop:
+    notes = ("One CPU device (the machine's 2 cores shared with other jobs), momentum SGD, synthetic data. "
+             "Each update is the trainer's host loop, `Run.step(Run.next_batch())`: the data stream, the "
+             "placement, the batch policy ('schedule' at one size) with a `batch` record every "
+             f"{args.adapt_every} update(s), two steps in flight. Variants and ratios as in the 'any-batch' "
+             "section (median [min, max] over the interleaved rounds, > 1: the any-batch step is faster).")
+    print(table)
+    if not args.no_readme:
+      report.write_section("any-batch-loop", "Any batch, one compile: the trainer's host loop at a fixed batch",
+                           report.header_lines() + "\n" + table + "\n\n" + notes)
+    return
   notes = ("One CPU device (the machine's 2 cores shared with other jobs and a background training run), "
            "momentum SGD, synthetic data placed once. 'any-batch': `config.batch.micro_batch_size` = the "
            "micro-batch; the same two programs serve every multiple of it. 'scan': today's per-size step "

@@ -10,12 +10,15 @@ in the same process).
 
 Part `imagenet` (README section input-pipeline-imagenet): ImageNet-like JPEGs generated at run time
 (`lbjax.data.synthetic_jpeg`: 1/f-noise content, quality 90, sizes ~N(350, 70) x N(400, 80) with 4%
-two to three times larger), through the ImageNet train and eval transforms on one core:
-  full      the full-decode path (`decode="full"`): PIL decodes each JPEG in full (as TFDS does),
-            then the transform crops and resizes the array
-  reduced   the new path (`decode="reduced"`): the transform reads the JPEG header, draws the crop,
-            decodes at the smallest DCT scale covering it (`lbjax.data.jpeg`)
-and the reduced train path on 1 and 2 grain worker processes (`lbjax.data.workers`). ResNet-50 at
+two to three times larger), through train and eval transforms on one core (images per CPU second,
+variants interleaved in each round, medians and spread over the rounds, ratios to the baseline of
+the same round):
+  full-decode baseline   the path before reduced decoding: Pillow decodes in full to a numpy array
+                         (as TFDS does), Pillow's antialiased bilinear resizes the window
+  PIL draft              the previous reduced path: Pillow's draft mode at the DCT scale covering
+                         the crop, Pillow resize
+  simplejpeg + OpenCV    lbjax's path (`decode="reduced"`, `lbjax.data.jpeg`)
+and that train path on 1 and 2 grain worker processes (`lbjax.data.workers`). ResNet-50 at
 224x224 is not run on this CPU; the table gives the cores needed for --imagenet-target images/s
 (default 3,000, about one H100 on ResNet-50 in bfloat16; an assumption, not a measurement).
 
@@ -135,7 +138,7 @@ def load_average() -> str:
 
 
 def decode_in_full(encoded: bytes) -> np.ndarray:
-  """uint8 RGB array of a whole JPEG, decoded by PIL as TFDS's image feature does."""
+  """uint8 RGB array of a whole JPEG, decoded by Pillow as TFDS's image feature does."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
   return np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"))
 
@@ -148,83 +151,110 @@ def objects(values) -> np.ndarray:
   return array
 
 
-def previous_train_transform(image_size: int):
-  """The train transform as of commit 131342b (before reduced decoding): crops of decoded arrays
-  stacked, then normalised with per-channel broadcasting (`random_resized_crop` and
-  `random_flip_left_right` are still those functions)."""
-  mean = np.asarray(imagenet.IMAGENET_MEAN_RGB, np.float32)
-  stddev = np.asarray(imagenet.IMAGENET_STDDEV_RGB, np.float32)
-
-  def transform(examples, positions):
-    crops = [imagenet.random_flip_left_right(imagenet.random_resized_crop(image, rng, image_size),
-                                             rng)
-             for image, rng in zip(examples["image"], stream_lib.example_rngs(0, positions))]
-    return {"images": (np.stack(crops).astype(np.float32) - mean) / stddev,
-            "labels": np.asarray(examples["label"]).astype(np.int32)}
-
-  return transform
-
-
-def simplejpeg_train_transform(image_size: int):
-  """The reduced train transform with simplejpeg (libjpeg-turbo) decoding instead of PIL's: same
-  window, flip and DCT scale; the decoded window is copied into a PIL image for the same resize.
-  Measured to choose the decoder (lbjax uses PIL: see the notes)."""
-  import simplejpeg  # pylint: disable=g-import-not-at-top
+def pil_resize(image, window, size: int) -> np.ndarray:
+  """Pillow's antialiased bilinear resize of `window` (top, left, height, width) of a PIL image."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
+  top, left, height, width = window
+  return np.asarray(image.resize((size, size), Image.Resampling.BILINEAR,
+                                 box=(left, top, left + width, top + height)))
 
-  def crop(encoded, rng):
-    height, width, _, _ = simplejpeg.decode_jpeg_header(encoded)
-    box, flip = imagenet.train_window(height, width, rng)
-    scale = jpeg.dct_scale(box.height, box.width, image_size, image_size)
-    pixels = simplejpeg.decode_jpeg(encoded, "RGB", min_height=-(-height // scale),
-                                    min_width=-(-width // scale))
-    top, left = box.top // scale, box.left // scale
-    bottom = -(-(box.top + box.height) // scale) + 1
-    right = -(-(box.left + box.width) // scale) + 1
-    window = Image.fromarray(np.ascontiguousarray(pixels[top:bottom, left:right]))
-    resized = window.resize((image_size, image_size), Image.Resampling.BILINEAR, box=(
-        box.left / scale - left, box.top / scale - top, (box.left + box.width) / scale - left,
-        (box.top + box.height) / scale - top))
-    return np.asarray(resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else resized)
 
-  def transform(examples, positions):
-    rngs = stream_lib.example_rngs(0, positions)
-    images = np.stack([crop(encoded, rng) for encoded, rng in zip(examples["image"], rngs)])
-    return {"images": imagenet.normalize_images(images),
-            "labels": np.asarray(examples["label"]).astype(np.int32)}
+def pil_draft_decode(encoded: bytes, window, size: int):
+  """The previous reduced path (lbjax before simplejpeg): Pillow's draft mode at the DCT scale of
+  `jpeg.dct_scale`, then Pillow's resize of the window mapped to the drafted image."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  image = Image.open(io.BytesIO(encoded))
+  width, height = image.size
+  scale = jpeg.dct_scale(window.height, window.width, size, size)
+  drafted = image.draft("RGB", (width // scale, height // scale)) if scale > 1 else None
+  step = width / drafted[1][2] if drafted else 1
+  return pil_resize(image.convert("RGB"), [edge / step for edge in window], size)
 
-  return transform
+
+def reference_transforms(image_size: int):
+  """Train and eval transforms of JPEG bytes as the variants to compare compute them, one thread:
+  the same windows (`imagenet.train_window`, `imagenet.eval_window`), flips and normalisation as
+  `imagenet`'s transforms, only the decode and the resize differ.
+
+  Returns {name: transform(examples, positions)}:
+    full-decode baseline   the ImageNet path before reduced decoding (lbjax's `decode='full'` until
+                           this decoder): Pillow decodes to a numpy array (as TFDS's image feature
+                           does), the window is resized from it by Pillow's antialiased bilinear
+                           (`Image.fromarray(array).resize(box=window)`)
+    PIL draft              the previous reduced path (`pil_draft_decode`)
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  normalizer = imagenet._normalizer(  # pylint: disable=protected-access
+      imagenet.IMAGENET_MEAN_RGB, imagenet.IMAGENET_STDDEV_RGB, image_size)
+
+  def full_train(encoded, rng):
+    array = decode_in_full(encoded)
+    window, flip = imagenet.train_window(array.shape[0], array.shape[1], rng)
+    crop = pil_resize(Image.fromarray(array), window, image_size)
+    return crop[:, ::-1] if flip else crop
+
+  def draft_train(encoded, rng):
+    window, flip = imagenet.train_window(*jpeg.image_size(encoded), rng)
+    crop = pil_draft_decode(encoded, window, image_size)
+    return crop[:, ::-1] if flip else crop
+
+  def full_eval(encoded, rng):
+    del rng
+    array = decode_in_full(encoded)
+    return pil_resize(Image.fromarray(array), imagenet.eval_window(*array.shape[:2], image_size),
+                      image_size)
+
+  def draft_eval(encoded, rng):
+    del rng
+    return pil_draft_decode(encoded, imagenet.eval_window(*jpeg.image_size(encoded), image_size),
+                            image_size)
+
+  def transform_of(crop):
+    def transform(examples, positions):
+      images = np.empty((len(positions), image_size, image_size, 3), np.float32)
+      for i, (encoded, rng) in enumerate(zip(examples["image"],
+                                             stream_lib.example_rngs(0, positions))):
+        imagenet._normalize_into(  # pylint: disable=protected-access
+            images[i], crop(encoded, rng), normalizer)
+      return {"images": images, "labels": np.asarray(examples["label"]).astype(np.int32)}
+    return transform
+
+  return {"train full-decode baseline": transform_of(full_train),
+          "train PIL draft": transform_of(draft_train),
+          "eval full-decode baseline": transform_of(full_eval),
+          "eval PIL draft": transform_of(draft_eval)}
+
+
+TRAIN_BASELINE, EVAL_BASELINE = "train full-decode baseline", "eval full-decode baseline"
+TRAIN_NEW, EVAL_NEW = "train simplejpeg + OpenCV (lbjax)", "eval simplejpeg + OpenCV (lbjax)"
+DECODE_BASELINE = "decode alone, Pillow, full size"
 
 
 def single_core_rates(jpegs: list[bytes], image_size: int, rounds: int,
                       seconds: float) -> dict[str, list[float]]:
   """images/s per round of each one-thread variant, rounds interleaved."""
+  import simplejpeg  # pylint: disable=g-import-not-at-top
   batch = {"label": np.zeros(len(jpegs), np.int64)}
   positions = np.arange(len(jpegs))
   train = imagenet.imagenet_train_transform(seed=0, image_size=image_size, num_threads=1)
   evaluation = imagenet.imagenet_eval_transform(image_size=image_size, num_threads=1)
   encoded = objects(jpegs)
-  previous = previous_train_transform(image_size)
+  references = reference_transforms(image_size)
   functions = {
-      "train previous code (131342b)": lambda: previous(
+      TRAIN_BASELINE: lambda: references[TRAIN_BASELINE]({**batch, "image": encoded}, positions),
+      "train PIL draft": lambda: references["train PIL draft"]({**batch, "image": encoded},
+                                                                positions),
+      "train Pillow full decode + OpenCV (lbjax decode='full')": lambda: train(
           {**batch, "image": objects(map(decode_in_full, jpegs))}, positions),
-      "train full": lambda: train({**batch, "image": objects(map(decode_in_full, jpegs))},
-                                  positions),
-      "train reduced": lambda: train({**batch, "image": encoded}, positions),
-      "eval full": lambda: evaluation({**batch, "image": objects(map(decode_in_full, jpegs))},
-                                      positions),
-      "eval reduced": lambda: evaluation({**batch, "image": encoded}, positions),
-      "decode alone (PIL, full size)": lambda: [decode_in_full(j) for j in jpegs],
+      TRAIN_NEW: lambda: train({**batch, "image": encoded}, positions),
+      EVAL_BASELINE: lambda: references[EVAL_BASELINE]({**batch, "image": encoded}, positions),
+      "eval PIL draft": lambda: references["eval PIL draft"]({**batch, "image": encoded},
+                                                              positions),
+      EVAL_NEW: lambda: evaluation({**batch, "image": encoded}, positions),
+      DECODE_BASELINE: lambda: [decode_in_full(j) for j in jpegs],
+      "decode alone, simplejpeg, full size": lambda: [simplejpeg.decode_jpeg(j, "RGB")
+                                                      for j in jpegs],
   }
-  try:
-    import simplejpeg  # pylint: disable=g-import-not-at-top
-    functions["decode alone (simplejpeg, full size)"] = lambda: [
-        simplejpeg.decode_jpeg(j, "RGB") for j in jpegs]
-    with_simplejpeg = simplejpeg_train_transform(image_size)
-    functions["train reduced, simplejpeg decoder"] = lambda: with_simplejpeg(
-        {**batch, "image": encoded}, positions)
-  except ImportError:
-    pass
   return cpu_rates(functions, len(jpegs), rounds, seconds)
 
 
@@ -275,7 +305,7 @@ def worker_rates(jpegs: list[bytes], image_size: int, batch_size: int, rounds: i
           worker_stream.next_batch(batch_size)
         images = batches_per_round * batch_size
         rates[n].append(images / (time.perf_counter() - start))
-        cpu[n].append(images / (cpu_seconds_with_children() - start_cpu))
+        cpu[n].append(images / max(cpu_seconds_with_children() - start_cpu, 1e-3))
       finally:
         worker_stream.close()
   return rates, cpu
@@ -299,8 +329,12 @@ def spread(values: list[float]) -> str:
   return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
+def ratio_text(values: list[float]) -> str:
+  return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
 def imagenet_part(args) -> None:
-  """Full-decode vs reduced-size decoding, train and eval, 1 and 2 worker processes."""
+  """Full-decode baseline, PIL draft and simplejpeg + OpenCV, train and eval; 1 and 2 workers."""
   load_before = load_average()
   jpegs = synthetic_jpeg.imagenet_like_jpegs(args.imagenet_images, seed=0)
   sizes = [jpeg.image_size(j) for j in jpegs]
@@ -312,24 +346,22 @@ def imagenet_part(args) -> None:
   print(described, flush=True)
   rows = []
   per_core = {}
-  ratio_medians = {}
-  versus_previous = {}
+  versus = {}
   for image_size in args.imagenet_sizes:
     rates = single_core_rates(jpegs, image_size, args.rounds, args.seconds)
-    ratios = [r / p for r, p in zip(rates["train reduced"], rates["train previous code (131342b)"])]
-    versus_previous[image_size] = (f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-"
-                                   f"{max(ratios):.2f})")
     for name, values in rates.items():
       per_core[(name, image_size)] = statistics.median(values)
-      baseline = ("train full" if name.startswith("train ") else
-                  "eval full" if name.startswith("eval") else "decode alone (PIL, full size)")
+      baseline = (TRAIN_BASELINE if name.startswith("train ") else
+                  EVAL_BASELINE if name.startswith("eval ") else DECODE_BASELINE)
       ratios = [v / b for v, b in zip(values, rates[baseline])]
-      ratio_medians[(name, image_size)] = statistics.median(ratios)
-      rows.append([name, image_size, "1 process, 1 thread", spread(values),
-                   f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+      rows.append([name, image_size, "1 process, 1 thread", spread(values), ratio_text(ratios),
                    f"{args.imagenet_target / statistics.median(values):.1f}"
                    if not name.startswith("decode") else "-"])
       print(rows[-1], flush=True)
+    for new, old in ((TRAIN_NEW, TRAIN_BASELINE), (TRAIN_NEW, "train PIL draft"),
+                     (EVAL_NEW, EVAL_BASELINE), (EVAL_NEW, "eval PIL draft")):
+      versus[(new, old, image_size)] = ratio_text(
+          [n / o for n, o in zip(rates[new], rates[old])])
   image_size = args.imagenet_sizes[0]
   fractions = []
   for index, (height, width) in enumerate(sizes):
@@ -339,73 +371,73 @@ def imagenet_part(args) -> None:
       fractions.append(jpeg.decoded_pixel_fraction(height, width, jpeg.Box(*box),
                                                    (image_size, image_size)))
   scaled = np.mean(np.array(fractions) < 1)
+  load_between = load_average()
   worker, worker_cpu = worker_rates(jpegs, image_size, args.worker_batch, args.rounds,
                                     args.worker_batches)
   for label, measured in (("wall clock", worker), ("per CPU second of all processes", worker_cpu)):
     for n, values in measured.items():
       ratios = [v / one for v, one in zip(values, measured[1])]
-      rows.append([f"train reduced, grain workers, {label}", image_size,
-                   f"{n} worker process(es)", spread(values),
-                   f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) vs 1 "
-                   "worker", "-"])
+      rows.append([f"{TRAIN_NEW}, grain workers, {label}", image_size,
+                   f"{n} worker process(es)", spread(values), f"{ratio_text(ratios)} vs 1 worker",
+                   "-"])
       print(rows[-1], flush=True)
   table = report.markdown_table(
       ["variant", "output side", "parallelism", "images/s, median (min-max)",
        "ratio to baseline, median (min-max)", f"cores for {args.imagenet_target:,.0f} images/s"],
       rows)
-  train_ratio = ratio_medians[("train reduced", image_size)]
-  full_rate = per_core[("train full", image_size)]
-  simplejpeg_decode, simplejpeg_train = ("decode alone (simplejpeg, full size)",
-                                         "train reduced, simplejpeg decoder")
-  in_process = per_core[("train reduced", image_size)]
-  one_worker_cpu = statistics.median(worker_cpu[1])
+  worker_overhead = per_core[(TRAIN_NEW, image_size)] / statistics.median(worker_cpu[1]) - 1
+  decode_bound = (per_core[("decode alone, simplejpeg, full size", image_size)]
+                  / per_core[(TRAIN_BASELINE, image_size)])
   notes = (
       f"Data: {described}, quality 90, generated at run time (`lbjax.data.synthetic_jpeg`). "
-      f"Single-process rows: images per CPU second of the process (`time.process_time`, so the "
-      "machine's load does not enter), i.e. images/s per core, on one thread, in "
+      "Single-process rows: images per CPU second of the process (`time.process_time`: time "
+      "the scheduler gives to other jobs is not counted, though they share the caches and the "
+      "memory bus), i.e. images/s per core, on one thread, in "
       f"{args.rounds} interleaved rounds of about {args.seconds:g} CPU s; the ratio column divides "
-      "by the `full` row of the same transform (and output side) in the same round, decode rows by "
-      "the PIL decode. Cores for "
+      "by the full-decode baseline of the same transform and output side in the same round (decode "
+      "rows by the Pillow decode). All train variants draw the same windows and flips and "
+      "normalise alike; they differ in decode and resize: `full-decode baseline` = the ImageNet "
+      "path before reduced decoding (Pillow decodes the whole JPEG to a numpy array, as TFDS does; "
+      "Pillow's antialiased bilinear resizes the window from it); `PIL draft` = the previous lbjax "
+      "path (Pillow's draft mode at the DCT "
+      "scale covering the crop, Pillow resize); `Pillow full decode + OpenCV` = lbjax's "
+      "`decode='full'` path (TFDS decodes with Pillow, `jpeg.resize_window`); `simplejpeg + "
+      "OpenCV` = lbjax's `decode='reduced'` path (`lbjax.data.jpeg`). Cores for "
       f"{args.imagenet_target:,.0f} images/s = target / per-core rate (reading the array_record "
-      "files is not included). "
-      f"At output side {image_size}, {scaled:.0%} of training crops are decoded at a DCT scale "
-      "below 1 (a crop must be at least twice the output on both sides); the rest decode in full, "
-      "so the per-core gain of the reduced train path over the full-decode path of the same code "
-      f"({train_ratio:.2f}x here) comes mostly from decoding straight into the resize (no "
-      "full-size array and its copy back into PIL); the entropy decoding of every JPEG remains. "
-      "Against the train transform as of commit 131342b (`previous code`: the same full decode, "
-      "then stack-and-broadcast normalisation, since replaced by a row-tiled in-place one used by "
-      "both paths) the reduced path is "
-      + ", ".join(f"{ratio} at side {size}" for size, ratio in versus_previous.items()) + ". "
-      f"Bound at side {image_size}, where {1 - scaled:.0%} of crops decode in full: were crop, "
-      "resize and normalisation free, the train path would run at the full decode "
-      f"rate, {per_core[('decode alone (PIL, full size)', image_size)] / full_rate:.2f}x the full "
-      "path with PIL's decoder" + (
-          f" and {per_core[(simplejpeg_decode, image_size)] / full_rate:.2f}x with simplejpeg's"
-          if (simplejpeg_decode, image_size) in per_core else "") + "; 3x per core needs a "
-      "decoder that skips entropy decoding (region decoding) or the GPU (`decoder='dali'`). "
-      "Decoder choice: simplejpeg decodes a whole JPEG faster than PIL (decode rows), and the train "
-      "transform with it (`train reduced, simplejpeg decoder`: same windows and scales, the window "
-      "copied into PIL for the same resize) is " + (
-          f"{per_core[(simplejpeg_train, image_size)] / per_core[('train reduced', image_size)]:.2f}x"
-          if (simplejpeg_train, image_size) in per_core else "(not installed: not measured)") +
-      " the PIL one; lbjax keeps PIL (no new dependency for that). "
-      f"Worker rows: wall-clock images/s, batches of {args.worker_batch} from `WorkerTrainStream` "
-      f"(grain `mp_prefetch`), a fresh pipeline per round, {args.worker_batches} batches timed "
-      "after the first 2 n (worker start-up excluded). This machine has 2 cores shared with other "
-      "engineers' jobs and a background training run (1-min load average "
-      f"{load_before} before, {load_average()} after): a process gets a small, varying share of a "
-      "core, so the wall-clock rows measure the scheduler as much as the pipeline, and their 1-to-2 "
-      "worker ratio says little about scaling on an idle host. The per-CPU-second rows divide by "
-      "the CPU time of the main process and the workers together: equal rates for 1 and 2 workers "
-      "mean a second worker adds no work per image, so on free cores the throughput grows with "
-      "the workers until the main process (which only receives batches) or the memory bus "
-      f"limits it. One worker costs {1 - one_worker_cpu / in_process:.0%} more CPU per image than "
-      "the same transform in the training process (batches pass through shared memory).")
+      "files is not included). Train, simplejpeg + OpenCV vs the full-decode baseline: "
+      + ", ".join(f"{versus[(TRAIN_NEW, TRAIN_BASELINE, s)]} at side {s}"
+                  for s in args.imagenet_sizes)
+      + "; vs PIL draft: " + ", ".join(f"{versus[(TRAIN_NEW, 'train PIL draft', s)]} at side {s}"
+                                       for s in args.imagenet_sizes)
+      + ". Eval vs the baseline: " + ", ".join(f"{versus[(EVAL_NEW, EVAL_BASELINE, s)]} at side {s}"
+                                               for s in args.imagenet_sizes)
+      + "; vs PIL draft: " + ", ".join(f"{versus[(EVAL_NEW, 'eval PIL draft', s)]} at side {s}"
+                                       for s in args.imagenet_sizes)
+      + f". At output side {image_size}, {scaled:.0%} of training crops decode at a DCT scale "
+      "below 1 (a crop must be at least twice the output on both sides); the rest decode every "
+      "pixel, and the entropy (Huffman) decoding of every JPEG remains in all variants. Bound at "
+      f"side {image_size}: were window sampling, resize and normalisation free, the train path "
+      f"would run at simplejpeg's full decode rate, {decode_bound:.2f}x the baseline; more per core "
+      "needs a decoder that skips the entropy decoding of rows below the crop and the inverse DCT "
+      "outside it (libjpeg-turbo's crop and skip-scanline API, not exposed by simplejpeg) or the "
+      "GPU (`decoder='dali'`). "
+      f"Worker rows: the simplejpeg + OpenCV train transform, batches of {args.worker_batch} from "
+      f"`WorkerTrainStream` (grain `mp_prefetch`), a fresh pipeline per round, "
+      f"{args.worker_batches} batches timed after the first 2 n (worker start-up excluded), 1 and "
+      "2 workers interleaved. This machine has 2 cores shared with other engineers' jobs and a "
+      f"niced background training run (1-min load average {load_before} at the start, "
+      f"{load_between} before the worker rows, {load_average()} at the end): the wall-clock rows "
+      "measure the share of the 2 cores the scheduler gives, not the scaling on free cores. The "
+      "per-CPU-second rows divide by the CPU time of the main process and the workers together: "
+      "equal rates for 1 and 2 workers mean a second worker adds no work per image. With one "
+      f"worker an image costs {worker_overhead:.0%} "
+      "more CPU than the same transform in the training process (the batch passes through shared "
+      "memory to the main process, which receives and unpacks it).")
   print(table + "\n\n" + notes)
   if not args.no_readme:
     report.write_section("input-pipeline-imagenet",
-                         "ImageNet input: full-size vs reduced-size JPEG decoding, worker processes",
+                         "ImageNet input: full-decode baseline, PIL draft, simplejpeg + OpenCV; "
+                         "worker processes",
                          report.header_lines() + "\n" + table + "\n\n" + notes)
 
 

@@ -26,6 +26,7 @@ import optax
 
 from benchmarks import report
 from lbjax import optim
+from lbjax.optim import layerwise
 
 SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
@@ -80,6 +81,21 @@ def everything(params):
   return jax.tree.map(lambda _: True, params)
 
 
+def lars_one_reduction(lr, wd, trust_coefficient=1e-3):
+  """An experiment, not in the library: lbjax LARS with ||w|| and ||g|| of each kernel from one variadic
+  `lax.reduce` over (w * w, g * g), so that one kernel reads w and g once for both norms (leaves without
+  stacked layers only). Same numbers as `lbjax lars` up to the order of summation."""
+
+  def rate(w, g, weight_decay, layer):
+    del layer  # the whole leaf is one layer here
+    w_sq, g_sq = jax.lax.reduce((w * w, g * g), (jnp.float32(0), jnp.float32(0)),
+                                lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(w.ndim)))
+    w_norm = jnp.sqrt(w_sq)
+    return trust_coefficient * layerwise.safe_quotient(w_norm, jnp.sqrt(g_sq) + weight_decay * w_norm)
+
+  return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
+
+
 def optimizers(lr=0.1, wd=1e-4):
   """name -> optax.GradientTransformation; LARS variants select the kernels (ndim >= 2)."""
   return {
@@ -88,6 +104,7 @@ def optimizers(lr=0.1, wd=1e-4):
                                trust_ratio_mask=kernels),
       "lbjax lars": optim.lars(lr, weight_decay=wd),
       "lbjax lars, optax denominator": optim.lars(lr, weight_decay=wd, denominator="optax"),
+      "lars, both norms in one reduction (experiment)": lars_one_reduction(lr, wd),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
       "lbjax percent_delta": optim.percent_delta(lr, weight_decay=wd),
@@ -166,7 +183,8 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
                f"{stream_bytes_per_s / 1e9:.1f}", "100%"])
   ratios = {}
-  for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars")):
+  for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
+                         ("lars, both norms in one reduction (experiment)", "lbjax lars")):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -192,7 +210,8 @@ def max_relative_difference(a_opt, b_opt, shapes, steps=3):
 def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
-  pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"))
+  pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
+           ("lars, both norms in one reduction (experiment)", "lbjax lars"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
           for a, b in pairs if a in names and b in names}
 
@@ -210,14 +229,22 @@ leaf so that they compute what `optax.lamb` computes.
 
 Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so
-`optax.sgd` moves 6 x 4 bytes per parameter. LARS needs the norms of w and g of every kernel before
-it can update it: one more read of each (8 x 4 bytes), and its momentum pass reads w for the weight
-decay (9 x 4 bytes, 1.5x SGD by bytes). Carrying ||w_t+1|| from the previous update would save the
-read of w only where XLA fuses a reduction with the elementwise pass that writes w (GPU
-multi-output fusion); on XLA:CPU the norm is a separate fusion that reads w_t+1 again, so the
-carry moves the read from one step to the previous one and saves nothing, while it is exact only
-when the updates are applied unchanged (not under a later clip, EMA or a user's own apply): lbjax
-does not carry it.
+`optax.sgd` moves 6 x 4 bytes per parameter (585 MiB). LARS needs the norms of w and g of every
+kernel before it can update it: one more read of each, and its momentum pass reads w for the
+weight decay: 9 x 4 bytes per parameter (877 MiB), 1.5x SGD by bytes. With multi-output fusion
+(GPU) the update could write v and w in one pass and, carrying ||w_t+1|| from that pass, read only
+g for its norms: 6 x 4 bytes, SGD's count on CPU. On XLA:CPU neither is available: a reduction is
+a kernel of its own (YNNPACK), so a carried norm would be a separate pass over w_t+1 at the end of
+the previous update (the read moves, it is not saved) and would be exact only when the updates are
+applied unchanged; lbjax does not carry it. At 1.5x the bytes, 1.2x SGD's time needs the norms to
+come from cache, which a 100 MiB tree on a 32 MiB L3 does not allow. Two ways to read w and g once
+for both norms were tried in this benchmark: stacking w * w and g * g for one reduction
+materialises the stack (1,266 MiB, not kept in the table); one variadic `lax.reduce` (the
+experiment row) moves the same 877 MiB as `lbjax lars` but runs on XLA's generic reduction
+loop instead of YNNPACK's, which is slower.
+PercentDelta's rate is arithmetic only (no `where`), so XLA fuses its |d / w| and nonzero count
+into their reductions (1,172 MiB accessed, 45 MiB temporaries; a select-based version: 1,363 MiB
+and 195 MiB).
 """
 
 

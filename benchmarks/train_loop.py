@@ -20,7 +20,7 @@ iteration is then timed piece by piece:
   lr_scalar       the learning rate placed as a device scalar (`run.host_scalar`)
   schedules       the host learning-rate and batch-size schedules
 
-    python -m benchmarks.train_loop [--rounds 15] [--steps 25] [--log-every 5] [--max-spread 0.1] [--no-readme]
+    python -m benchmarks.train_loop [--rounds 15] [--steps 100] [--log-every 50] [--max-spread 0.1] [--no-readme]
 
 Exits with status 3 (README untouched) when the 95% confidence interval of a ratio's
 median is wider than --max-spread of it.
@@ -123,8 +123,9 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   report.add_spread_arguments(parser, rounds=15)
-  parser.add_argument("--steps", type=int, default=25, help="steps per loop run")
-  parser.add_argument("--log-every", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=100, help="steps per loop run")
+  parser.add_argument("--log-every", type=int, default=50,
+                      help="metrics window (a real run's default is 50; a window ends with a fetch)")
   parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
@@ -167,7 +168,8 @@ def main() -> None:
       f"every {args.log_every} steps (the first window dropped), no checkpoint during the run; "
       f"a bare-step round takes {args.steps - args.log_every} steps. Per step the loop dispatches "
       "the step, prepares the next batch while the device works, and waits for the step before "
-      "the previous one (at most two in flight); metrics reach the host once per window. Host "
+      "the previous one (at most two in flight); metrics reach the host once per window, fetched one "
+      "step after it closed (no wait for the step just dispatched). Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a 2-core CPU they compete with it for cores).")
   body = (report.header_lines() + "\n" + check.warning() + rates +

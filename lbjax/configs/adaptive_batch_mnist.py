@@ -9,7 +9,8 @@ gradient noise scale B_noise = tr(Sigma)/|G|^2 from its micro-batches):
   grow_batch: B = 128 -> 640 -> 3200 -> 16000 at 40/60/80% of training, LR held (papers/002)
   adaptive:   B = `multiple` x B_noise in [128, `max_batch`], never shrinking, LR by LEGW at the
               batch in force (lbjax.train.batch_policy)
-  adascale:   the same batch policy, LR = AdaScale gain x 0.08 (Johnson et al. 2020)
+  adascale:   the same batch policy, LR = AdaScale gain x 0.08, trained until the scale-invariant
+              epochs (not the data epochs) reach `epochs` (Johnson et al. 2020, Algorithm 1)
 
   lbjax-train --config adaptive_batch_mnist:run=adaptive --workdir runs/adaptive
   python -m experiments.adaptive_batch --config adaptive_batch_mnist --variant epochs=2 \

@@ -1,7 +1,8 @@
 """Datasets and input pipelines: resumable sharded streams, MNIST, PTB, synthetic twins.
 
 `lbjax.data` depends only on numpy (TFDS and grain are imported lazily by the functions that
-read TFDS, as they are the optional `[tfds]` extra). It imports neither `lbjax.models` nor
+read TFDS, as they are the optional `[tfds]` extra; simplejpeg and OpenCV by the ImageNet
+transforms, the `[imagenet]` extra). It imports neither `lbjax.models` nor
 `lbjax.train`.
 """
 

@@ -1,4 +1,4 @@
-"""ImageNet (TFDS `imagenet2012`) with the standard ResNet-50 preprocessing, numpy/PIL only.
+"""ImageNet (TFDS `imagenet2012`) with the standard ResNet-50 preprocessing, on the CPU.
 
 Training: Inception-style random resized crop (`papers/000` trains ResNet-50 this way, following the
 reference TF/MLPerf pipeline) to `image_size` x `image_size`, then a random horizontal flip.
@@ -9,15 +9,20 @@ statistics (RGB, 0-255 scale) and give float32 NHWC images and int32 labels.
 Examples are read with `tfds.data_source(..., download=False)` (array_record files; no
 TensorFlow). `TfdsSource` is the random-access source the streams of `lbjax.data.stream` consume.
 With `decode="reduced"` (the default of the ImageNet streams) it returns each image's JPEG bytes and
-the transforms decode only what the output needs (`lbjax.data.jpeg`): the training crop window is
-drawn from the header's height and width, then the JPEG is decoded at the smallest DCT scale (1, 1/2,
-1/4, 1/8) at which that window still covers the output size; evaluation decodes at the smallest
-scale covering the resize-to-256 step. With `decode="full"` TFDS decodes every image in full with
-PIL and the transforms crop and resize the arrays (the same crop windows and flips). The transforms
-accept either form per example. Augmentation randomness comes from `example_rngs(seed, stream
-position)`, so a batch is the same for any number of processes, worker processes and after a resume.
+the transforms decode only what the output needs (`lbjax.data.jpeg`, libjpeg-turbo through
+simplejpeg): the training crop window is drawn from the header's height and width, then the JPEG is
+decoded at the smallest DCT scale (1, 1/2, 1/4, 1/8) at which that window still covers the output
+size; evaluation decodes at the smallest scale covering the resize-to-256 step. With
+`decode="full"` TFDS decodes every image in full with Pillow and the transforms crop and resize the
+arrays (the same crop windows and flips). The transforms accept either form per example; both
+resample with `jpeg.resize_window` (OpenCV bilinear, not antialiased, as the TF reference
+pipeline), so at DCT scale 1 the two forms give the same pixels. Augmentation randomness comes from
+`example_rngs(seed, stream position)`, so a batch is the same for any number of processes, worker
+processes and after a resume.
 
-TFDS and PIL are the optional `[tfds]` extra and are imported when first needed.
+TFDS and Pillow are the optional `[tfds]` extra, simplejpeg and OpenCV the `[imagenet]` extra (the
+transforms refuse to be built without them, saying what to install); all are imported when first
+needed.
 """
 
 from collections.abc import Callable, Sequence
@@ -288,26 +293,14 @@ def sample_crop_box(rng: np.random.Generator, height: int, width: int, *,
   return center_crop_box(height, width, fallback_crop_fraction)
 
 
-def crop_and_resize(image: np.ndarray, box: CropBox, size: tuple[int, int]) -> np.ndarray:
+def crop_and_resize(image: np.ndarray, box: CropBox | jpeg.Box,
+                    size: tuple[int, int]) -> np.ndarray:
   """Crops `box` out of uint8 `image` [H, W, 3] and resizes it to `size` = (height, width).
 
-  One PIL bilinear resampling (antialiased when shrinking) of the window; returns uint8.
+  `jpeg.resize_window`: one bilinear resampling of the exact window (area averaging when it is at
+  least twice the output); returns uint8.
   """
-  try:
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-  except ImportError as err:
-    raise ImportError("Resizing images needs pillow: pip install 'lbjax[tfds]'.") from err
-  image = as_rgb(image)
-  height, width = image.shape[:2]
-  if not (0 <= box.top and box.top + box.height <= height and 0 <= box.left
-          and box.left + box.width <= width and box.height > 0 and box.width > 0):
-    raise ValueError(f"crop box {box} does not lie inside the {height}x{width} image.")
-  if (box.height, box.width) == tuple(size):
-    return image[box.top:box.top + box.height, box.left:box.left + box.width]
-  resized = Image.fromarray(image).resize(
-      (size[1], size[0]), Image.Resampling.BILINEAR,
-      box=(box.left, box.top, box.left + box.width, box.top + box.height))
-  return np.asarray(resized)
+  return jpeg.resize_window(as_rgb(image), jpeg.Box(*box), size)
 
 
 def random_resized_crop(image: np.ndarray, rng: np.random.Generator, image_size: int, *,
@@ -359,14 +352,8 @@ def center_crop_eval(image: np.ndarray, image_size: int, *,
   if resize_size < image_size:
     raise ValueError(f"resize_size ({resize_size}) must be >= image_size ({image_size}).")
   image = as_rgb(image)
-  height, width = image.shape[:2]
-  scale = resize_size / min(height, width)
-  new_height = max(resize_size, int(round(height * scale)))
-  new_width = max(resize_size, int(round(width * scale)))
-  resized = crop_and_resize(image, CropBox(0, 0, height, width), (new_height, new_width))
-  top = (new_height - image_size) // 2
-  left = (new_width - image_size) // 2
-  return resized[top:top + image_size, left:left + image_size]
+  box = jpeg.center_crop_box(image.shape[0], image.shape[1], image_size, resize_size)
+  return crop_and_resize(image, box, (image_size, image_size))
 
 
 def normalize_images(images: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN_RGB,
@@ -435,9 +422,8 @@ def train_crop(image: Any, rng: np.random.Generator, image_size: int) -> np.ndar
     uint8 [image_size, image_size, 3].
   """
   if isinstance(image, bytes):
-    opened = jpeg.open_image(image)
-    box, flip = train_window(opened.size[1], opened.size[0], rng)
-    return jpeg.decode_resized_crop(opened, jpeg.Box(*box), (image_size, image_size), flip=flip)
+    box, flip = train_window(*jpeg.image_size(image), rng)
+    return jpeg.decode_resized_crop(image, jpeg.Box(*box), (image_size, image_size), flip=flip)
   image = as_rgb(image)
   box, flip = train_window(image.shape[0], image.shape[1], rng)
   crop = crop_and_resize(image, box, (image_size, image_size))
@@ -455,8 +441,7 @@ def eval_crop(image: Any, image_size: int) -> np.ndarray:
   (`eval_window`) of an encoded one decoded at the smallest DCT scale covering the resize step.
   Returns uint8."""
   if isinstance(image, bytes):
-    opened = jpeg.open_image(image)
-    return jpeg.decode_resized_crop(opened, eval_window(opened.size[1], opened.size[0], image_size),
+    return jpeg.decode_resized_crop(image, eval_window(*jpeg.image_size(image), image_size),
                                     (image_size, image_size))
   return center_crop_eval(image, image_size)
 
@@ -491,6 +476,7 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
   seed = _check_seed(seed)
   image_size = _check_image_size(image_size)
   num_threads = _check_num_threads(num_threads)
+  jpeg.codecs()
 
   def transform(examples: stream.Batch, positions: np.ndarray) -> stream.Batch:
     images = _images_of(examples)
@@ -507,6 +493,7 @@ def imagenet_eval_transform(*, image_size: int = 224,
   """The evaluation transform: resize shorter side, central crop, normalisation (deterministic)."""
   image_size = _check_image_size(image_size)
   num_threads = _check_num_threads(num_threads)
+  jpeg.codecs()
 
   def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
     del indices  # Evaluation preprocessing is deterministic.
@@ -556,9 +543,9 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
       Both give the same crop windows and flips.
     num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
       0 computes them in this process. With workers, `num_threads` defaults to 1 per worker.
-    decoder: "cpu" (PIL) or "dali" (`lbjax.data.dali`: decode, crop, resize, flip and normalise on
-      the GPU with the same windows and flips; needs the `[dali]` extra, decode="reduced" and no
-      workers).
+    decoder: "cpu" (simplejpeg and OpenCV, the `[imagenet]` extra) or "dali" (`lbjax.data.dali`:
+      decode, crop, resize, flip and normalise on the GPU with the same windows and flips; needs
+      the `[dali]` extra, decode="reduced" and no workers).
 
   Returns:
     A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose

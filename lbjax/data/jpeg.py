@@ -1,70 +1,115 @@
-"""JPEG decoding at the smallest DCT scale that still covers the pixels a crop needs (PIL draft mode).
+"""JPEG decoding at the smallest DCT scale covering a crop (libjpeg-turbo), bilinear resize (OpenCV).
 
-A baseline JPEG stores 8x8 blocks of DCT coefficients. libjpeg (bundled with Pillow) can run its
-inverse DCT at 1/2, 1/4 or 1/8 of the size, giving the image downscaled by `a` in {2, 4, 8} for
-a fraction of the inverse-DCT, upsampling and colour-conversion work (the entropy decoding is the
-same). Reduced pixel `j` covers full-size pixels `[a*j, a*(j+1))`, so a crop window `[y0, y1)` of
-the full image is the window `[y0/a, y1/a)` of the reduced one.
+A baseline JPEG stores 8x8 blocks of DCT coefficients. libjpeg-turbo can run its inverse DCT at
+M/8 of the size (M = 1..8), giving the image downscaled by 8/M for a fraction of the inverse-DCT,
+upsampling and colour-conversion work (the entropy decoding is the same). Reduced pixel `j`
+covers full-size pixels `[8j/M, 8(j+1)/M)`, so a crop window `[y0, y1)` of the full image is the
+window `[y0 M/8, y1 M/8)` of the reduced one.
 
-`dct_scale` picks the largest `a` for which the crop still has at least as many decoded pixels as
-the output in each direction, so the final resize never enlarges what the full-size decode would
-have shrunk: the result differs from "decode in full, then crop and resize" only by the resampling
-error of the DCT-domain downscale (tested in tests/data/test_jpeg.py). With ImageNet's typical
-size (about 400x350) and 224x224 outputs most crops need `a = 1`; the savings come from large
-images and small outputs.
+`dct_scale` picks the largest `a` in (8, 4, 2, 1) for which the crop still has at least as many
+decoded pixels as the output in each direction, so the final resize never enlarges what a
+full-size decode would have shrunk. At `a = 1` the decoded pixels are bit-identical to Pillow's
+(both are libjpeg-turbo's accurate integer DCT with fancy upsampling), so the two paths differ
+only where `a > 1`, by the resampling error of the DCT-domain downscale (tested in
+tests/data/test_jpeg.py).
 
-Why PIL's draft mode and not simplejpeg, PyTurboJPEG or OpenCV: PIL is already a dependency and
-decodes straight into the image its resize reads. simplejpeg (libjpeg-turbo, same DCT scales)
-decodes a whole JPEG about 1.5x faster, but its array must be copied into PIL (or another resizer)
-and the train transform with it was only about 1.1x the PIL one (`python -m
-benchmarks.input_pipeline --part imagenet`, benchmarks/README.md); PyTurboJPEG needs the system
-libturbojpeg, OpenCV a large wheel, and neither decodes a region without entropy-decoding the rows
-above it.
+`resize_window` is the one resampler of the ImageNet transforms (decoded arrays too): OpenCV
+bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antialias=False)` in the
+reference ResNet-50 pipeline), on the exact window (`cv2.warpAffine` when the window has
+fractional edges). After the DCT scale the window is shrunk by less than 2x in its shorter
+direction relative to the output (the other by at most the crop's aspect ratio more), so aliasing
+stays that of a mild bilinear shrink; where even 1/8 leaves the window at least twice the output
+in both directions (crops over 16x the output side), it averages areas instead (`INTER_AREA`,
+antialiased; at fractional factors it costs more than bilinear, so it is kept for these) over the
+window rounded out to whole decoded pixels (under half an output pixel).
+
+Why simplejpeg and OpenCV, not Pillow's draft mode, PyTurboJPEG or OpenCV's decoder: measured on
+this machine (`python -m benchmarks.input_pipeline --part imagenet`, benchmarks/README.md), the
+entropy decoding of every JPEG dominates the training transform; simplejpeg (libjpeg-turbo bundled
+in its wheel) decodes about 1.4x faster than Pillow, and OpenCV's bilinear resize of the numpy
+window costs a fraction of Pillow's antialiased resize, which needs the pixels in a PIL image.
+Decoding only the crop's region (libjpeg-turbo's `tj3SetCroppingRegion`, skipped scanlines) would
+save the inverse DCT outside the crop and the entropy decoding below it, but no wheel-packaged
+wrapper exposes it (PyTurboJPEG needs the system libturbojpeg); OpenCV's decoder (`cv2.imdecode`)
+was slower than simplejpeg's when tried and is not in the benchmark. Other formats and CMYK JPEGs
+(rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
 
 References:
-  Independent JPEG Group, libjpeg `scale_num / scale_denom` (libjpeg.txt, "Decompression parameter
-  selection"); Pillow `Image.draft`.
+  libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
+  "Decompression parameter selection"); simplejpeg `decode_jpeg(min_height, min_width)`; OpenCV
+  `resize`, `warpAffine`.
 """
 
 import io
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 DCT_SCALES = (8, 4, 2, 1)
+INSTALL_HINT = "pip install 'lbjax[imagenet]' (simplejpeg and opencv-python-headless)"
+
+# JPEG colour spaces libjpeg-turbo converts to RGB; others (CMYK, YCCK) are decoded by Pillow.
+_RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")
 
 
 class Box(NamedTuple):
-  """A window in full-size pixel coordinates (floats allowed): `[top, top + height)` x
-  `[left, left + width)`."""
+  """A window in pixel coordinates (floats allowed): `[top, top + height)` x `[left, left + width)`."""
   top: float
   left: float
   height: float
   width: float
 
 
+def codecs():
+  """(simplejpeg, cv2), or an ImportError that says what to install (the transforms call it when
+  they are built, so a missing extra is reported before any data is read)."""
+  try:
+    import cv2  # pylint: disable=g-import-not-at-top
+    import simplejpeg  # pylint: disable=g-import-not-at-top
+  except ImportError as err:
+    raise ImportError(f"The ImageNet input path decodes and resizes with simplejpeg and OpenCV: "
+                      f"{INSTALL_HINT}.") from err
+  return simplejpeg, cv2
+
+
 def _pil():
   try:
     from PIL import Image  # pylint: disable=g-import-not-at-top
   except ImportError as err:
-    raise ImportError("Decoding JPEGs needs pillow: pip install 'lbjax[tfds]'.") from err
+    raise ImportError("Decoding images other than RGB or grayscale JPEGs needs pillow: pip install "
+                      "'lbjax[tfds]'.") from err
   return Image
 
 
-def open_image(encoded: bytes):
-  """A lazily decoded `PIL.Image` of `encoded` (only the header is read until pixels are asked for)."""
-  Image = _pil()  # pylint: disable=invalid-name
+def _is_jpeg(encoded: bytes) -> bool:
+  return encoded[:3] == b"\xff\xd8\xff"
+
+
+def _header(encoded: bytes) -> tuple[int, int, bool]:
+  """(height, width, whether libjpeg-turbo decodes it to RGB) from the header alone."""
+  if isinstance(encoded, (bytearray, memoryview)):
+    encoded = bytes(encoded)
+  if not isinstance(encoded, bytes):
+    raise TypeError(f"expected the encoded image as bytes, got {type(encoded).__name__}.")
+  if _is_jpeg(encoded):
+    simplejpeg, _ = codecs()
+    try:
+      height, width, colorspace, _ = simplejpeg.decode_jpeg_header(encoded)
+    except ValueError as err:
+      raise ValueError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
+    if colorspace in _RGB_CONVERTIBLE:
+      return height, width, True
   try:
-    image = Image.open(io.BytesIO(encoded))
-  except Exception as err:  # PIL raises UnidentifiedImageError, OSError, SyntaxError...
+    width, height = _pil().open(io.BytesIO(encoded)).size
+  except (OSError, SyntaxError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError.
     raise ValueError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
-  return image
+  return height, width, False
 
 
 def image_size(encoded: bytes) -> tuple[int, int]:
   """(height, width) of an encoded image, read from its header only (no pixel is decoded)."""
-  width, height = open_image(encoded).size
+  height, width, _ = _header(encoded)
   return height, width
 
 
@@ -80,16 +125,82 @@ def dct_scale(box_height: float, box_width: float, out_height: int, out_width: i
   return 1
 
 
-def decode_resized_crop(encoded: Any, box: Box, size: tuple[int, int], *,
+def scaling_numerator(height: int, width: int, scale: int) -> int:
+  """The M of the M/8 inverse DCT libjpeg-turbo runs when asked for at least
+  `ceil(height / scale) x ceil(width / scale)` pixels: the smallest M in 1..8 that gives as many
+  (`8 / scale`, except for images of a few pixels, where a smaller M rounds up to the same size).
+  """
+  min_height, min_width = -(-height // scale), -(-width // scale)
+  return next(m for m in range(1, 9)
+              if -(-height * m // 8) >= min_height and -(-width * m // 8) >= min_width)
+
+
+def decode(encoded: bytes, scale: int = 1) -> tuple[np.ndarray, float]:
+  """Decodes an image at DCT scale 1/`scale` (JPEG) or in full (other formats, CMYK JPEGs).
+
+  Returns:
+    uint8 [h, w, 3] RGB and the full-size pixels per decoded pixel (`8 / M`, see
+    `scaling_numerator`; 1 for a full decode).
+  """
+  height, width, libjpeg_rgb = _header(encoded)
+  if libjpeg_rgb:
+    simplejpeg, _ = codecs()
+    numerator = scaling_numerator(height, width, scale)
+    sizes = {} if numerator == 8 else {"min_height": -(-height * numerator // 8),
+                                       "min_width": -(-width * numerator // 8)}
+    return simplejpeg.decode_jpeg(encoded, "RGB", **sizes), 8 / numerator
+  return np.asarray(_pil().open(io.BytesIO(encoded)).convert("RGB")), 1.0
+
+
+def _check_window(window: Box, height: int, width: int) -> None:
+  if not (0 <= window.top and window.top + window.height <= height and 0 <= window.left
+          and window.left + window.width <= width and window.height > 0 and window.width > 0):
+    raise ValueError(f"crop box {tuple(window)} does not lie inside the {height}x{width} image.")
+
+
+def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.ndarray:
+  """Resamples `window` of uint8 `pixels` [H, W, C] to `size` = (height, width) (module docstring).
+
+  Bilinear with OpenCV's pixel-centre convention: output pixel `i` reads input coordinate
+  `top + (i + 0.5) * window.height / height - 0.5` (rows; columns alike), edges replicated; area
+  averaging when the window is at least twice the output in both directions. A window of the
+  output's size at whole-pixel edges is returned as it is (a view of `pixels`).
+  """
+  _, cv2 = codecs()
+  _check_window(window, *pixels.shape[:2])
+  out_height, out_width = size
+  row_step, column_step = window.height / out_height, window.width / out_width
+  whole_pixels = all(float(edge).is_integer() for edge in window)
+  if whole_pixels or min(row_step, column_step) >= 2:
+    top, left = math.floor(window.top), math.floor(window.left)
+    region = pixels[top:math.ceil(window.top + window.height),
+                    left:math.ceil(window.left + window.width)]
+    if region.shape[:2] == tuple(size):
+      return region
+    interpolation = cv2.INTER_AREA if min(row_step, column_step) >= 2 else cv2.INTER_LINEAR
+    return cv2.resize(region, (out_width, out_height), interpolation=interpolation)
+  # Fractional edges: the same bilinear sampling on the exact window, from a region one pixel
+  # wider on each side than the window (what the filter reads).
+  top, left = max(0, math.floor(window.top) - 1), max(0, math.floor(window.left) - 1)
+  region = pixels[top:math.ceil(window.top + window.height) + 1,
+                  left:math.ceil(window.left + window.width) + 1]
+  transform = np.array([[column_step, 0, window.left - left + 0.5 * column_step - 0.5],
+                        [0, row_step, window.top - top + 0.5 * row_step - 0.5]])
+  return cv2.warpAffine(region, transform, (out_width, out_height),
+                        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                        borderMode=cv2.BORDER_REPLICATE)
+
+
+def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
                         flip: bool = False) -> np.ndarray:
   """Decodes window `box` of a JPEG at the smallest DCT scale covering `size`, resizes it to `size`.
 
   Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
-  and resizing it with one bilinear (antialiased) resampling, as `imagenet.crop_and_resize` does.
+  and resizing it with `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when
+  `dct_scale` is 1).
 
   Args:
-    encoded: the JPEG file's bytes (other formats PIL reads are decoded in full), or the
-      not yet loaded image `open_image` returned for them (saves parsing the header twice).
+    encoded: the image file's bytes (JPEG; other formats Pillow reads are decoded in full).
     box: the window in full-size pixel coordinates; must lie inside the image.
     size: output (height, width).
     flip: mirror the output left-right.
@@ -97,27 +208,11 @@ def decode_resized_crop(encoded: Any, box: Box, size: tuple[int, int], *,
   Returns:
     uint8 [height, width, 3] RGB.
   """
-  Image = _pil()  # pylint: disable=invalid-name
-  image = open_image(encoded) if isinstance(encoded, bytes) else encoded
-  width, height = image.size
-  if not (0 <= box.top and box.top + box.height <= height and 0 <= box.left
-          and box.left + box.width <= width and box.height > 0 and box.width > 0):
-    raise ValueError(f"crop box {box} does not lie inside the {height}x{width} image.")
-  scale = dct_scale(box.height, box.width, *size)
-  drafted = None
-  if scale > 1 and image.format == "JPEG":
-    drafted = image.draft("RGB", (width // scale, height // scale))
-  scale = width / drafted[1][2] if drafted else 1
-  if image.mode not in ("RGB", "L"):
-    image = image.convert("RGB")
-  window = (box.left / scale, box.top / scale, (box.left + box.width) / scale,
-            (box.top + box.height) / scale)
-  resized = image.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=window)
-  if resized.mode != "RGB":
-    resized = resized.convert("RGB")
-  if flip:
-    resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-  return np.asarray(resized)
+  height, width = image_size(encoded)
+  _check_window(Box(*box), height, width)
+  pixels, step = decode(encoded, dct_scale(box.height, box.width, *size))
+  resized = resize_window(pixels, Box(*(edge / step for edge in box)), size)
+  return codecs()[1].flip(resized, 1) if flip else resized  # Contiguous, unlike [:, ::-1].
 
 
 def center_crop_box(height: int, width: int, image_size: int, resize_size: int) -> Box:
@@ -125,8 +220,7 @@ def center_crop_box(height: int, width: int, image_size: int, resize_size: int) 
 
   Evaluation resizes the shorter side to `resize_size` (the other to `round(side * scale)`) and
   takes the central `image_size` square; this is that square mapped back to original pixels, so
-  resizing the window straight to `image_size` gives the same pixels (the bilinear filter reads
-  past the window's edges in both cases).
+  resizing the window straight to `image_size` samples the same points.
   """
   scale = resize_size / min(height, width)
   new_height = max(resize_size, int(round(height * scale)))
@@ -140,5 +234,5 @@ def center_crop_box(height: int, width: int, image_size: int, resize_size: int) 
 
 def decoded_pixel_fraction(height: int, width: int, box: Box, size: tuple[int, int]) -> float:
   """Fraction of the full image's pixels that `decode_resized_crop` decodes for `box`."""
-  scale = dct_scale(box.height, box.width, *size)
-  return math.ceil(height / scale) * math.ceil(width / scale) / (height * width)
+  numerator = scaling_numerator(height, width, dct_scale(box.height, box.width, *size))
+  return -(-height * numerator // 8) * -(-width * numerator // 8) / (height * width)

@@ -30,6 +30,14 @@ def lstm_step(kernel: jax.Array, bias: jax.Array, carry: LSTMCarry, x: jax.Array
   return (new_c, new_h), new_h
 
 
+def lstm_unroll(kernel: jax.Array, bias: jax.Array, carry: LSTMCarry, inputs: jax.Array,
+                forget_bias: float) -> tuple[LSTMCarry, jax.Array]:
+  """`lstm_step` over time with `jax.lax.scan`: inputs [N, T, D] -> (carry_T, outputs [N, T, H])."""
+  step = lambda carry, x: lstm_step(kernel, bias, carry, x, forget_bias)
+  carry, outputs = jax.lax.scan(step, carry, jnp.swapaxes(inputs, 0, 1))
+  return carry, jnp.swapaxes(outputs, 0, 1)
+
+
 class LSTMCell(nnx.Module):
   """BasicLSTMCell with a fused [input_size + hidden_size, 4*hidden_size] kernel (gates i, j, f, o).
 
@@ -92,10 +100,4 @@ class LSTMCell(nnx.Module):
       raise ValueError(f"LSTMCell.unroll expects inputs of shape [N, T, {self.input_size}], "
                        f"got shape {getattr(inputs, 'shape', None)}.")
     self._check(carry, inputs, f"[N, T, {self.input_size}]")
-    kernel, bias = self.kernel[...], self.bias[...]
-
-    def step(carry, x):
-      return lstm_step(kernel, bias, carry, x, self.forget_bias)
-
-    carry, outputs = jax.lax.scan(step, carry, jnp.swapaxes(inputs, 0, 1))
-    return carry, jnp.swapaxes(outputs, 0, 1)
+    return lstm_unroll(self.kernel[...], self.bias[...], carry, inputs, self.forget_bias)

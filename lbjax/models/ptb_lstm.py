@@ -13,26 +13,52 @@ training with `dropout_rate > 0`. Parameters with the defaults:
 The carry (c, h) of every layer is an explicit input and output, so truncated back-propagation
 through time carries it across consecutive batches of one epoch; the incoming carry is passed
 through `jax.lax.stop_gradient`, so gradients never flow into the previous batch.
+
+Model parallelism (`lbjax.train` reads the two class attributes; the model knows no mesh):
+* `PIPELINED_STACK`: the LSTM layers are a stack of identical layers (when embed_size equals
+  hidden_size); `__call__(..., run_stack=...)` hands them, stacked, with each layer's carry and
+  dropout mask as its per-example state, to a runner such as `lbjax.parallel.pipeline.stack_runner`.
+* `TENSOR_PARALLEL_SPECS`: the embedding's rows and the softmax's columns are the vocabulary, split
+  over a `model` mesh axis.
 """
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from lbjax.models import validation
-from lbjax.models.lstm_cell import LSTMCarry, LSTMCell
+from lbjax.models.lstm_cell import LSTMCarry, LSTMCell, lstm_unroll
 
 PtbCarry = tuple[LSTMCarry, ...]
+# run_stack(layer_fn, stacked_params, stacked_states, x) -> (stacked_states, x), where
+# layer_fn(w, state, h) -> (state, h) is one layer; the unpipelined runner applies the layers in order.
+StackRunner = Callable[[Callable, Any, Any, jax.Array], tuple[Any, jax.Array]]
+
+
+def _keep_mask(shape: tuple[int, ...], rate: float, key: jax.Array) -> jax.Array:
+  return jax.random.bernoulli(key, 1.0 - rate, shape)
+
+
+def _apply_mask(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
+  """Inverted dropout: zero where not `keep`, scale the kept entries by 1/(1 - rate)."""
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
   """Inverted dropout: zero with probability `rate`, scale the kept entries by 1/(1 - rate)."""
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  return _apply_mask(x, _keep_mask(x.shape, rate, key), rate)
 
 
 class PtbLSTM(nnx.Module):
   """Embedding -> `num_layers` LSTM layers -> softmax layer over the vocabulary."""
+
+  PIPELINED_STACK = "layers"
+  TENSOR_PARALLEL_SPECS = {"embed/embedding": P("model", None), "softmax/kernel": P(None, "model"),
+                           "softmax/bias": P("model")}
 
   def __init__(self, vocab_size: int = 10000, embed_size: int = 200, hidden_size: int = 200,
                num_layers: int = 2, dropout_rate: float = 0.0, *, rngs: nnx.Rngs):
@@ -83,7 +109,8 @@ class PtbLSTM(nnx.Module):
           "`initial_carry(batch_size)`.")
 
   def __call__(self, tokens: jax.Array, carry: PtbCarry, *, train: bool,
-               dropout_key: jax.Array | None = None) -> tuple[jax.Array, PtbCarry]:
+               dropout_key: jax.Array | None = None, run_stack: StackRunner | None = None
+               ) -> tuple[jax.Array, PtbCarry]:
     """Runs the model over a [N, T] int block of tokens.
 
     Args:
@@ -93,6 +120,8 @@ class PtbLSTM(nnx.Module):
       carry: the state after the previous block (or `initial_carry(N)`).
       train: enables dropout when `dropout_rate > 0`.
       dropout_key: PRNG key for dropout; required when `train` and `dropout_rate > 0`.
+      run_stack: runs the LSTM layers as one stack (e.g. pipelined over devices); None applies them
+        in order. Needs embed_size == hidden_size (identical layers).
 
     Returns:
       (logits [N, T, vocab_size] float32, new carry).
@@ -127,6 +156,9 @@ class PtbLSTM(nnx.Module):
     in_range = (tokens >= 0) & (tokens < self.vocab_size)
     embedded = jnp.where(in_range[..., None], self.embed(tokens), jnp.nan)
     x = maybe_dropout(embedded, keys[0])
+    if run_stack is not None:
+      x, new_carry = self._run_stack(run_stack, x, carry, keys[1:] if use_dropout else None)
+      return self.softmax(x).astype(jnp.float32), new_carry
     new_carry = []
     for layer, layer_carry, key in zip(self.layers, carry, keys[1:]):
       layer_carry = jax.tree.map(jax.lax.stop_gradient, tuple(layer_carry))
@@ -134,3 +166,29 @@ class PtbLSTM(nnx.Module):
       new_carry.append(layer_carry)
       x = maybe_dropout(x, key)
     return self.softmax(x).astype(jnp.float32), tuple(new_carry)
+
+  def _run_stack(self, run_stack: StackRunner, x: jax.Array, carry: PtbCarry, keys) -> tuple[jax.Array, PtbCarry]:
+    """The LSTM layers (and the dropout after each) as one stack: kernels [L, 2H, 4H], biases [L, 4H];
+    per layer and example the carry (c, h) and, with dropout, the keep mask of the layer's output (the
+    mask `_dropout` draws from the same key, so the result equals the loop of `__call__`)."""
+    shapes = {layer.kernel.shape for layer in self.layers}
+    if len(shapes) != 1:
+      raise ValueError(f"PtbLSTM runs its layers as one stack only when they are identical; the kernels have "
+                       f"shapes {sorted(shapes)}: set embed_size equal to hidden_size ({self.hidden_size}).")
+    params = {"kernel": jnp.stack([layer.kernel[...] for layer in self.layers]),
+              "bias": jnp.stack([layer.bias[...] for layer in self.layers])}
+    carry = jax.tree.map(jax.lax.stop_gradient, tuple(tuple(pair) for pair in carry))
+    states = {"c": jnp.stack([c for c, _ in carry]), "h": jnp.stack([h for _, h in carry])}
+    if keys is not None:
+      shape = x.shape[:-1] + (self.hidden_size,)
+      states["keep"] = jnp.stack([_keep_mask(shape, self.dropout_rate, key) for key in keys])
+    forget_bias = self.layers[0].forget_bias
+
+    def layer_fn(w, state, h):
+      (c, h_last), outputs = lstm_unroll(w["kernel"], w["bias"], (state["c"], state["h"]), h, forget_bias)
+      if "keep" in state:
+        outputs = _apply_mask(outputs, state["keep"], self.dropout_rate)
+      return dict(state, c=c, h=h_last), outputs
+
+    states, x = run_stack(layer_fn, params, states, x)
+    return x, tuple((states["c"][i], states["h"][i]) for i in range(self.num_layers))

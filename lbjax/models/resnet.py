@@ -12,6 +12,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from lbjax.models import validation
 from lbjax.models.batch_norm import GhostBatchNorm
@@ -136,7 +137,11 @@ class ResNet(nnx.Module):
   Parameters are `nnx.Param`; BatchNorm running averages are `nnx.BatchStat`; there is no other
   state. `dtype` is the compute dtype (e.g. bfloat16); parameters stay in `param_dtype` and the
   logits are returned in float32.
+
+  `TENSOR_PARALLEL_SPECS`: the head's classes split over a `model` mesh axis (`lbjax.train.mesh`).
   """
+
+  TENSOR_PARALLEL_SPECS = {"head/kernel": P(None, "model"), "head/bias": P("model")}
 
   def __init__(self, stage_sizes: Sequence[int], *, block: str = "bottleneck",
                num_classes: int, num_filters: int = 64, small_inputs: bool = False,

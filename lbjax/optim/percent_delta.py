@@ -28,12 +28,13 @@ def percent_delta_rate() -> layerwise.LayerRate:
   """
 
   def rate(w, g, weight_decay, layer):
-    nonzero = w != 0
-    safe_w = jnp.where(nonzero, w, 1)
-    relative = jnp.where(nonzero, jnp.abs((g + weight_decay * w) / safe_w), 0)  # |d_i / w_i|
-    return layerwise.safe_quotient(
-        layer.count(nonzero).astype(relative.dtype), layer.sum(relative)
-    )
+    # Arithmetic only, and no subexpression shared by the two reductions: XLA:CPU then fuses each
+    # elementwise input into its reduction instead of materialising it (a select, an int32 count or
+    # a shared |w| each cost a full-size temporary).
+    nonzero = jnp.sign(jnp.abs(w))  # 1 per nonzero weight, 0 per zero weight
+    relative = jnp.abs(g + weight_decay * w) * nonzero / (jnp.abs(w) + (1 - nonzero))  # |d_i / w_i|, 0 at w_i = 0
+    count = layer.sum(jnp.abs(jnp.sign(w)))  # in float32, exact up to 2^24 weights per layer
+    return layerwise.safe_quotient(count.astype(relative.dtype), layer.sum(relative))
 
   return rate
 

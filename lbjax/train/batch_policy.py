@@ -12,14 +12,22 @@
   (`lbjax.schedules.adaptive_batch.noise_proportional_batch_size`). The learning rate follows
   - `batch.learning_rate = "scaling_rule"`: `config.scaling.rule` (linear, sqrt, legw, ...) applied to
     the baseline recipe at the batch in force, as for a fixed batch of that size; or
-  - `"adascale"`: AdaScale (Johnson et al. 2020): LR = r * lr0(tau), with r the gain of the batch in
-    force and lr0 the baseline recipe at `config.scaling.base_batch_size` evaluated at the
-    scale-invariant progress tau (in base-batch epochs: each step adds r * B0/B of its epochs).
+  - `"adascale"`: AdaScale (Johnson et al. 2020, Algorithm 1): LR = r * lr0(tau), with r the gain of
+    the batch in force and lr0 the baseline recipe at `config.scaling.base_batch_size` evaluated at
+    the scale-invariant progress tau (in base-batch epochs: each step adds r * B0/B of its epochs,
+    i.e. r base-batch iterations); the run ends when tau reaches `config.num_epochs`, not the data
+    epochs (`progress`), so a batch that buys less than S = B/B0 base steps trains on more data.
 
 Every policy also reports what a batch buys, in a `batch` record every `batch.adapt_every` steps
 (when the step accumulates, so the noise scale is measured): the noise scale, the statistical
 efficiency E = (B_noise + B0)/(B_noise + B) (Pollux), examples/s over the window, and goodput =
 examples/s * E (examples/s worth as much as examples at the base batch B0).
+
+Only the adaptive policy's decision needs the device results of the step it follows, so only it
+waits for them. Under "fixed" and "schedule" the record of step n is completed at step n + 1, whose
+`after_step` comes once the trainer has dispatched step n + 1 and waited for step n (`Run.step` keeps
+two steps in flight): the host never waits for the step it has just dispatched, and the record holds
+the same values (the estimates of steps <= n) as if it had.
 
 The controller's state (moving averages, batch in force, scale-invariant progress) is host floats,
 saved in each checkpoint's JSON meta; the estimates of steps since the last decision are folded in
@@ -143,8 +151,9 @@ class BatchPolicy:
   """The batch size and learning rate of each step, and the noise-scale record of the run.
 
   `batch_size(epoch)` and `learning_rate(epoch, batch_size)` give the next step's; `after_step` takes
-  the step's metrics (device arrays, not waited for) and, every `adapt_every` steps, folds their
-  noise-scale estimates into the averages, decides (adaptive) and queues a `batch` record.
+  the step's metrics (device arrays) and, every `adapt_every` steps, folds their noise-scale
+  estimates into the averages, decides (adaptive) and queues a `batch` record: at once under the
+  adaptive policy, at the next step (or `complete_records`) under the others.
   `state_dict`/`load_state_dict` carry everything a resumed run needs to decide the same.
   """
 
@@ -154,6 +163,7 @@ class BatchPolicy:
     self.base_batch_size = config.scaling.base_batch_size
     self.decay = config.batch.ema_decay
     self.every = config.batch.adapt_every
+    self.adascale = self.policy == "adaptive" and config.batch.learning_rate == "adascale"
     self._schedule = optimizer_lib.batch_size_schedule(config)
     self._learning_rates: dict[int, Any] = {}
     self._fixed_learning_rate = optimizer_lib.learning_rate_schedule(config)  # "fixed" and "schedule"
@@ -161,7 +171,8 @@ class BatchPolicy:
     self.current = config.batch_size  # adaptive: the batch in force
     self.gain = 1.0  # adascale: the gain in force
     self.scale_invariant_epoch = 0.0  # adascale: progress in base-batch epochs
-    self._pending: list[tuple[Any, Any]] = []
+    self._pending: list[tuple[int, Any, Any]] = []  # (step, |G|^2, tr(Sigma)) estimates not yet folded
+    self._due: tuple[int, int, float, float, Any] | None = None  # a record whose step's results are awaited
     self._epoch = 0.0  # the clock when the latest batch was chosen
     self._window = (time.perf_counter(), 0)  # (start time, examples) of the current record window
     self._wall = (time.perf_counter(), 0.0)  # (start of this process's share, seconds of earlier ones)
@@ -181,31 +192,51 @@ class BatchPolicy:
   def learning_rate(self, epoch: float, batch_size: int) -> float:
     if self.policy != "adaptive":
       return self._fixed_learning_rate(epoch)
-    if self.config.batch.learning_rate == "adascale":
+    if self.adascale:
       return self.gain * self._schedule_at(self.base_batch_size)(self.scale_invariant_epoch)
     return self._schedule_at(batch_size)(epoch)
 
   def noise_scale(self) -> float:
     return self.average.noise_scale(self.decay)
 
+  def progress(self, epoch: float) -> float:
+    """Training done, in the epochs `config.num_epochs` counts: under AdaScale the scale-invariant
+    epochs tau (Johnson et al. 2020, Algorithm 1 trains until tau reaches the base schedule's
+    length), else the data epochs `epoch` (the run's clock)."""
+    return self.scale_invariant_epoch if self.adascale else epoch
+
   def after_step(self, step: int, batch_size: int, epoch: float, metrics: dict[str, Any]) -> None:
-    """Records step `step` (1-based) of `batch_size` examples, which took the clock to `epoch`."""
+    """Records step `step` (1-based) of `batch_size` examples, which took the clock to `epoch`.
+
+    Waits for this step's results only under the adaptive policy, at a decision."""
     self.scale_invariant_epoch += self.gain * self.base_batch_size / batch_size * (epoch - self._epoch)
+    self.complete_records()  # the previous step's record, if due: its results are ready by now
     if "noise_scale_grad_norm_sq" in metrics:
-      self._pending.append((metrics["noise_scale_grad_norm_sq"], metrics["noise_scale_trace_sigma"]))
+      self._pending.append((step, metrics["noise_scale_grad_norm_sq"], metrics["noise_scale_trace_sigma"]))
     self._window = (self._window[0], self._window[1] + batch_size)
-    if step % self.every == 0:
-      self._decide(step, batch_size, epoch, metrics["learning_rate"])
+    if step % self.every:
+      return
+    self._due = (step, batch_size, epoch, self.scale_invariant_epoch, metrics["learning_rate"])
+    if self.policy == "adaptive":
+      self.complete_records()
 
   def _fold_pending(self) -> None:
-    for grad_norm_sq, trace_sigma in jax.device_get(self._pending):
+    """Folds the estimates of the steps up to the due record's (all, when none is due) into the averages."""
+    last = self._due[0] if self._due is not None else math.inf
+    ready = [(g, t) for step, g, t in self._pending if step <= last]
+    for grad_norm_sq, trace_sigma in jax.device_get(ready):
       if np.isfinite(grad_norm_sq) and np.isfinite(trace_sigma):
         self.average = self.average.update(self.decay, float(grad_norm_sq), float(trace_sigma))
-    self._pending = []
+    self._pending = [entry for entry in self._pending if entry[0] > last]
 
-  def _decide(self, step: int, batch_size: int, epoch: float, learning_rate) -> None:
-    measured = bool(self._pending) or self.average.count > 0
+  def complete_records(self) -> None:
+    """Decides (adaptive) and queues the `batch` record of the due step, waiting for its results."""
+    if self._due is None:
+      return
+    step, batch_size, epoch, scale_invariant_epoch, learning_rate = self._due
+    measured = any(entry[0] <= step for entry in self._pending) or self.average.count > 0
     self._fold_pending()
+    self._due = None
     noise_scale = self.noise_scale()
     if self.policy == "adaptive":
       batch = self.config.batch
@@ -213,7 +244,7 @@ class BatchPolicy:
           noise_scale, multiple=batch.noise_multiple, micro_batch_size=batch.micro_batch_size,
           min_batch_size=batch.min_batch_size or self.config.batch_size, max_batch_size=batch.max_batch_size,
           current=self.current, never_shrink=batch.never_shrink)
-      if batch.learning_rate == "adascale":
+      if self.adascale:
         self.gain = adaptive_batch.adascale_gain(noise_scale, self.current, self.base_batch_size)
     start, examples = self._window
     now = time.perf_counter()
@@ -229,7 +260,7 @@ class BatchPolicy:
         "statistical_efficiency": efficiency,
         "adascale_gain": adaptive_batch.adascale_gain(noise_scale, batch_size, self.base_batch_size),
         "learning_rate": float(jax.device_get(learning_rate)),
-        "scale_invariant_epoch": self.scale_invariant_epoch,
+        "scale_invariant_epoch": scale_invariant_epoch,
         "examples_per_second": examples_per_second, "goodput": examples_per_second * efficiency,
         "wall_seconds": self.wall_seconds()}))
 
@@ -239,7 +270,9 @@ class BatchPolicy:
     return self._wall[1] + time.perf_counter() - self._wall[0]
 
   def state_dict(self) -> dict[str, Any]:
-    """The controller's state as JSON-ready host numbers (the pending estimates folded in first)."""
+    """The controller's state as JSON-ready host numbers (the due record completed and the pending
+    estimates folded in first)."""
+    self.complete_records()
     self._fold_pending()
     return {"average": list(self.average), "current": self.current, "gain": self.gain,
             "scale_invariant_epoch": self.scale_invariant_epoch, "wall_seconds": self.wall_seconds()}
@@ -263,3 +296,8 @@ class RecordBatchDecisions:
     for step, record in run.batch_policy.records:
       self.writer.write("batch", step, record)
     run.batch_policy.records.clear()
+
+  def flush(self, run) -> None:
+    """Completes the record still awaiting its step's results and writes it (at the end of the loop)."""
+    run.batch_policy.complete_records()
+    self.after_step(run, None)

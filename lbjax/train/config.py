@@ -15,7 +15,7 @@ from lbjax.train.errors import CheckpointMismatchError
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
 # watched or where it runs, not what it computes.
 OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard", "mesh",
-                      "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps", "progress",
+                      "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps", "progress",
                       "resume_with_changed_optimizer", "resume_with_changed_data", "init_from")
 
 # What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
@@ -125,6 +125,16 @@ def default_config() -> ml_collections.ConfigDict:
   # "collectives": 27x the bytes for the MNIST LSTM). BatchNorm statistics are then per device.
   # With max_device_batch each device accumulates its own micro-batches before the one all-reduce.
   config.mesh.per_device_gradients = False
+  # Model parallelism beside `data` (lbjax.train.mesh): GPipe stages of the model's stack of layers, or the
+  # model's declared parameters (e.g. PTB's vocabulary) sharded over a `model` axis. Either, not both.
+  config.mesh.stage = 1
+  config.mesh.model = 1
+
+  # GPipe (lbjax.parallel.pipeline), with mesh.stage > 1: each data shard's batch runs through the stages in
+  # num_microbatches micro-batches (bubble (S-1)/(M+S-1)); remat recomputes a stage's activations backward.
+  config.pipeline = ml_collections.ConfigDict()
+  config.pipeline.num_microbatches = 1
+  config.pipeline.remat = False
 
   config.log_every = 50
   config.eval_every_epochs = 1.0

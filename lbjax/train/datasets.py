@@ -38,8 +38,10 @@ class Dataset:
     eval_split: the split evaluated ("test", "validation", ...), shown on the console.
     top_k: the accuracies reported besides top-1 (classification).
     fingerprint: what identifies the data of each split ("train", "eval"), recorded in every
-      checkpoint so that a resume against other data is refused: a SHA-256 of the arrays read, or the
-      TFDS name, version and size.
+      checkpoint so that a resume against other data is refused: a SHA-256 of the arrays read
+      (`array_fingerprint`), or the TFDS name, version and size.
+    fingerprinted_arrays: the arrays each split's `array_fingerprint` was taken of (empty for other
+      fingerprints), so that `fingerprint_like` can take it again in a checkpoint's kind.
   """
   kind: Literal["classification", "language_model"]
   make_train_stream: TrainStreamFactory
@@ -48,17 +50,64 @@ class Dataset:
   eval_split: str
   top_k: tuple[int, ...] = ()
   fingerprint: dict[str, str] = dataclasses.field(default_factory=dict)
+  fingerprinted_arrays: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
+                                                                             compare=False)
+
+  def fingerprint_like(self, saved: dict[str, str]) -> dict[str, str]:
+    """This data's fingerprint with each split taken in the kind `saved` holds it (all bytes or a
+    sample, `array_fingerprint`), so that a checkpoint compares equal on the same data whichever
+    kind it recorded."""
+    like = dict(self.fingerprint)
+    for split, arrays in self.fingerprinted_arrays.items():
+      kind = _fingerprint_kind(saved.get(split, ""))
+      if kind is not None and kind != _fingerprint_kind(like.get(split, "")):
+        like[split] = array_fingerprint(arrays, sampled=kind == SAMPLED)
+    return like
 
 
-def array_fingerprint(arrays: dict[str, np.ndarray]) -> str:
-  """SHA-256 (first 16 hex digits) over the names, shapes, dtypes and bytes of `arrays`, and the size."""
+FULL, SAMPLED = "sha256:", "sampled-sha256:"
+SAMPLE_ABOVE_BYTES = 16 * 2**20  # arrays larger than this are fingerprinted by a sample of their bytes
+_SAMPLE_BLOCKS, _SAMPLE_BLOCK_BYTES = 1024, 4096  # 4 MiB read of each such array
+
+
+def _fingerprint_kind(fingerprint: str) -> str | None:
+  return next((kind for kind in (SAMPLED, FULL) if fingerprint.startswith(kind)), None)
+
+
+def _sampled_blocks(array: np.ndarray) -> Iterator[memoryview]:
+  """`_SAMPLE_BLOCKS` blocks of `_SAMPLE_BLOCK_BYTES` at evenly spaced offsets, the first block at the
+  start and the last at the end of the array's bytes (all of them when the array is smaller)."""
+  flat = array.reshape(-1).view(np.uint8)
+  if flat.size <= _SAMPLE_BLOCKS * _SAMPLE_BLOCK_BYTES:
+    yield memoryview(flat)
+    return
+  for start in np.linspace(0, flat.size - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCKS).astype(np.int64):
+    yield memoryview(flat[start:start + _SAMPLE_BLOCK_BYTES])
+
+
+def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = None) -> str:
+  """SHA-256 (first 16 hex digits) over the names, shapes, dtypes and bytes of `arrays`, and the size.
+
+  Taken at every start, so an array larger than `SAMPLE_ABOVE_BYTES` (16 MiB) contributes a
+  deterministic sample of its bytes instead of all of them (1,024 blocks of 4 KiB, evenly spaced):
+  the fingerprint then reads `sampled-sha256:...` instead of `sha256:...`. It identifies the data a
+  run was trained on (another file, version or subset changes it); it is not an integrity check of
+  every byte. `sampled`: force one kind (None: sampled exactly when an array exceeds 16 MiB).
+  """
+  arrays = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+  if sampled is None:
+    sampled = any(array.nbytes > SAMPLE_ABOVE_BYTES for array in arrays.values())
   digest = hashlib.sha256()
   for name in sorted(arrays):
-    array = np.ascontiguousarray(arrays[name])
+    array = arrays[name]
     digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
-    digest.update(memoryview(array).cast("B"))
+    if sampled and array.nbytes > SAMPLE_ABOVE_BYTES:
+      for block in _sampled_blocks(array):
+        digest.update(block)
+    else:
+      digest.update(memoryview(array).cast("B"))
   length = len(next(iter(arrays.values()))) if arrays else 0
-  return f"sha256:{digest.hexdigest()[:16]} ({length} rows)"
+  return f"{SAMPLED if sampled else FULL}{digest.hexdigest()[:16]} ({length} rows)"
 
 
 def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *, seed: int,
@@ -73,9 +122,9 @@ def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *,
     return lbdata.eval_batches(evaluation, batch_size, process_index=process_index,
                                process_count=process_count, transform=eval_transform)
 
-  fingerprint = {"train": array_fingerprint(train.arrays), "eval": array_fingerprint(evaluation.arrays)}
+  arrays = {"train": train.arrays, "eval": evaluation.arrays}
   return Dataset("classification", make_train_stream, make_eval_batches, model_arguments, eval_split, top_k,
-                 fingerprint)
+                 {split: array_fingerprint(a) for split, a in arrays.items()}, arrays)
 
 
 def _split_off_validation(train: lbdata.ArraySource, num_validation: int) -> tuple[lbdata.ArraySource, ...]:
@@ -231,10 +280,9 @@ def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_
     return lbdata.ptb_eval_batches(eval_tokens, batch_size, seq_len=seq_len, process_index=process_index,
                                    process_count=process_count)
 
-  fingerprint = {"train": array_fingerprint({"tokens": train_tokens}),
-                 "eval": array_fingerprint({"tokens": eval_tokens})}
+  arrays = {"train": {"tokens": train_tokens}, "eval": {"tokens": eval_tokens}}
   return Dataset("language_model", make_train_stream, make_eval_batches, {"vocab_size": vocab_size}, eval_split,
-                 fingerprint=fingerprint)
+                 fingerprint={split: array_fingerprint(a) for split, a in arrays.items()}, fingerprinted_arrays=arrays)
 
 
 def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,

@@ -3,28 +3,31 @@
 Each hook's `after_step(run, metrics)` runs after every step, in the order `train_and_evaluate`
 lists them (records land in `metrics.jsonl` in that order):
 
+  WriteMetrics      every `log_every` steps, one step late: the `train` record and the progress
+                    line, with the health check riding along, the gradient noise scale (from
+                    accumulation) and, for layer-wise rates, the `trust_ratio` record
   RecordCompiles    a `compile` record (and a fresh throughput window) when a step was compiled
-  WriteMetrics      every `log_every` steps: the `train` record and the progress line, with the
-                    health check riding along, the gradient noise scale (from accumulation) and,
-                    for layer-wise rates, the `trust_ratio` record
   Lipschitz         every `lipschitz_every` steps: the curvature along the gradient (papers/001 §4)
   EvaluateAndSave   at every `eval_every_epochs` boundary: evaluation (record, console, best so far)
                     and a checkpoint
   Checkpoint        every `checkpoint_every_steps` steps: a checkpoint
   SaveOnPreemption  on SIGTERM or SIGINT: metrics, a checkpoint on disk, and the loop stops
 
-The loop never waits for the device between steps: the metrics of each step stay on the device and
-`WriteMetrics` fetches them together.
+No hook fetches from the device at every step: the metrics of each step stay on the device and
+`WriteMetrics` fetches a window of them together, one step after it closed, when they are computed.
+(`Run.step` itself waits, without a transfer, for the step before the previous one.)
 """
 
 import math
 import os
 import signal
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
@@ -75,39 +78,73 @@ class RecordCompiles:
     self.progress.reset_window(run.examples_seen - batch_size, run.epoch, step)
 
 
+class _Window:
+  """The steps of one closed log window, still on the device, and the run's clock at its end."""
+
+  def __init__(self, run: Run, metrics: list[Metrics], progress_time: float):
+    self.metrics, self.progress_time = metrics, progress_time
+    self.step, self.epoch, self.examples_seen, self.batch_size = (run.step_count, run.epoch, run.examples_seen,
+                                                                  run.batch_size)
+    # A copy: the next step donates the optimizer state the ratios live in.
+    self.trust_ratios = (jax.tree.map(jnp.copy, optim.trust_ratios(run.state.opt_state))
+                         if run.has_layerwise_rates else None)
+
+
 class WriteMetrics:
-  """Every `log_every` steps (and at every `flush`): the steps' metrics fetched in one transfer, the
-  health check, the `train` record (means over the steps; the latest learning rate; the gradient
-  noise scale when the step accumulates), the progress line, and trust ratios for layer-wise rates."""
+  """Every `log_every` steps (and at every `flush`): the `train` record (means over the steps; the
+  latest learning rate; the gradient noise scale when the step accumulates), the progress line, and
+  trust ratios for layer-wise rates, after a health check.
+
+  A window closed at step N is fetched (one transfer) at step N + 1, once `Run.step` has dispatched
+  step N + 1 and waited for step N: the transfer finds its values computed and the device busy with
+  the next step, where fetching at step N would wait for step N with nothing queued behind it. The
+  health check reads the values fetched: a non-finite loss or update norm (a step the compiled step
+  refused) asks `Run.check_health` for the first non-finite quantity and stops the run, before the
+  window is written. `flush` fetches every step not yet written (waiting for the device).
+  """
 
   def __init__(self, writer: MetricsWriter, progress: ProgressLine, log_every: int):
     self.writer, self.progress, self.log_every = writer, progress, log_every
-    self._pending: list[Metrics] = []
+    self._pending: list[Metrics] = []  # the open window
+    self._closed: _Window | None = None  # closed at the previous step, not yet fetched
 
   def after_step(self, run: Run, metrics: Metrics) -> None:
+    if self._closed is not None:
+      self._write(run, self._closed)
+      self._closed = None
     self._pending.append(metrics)
     if run.step_count % self.log_every == 0:
-      self.flush(run)
+      self._closed = self._close(run)
 
   def flush(self, run: Run) -> None:
     """Writes the steps not yet written (raises `NonFiniteError` if one of them went bad)."""
-    if not self._pending:
-      return
-    values = jax.device_get(self._pending)
-    run.check_health()
+    if self._closed is not None:
+      self._write(run, self._closed)
+      self._closed = None
+    if self._pending:
+      self._write(run, self._close(run))
+
+  def _close(self, run: Run) -> _Window:
+    window = _Window(run, self._pending, time.perf_counter())
+    self._pending = []
+    return window
+
+  def _write(self, run: Run, window: _Window) -> None:
+    values, trust_ratios = jax.device_get((window.metrics, window.trust_ratios))
+    if not all(np.isfinite(v["loss"]) and np.isfinite(v["update_norm"]) for v in values):
+      run.check_health()  # raises NonFiniteError, naming the first non-finite quantity
     record = {k: float(np.mean([v[k] for v in values])) for k in values[0] if k != "learning_rate"}
     record["learning_rate"] = float(values[-1]["learning_rate"])
     if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
       record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(
           record["noise_scale_grad_norm_sq"], record["noise_scale_trace_sigma"])))
-    record["examples_per_second"] = self.progress.show(run.step_count, run.epoch, run.examples_seen,
-                                                       record["loss"], record["learning_rate"], run.batch_size)
-    record.update(epoch=run.epoch, examples_seen=run.examples_seen, batch_size=run.batch_size)
-    self.writer.write("train", run.step_count, record)
-    if run.has_layerwise_rates:
-      self.writer.write("trust_ratio", run.step_count,
-                        _flatten(jax.device_get(optim.trust_ratios(run.state.opt_state))))
-    self._pending = []
+    record["examples_per_second"] = self.progress.show(window.step, window.epoch, window.examples_seen,
+                                                       record["loss"], record["learning_rate"], window.batch_size,
+                                                       now=window.progress_time)
+    record.update(epoch=window.epoch, examples_seen=window.examples_seen, batch_size=window.batch_size)
+    self.writer.write("train", window.step, record)
+    if trust_ratios is not None:
+      self.writer.write("trust_ratio", window.step, _flatten(trust_ratios))
 
 
 class Lipschitz:
@@ -139,7 +176,7 @@ class EvaluateAndSave:
 
   def after_step(self, run: Run, metrics: Metrics) -> None:
     del metrics
-    if run.epoch >= self.next_epoch and run.epoch < run.config.num_epochs:
+    if run.epoch >= self.next_epoch and run.batch_policy.progress(run.epoch) < run.config.num_epochs:
       self.flush(run)
       self.evaluate(run)
       self.next_epoch = self._boundary_after(run.epoch)

@@ -126,10 +126,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   metrics = hooks.WriteMetrics(writer, progress, config.log_every)
   evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, config.eval_every_epochs, run.epoch)
   preemption = hooks.SaveOnPreemption(metrics.flush)
-  around_steps = [hooks.RecordCompiles(writer, progress), metrics,
+  decisions = batch_policy.RecordBatchDecisions(writer)
+  around_steps = [metrics, hooks.RecordCompiles(writer, progress),
                   hooks.Lipschitz(writer, config.diagnostics.lipschitz_every), evaluation,
-                  hooks.Checkpoint(config.checkpoint_every_steps), batch_policy.RecordBatchDecisions(writer),
-                  preemption]
+                  hooks.Checkpoint(config.checkpoint_every_steps), decisions, preemption]
   try:
     hooks.write_compression_bits(run, writer)
     while not run.finished() and not preemption.stopped:
@@ -137,6 +137,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
       for hook in around_steps:
         hook.after_step(run, step_metrics)
     metrics.flush(run)
+    decisions.flush(run)
     if not preemption.stopped:
       if run.step_count == run.resumed_from and evaluated_before:  # resumed a finished run: nothing new
         evaluation.last = evaluation.best = evaluated_before

@@ -1,7 +1,8 @@
 """Where metrics go: JSON lines in the workdir (always), TensorBoard (optional), a console line.
 
 Only process 0 writes. Values arrive as host numbers (the loop fetches device metrics in one
-`jax.device_get` every `log_every` steps), so writing never syncs with the device.
+`jax.device_get` every `log_every` steps, one step after the window closed), so writing never syncs
+with the device.
 """
 
 import json
@@ -126,9 +127,13 @@ class ProgressLine:
     return min(candidates) if candidates else math.inf
 
   def show(self, step: int, epoch: float, examples_seen: int, loss: float, learning_rate: float = math.nan,
-           batch_size: int = 0) -> float:
-    """Prints the line and returns the examples/s measured since the last call."""
-    now = time.perf_counter()
+           batch_size: int = 0, *, now: float | None = None) -> float:
+    """Prints the line and returns the examples/s measured since the last call.
+
+    `now`: the `time.perf_counter()` at the end of the window (default: now), for a window shown
+    after it ended (the loop fetches its metrics one step late).
+    """
+    now = time.perf_counter() if now is None else now
     elapsed = max(now - self._last[0], 1e-9)
     rate = (examples_seen - self._last[1]) / elapsed
     eta = self._eta(elapsed, epoch, step)

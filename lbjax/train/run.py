@@ -18,6 +18,7 @@ One clock: the data stream's position in epochs (`run.epoch`: examples consumed 
 decides the batch size, the learning rate, the loss variant and the end of training.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -43,7 +44,8 @@ from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
                                 DataMismatchError)
-from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, parameter_sharding, replicated
+from lbjax.train import mesh as mesh_lib
+from lbjax.train.mesh import batch_sharding, build_mesh, data_parallel_size, replicated
 from lbjax.train.state import TrainState
 from lbjax.train.step import make_eval_step, make_train_step, per_device_compression_state
 from lbjax.train.tasks import build_task
@@ -132,7 +134,8 @@ class Run:
       raise ConfigError(f"config.mesh.num_devices={config.mesh.num_devices} but there are {jax.device_count()} "
                         "devices; use at most that many (0 = all).")
     devices = jax.devices()[:config.mesh.num_devices] if config.mesh.num_devices > 0 else None
-    self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    self.mesh = build_mesh(config.mesh.data, config.mesh.fsdp, devices, stage=config.mesh.stage,
+                           model=config.mesh.model)
     validation.validate(config, data_parallel_size=data_parallel_size(self.mesh))
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
     self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
@@ -163,7 +166,10 @@ class Run:
     self.compile_seconds: dict[tuple[int, float], float] = {}
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
-    self._latest_batch: Batch | None = None  # kept to name the first non-finite quantity
+    # The batches of the latest two steps, kept to name the first non-finite quantity (the metrics
+    # that show it reach the host one step late).
+    self._previous_batch: Batch | None = None
+    self._latest_batch: Batch | None = None
     self.state = self._initial_state()
     self.any_batch = AnyBatchStep(self, config.batch.micro_batch_size) if config.batch.micro_batch_size else None
     self.examples_seen, self.carry_batch_size, self.resumed_from = 0, None, None
@@ -214,8 +220,9 @@ class Run:
     except (ValueError, TypeError) as e:
       raise ConfigError(f"config.model / config.model_options: {self.task.model_description} fails: {e}") from e
     self.graphdef, abstract_params, abstract_model_state = nnx.split(self.model, nnx.Param, nnx.BatchStat)
-    param_shardings = jax.tree.map(lambda x: parameter_sharding(self.mesh, x.shape),
-                                   nnx.to_pure_dict(abstract_params))
+    mesh_lib.check_model_parallelism(self.mesh, self.model, nnx.to_pure_dict(abstract_params))
+    specs = mesh_lib.tensor_parallel_specs(self.mesh, self.model)
+    param_shardings = mesh_lib.parameter_shardings(self.mesh, nnx.to_pure_dict(abstract_params), specs)
     model_state_shardings = jax.tree.map(lambda _: self.replicated, nnx.to_pure_dict(abstract_model_state))
 
     def init():
@@ -226,8 +233,8 @@ class Run:
     abstract_opt_state = jax.eval_shape(self.optimizer.init, params)
     is_rate_state = lambda x: isinstance(x, optim.LayerwiseRateState)
     self.has_layerwise_rates = any(map(is_rate_state, jax.tree.leaves(abstract_opt_state, is_leaf=is_rate_state)))
-    opt_state = jax.jit(self.optimizer.init, out_shardings=jax.tree.map(
-        lambda x: parameter_sharding(self.mesh, x.shape), abstract_opt_state))(params)
+    opt_state = jax.jit(self.optimizer.init, out_shardings=mesh_lib.parameter_shardings(
+        self.mesh, abstract_opt_state, specs))(params)
     rng = jax.random.key_data(jax.random.key(self.config.seed))
     step, first_nonfinite_step, rng = _place((np.int32(0), np.int32(-1), rng), self.replicated)
     return TrainState(step, params, opt_state, model_state, rng, None, first_nonfinite_step,
@@ -294,8 +301,11 @@ class Run:
       print(f"Warning: skipped checkpoint {step}: {reason}. Moved it to {where}.", flush=True)
 
   def _check_same_data(self, meta: dict[str, Any]) -> None:
-    saved, now = meta.get("data_fingerprint"), self.task.dataset.fingerprint
-    if saved is None or not now or saved == now or self.config.resume_with_changed_data:
+    saved = meta.get("data_fingerprint")
+    if saved is None or not self.task.dataset.fingerprint or self.config.resume_with_changed_data:
+      return
+    now = self.task.dataset.fingerprint_like(saved)  # taken again in the checkpoint's kind where it differs
+    if saved == now:
       return
     differing = "; ".join(f"{split}: checkpoint {saved.get(split)} vs now {now.get(split)}"
                           for split in sorted(set(saved) | set(now)) if saved.get(split) != now.get(split))
@@ -369,8 +379,10 @@ class Run:
     return self.stream.epoch()
 
   def finished(self) -> bool:
-    """Whether training is over: `num_epochs` reached, or `num_steps` (when > 0) taken."""
-    return self.epoch >= self.config.num_epochs or 0 < self.config.num_steps <= self.step_count
+    """Whether training is over: `num_epochs` reached (scale-invariant epochs under AdaScale,
+    `BatchPolicy.progress`), or `num_steps` (when > 0) taken."""
+    return (self.batch_policy.progress(self.epoch) >= self.config.num_epochs
+            or 0 < self.config.num_steps <= self.step_count)
 
   def zero_carry(self, global_batch_size: int) -> Any:
     carry = self.task.zero_carry(self.model, global_batch_size)
@@ -409,7 +421,8 @@ class Run:
     key = (global_batch_size, discard_fraction)
     if key not in self.compiled:
       start = time.perf_counter()
-      step = make_train_step(self.graphdef, self.task, self.optimizer, self.mesh,
+      task = dataclasses.replace(self.task, run_stack=mesh_lib.pipeline_runner(self.mesh, self.config))
+      step = make_train_step(self.graphdef, task, self.optimizer, self.mesh,
                              self.num_microbatches(global_batch_size), discard_fraction, self.compressor)
       state_shardings = jax.tree.map(lambda x: x.sharding, state)
       batch_shardings = jax.tree.map(lambda x: x.sharding, batch)
@@ -446,7 +459,7 @@ class Run:
     if self._in_flight is not None:
       self._in_flight.block_until_ready()
     self._in_flight = metrics["loss"]
-    self._latest_batch = batch
+    self._previous_batch, self._latest_batch = self._latest_batch, batch
     self.step_count += 1
     self.examples_seen += batch.size
     self.batch_size = batch.size
@@ -501,7 +514,8 @@ class Run:
       self.wait_for_save()
       last = self.checkpointer.latest_step()
     try:
-      quantity, advice = nonfinite.first_nonfinite(self.state, self._latest_batch, graphdef=self.graphdef,
+      bad_batch = self._previous_batch if bad_step == self.step_count - 2 else self._latest_batch
+      quantity, advice = nonfinite.first_nonfinite(self.state, bad_batch, graphdef=self.graphdef,
                                                    task=self.task, optimizer=self.optimizer,
                                                    replicated=self.replicated)
     except Exception as e:  # pylint: disable=broad-except  (the diagnosis must not hide the stop)

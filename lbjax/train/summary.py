@@ -43,6 +43,7 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "max_device_batch": config.max_device_batch or None,
       "batch_policy": _options(config.batch),
       "mesh": _options(config.mesh),
+      "pipeline": _options(config.pipeline),
       "compression": names.describe(*compressor) if compressor else "none",
       "loss": _options(config.loss),
       "diagnostics": _options(config.diagnostics),
@@ -71,6 +72,8 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
   ]
   if "policy='schedule'" not in resolved["batch_policy"] or "micro_batch_size=0" not in resolved["batch_policy"]:
     lines.append(f"batch by  {resolved['batch_policy']}")
+  if resolved.get("pipeline", "num_microbatches=1, remat=False") != "num_microbatches=1, remat=False":
+    lines.append(f"pipeline  {resolved['pipeline']}")
   if "discard_fraction=0.0" not in resolved["loss"].split(", "):
     lines.append(f"loss      {resolved['loss']}")
   if "lipschitz_every=0" not in resolved["diagnostics"].split(", "):

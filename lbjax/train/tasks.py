@@ -61,13 +61,14 @@ class ClassificationTask:
   model_factory: Any
   dataset: datasets.Dataset
   model_description: str
+  run_stack: Any = None  # how the model's stack of layers runs in training (lbjax.train.mesh.pipeline_runner)
 
   def build_model(self, rngs):
     return self.model_factory(rngs=rngs)
 
   def train_loss(self, model, batch, carry, dropout_key, discard_fraction=0.0):
     del dropout_key
-    logits = model(batch["images"], train=True)
+    logits = model(batch["images"], train=True, **_stack_option(self.run_stack))
     metrics = {"accuracy": models.accuracy(logits, batch["labels"])}
     if not discard_fraction:
       return models.softmax_cross_entropy(logits, batch["labels"]), metrics, carry
@@ -108,6 +109,7 @@ class LanguageModelTask:
   dataset: datasets.Dataset
   model_description: str
   uses_dropout: bool = False
+  run_stack: Any = None  # how the model's stack of layers runs in training (lbjax.train.mesh.pipeline_runner)
 
   def build_model(self, rngs):
     return self.model_factory(rngs=rngs)
@@ -115,7 +117,7 @@ class LanguageModelTask:
   def train_loss(self, model, batch, carry, dropout_key, discard_fraction=0.0):
     del discard_fraction  # refused for language models by config validation
     logits, carry = model(batch["inputs"], carry, train=True,
-                          dropout_key=dropout_key if self.uses_dropout else None)
+                          dropout_key=dropout_key if self.uses_dropout else None, **_stack_option(self.run_stack))
     return models.softmax_cross_entropy(logits, batch["targets"]), {}, carry
 
   def eval_sums(self, model, batch, carry):
@@ -133,6 +135,11 @@ class LanguageModelTask:
 
   def take_carry_reset(self, local_batch):
     return bool(local_batch.pop("reset_carry"))
+
+
+def _stack_option(run_stack) -> dict[str, Any]:
+  """The model call's `run_stack` keyword when the run pipelines the model's stack (none otherwise)."""
+  return {} if run_stack is None else {"run_stack": run_stack}
 
 
 def _options_named_in(options: dict[str, Any], message: str) -> str:

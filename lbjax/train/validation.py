@@ -11,6 +11,7 @@ import ml_collections
 
 from lbjax.train import batch_policy
 from lbjax.train import config as config_lib
+from lbjax.train import mesh
 from lbjax.train import names
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import tasks
@@ -42,6 +43,14 @@ def _check_model_options(config: ml_collections.ConfigDict) -> None:
   resolved = tasks.resolve_model_name(config)
   names.bind("model_options", resolved, tasks.model_options(config),
              supplied={name: None for name in names.parameters(resolved.function)}, required=("rngs",))
+
+
+def _model_class(config: ml_collections.ConfigDict):
+  """The class (or function) `config.model` names, or None when it does not resolve (`_name_problems` says why)."""
+  try:
+    return tasks.resolve_model_name(config).function
+  except ConfigError:
+    return None
 
 
 def _batch_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -> list[str]:
@@ -187,6 +196,7 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> N
   if not problems:  # names and values are read only once the fields mean what they say
     problems += _value_problems(config) + _batch_problems(config, data_parallel_size)
     problems += batch_policy.problems(config, data_parallel_size)
+    problems += mesh.model_parallel_problems(config, data_parallel_size, _model_class(config))
     problems += _name_problems(config)
   if problems:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(p.replace("\n", "\n    ") for p in problems))

@@ -5,6 +5,8 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 pytest.importorskip("PIL")
+pytest.importorskip("cv2")  # The [imagenet] extra: OpenCV resizes, simplejpeg decodes.
+pytest.importorskip("simplejpeg")
 
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top

@@ -82,6 +82,11 @@ def adaptive_config(**overrides):
   return helpers.tiny_classifier_config(**dict(fields, **overrides))
 
 
+def adascale_config(**overrides):
+  """The adaptive run with AdaScale's learning rate (constant base LR 0.05 at B0 = 16)."""
+  return adaptive_config(**{"batch.learning_rate": "adascale", "scaling.rule": "none", **overrides})
+
+
 def test_each_decision_is_the_policy_of_the_logged_noise_scale_and_compiles_nothing(tmp_path):
   result = train_and_evaluate(adaptive_config(), tmp_path)
   decisions = _records(tmp_path, "batch")
@@ -104,41 +109,121 @@ def test_each_decision_is_the_policy_of_the_logged_noise_scale_and_compiles_noth
   assert result.compiled_batch_sizes == (16,)  # two programs compiled at the first step, never again
 
 
-def test_sigterm_mid_run_resumes_with_the_same_decisions_and_final_parameters(tmp_path, monkeypatch):
-  """A real SIGTERM after step 7 (between decisions, so steps 7's estimate is pending): the run saves
-  and stops; resumed, it makes the decisions and reaches the parameters of the unbroken run."""
-  unbroken = train_and_evaluate(adaptive_config(), tmp_path / "unbroken")
+def schedule_config(**overrides):
+  """The tiny classifier on a 2-size schedule (16, then 32) of micro-batches of 8, records every 2 steps."""
+  fields = {"batch.micro_batch_size": 8, "batch_sizes": (16, 32), "batch_size_boundaries": (1.0,),
+            "batch.adapt_every": 2, "batch.ema_decay": 0.5, "scaling.base_batch_size": 16, "num_epochs": 2.0,
+            "checkpoint_every_steps": 0, "log_every": 1}
+  return helpers.tiny_classifier_config(**dict(fields, **overrides))
+
+
+class _DeviceScalar:
+  """A stand-in for a step's device scalar that notes, when the host reads it, whether the host had
+  moved past its step (`clock[0]` is the step whose `after_step` is running)."""
+
+  def __init__(self, value, step, clock, early_reads):
+    self.value, self.step, self.clock, self.early_reads = value, step, clock, early_reads
+
+  def __array__(self, dtype=None, copy=None):
+    del copy
+    if self.clock[0] <= self.step:
+      self.early_reads.append(self.step)
+    return np.asarray(self.value, dtype)
+
+
+@pytest.mark.parametrize("policy, waits", [("schedule", False), ("fixed", False), ("adaptive", True)])
+def test_only_the_adaptive_policy_waits_for_the_step_just_dispatched(policy, waits):
+  """`after_step(n)` of the fixed and schedule policies reads only results of steps before n, yet
+  their records hold the averages of the estimates up to their own step; the adaptive policy must
+  read step n's results to decide."""
+  config = adaptive_config() if policy == "adaptive" else schedule_config(
+      **({"batch.policy": "fixed", "batch_sizes": (), "batch_size_boundaries": ()} if policy == "fixed" else {}))
+  policy_ = batch_policy.BatchPolicy(config)
+  rng = np.random.default_rng(0)
+  estimates = rng.uniform(0.5, 2.0, size=(9, 2))
+  clock, early_reads, examples = [0], [], 0
+  for step, (grad_norm_sq, trace_sigma) in enumerate(estimates, start=1):
+    size = policy_.batch_size(examples / 256)
+    examples += size
+    clock[0] = step
+    scalar = lambda value: _DeviceScalar(value, step, clock, early_reads)
+    policy_.after_step(step, size, examples / 256, {
+        "noise_scale_grad_norm_sq": scalar(grad_norm_sq), "noise_scale_trace_sigma": scalar(trace_sigma),
+        "learning_rate": scalar(0.05)})
+  clock[0] = math.inf
+  policy_.complete_records()
+  assert bool(early_reads) == waits, early_reads
+  assert [step for step, _ in policy_.records] == [2, 4, 6, 8]
+  for step, record in policy_.records:
+    average = adaptive_batch.NoiseScaleAverage()
+    for grad_norm_sq, trace_sigma in estimates[:step]:
+      average = average.update(0.5, grad_norm_sq, trace_sigma)
+    assert record["noise_scale"] == average.noise_scale(0.5)
+
+
+def test_a_schedule_runs_records_are_the_averages_up_to_their_step_and_none_is_lost(tmp_path):
+  """In a real run (records completed a step late), the record of step n holds the averages of the
+  estimates of steps 1..n (read from the per-step `train` records), and the last step's record is
+  written at the end."""
+  result = train_and_evaluate(schedule_config(), tmp_path)
+  train = _records(tmp_path, "train")
+  assert [r["step"] for r in train] == list(range(1, result.step + 1))
+  decisions = _records(tmp_path, "batch")
+  assert [d["step"] for d in decisions] == list(range(2, result.step + 1, 2)) and result.step % 2 == 0
+  for d in decisions:
+    average = adaptive_batch.NoiseScaleAverage()
+    for r in train[:d["step"]]:
+      average = average.update(0.5, r["noise_scale_grad_norm_sq"], r["noise_scale_trace_sigma"])
+    assert (d["grad_norm_sq"], d["trace_sigma"]) == average.debiased(0.5)
+    np.testing.assert_equal(float(d["noise_scale"]), average.noise_scale(0.5))  # nan while |G|^2 <= 0
+    assert d["batch_size"] == (16 if d["epoch"] <= 1.0 else 32) and d["next_batch_size"] is None
+
+
+@pytest.mark.parametrize("make_config, stop_after", [(adaptive_config, 7), (schedule_config, 8),
+                                                     (adascale_config, 7)], ids=["adaptive", "schedule", "adascale"])
+def test_sigterm_mid_run_resumes_with_the_same_decisions_and_final_parameters(tmp_path, monkeypatch, make_config,
+                                                                               stop_after):
+  """A real SIGTERM after step 7 of the adaptive runs (between decisions, so step 7's estimate is
+  pending; AdaScale's progress tau mid-way), or after step 8 of the schedule run (a record step, whose
+  record waits for step 9): the run saves and stops; resumed, it makes the decisions (records, tau),
+  stops at the same step and reaches the parameters of the unbroken run."""
+  unbroken = train_and_evaluate(make_config(), tmp_path / "unbroken")
   after_step = batch_policy.BatchPolicy.after_step
 
-  def terminate_after_step_7(self, step, *args):
+  def terminate_after(self, step, *args):
     after_step(self, step, *args)
-    if step == 7:
+    if step == stop_after:
       os.kill(os.getpid(), signal.SIGTERM)
 
-  monkeypatch.setattr(batch_policy.BatchPolicy, "after_step", terminate_after_step_7)
-  preempted = train_and_evaluate(adaptive_config(), tmp_path / "resumed")
+  monkeypatch.setattr(batch_policy.BatchPolicy, "after_step", terminate_after)
+  preempted = train_and_evaluate(make_config(), tmp_path / "resumed")
   monkeypatch.undo()
-  assert preempted.preempted and preempted.step == 7
-  resumed = train_and_evaluate(adaptive_config(), tmp_path / "resumed")
+  assert preempted.preempted and preempted.step == stop_after
+  resumed = train_and_evaluate(make_config(), tmp_path / "resumed")
   assert resumed.step == unbroken.step
-  decision = lambda r: (r["step"], r["batch_size"], r["next_batch_size"], r["noise_scale"], r["learning_rate"])
+  decision = lambda r: (r["step"], r["batch_size"], r["next_batch_size"], r["noise_scale"], r["learning_rate"],
+                        r["scale_invariant_epoch"])
   assert ([decision(r) for r in _records(tmp_path / "resumed", "batch")]
           == [decision(r) for r in _records(tmp_path / "unbroken", "batch")])
   helpers.assert_trees_equal(resumed.state, unbroken.state)
 
 
-def test_adascale_multiplies_the_base_lr_by_its_gain_and_counts_scale_invariant_epochs(tmp_path):
-  train_and_evaluate(adaptive_config(**{"batch.learning_rate": "adascale", "scaling.rule": "none"}), tmp_path)
+def test_adascale_counts_scale_invariant_epochs_and_stops_when_they_reach_num_epochs(tmp_path):
+  """Each step's LR is r x the base LR and adds r x B0 examples' worth to tau (Johnson et al. 2020,
+  Algorithm 1), r the gain in force; the run ends at the first step where tau >= num_epochs = 2,
+  which takes more than 2 data epochs once the batch outgrows what it buys (r < S = B/B0)."""
+  result = train_and_evaluate(adascale_config(**{"batch.adapt_every": 1}), tmp_path)
   decisions = _records(tmp_path, "batch")
-  gain, progress, previous = 1.0, 0.0, None
+  assert [d["step"] for d in decisions] == list(range(1, result.step + 1))
+  gain, tau, epoch = 1.0, 0.0, 0.0
   for d in decisions:
-    assert d["learning_rate"] == pytest.approx(0.05 * gain, rel=1e-6)  # constant base LR 0.05
-    if not math.isnan(float(d["noise_scale"])):
-      gain = adaptive_batch.adascale_gain(float(d["noise_scale"]), d["next_batch_size"], 16)
-    assert d["scale_invariant_epoch"] >= progress
-    progress = d["scale_invariant_epoch"]
-    previous = d
-  assert previous is not None and progress > 0
+    assert d["learning_rate"] == pytest.approx(0.05 * gain, rel=1e-6)
+    tau += gain * 16 / d["batch_size"] * (d["epoch"] - epoch)
+    assert d["scale_invariant_epoch"] == pytest.approx(tau, rel=1e-12)
+    gain, epoch = adaptive_batch.adascale_gain(float(d["noise_scale"]), d["next_batch_size"], 16), d["epoch"]
+  assert decisions[-2]["scale_invariant_epoch"] < 2.0 <= decisions[-1]["scale_invariant_epoch"]
+  assert result.epoch == decisions[-1]["epoch"] > 2.0
+  assert max(d["batch_size"] for d in decisions) > 16
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -1,6 +1,7 @@
 """Dataset functions and task metrics: the validation splits of MNIST and of the synthetic images, top-k
 accuracy, the console's ETA."""
 
+import hashlib
 import io
 
 import jax.numpy as jnp
@@ -94,3 +95,27 @@ def test_mnist_auto_source_reads_idx_files_where_found_else_tfds(shared_data, tm
   assert len(_all_examples(from_tfds, "train")) == 12 and requested == [True, True]
   with pytest.raises(ValueError, match="source must be 'idx', 'tfds' or 'auto'"):
     datasets.mnist(shared_data, source="files")
+
+
+def test_arrays_over_16_mib_are_fingerprinted_by_a_sample_and_small_ones_by_all_their_bytes():
+  small = {"x": np.arange(1000, dtype=np.float32)}
+  whole = hashlib.sha256(b"x:<f4:(1000,);" + small["x"].tobytes()).hexdigest()[:16]
+  assert datasets.array_fingerprint(small) == f"sha256:{whole} (1000 rows)"  # as checkpoints have recorded it
+  large = {"x": np.zeros((17 * 2**20,), np.uint8)}
+  sampled = datasets.array_fingerprint(large)
+  assert sampled.startswith("sampled-sha256:") and sampled.endswith(f" ({17 * 2**20} rows)")
+  assert datasets.array_fingerprint(large, sampled=False).startswith("sha256:")
+  large["x"][-1] = 1  # the last block is always sampled
+  assert datasets.array_fingerprint(large) != sampled
+
+
+def test_fingerprint_like_takes_each_split_in_the_checkpoints_kind():
+  arrays = {"train": {"x": np.zeros((17 * 2**20,), np.uint8)}, "eval": {"x": np.ones(8, np.uint8)}}
+  dataset = datasets.Dataset("classification", None, None, {}, "test",
+                             fingerprint={k: datasets.array_fingerprint(v) for k, v in arrays.items()},
+                             fingerprinted_arrays=arrays)
+  full = {k: datasets.array_fingerprint(v, sampled=False) for k, v in arrays.items()}
+  assert dataset.fingerprint["train"].startswith("sampled-sha256:")
+  assert dataset.fingerprint_like(full) == full
+  assert dataset.fingerprint_like(dataset.fingerprint) == dataset.fingerprint
+  assert dataset.fingerprint_like({}) == dataset.fingerprint

@@ -23,6 +23,7 @@ import pytest
 
 from lbjax.train import CheckpointMismatchError, NonFiniteError, Run, train_and_evaluate
 from lbjax.train import config_files
+from lbjax.train import datasets
 from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.errors import DataMismatchError
 from tests.train import helpers
@@ -315,8 +316,7 @@ def test_metrics_are_cut_at_the_resumed_step_and_a_device_change_is_noted(tmp_pa
   with open(tmp_path / "metrics.jsonl", "a") as f:  # what a run killed after checkpoint 8 had written
     f.write(json.dumps({"kind": "train", "step": 9, "loss": 1.0}) + "\n" + '{"kind": "tra')
   resumed = train_and_evaluate(helpers.tiny_classifier_config(num_steps=12, num_epochs=2.0, log_every=2, progress=True,
-                                                              mesh={"num_devices": 4, "data": -1, "fsdp": 1,
-                                                                    "per_device_gradients": False}), tmp_path)
+                                                              **{"mesh.num_devices": 4}), tmp_path)
   assert resumed.step == 12
   records = _records(tmp_path)
   steps = [r["step"] for r in records if r["kind"] == "train"]
@@ -335,3 +335,16 @@ def test_one_bit_compression_state_is_refused_clearly_on_another_device_count(tm
   fewer = helpers.tiny_classifier_config(num_steps=4, **one_bit, **{"mesh.num_devices": 4})
   with pytest.raises(CheckpointMismatchError, match="error-feedback residual per device.* holds 8 .* has 4"):
     train_and_evaluate(fewer, tmp_path)
+
+
+def test_a_checkpoint_compares_its_data_fingerprint_in_the_kind_it_recorded(tmp_path, monkeypatch):
+  """Written with whole-array SHA-256s, resumed where the arrays are sampled, and back: the same data
+  resumes both ways (other data is refused: `test_resuming_on_other_data_is_refused_unless_asked_for`)."""
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=4), tmp_path / "run")
+  saved = Checkpointer(tmp_path / "run").restore_meta(4)["data_fingerprint"]
+  assert saved["train"].startswith("sha256:")
+  monkeypatch.setattr(datasets, "SAMPLE_ABOVE_BYTES", 1000)  # every array now sampled
+  assert train_and_evaluate(helpers.tiny_classifier_config(num_steps=6), tmp_path / "run").step == 6
+  assert Checkpointer(tmp_path / "run").restore_meta(6)["data_fingerprint"]["train"].startswith("sampled-sha256:")
+  monkeypatch.undo()
+  assert train_and_evaluate(helpers.tiny_classifier_config(num_steps=8), tmp_path / "run").step == 8

@@ -10,6 +10,7 @@ import pytest
 from lbjax import data as lbdata
 from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
+from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train import hooks
 from lbjax.train.run import Run, global_batch
 from tests.train import helpers
@@ -85,6 +86,54 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
   assert checkpointer.latest_step() == 5
   assert checkpointer.restore_meta(5)["examples_seen"] == 5 * 32
   assert not _records(tmp_path, "train")  # nothing was logged past the bad step
+
+
+def test_metrics_reach_the_host_once_per_window_one_step_late(tmp_path, monkeypatch):
+  """Between log windows no step transfers anything to the host; a window closed at step N is fetched in
+  one `device_get` at step N + 1, and its record still carries step N's clock."""
+  run = Run(helpers.tiny_classifier_config(num_steps=12, num_epochs=2.0), tmp_path)
+  fetched_at_step = []
+  device_get = jax.device_get
+
+  def counting_device_get(tree):
+    if jax.tree.leaves(tree):  # (the batch policy fetches its empty list of noise-scale estimates)
+      fetched_at_step.append(run.step_count)
+    return device_get(tree)
+
+  writer = MetricsWriter(tmp_path)
+  window = hooks.WriteMetrics(writer, ProgressLine(2.0, 12, enabled=False), log_every=4)
+  try:
+    monkeypatch.setattr(jax, "device_get", counting_device_get)
+    with jax.transfer_guard_device_to_host("disallow"):  # refuses implicit transfers (float(x), np.asarray)
+      for _ in range(10):
+        window.after_step(run, run.step(run.next_batch()))
+    assert fetched_at_step == [5, 9]
+    window.flush(run)  # the open window (steps 9 and 10), fetched at once
+    assert fetched_at_step == [5, 9, 10]
+  finally:
+    writer.close()
+    run.close()
+  records = _records(tmp_path, "train")
+  assert [(r["step"], r["examples_seen"]) for r in records] == [(4, 4 * 32), (8, 8 * 32), (10, 10 * 32)]
+
+
+def test_a_bad_last_step_of_a_window_is_named_from_its_own_batch(tmp_path, monkeypatch):
+  """The window's metrics arrive one step late, yet the diagnosis recomputes the bad step's batch."""
+  next_batch = lbdata.TrainStream.next_batch
+  calls = []
+
+  def poisoned_next_batch(self, global_batch_size):
+    batch = next_batch(self, global_batch_size)
+    calls.append(None)
+    if len(calls) == 4:
+      batch["images"] = np.full_like(batch["images"], np.nan)
+    return batch
+
+  monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
+  with pytest.raises(NonFiniteError, match=r"at step 3: the loss is not finite \(on the latest batch\)"):
+    train_and_evaluate(helpers.tiny_classifier_config(log_every=4), tmp_path)
+  assert len(calls) == 5  # stopped at the step after the window, before writing it
+  assert not _records(tmp_path, "train")
 
 
 def test_sigterm_right_after_an_evaluation_keeps_its_checkpoint_and_resumes(tmp_path, monkeypatch):
