@@ -8,7 +8,8 @@ Batching (Zaremba et al.; the TensorFlow PTB tutorial; `papers/001` section 5.1.
 batch of B rows the token stream is laid out as `tokens[:B*L].reshape(B, L)` with `L = len // B`,
 and consecutive windows of `seq_len` T are cut from it: window i has inputs `rows[:, i*T:(i+1)*T]`
 and targets `rows[:, i*T+1:(i+1)*T+1]`. The LSTM carry flows from one window to the next and is
-reset at the start of each epoch. Process p of P receives rows `[p*B/P, (p+1)*B/P)`.
+reset at the start of each epoch and where a batch change re-lays the rest of the epoch
+(`PtbStream`). Process p of P receives rows `[p*B/P, (p+1)*B/P)`.
 """
 
 import collections
@@ -181,7 +182,7 @@ class PtbStream:
   True on its first window, since the carry of row i has no meaning in the new layout. Each token is
   predicted at most once per epoch; those a re-lay leaves unpredicted are what any layout leaves: the
   first token of each new row (its context) and the tail that does not fill a window (fewer than
-  B' (T + 1) + B' tokens). A new row may join the end of one old row to the rest of the next (B - 1
+  B' (T + 1) tokens). A new row may join the end of one old row to the rest of the next (B - 1
   seams, as a corpus has at its line ends). When the rest is too short for one window of B' rows, the
   epoch ends there. The re-lays of the current epoch, (B, windows done) each, are part of the state.
 
