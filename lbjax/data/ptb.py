@@ -8,7 +8,8 @@ Batching (Zaremba et al.; the TensorFlow PTB tutorial; `papers/001` section 5.1.
 batch of B rows the token stream is laid out as `tokens[:B*L].reshape(B, L)` with `L = len // B`,
 and consecutive windows of `seq_len` T are cut from it: window i has inputs `rows[:, i*T:(i+1)*T]`
 and targets `rows[:, i*T+1:(i+1)*T+1]`. The LSTM carry flows from one window to the next and is
-reset at the start of each epoch. Process p of P receives rows `[p*B/P, (p+1)*B/P)`.
+reset at the start of each epoch and where a batch change re-lays the rest of the epoch
+(`PtbStream`). Process p of P receives rows `[p*B/P, (p+1)*B/P)`.
 """
 
 import collections
@@ -161,12 +162,29 @@ def _rows(tokens: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.ndarray
   return tokens[:batch_size * row_len].reshape(batch_size, row_len), (row_len - 1) // seq_len
 
 
+def _rest_after(tokens: np.ndarray, batch_size: int, windows_done: int, seq_len: int) -> np.ndarray:
+  """The tokens of the [B, L] layout of `tokens` not yet predicted after `windows_done` windows:
+  each row's tokens after its last target, rows in order, as one stream."""
+  rows, _ = _rows(tokens, batch_size, seq_len)
+  return rows[:, windows_done * seq_len + 1:].reshape(-1)
+
+
 class PtbStream:
   """Resumable, process-sharded stream of consecutive PTB windows (the standard stateful batching).
 
   An epoch with global batch size B is the `(L - 1) // T` windows of the [B, L] row layout, in
-  order; `reset_carry` is True on the first window of each epoch. The batch size may change only
-  at an epoch boundary. Same interface as `TrainStream`.
+  order; `reset_carry` is True on the first window of each epoch. Same interface as `TrainStream`.
+
+  The batch size may change mid-epoch (the any-batch step's schedules and adaptive policy). The rest
+  of the epoch is then re-laid: the tokens of the old rows not yet predicted (each row's tokens after
+  its last target, rows in order) become one stream, laid out in the new number of rows B' exactly as
+  an epoch lays out the corpus, and the epoch goes on with that layout's windows; `reset_carry` is
+  True on its first window, since the carry of row i has no meaning in the new layout. Each token is
+  predicted at most once per epoch; those a re-lay leaves unpredicted are what any layout leaves: the
+  first token of each new row (its context) and the tail that does not fill a window (fewer than
+  B' (T + 1) tokens). A new row may join the end of one old row to the rest of the next (B - 1
+  seams, as a corpus has at its line ends). When the rest is too short for one window of B' rows, the
+  epoch ends there. The re-lays of the current epoch, (B, windows done) each, are part of the state.
 
   Attributes:
     num_examples: number of tokens in the stream. Progress is measured by `epoch()` (exact, in
@@ -196,7 +214,32 @@ class PtbStream:
     self._epochs_completed = 0
     self._windows_done = 0
     self._batch_size = 0
+    self._set_relays([])
+
+  def _set_relays(self, relays: list[tuple[int, int]]) -> None:
+    """Replays the epoch's re-lays: the stream they leave and the fraction of the epoch before it."""
+    rest, done = self._tokens, 0.0
+    for batch_size, windows_done in relays:
+      done += (1.0 - done) * windows_done / _rows(rest, batch_size, self._seq_len)[1]
+      rest = _rest_after(rest, batch_size, windows_done, self._seq_len)
+    self._relays, self._rest, self._done_before_rest = list(relays), rest, done
     self._layout: tuple[int, np.ndarray, int] | None = None
+
+  def _end_epoch(self) -> None:
+    self._epochs_completed += 1
+    self._windows_done = 0
+    self._set_relays([])
+
+  def _relay(self, global_batch_size: int) -> None:
+    """Re-lays the rest of the epoch for `global_batch_size` rows (or ends the epoch when the rest
+    is too short for one window of them)."""
+    relays = self._relays + [(self._batch_size, self._windows_done)]
+    rest = _rest_after(self._rest, self._batch_size, self._windows_done, self._seq_len)
+    self._windows_done = 0
+    if (len(rest) // global_batch_size - 1) // self._seq_len < 1:
+      self._end_epoch()
+    else:
+      self._set_relays(relays)
 
   @property
   def seq_len(self) -> int:
@@ -209,16 +252,23 @@ class PtbStream:
     return _rows(self._tokens, global_batch_size, self._seq_len)[1]
 
   def epoch(self) -> float:
-    """Exact position of the next batch in epochs: epochs completed + windows done / windows."""
+    """Exact position of the next batch in epochs: epochs completed + windows done / windows.
+
+    After re-lays, the fraction f of the epoch before the current layout grows by (1 - f) x the
+    fraction of each layout's windows done, so `epoch()` never jumps at a batch change.
+    """
     if self._windows_done == 0:
-      return float(self._epochs_completed)
-    return self._epochs_completed + self._windows_done / self.windows_per_epoch(self._batch_size)
+      return self._epochs_completed + self._done_before_rest
+    windows = _rows(self._rest, self._batch_size, self._seq_len)[1]
+    return self._epochs_completed + self._done_before_rest + (
+        1.0 - self._done_before_rest) * self._windows_done / windows
 
   def next_batch(self, global_batch_size: int) -> Batch:
     """Returns the next window for this process's rows.
 
     Args:
-      global_batch_size: number of rows B (all processes); may change only at an epoch boundary.
+      global_batch_size: number of rows B (all processes); a change mid-epoch re-lays the rest of
+        the epoch (see the class docstring).
 
     Returns:
       `{'inputs': int32 [B/P, T], 'targets': int32 [B/P, T], 'reset_carry': np.bool_}` with
@@ -226,13 +276,9 @@ class PtbStream:
     """
     mine = process_slice(global_batch_size, self._process_index, self._process_count)
     if self._windows_done and global_batch_size != self._batch_size:
-      raise ValueError(
-          f"PtbStream batch size can change only at an epoch boundary (the LSTM carry runs "
-          f"along rows): epoch {self._epochs_completed} is {self._windows_done} windows into "
-          f"batch size {self._batch_size}, got {global_batch_size}. Change the batch size at "
-          "an integer epoch().")
+      self._relay(global_batch_size)
     if self._layout is None or self._layout[0] != global_batch_size:
-      rows, windows = _rows(self._tokens, global_batch_size, self._seq_len)
+      rows, windows = _rows(self._rest, global_batch_size, self._seq_len)
       self._layout = (global_batch_size, rows, windows)
     _, rows, windows = self._layout
     start = self._windows_done * self._seq_len
@@ -244,23 +290,26 @@ class PtbStream:
     self._batch_size = int(global_batch_size)
     self._windows_done += 1
     if self._windows_done == windows:
-      self._epochs_completed += 1
-      self._windows_done = 0
+      self._end_epoch()
     return batch
 
-  def get_state(self) -> dict[str, int]:
-    """JSON-serialisable state (ints)."""
+  def get_state(self) -> dict[str, Any]:
+    """JSON-serialisable state: ints, and the epoch's re-lays as [batch size, windows done] pairs."""
     return {
         "epochs_completed": self._epochs_completed,
         "windows_done": self._windows_done,
         "batch_size": self._batch_size,
         "num_tokens": len(self._tokens),
         "seq_len": self._seq_len,
+        "relays": [[batch_size, windows] for batch_size, windows in self._relays],
     }
 
   def set_state(self, state: Mapping[str, Any]) -> None:
-    """Restores a state from `get_state`; raises if it belongs to another corpus or seq_len."""
+    """Restores a state from `get_state` (one without "relays", written before re-lays existed, has
+    none); raises if it belongs to another corpus or seq_len."""
     expected = self.get_state()
+    if isinstance(state, Mapping) and "relays" not in state:
+      state = {**state, "relays": []}
     if not isinstance(state, Mapping) or set(state) != set(expected):
       raise ValueError(
           f"PtbStream state must be a dict with keys {sorted(expected)}, got {state!r}. Pass "
@@ -275,13 +324,25 @@ class PtbStream:
       value = state[key]
       if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(f"PtbStream state {key} must be a non-negative integer, got {value!r}.")
+    relays = state["relays"]
+    if not isinstance(relays, Sequence) or not all(
+        isinstance(pair, Sequence) and len(pair) == 2
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in pair)
+        for pair in relays):
+      raise ValueError(f"PtbStream state relays must be a list of [batch size, windows done] pairs of positive "
+                       f"integers, got {relays!r}. Pass the dict returned by PtbStream.get_state().")
+    if relays and not state["windows_done"]:
+      raise ValueError("PtbStream state has re-lays but no window done after the last one; a re-lay is saved "
+                       "only with the windows taken after it. Pass the dict returned by PtbStream.get_state().")
+    self._set_relays([(int(b), int(w)) for b, w in relays])
     if state["windows_done"]:
       if state["batch_size"] % self._process_count:
         raise ValueError(
             f"PtbStream state is mid-epoch at batch size {state['batch_size']}, which is not "
             f"divisible by process_count={self._process_count}.")
-      windows = _rows(self._tokens, state["batch_size"], self._seq_len)[1]
+      windows = _rows(self._rest, state["batch_size"], self._seq_len)[1]
       if state["windows_done"] >= windows:
+        self._set_relays([])
         raise ValueError(
             f"PtbStream state windows_done={state['windows_done']} is not below the "
             f"{windows} windows of an epoch at batch size {state['batch_size']}.")

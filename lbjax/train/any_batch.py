@@ -27,6 +27,13 @@ Data sharding: each micro-batch is a global [m, ...] array split over the data a
 device's share of the global batch, cut on the host from each process's local rows, exactly the
 split `_split_microbatches` makes on the device; so no example changes device and ghost-BatchNorm
 groups (a divisor of the per-device micro share) are those of the true batch.
+
+Recurrent carry (PTB's LSTM): one carry per micro-batch, [m, H] each (micro-batch j's rows of the
+[B, H] carry of `make_train_step`, split as its batch is), so `accumulate` keeps one shape. They form
+`state.carry`, a tuple of k carries, kept from update to update and checkpointed with their count
+(`Run.save`'s "carry_micro_batches"). The carry is reset to zeros where the stream starts new rows,
+and at every batch change: `PtbStream` then re-lays the rest of the epoch into the new number of
+rows, where the carry of row i has no meaning.
 """
 
 import time
@@ -63,10 +70,6 @@ class AnyBatchStep:
   """
 
   def __init__(self, run, micro_batch_size: int):
-    if run.task.zero_carry(run.model, micro_batch_size) is not None:
-      raise ConfigError("config.batch.micro_batch_size: the any-batch step does not carry a recurrent "
-                        "state across batches (PTB's LSTM); set it to 0 and give batch sizes with "
-                        "config.batch_sizes instead.")
     if run.compressor is not None:
       raise ConfigError("config.batch.micro_batch_size reduces GSPMD gradients; it does not combine with "
                         "config.compression or config.mesh.per_device_gradients. Set it to 0.")
@@ -80,6 +83,13 @@ class AnyBatchStep:
 
   def num_microbatches(self, global_batch_size: int) -> int:
     return global_batch_size // self.micro_batch_size
+
+  def zero_carries(self, num_microbatches: int) -> tuple[Any, ...] | None:
+    """The carry an update of `num_microbatches` starts from after a reset: one zero [m, ...]
+    carry per micro-batch, or None for a task without one."""
+    if self._run.task.zero_carry(self._run.model, self.micro_batch_size) is None:
+      return None
+    return tuple(self._run.zero_carry(self.micro_batch_size) for _ in range(num_microbatches))
 
   def place(self, local: dict[str, np.ndarray], global_batch_size: int) -> list[dict[str, jax.Array]]:
     """This process's rows of a global batch as k global micro-batches on the mesh."""
@@ -99,7 +109,8 @@ class AnyBatchStep:
   def _zero_totals(self, state: TrainState, micro_batch) -> Accumulator:
     """A zero accumulator with the shapes of one micro-batch's terms, on their shardings."""
     run = self._run
-    shapes = jax.eval_shape(make_micro_batch_terms(run.graphdef, run.task), state, micro_batch, 0)
+    carry = None if state.carry is None else state.carry[0]
+    shapes = jax.eval_shape(make_micro_batch_terms(run.graphdef, run.task), state, micro_batch, carry, 0)[0]
     return jax.tree.map(lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
                         shapes, self._totals_shardings(state, shapes))
 
@@ -118,28 +129,40 @@ class AnyBatchStep:
   def step(self, state: TrainState, micro_batches: list[dict[str, jax.Array]], learning_rate: jax.Array,
            discard_fraction: float) -> tuple[TrainState, dict[str, jax.Array], float]:
     """One update over the micro-batches; returns the new state, its metrics and the seconds spent
-    compiling during this call (0.0 when nothing compiled: any batch after the first)."""
+    compiling during this call (0.0 when nothing compiled: any batch after the first).
+
+    `state.carry` is None or one carry per micro-batch (`zero_carries`); each micro-batch's new
+    carry replaces its own.
+    """
     run = self._run
     before = set(self.compiled)
+    carries = state.carry if state.carry is not None else (None,) * len(micro_batches)
+    if len(carries) != len(micro_batches):
+      raise ValueError(f"The any-batch step got {len(carries)} carries for {len(micro_batches)} micro-batches; "
+                       "reset them with AnyBatchStep.zero_carries at a batch change (Run.next_batch does).")
     if self._totals is None:
       self._totals = self._zero_totals(state, micro_batches[0])
+    state = state._replace(carry=None)  # the carries travel beside the state, so its shapes never change
     totals_shardings = self._totals_shardings(state, self._totals)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     micro_shardings = jax.tree.map(lambda x: x.sharding, micro_batches[0])
+    carry_shardings = jax.tree.map(lambda x: x.sharding, carries[0])
     index = self._index
     accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
         make_accumulate_step(run.graphdef, run.task, discard_fraction),
-        in_shardings=(totals_shardings, state_shardings, micro_shardings, run.replicated),
-        out_shardings=totals_shardings, donate_argnums=(0,),
-    ).lower(self._totals, state, micro_batches[0], index(0)).compile())
+        in_shardings=(totals_shardings, state_shardings, micro_shardings, carry_shardings, run.replicated),
+        out_shardings=(totals_shardings, carry_shardings), donate_argnums=(0,),
+    ).lower(self._totals, state, micro_batches[0], carries[0], index(0)).compile())
     count = index(len(micro_batches))
     apply = self._compile("apply", lambda: jax.jit(
         make_apply_step(run.optimizer, self.micro_batch_size),
         in_shardings=(state_shardings, totals_shardings, run.replicated, run.replicated),
         out_shardings=(state_shardings, run.replicated, totals_shardings), donate_argnums=(0, 1),
     ).lower(state, self._totals, count, learning_rate).compile())
-    totals = self._totals
+    totals, new_carries = self._totals, []
     for j, micro_batch in enumerate(micro_batches):
-      totals = accumulate(totals, state, micro_batch, index(j))
+      totals, carry = accumulate(totals, state, micro_batch, carries[j], index(j))
+      new_carries.append(carry)
     state, metrics, self._totals = apply(state, totals, count, learning_rate)
+    state = state._replace(carry=None if new_carries[0] is None else tuple(new_carries))
     return state, metrics, sum(self.compile_seconds[key] for key in self.compiled if key not in before)

@@ -265,7 +265,8 @@ class Run:
         changes = config_lib.check_resumable(meta["config"], self.config, str(self.workdir))
         self._check_same_data(meta)
         carry_batch_size = meta["carry_batch_size"]
-        state = self.state._replace(carry=self.zero_carry(carry_batch_size) if carry_batch_size else None)
+        state = self.state._replace(carry=self.train_carry(carry_batch_size, meta.get("carry_micro_batches"))
+                                    if carry_batch_size else None)
         state = self._compression_state_for(meta, state)
         state = self.checkpointer.restore_verified(step, meta, abstract_like(state), self.replicated)
       except CheckpointCorruptError as e:
@@ -394,6 +395,13 @@ class Run:
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
         self.batch_sharding, x, (global_batch_size,) + x.shape[1:]), local)
 
+  def train_carry(self, global_batch_size: int, num_microbatches: int | None) -> Any:
+    """The zero carry of a training step: one [B, ...] carry (`num_microbatches` None), or one
+    [m, ...] carry per micro-batch of the any-batch step."""
+    if num_microbatches is None:
+      return self.zero_carry(global_batch_size)
+    return self.any_batch.zero_carries(num_microbatches)
+
   def num_microbatches(self, global_batch_size: int) -> int:
     share = global_batch_size // data_parallel_size(self.mesh)
     limit = self.config.max_device_batch
@@ -402,12 +410,14 @@ class Run:
   def next_batch(self) -> Batch:
     """The next training batch at the current epoch: its size from the batch-size schedule, the
     learning rate from the LR schedule, the loss variant; resets the carried state where the
-    stream starts a new row of batches or the batch size changed."""
+    stream starts a new row of batches or the batch size changed (the stream then re-lays the rest
+    of the epoch into the new rows, where the old carries have no meaning)."""
     epoch = self.epoch
     size = self.batch_policy.batch_size(epoch)
     local = self.stream.next_batch(size)
     if self.task.take_carry_reset(local) or (self.state.carry is not None and self.carry_batch_size != size):
-      self.state = self.state._replace(carry=self.zero_carry(size))
+      count = self.any_batch.num_microbatches(size) if self.any_batch else None
+      self.state = self.state._replace(carry=self.train_carry(size, count))
       self.carry_batch_size = size
     config = self.config.loss
     discard_fraction = config.discard_fraction if epoch < config.discard_until_epoch else 0.0
@@ -547,6 +557,8 @@ class Run:
       self.wait_for_save()
       meta = {"stream": self.stream.get_state(), "examples_seen": self.examples_seen, "epoch": self.epoch,
               "carry_batch_size": self.carry_batch_size, "config": self.config.to_json(),
+              "carry_micro_batches": (len(self.state.carry) if self.any_batch and self.state.carry is not None
+                                      else None),
               "data_fingerprint": self.task.dataset.fingerprint, "data_parallel_size": data_parallel_size(self.mesh),
               "checksums": state_checksums(self.state, self.replicated),
               "batch_policy": self.batch_policy.state_dict()}

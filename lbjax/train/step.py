@@ -238,41 +238,46 @@ class Accumulator(NamedTuple):
 
 
 def make_micro_batch_terms(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0
-                           ) -> Callable[[TrainState, Batch, jax.Array], Accumulator]:
-  """Returns `terms(state, micro_batch, index) -> Accumulator` of one micro-batch (not yet jitted).
+                           ) -> Callable[[TrainState, Batch, Any, jax.Array], tuple[Accumulator, Any]]:
+  """Returns `terms(state, micro_batch, carry, index) -> (Accumulator, new carry)` of one micro-batch
+  (not yet jitted).
 
   Its loss, metrics, BatchNorm statistics (from `state.model_state`, as in the scan of
-  `make_train_step`), gradient at `state.params` and squared gradient norm. The dropout key is that
+  `make_train_step`), gradient at `state.params` and squared gradient norm, and the recurrent carry
+  it leaves (`carry`: this micro-batch's rows of the carried state, or None). The dropout key is that
   of `make_train_step` for micro-batch `index` (a traced int32).
   """
 
-  def loss_fn(params, model_state, batch, key):
+  def loss_fn(params, model_state, batch, carry, key):
     model = nnx.merge(graphdef, params, model_state)
-    loss, metrics, _ = task.train_loss(model, batch, None, key, discard_fraction)
-    return loss, (metrics, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)))
+    loss, metrics, new_carry = task.train_loss(model, batch, carry, key, discard_fraction)
+    return loss, (metrics, nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)), new_carry)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def terms(state: TrainState, micro_batch: Batch, index: jax.Array) -> Accumulator:
+  def terms(state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array) -> tuple[Accumulator, Any]:
     key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), index)
-    (loss, (metrics, model_state)), grads = grad_fn(state.params, state.model_state, micro_batch, key)
-    return Accumulator(loss, metrics, model_state, grads, optax.tree.norm(grads, squared=True))
+    (loss, (metrics, model_state, carry)), grads = grad_fn(state.params, state.model_state, micro_batch, carry, key)
+    return Accumulator(loss, metrics, model_state, grads, optax.tree.norm(grads, squared=True)), carry
 
   return terms
 
 
 def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0
-                         ) -> Callable[[Accumulator, TrainState, Batch, jax.Array], Accumulator]:
-  """Returns `accumulate(totals, state, micro_batch, index) -> totals + terms` (not yet jitted).
+                         ) -> Callable[[Accumulator, TrainState, Batch, Any, jax.Array], tuple[Accumulator, Any]]:
+  """Returns `accumulate(totals, state, micro_batch, carry, index) -> (totals + terms, new carry)`
+  (not yet jitted).
 
   The first half of the step whose micro-batch count is a runtime value (`lbjax.train.any_batch`):
   `make_micro_batch_terms` of one micro-batch added to `totals`. Its shapes are those of one
-  micro-batch whatever the batch, so it compiles once.
+  micro-batch (and of its [m, ...] carry) whatever the batch, so it compiles once.
   """
   terms = make_micro_batch_terms(graphdef, task, discard_fraction)
 
-  def accumulate(totals: Accumulator, state: TrainState, micro_batch: Batch, index: jax.Array) -> Accumulator:
-    return jax.tree.map(jnp.add, totals, terms(state, micro_batch, index))
+  def accumulate(totals: Accumulator, state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array
+                 ) -> tuple[Accumulator, Any]:
+    micro_terms, carry = terms(state, micro_batch, carry, index)
+    return jax.tree.map(jnp.add, totals, micro_terms), carry
 
   return accumulate
 

@@ -98,26 +98,62 @@ def test_two_process_rows_make_up_the_single_process_window():
     assert parts[0]["reset_carry"] == parts[1]["reset_carry"] == batch["reset_carry"]
 
 
-def test_batch_size_changes_only_at_epoch_boundaries():
+def _epoch_targets_and_rows(stream, sizes):
+  """The targets of the windows at `sizes`, and each layout's rows as the windows rebuild them."""
+  targets, layouts = [], []
+  for size in sizes:
+    batch = stream.next_batch(size)
+    if batch["reset_carry"]:
+      layouts.append([batch["inputs"][:, :1]])
+    layouts[-1].append(batch["targets"])
+    targets.append(batch["targets"].reshape(-1))
+  return np.concatenate(targets), [np.concatenate(parts, axis=1) for parts in layouts]
+
+
+def test_a_batch_change_mid_epoch_relays_every_unpredicted_token_once():
+  """Epoch of 103 distinct ids: 3 windows of 4 rows (T = 3), then 2 rows, then 3 rows. Each
+  re-lay lays out, in the standard row layout, exactly the tokens the previous rows had not yet
+  predicted (row after row); no token is predicted twice in the epoch; the carry resets at each."""
   stream = data.PtbStream(TOKENS, seq_len=3)
-  stream.next_batch(4)
-  with pytest.raises(ValueError, match="only at an epoch boundary"):
-    stream.next_batch(2)
-  for _ in range(7):
+  targets, layouts = _epoch_targets_and_rows(stream, [4] * 3 + [2] * 2 + [3] * 2)
+  rest = TOKENS[:100].reshape(4, 25)[:, 10:].reshape(-1)  # the 60 tokens after each row's 9 targets
+  assert len(layouts) == 3
+  np.testing.assert_array_equal(layouts[1], rest.reshape(2, 30)[:, :7])
+  rest = rest.reshape(2, 30)[:, 7:].reshape(-1)  # 46 tokens left
+  np.testing.assert_array_equal(layouts[2], rest[:45].reshape(3, 15)[:, :7])
+  assert len(np.unique(targets)) == len(targets)
+  assert stream.get_state()["relays"] == [[4, 3], [2, 2]]
+
+
+def test_epoch_never_jumps_at_a_relay_and_ends_at_the_layouts_last_window():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  for _ in range(4):
     stream.next_batch(4)
-  batch = stream.next_batch(2)  # epoch 1 with two rows of 51 tokens
-  assert batch["reset_carry"] and batch["inputs"].shape == (2, 3)
-  np.testing.assert_array_equal(batch["inputs"], TOKENS[:102].reshape(2, 51)[:, :3])
-  assert stream.epoch() == 1 + 1 / 16
+  assert stream.epoch() == 4 / 8
+  stream.next_batch(2)  # the rest: 4 x 12 tokens as 2 rows of 24, 7 windows
+  assert stream.epoch() == 4 / 8 + (1 - 4 / 8) / 7
+  for _ in range(6):
+    stream.next_batch(2)
+  assert stream.epoch() == 1.0 and stream.get_state()["relays"] == []
+  assert stream.next_batch(2)["reset_carry"] and stream.get_state()["windows_done"] == 1
+
+
+def test_a_rest_too_short_for_the_new_rows_ends_the_epoch():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  for _ in range(7):
+    stream.next_batch(4)  # 4 rows x 4 tokens left: too few for one window of 8 rows
+  batch = stream.next_batch(8)
+  assert batch["reset_carry"] and stream.get_state()["epochs_completed"] == 1
+  np.testing.assert_array_equal(batch["inputs"], TOKENS[:96].reshape(8, 12)[:, :3])
 
 
 def test_resume_mid_epoch_is_exact_also_across_batch_size_change():
   def run(stream, sizes):
     return [stream.next_batch(size) for size in sizes]
 
-  sizes = [4] * 8 + [2] * 3
+  sizes = [4] * 5 + [2] * 3 + [3] * 4 + [4] * 3
   reference = run(data.PtbStream(TOKENS, seq_len=3), sizes)
-  for split in (3, 8, 9):
+  for split in (3, 5, 6, 9, 13):
     first = data.PtbStream(TOKENS, seq_len=3)
     run(first, sizes[:split])
     resumed = data.PtbStream(TOKENS, seq_len=3)
@@ -133,6 +169,8 @@ def test_resume_mid_epoch_is_exact_also_across_batch_size_change():
     ({"seq_len": 4}, "does not fit this stream: state seq_len"),
     ({"windows_done": 8, "batch_size": 4}, "not below the 8 windows"),
     ({"epochs_completed": -1}, "non-negative integer"),
+    ({"relays": [[4, 0]], "windows_done": 1, "batch_size": 2}, "pairs of positive integers"),
+    ({"relays": [[4, 3]]}, "no window done after the last one"),
 ])
 def test_state_mismatch_raises(change, match):
   stream = data.PtbStream(TOKENS, seq_len=3)

@@ -248,11 +248,6 @@ def test_bad_batch_configs_are_refused_before_compute(overrides, message):
     validation.validate(helpers.tiny_classifier_config(**overrides), data_parallel_size=1)
 
 
-def test_a_language_model_is_refused_by_the_any_batch_step(tmp_path):
-  with pytest.raises(ConfigError, match="does not carry a recurrent state"):
-    train_and_evaluate(helpers.tiny_language_model_config(**{"batch.micro_batch_size": 8}), tmp_path)
-
-
 @pytest.mark.parametrize("run, policy, sizes", [
     ("baseline", "fixed", (128,)), ("legw", "fixed", (1024,)), ("grow_batch", "schedule", (128, 640, 3200, 16000)),
     ("adaptive", "adaptive", (128,)), ("adascale", "adaptive", (128,))])

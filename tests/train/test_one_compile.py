@@ -39,6 +39,17 @@ def test_a_four_size_schedule_compiles_as_often_as_one_size(tmp_path, backend_co
   assert many == one, f"a 4-size schedule compiled {many} programs, a 1-size run {one}"
 
 
+def test_a_ptb_schedule_changing_the_batch_mid_epoch_compiles_as_often_as_one_size(tmp_path, backend_compiles):
+  """The PTB LSTM with its carries: 16 -> 32 -> 8 rows at 0.25 and 0.5 of the epoch (the stream
+  re-laid, the carries reset to 2, 4 and 1 of 8 rows) compiles what a run at 16 rows does."""
+  common = {"batch.micro_batch_size": 8, "num_epochs": 1.0}
+  three_sizes = helpers.tiny_language_model_config(**common, batch_sizes=(16, 32, 8), batch_size_boundaries=(0.25, 0.5))
+  one_size = helpers.tiny_language_model_config(**common)
+  many = _compiles_of(three_sizes, tmp_path / "three", backend_compiles)
+  one = _compiles_of(one_size, tmp_path / "one", backend_compiles)
+  assert many == one, f"a 3-size PTB schedule compiled {many} programs, a 1-size run {one}"
+
+
 def test_without_micro_batches_each_size_compiles_its_own_step(tmp_path, backend_compiles):
   """The per-size step the any-batch step replaces: 3 more compiles for 3 more sizes (the baseline
   the previous test improves on)."""
