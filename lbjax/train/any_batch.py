@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lbjax.train.errors import ConfigError
@@ -58,6 +59,18 @@ def split_local_batch(local: dict[str, np.ndarray], num_microbatches: int, local
     return np.ascontiguousarray(shares[:, j].reshape(-1, *x.shape[1:]))
 
   return [{k: slice_j(v, j) for k, v in local.items()} for j in range(num_microbatches)]
+
+
+def whole_batch(arrays: dict[str, jax.Array] | list[dict[str, jax.Array]], carry: Any = None
+                ) -> tuple[dict[str, jax.Array], Any]:
+  """A `run.Batch`'s arrays and the carry of its step as one batch [B, ...] and one carry, whatever
+  the layout: a dict and its carry are returned as they are; the any-batch step's micro-batches (a
+  list) and their carries (a tuple, one per micro-batch) are joined in micro-batch order, so row i
+  of the batch keeps row i of the carry (on one device that order is the batch's own)."""
+  if not isinstance(arrays, list):
+    return arrays, carry
+  join = lambda *parts: jnp.concatenate(parts)
+  return jax.tree.map(join, *arrays), (None if carry is None else jax.tree.map(join, *carry))
 
 
 class AnyBatchStep:

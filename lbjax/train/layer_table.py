@@ -16,6 +16,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from lbjax import diagnostics
+from lbjax.train.any_batch import whole_batch
 from lbjax.train.run import Run
 
 
@@ -23,14 +24,15 @@ def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostic
   """The per-layer norms table at the initial parameters, on the run's first training batch."""
   run = Run(config)
   batch = run.next_batch()
+  arrays, _ = whole_batch(batch.arrays)
   carry = run.zero_carry(batch.size)
   key = jax.random.key(config.seed)
 
-  def loss(params):
+  def loss(params, arrays, carry):  # the batch an argument, so the model sees it traced as in the step
     model = nnx.merge(run.graphdef, params, run.state.model_state)
-    return run.task.train_loss(model, batch.arrays, carry, key)[0]
+    return run.task.train_loss(model, arrays, carry, key)[0]
 
-  grads = jax.jit(jax.grad(loss))(run.state.params)
+  grads = jax.jit(jax.grad(loss))(run.state.params, arrays, carry)
   return diagnostics.layer_norms(run.state.params, grads)
 
 

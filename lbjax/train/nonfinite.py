@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.train.any_batch import whole_batch
+
 
 def _first_nonfinite_leaf(tree: Any, replicated: jax.sharding.Sharding) -> str | None:
   """The path of the first leaf holding a non-finite value (flags reduced on the device, so sharded
@@ -38,13 +40,14 @@ def first_nonfinite(state, batch, *, graphdef: nnx.GraphDef, task, optimizer: op
               "Check the checkpoint (a corrupt one) and the initialisation.")
   if batch is None:
     return "no step was taken", "Check the data."
-  arrays = {k: v for k, v in batch.arrays.items() if k != "mask"}
+  arrays, carry = whole_batch(batch.arrays, state.carry)
+  arrays = {k: v for k, v in arrays.items() if k != "mask"}
 
-  def loss_fn(params):
+  def loss_fn(params, arrays, carry):  # the batch an argument, so the model sees it traced as in the step
     model = nnx.merge(graphdef, params, state.model_state)
-    return task.train_loss(model, arrays, state.carry, jax.random.key(0), batch.discard_fraction)[0]
+    return task.train_loss(model, arrays, carry, jax.random.key(0), batch.discard_fraction)[0]
 
-  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(state.params)
+  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(state.params, arrays, carry)
   if not np.isfinite(float(loss)):
     return "the loss is not finite (on the latest batch)", "Check the data, and lower config.lr.base."
   leaf = _first_nonfinite_leaf(grads, replicated)

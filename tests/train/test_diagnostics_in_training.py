@@ -82,3 +82,15 @@ def test_layer_table_of_the_first_step_matches_a_direct_computation():
   kernel = by_layer["cell/kernel"]
   assert kernel.shape == (32, 64) and kernel.weight_norm > 0 and kernel.grad_norm > 0
   assert kernel.ratio == pytest.approx(kernel.weight_norm / kernel.grad_norm, rel=1e-5)
+
+
+def test_layer_table_of_the_any_batch_step_equals_the_ordinary_steps():
+  """The same first batch, laid out as micro-batches (`lbjax.train.any_batch`), gives the same table."""
+  ordinary = first_step_layer_norms(helpers.tiny_classifier_config())
+  any_batch = first_step_layer_norms(helpers.tiny_classifier_config(**{"batch.micro_batch_size": 8}))
+  assert [row.layer for row in any_batch] == [row.layer for row in ordinary]
+  for got, want in zip(any_batch, ordinary):
+    assert got.shape == want.shape and got.weight_norm == want.weight_norm
+    assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+    assert got.ratio == pytest.approx(want.ratio, rel=1e-5)
+    assert got.mean_abs_grad == pytest.approx(want.mean_abs_grad, rel=1e-5)

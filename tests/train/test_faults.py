@@ -332,3 +332,15 @@ def test_a_checkpoint_compares_its_data_fingerprint_in_the_kind_it_recorded(tmp_
   assert Checkpointer(tmp_path / "run").restore_meta(6)["data_fingerprint"]["train"].startswith("sampled-sha256:")
   monkeypatch.undo()
   assert train_and_evaluate(helpers.tiny_classifier_config(num_steps=8), tmp_path / "run").step == 8
+
+
+@pytest.mark.parametrize("make_config, bad_step", [
+    (helpers.tiny_classifier_config, 2),  # step 1's mean of micro-batch losses is still finite (1e37)
+    (helpers.tiny_language_model_config, 1),  # with one carry per micro-batch
+])
+def test_a_non_finite_step_of_the_any_batch_step_names_the_step_and_quantity(tmp_path, make_config, bad_step):
+  """The diagnosis recomputes the bad step on its micro-batches (a list, `lbjax.train.any_batch`)."""
+  blowup = make_config(num_steps=4, checkpoint_every_steps=0, **{"batch.micro_batch_size": 8})
+  blowup.lr.base = 1e38
+  with pytest.raises(NonFiniteError, match=rf"at step {bad_step}: the loss is not finite \(on the latest batch\)"):
+    train_and_evaluate(blowup, tmp_path)
