@@ -41,10 +41,11 @@ import csv
 import dataclasses
 import math
 import pathlib
-import sys
 from typing import Any, Sequence
 
-from experiments import run_records
+import jax
+
+from experiments import run_records, simulated_devices
 from lbjax import train
 from lbjax.train import config_files
 
@@ -241,9 +242,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
   args = parser.parse_args(argv)
   if any(not lr > 0 for lr in args.lrs):
     parser.error(f"--lrs must be positive numbers, got {','.join(f'{lr:g}' for lr in args.lrs)}.")
-  import jax
-  command = "JAX_NUM_CPU_DEVICES=8 python -m experiments.compression_bytes " + " ".join(
-      sys.argv[1:] if argv is None else argv)
+  command = simulated_devices.command("experiments.compression_bytes", argv)
   common = [f"--config.seed={args.seed}"]
   results = []
   for variant in variants(args.ranks, args.qsgd_levels):

@@ -22,7 +22,6 @@ Simulated devices share the host's cores, so times show the work and copies adde
 import argparse
 import pathlib
 import statistics
-import sys
 import time
 from typing import Sequence
 
@@ -30,6 +29,7 @@ import jax
 import numpy as np
 
 from benchmarks.collectives import collective_bytes
+from experiments import simulated_devices
 from lbjax.train import default_config
 from lbjax.train.run import Run
 
@@ -106,11 +106,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--seq_len", type=int, default=20)
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  if jax.device_count() != 8:
-    parser.error(f"needs 8 devices, jax sees {jax.device_count()}; run with JAX_NUM_CPU_DEVICES=8.")
+  simulated_devices.require(parser, 8, exact=True)
   rows = measure(args.steps, args.repeats, args.batch_size, args.seq_len)
-  command = "JAX_NUM_CPU_DEVICES=8 python -m experiments.model_parallel_layouts " + " ".join(
-      sys.argv[1:] if argv is None else argv)
+  command = simulated_devices.command("experiments.model_parallel_layouts", argv)
   total = 1 + args.steps * args.repeats
   lines = ["# PTB LSTM under model-parallel layouts of the trainer", "",
            f"PtbLSTM (V = 10,000, D = H = 200, 2 layers), synthetic PTB, global batch {args.batch_size} x "

@@ -24,7 +24,6 @@ import argparse
 import csv
 import pathlib
 import statistics
-import sys
 import time
 from typing import Sequence
 
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
+from experiments import simulated_devices
 from lbjax.parallel import pipeline, stacks
 
 
@@ -138,9 +138,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  if max(args.stages) > jax.device_count():
-    parser.error(f"--stages up to {max(args.stages)} needs as many devices, jax sees {jax.device_count()}; "
-                 "run with JAX_NUM_CPU_DEVICES=8 in the environment.")
+  simulated_devices.require(parser, max(args.stages), reason=f"--stages up to {max(args.stages)}")
   params, steps, schedules = build_steps(args.stages, args.microbatches, args.num_layers, args.width,
                                          args.batch_size)
   times = time_steps(params, steps, args.repeats)
@@ -155,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             f"on S of {jax.device_count()} simulated {jax.devices()[0].platform} devices, jax {jax.__version__}; "
             f"unpipelined step {1e3 * sequential:.1f} ms (median of {args.repeats}). The host has 2 cores shared "
             "with other jobs: the time column is an estimate (module docstring of experiments/pipeline_bubble.py).")
-  command = "JAX_NUM_CPU_DEVICES=8 python -m experiments.pipeline_bubble " + " ".join(sys.argv[1:] if argv is None else argv)
+  command = simulated_devices.command("experiments.pipeline_bubble", argv)
   write_outputs(rows, args.out, command, header)
   return rows
 

@@ -13,7 +13,6 @@ Nothing runs: the step is lowered from abstract shapes. The model-axis floats of
 
 import argparse
 import pathlib
-import sys
 from typing import Sequence
 
 import jax
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding
 
 from benchmarks.collectives import collective_bytes
+from experiments import simulated_devices
 from lbjax.parallel import tensor
 
 
@@ -49,11 +49,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--seq_len", type=int, default=20)
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  if jax.device_count() != 8:
-    parser.error(f"needs 8 devices, jax sees {jax.device_count()}; run with JAX_NUM_CPU_DEVICES=8.")
+  simulated_devices.require(parser, 8, exact=True)
   rows = [step_bytes(8 // m, m, args.vocab, args.width, args.batch_size, args.seq_len) for m in (1, 2, 4, 8)]
-  command = "JAX_NUM_CPU_DEVICES=8 python -m experiments.tensor_sharding_bytes " + " ".join(
-      sys.argv[1:] if argv is None else argv)
+  command = simulated_devices.command("experiments.tensor_sharding_bytes", argv)
   lines = ["# Vocabulary-sharded PTB embedding and softmax: bytes per step", "",
            f"V = {args.vocab}, D = H = {args.width}, global batch {args.batch_size} x {args.seq_len} tokens, "
            f"float32, jax {jax.__version__}, 8 simulated CPU devices; from the compiled HLO of the loss-and-gradient "
