@@ -4,11 +4,11 @@
       --out docs/results/model_parallel_ptb
 
 Each layout is the same trainer config (`lbjax.train.Run`) with other `mesh.*` / `pipeline.*` fields: the
-PTB LSTM of papers/001 §5.1.2 (vocabulary 10,000, embedding and 2 layers of 200, no dropout) on
-synthetic PTB tokens, global batch 64 x 20, momentum SGD. Layouts: one device; data parallelism on
-8; GPipe over 2 stages (`mesh.stage=2`, the two LSTM layers one per stage) with 4 data shards and
-M = 1, 2, 4 micro-batches (and M = 4 with re-materialization); the vocabulary-sharded embedding and
-softmax over `mesh.model` = 2, 4, 8 with 4, 2, 1 data shards.
+PTB LSTM of papers/001 §5.1.2 (vocabulary 10,000, embedding and 2 layers of 200, no dropout; `--vocab`
+and `--width` change them) on synthetic PTB tokens, global batch 64 x 20, momentum SGD. Layouts: one
+device; data parallelism on 8; GPipe over 2 stages (`mesh.stage=2`, the two LSTM layers one per
+stage) with 4 data shards and M = 1, 2, 4 micro-batches (and M = 4 with re-materialization); the
+vocabulary-sharded embedding and softmax over `mesh.model` = 2, 4, 8 with 4, 2, 1 data shards.
 
 Columns: the training loss of the last step; the difference of the parameters from the one-device
 run's, max |w - w_1| / max |w_1| per parameter array, the largest over the arrays (float rounding
@@ -46,11 +46,12 @@ LAYOUTS = {
 }
 
 
-def layout_config(overrides: dict, batch_size: int, seq_len: int):
+def layout_config(overrides: dict, batch_size: int, seq_len: int, vocab: int = 10000, width: int = 200):
   config = default_config()
   config.model = "PtbLSTM"
+  config.model_options = {"embed_size": width, "hidden_size": width}
   config.dataset = "synthetic_ptb"
-  config.data_options = {"vocab_size": 10000, "num_train_tokens": 200_000, "num_eval_tokens": 2000, "seq_len": seq_len}
+  config.data_options = {"vocab_size": vocab, "num_train_tokens": 200_000, "num_eval_tokens": 2000, "seq_len": seq_len}
   config.batch_size = batch_size
   config.eval_batch_size = 64
   config.lr.base = 1.0
@@ -70,8 +71,9 @@ def _timed_steps(run: Run, steps: int) -> tuple[float, float]:
   return (time.perf_counter() - start) / steps, loss
 
 
-def measure(steps: int, repeats: int, batch_size: int, seq_len: int) -> list[dict]:
-  runs = {name: Run(layout_config(o, batch_size, seq_len)) for name, o in LAYOUTS.items()}
+def measure(steps: int, repeats: int, batch_size: int, seq_len: int, vocab: int = 10000,
+            width: int = 200) -> list[dict]:
+  runs = {name: Run(layout_config(o, batch_size, seq_len, vocab, width)) for name, o in LAYOUTS.items()}
   sent = {}
   for name, run in runs.items():
     run.step(run.next_batch())  # compiles
@@ -104,16 +106,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--seq_len", type=int, default=20)
+  parser.add_argument("--vocab", type=int, default=10000, help="vocabulary size V")
+  parser.add_argument("--width", type=int, default=200, help="embedding and LSTM size D = H")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   simulated_devices.require(parser, 8, exact=True)
-  rows = measure(args.steps, args.repeats, args.batch_size, args.seq_len)
+  rows = measure(args.steps, args.repeats, args.batch_size, args.seq_len, args.vocab, args.width)
   command = simulated_devices.command("experiments.model_parallel_layouts", argv)
   total = 1 + args.steps * args.repeats
   lines = ["# PTB LSTM under model-parallel layouts of the trainer", "",
-           f"PtbLSTM (V = 10,000, D = H = 200, 2 layers), synthetic PTB, global batch {args.batch_size} x "
-           f"{args.seq_len}, momentum SGD at LR 1, {total} steps; jax {jax.__version__}, 8 simulated CPU devices on "
-           "one host (they share its cores: times show the work and copies a layout adds, not a speed-up).", "",
+           f"PtbLSTM (V = {args.vocab:,}, D = H = {args.width}, 2 layers), synthetic PTB, global batch "
+           f"{args.batch_size} x {args.seq_len}, momentum SGD at LR 1, {total} steps; jax {jax.__version__}, 8 "
+           "simulated CPU devices on one host (they share its cores: times show the work and copies a layout adds, "
+           "not a speed-up).", "",
            "```", command, "```", "",
            "| layout | loss of the last step | parameter difference vs 1 device | ms per step, median "
            "(min-max) | MB sent per device per step (ring) | parameters per device |",
