@@ -133,7 +133,10 @@ class WriteMetrics:
     values, trust_ratios = jax.device_get((window.metrics, window.trust_ratios))
     if not all(np.isfinite(v["loss"]) and np.isfinite(v["update_norm"]) for v in values):
       run.check_health()  # raises NonFiniteError, naming the first non-finite quantity
-    record = {k: float(np.mean([v[k] for v in values])) for k in values[0] if k != "learning_rate"}
+    # Each metric averaged over the steps that report it: a batch-size schedule can put steps that
+    # accumulate micro-batches (with the noise-scale ingredients) and steps that do not in one window.
+    names = dict.fromkeys(k for v in values for k in v if k != "learning_rate")
+    record = {k: float(np.mean([v[k] for v in values if k in v])) for k in names}
     record["learning_rate"] = float(values[-1]["learning_rate"])
     if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
       record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(

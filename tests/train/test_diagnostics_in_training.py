@@ -24,6 +24,17 @@ def test_accumulating_step_logs_the_gradient_noise_scale(tmp_path):
   assert all(r["noise_scale_trace_sigma"] > 0 for r in records)  # micro-batch gradients are noisier
 
 
+def test_a_log_window_across_a_change_to_one_micro_batch_averages_the_noise_scale_over_the_steps_with_it(tmp_path):
+  """Batch 64 (2 micro-batches of 4 per device) for 2 steps, then 16 (one micro-batch, no noise-scale
+  ingredients) for 8: the first window of 4 steps mixes both kinds."""
+  config = helpers.tiny_classifier_config(batch_sizes=(64, 16), batch_size_boundaries=(0.5,), max_device_batch=4)
+  train_and_evaluate(config, tmp_path)
+  records = _records(tmp_path, "train")
+  assert [(r["step"], r["batch_size"]) for r in records] == [(4, 16), (8, 16), (10, 16)]
+  assert "gradient_noise_scale" in records[0] and records[0]["noise_scale_trace_sigma"] > 0
+  assert not any("gradient_noise_scale" in r for r in records[1:])
+
+
 def test_lipschitz_estimate_is_logged_every_n_steps(tmp_path):
   config = helpers.tiny_classifier_config(**{"diagnostics.lipschitz_every": 2, "diagnostics.lipschitz_batch_size": 32})
   train_and_evaluate(config, tmp_path)
