@@ -46,7 +46,8 @@ import numpy as np
 from lbjax.train.errors import ConfigError
 from lbjax.train.mesh import data_parallel_size
 from lbjax.train.state import TrainState
-from lbjax.train.step import Accumulator, make_accumulate_step, make_apply_step, make_micro_batch_terms
+from lbjax.train.step import (Accumulator, make_accumulate_step, make_apply_step, make_micro_batch_terms,
+                              merge_microbatches)
 
 
 def split_local_batch(local: dict[str, np.ndarray], num_microbatches: int, local_devices: int
@@ -65,12 +66,15 @@ def whole_batch(arrays: dict[str, jax.Array] | list[dict[str, jax.Array]], carry
                 ) -> tuple[dict[str, jax.Array], Any]:
   """A `run.Batch`'s arrays and the carry of its step as one batch [B, ...] and one carry, whatever
   the layout: a dict and its carry are returned as they are; the any-batch step's micro-batches (a
-  list) and their carries (a tuple, one per micro-batch) are joined in micro-batch order, so row i
-  of the batch keeps row i of the carry (on one device that order is the batch's own)."""
+  list) and their carries (a tuple, one per micro-batch) are joined back into the batch's row order
+  (`step.merge_microbatches`: micro-batch j holds the j-th slice of each data-parallel device's
+  share, so on D devices joining them end to end would interleave the devices' rows), and row i of
+  the carry stays with row i of the batch."""
   if not isinstance(arrays, list):
     return arrays, carry
-  join = lambda *parts: jnp.concatenate(parts)
-  return jax.tree.map(join, *arrays), (None if carry is None else jax.tree.map(join, *carry))
+  mesh = jax.tree.leaves(arrays[0])[0].sharding.mesh  # the micro-batches lie on the run's batch sharding
+  join = jax.jit(lambda parts: merge_microbatches(jax.tree.map(lambda *p: jnp.stack(p), *parts), mesh))
+  return join(arrays), (None if carry is None else join(carry))
 
 
 class AnyBatchStep:

@@ -62,7 +62,7 @@ def _split_microbatches(tree: Any, num_microbatches: int, mesh: Mesh | None) -> 
   return jax.tree.map(split, tree)
 
 
-def _merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
+def merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
   """Inverse of `_split_microbatches`."""
   shards = data_parallel_size(mesh) if mesh is not None else 1
 
@@ -172,7 +172,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
         batch_size // num_microbatches, batch_size)
     metrics = dict(metrics, noise_scale_grad_norm_sq=estimate.grad_norm_sq,
                    noise_scale_trace_sigma=estimate.trace_sigma)
-    return loss, metrics, model_state, _merge_microbatches(carries, split_mesh), grads
+    return loss, metrics, model_state, merge_microbatches(carries, split_mesh), grads
 
   def per_device_gradients(state: TrainState, batch: Batch, key: jax.Array):
     per_device = per_device_compression_state(state.compression_state)

@@ -1,13 +1,16 @@
 """The PTB LSTM on the any-batch step: one [m, H] carry per micro-batch, reset at a batch change
-(where `PtbStream` re-lays the rest of the epoch), checkpointed with their count."""
+(where `PtbStream` re-lays the rest of the epoch), checkpointed with their count; on one device and
+split over 4 data-parallel devices, and joined back in the batch's order by `whole_batch`."""
 
 import os
 import signal
 
 import jax
 import numpy as np
+import pytest
 
-from lbjax.train import batch_policy, train_and_evaluate
+from lbjax.train import any_batch, batch_policy, train_and_evaluate
+from lbjax.train.run import Run
 from tests.train import helpers
 
 MICRO = 8
@@ -16,9 +19,16 @@ SCHEDULE = {"batch_sizes": (16, 32, 8), "batch_size_boundaries": (0.25, 0.5), "n
             "mesh.num_devices": 1}
 
 
-def _merged(carries):
-  """The micro-batch carries as one [B, H] carry (one device: micro-batch j holds rows j*m..)."""
-  return jax.tree.map(lambda *parts: np.concatenate(parts), *helpers.host_tree(carries))
+def _merged(carries, data=1):
+  """The micro-batch carries as one [B, H] carry in the batch's row order: on `data` data-parallel
+  devices micro-batch j holds the j-th slice of each device's share (on one device, rows j*m..)."""
+
+  def merge(*parts):
+    stacked = np.stack(parts)  # [k, m, H]
+    k, m = stacked.shape[:2]
+    return stacked.reshape(k, data, m // data, -1).swapaxes(0, 1).reshape(k * m, -1)
+
+  return jax.tree.map(merge, *helpers.host_tree(carries))
 
 
 def test_a_fixed_batch_on_the_any_batch_step_equals_the_in_step_accumulation_carries_included(tmp_path):
@@ -57,3 +67,82 @@ def test_a_sigterm_after_a_mid_epoch_batch_change_resumes_bit_identically(tmp_pa
   resumed = train_and_evaluate(config(), tmp_path / "resumed")
   assert resumed.step == unbroken.step and resumed.epoch == unbroken.epoch
   helpers.assert_trees_equal(resumed.state, unbroken.state)
+
+
+DATA = 4  # data-parallel devices: each holds MICRO // DATA = 2 rows of every micro-batch
+
+
+def _rows_by_device(x):
+  return {shard.device: np.asarray(shard.data) for shard in x.addressable_shards}
+
+
+def test_on_a_data_parallel_mesh_the_carries_are_split_as_the_batch_and_the_run_equals_one_device(tmp_path):
+  """Batch 16 as 2 micro-batches of 8 on 4 data-parallel devices, over one epoch (24 updates): the same
+  parameters and optimizer state as on one device and as the per-size step on the same mesh
+  accumulating 2 micro-batches in one program (max_device_batch 2), and, rows put back in the batch's
+  order, the same [16, H] carry as both. Each device
+  holds, of micro-batch j's [8, H] carry, the rows j*2..j*2+1 of its own [4, H] share of the per-size
+  step's [16, H] carry: no row of a carry changes device. Dropout off: its masks are drawn per
+  micro-batch index, and micro-batch j holds other examples on one device than on four."""
+  config = lambda **overrides: helpers.tiny_language_model_config(
+      num_epochs=1.0, **{"model_options.dropout_rate": 0.0}, **overrides)
+  any_batch = train_and_evaluate(config(**{"mesh.num_devices": DATA, "batch.micro_batch_size": MICRO}),
+                                 tmp_path / "any")
+  one_device = train_and_evaluate(config(**{"mesh.num_devices": 1, "batch.micro_batch_size": MICRO}),
+                                  tmp_path / "one")
+  per_size = train_and_evaluate(config(**{"mesh.num_devices": DATA, "max_device_batch": MICRO // DATA}),
+                                tmp_path / "scan")
+  assert any_batch.step == one_device.step == per_size.step == 24
+  for other in (one_device, per_size):
+    helpers.assert_trees_close(any_batch.state.params, other.state.params, rtol=2e-5, atol=2e-6)
+    helpers.assert_trees_close(any_batch.state.opt_state, other.state.opt_state, rtol=2e-5, atol=2e-6)
+  assert len(any_batch.state.carry) == 2
+  for merged in (_merged(any_batch.state.carry, DATA), _merged(one_device.state.carry)):
+    helpers.assert_trees_close(merged, per_size.state.carry, rtol=2e-5, atol=2e-6)
+  _assert_each_device_holds_its_rows(any_batch.state.carry, per_size.state.carry)
+
+
+def _assert_each_device_holds_its_rows(carries, whole_carry):
+  """Micro-batch j's carry holds, on each device, rows j*s..(j+1)*s-1 of that device's share of the
+  per-size step's [B, H] carry, s = m / DATA."""
+  share = MICRO // DATA
+  for j, carry in enumerate(carries):
+    for part, whole in zip(jax.tree.leaves(carry), jax.tree.leaves(whole_carry)):
+      assert len(part.sharding.device_set) == DATA
+      whole_rows = _rows_by_device(whole)
+      for device, rows in _rows_by_device(part).items():
+        assert rows.shape == (share, 8)
+        np.testing.assert_allclose(rows, whole_rows[device][j * share:(j + 1) * share], rtol=2e-5, atol=2e-6)
+
+
+def test_on_a_data_parallel_mesh_a_mid_epoch_batch_change_equals_the_per_size_steps(tmp_path):
+  """SCHEDULE's batches 16 -> 32 -> 8 (the stream re-laid twice, the carries reset to 2, 4, 1 of 8
+  rows) on 4 data-parallel devices: the any-batch run ends with the parameters, optimizer state and
+  carry of the per-size steps accumulating micro-batches of 2 rows per device. Dropout off: at one
+  micro-batch (batch 8) the per-size step draws its masks from the step's key, the any-batch step
+  from micro-batch 0's (they agree with dropout on while every batch has 2 or more micro-batches)."""
+  schedule = {**SCHEDULE, "mesh.num_devices": DATA, "model_options.dropout_rate": 0.0}
+  any_batch = train_and_evaluate(helpers.tiny_language_model_config(**schedule, **{"batch.micro_batch_size": MICRO}),
+                                 tmp_path / "any")
+  per_size = train_and_evaluate(helpers.tiny_language_model_config(**schedule, max_device_batch=MICRO // DATA),
+                                tmp_path / "scan")
+  assert any_batch.step == per_size.step and any_batch.compiled_batch_sizes == (16,)
+  assert per_size.compiled_batch_sizes == (16, 32, 8)
+  helpers.assert_trees_close(any_batch.state.params, per_size.state.params, rtol=2e-5, atol=2e-6)
+  helpers.assert_trees_close(any_batch.state.opt_state, per_size.state.opt_state, rtol=2e-5, atol=2e-6)
+  assert len(any_batch.state.carry) == 1  # the last batch: 8 rows
+  _assert_each_device_holds_its_rows(any_batch.state.carry, per_size.state.carry)
+
+
+@pytest.mark.parametrize("num_devices", [1, DATA])
+def test_whole_batch_joins_the_micro_batches_and_their_carries_in_the_batch_order(num_devices):
+  """`whole_batch` (the batch of the non-finite diagnosis and of layer_table) of a batch of 16 rows
+  placed as 2 micro-batches of 8 on 1 or 4 data-parallel devices: row i is the batch's row i, and the
+  carries' rows move with their batch rows."""
+  run = Run(helpers.tiny_language_model_config(**{"mesh.num_devices": num_devices, "batch.micro_batch_size": MICRO}))
+  rows = np.arange(16 * 3, dtype=np.int32).reshape(16, 3)
+  micro_batches = run.any_batch.place({"inputs": rows}, 16)
+  carries = tuple(micro["inputs"] + 1000 for micro in micro_batches)  # a carry row per batch row
+  arrays, carry = any_batch.whole_batch(micro_batches, carries)
+  np.testing.assert_array_equal(np.asarray(arrays["inputs"]), rows)
+  np.testing.assert_array_equal(np.asarray(carry), rows + 1000)
