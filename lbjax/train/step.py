@@ -142,8 +142,9 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
     `split_mesh`: the mesh whose device shares the micro-batches slice (GSPMD), or None for one
     device's share inside `shard_map`.
     """
-    if num_microbatches == 1:
-      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry, key)
+    if num_microbatches == 1:  # micro-batch 0 of 1: the dropout key of the any-batch step's one micro-batch
+      (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry,
+                                                             jax.random.fold_in(key, 0))
       return loss, metrics, model_state, carry, grads
     micro_batches = _split_microbatches(batch, num_microbatches, split_mesh)
     micro_carries = _split_microbatches(carry, num_microbatches, split_mesh)

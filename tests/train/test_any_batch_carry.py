@@ -118,10 +118,9 @@ def _assert_each_device_holds_its_rows(carries, whole_carry):
 def test_on_a_data_parallel_mesh_a_mid_epoch_batch_change_equals_the_per_size_steps(tmp_path):
   """SCHEDULE's batches 16 -> 32 -> 8 (the stream re-laid twice, the carries reset to 2, 4, 1 of 8
   rows) on 4 data-parallel devices: the any-batch run ends with the parameters, optimizer state and
-  carry of the per-size steps accumulating micro-batches of 2 rows per device. Dropout off: at one
-  micro-batch (batch 8) the per-size step draws its masks from the step's key, the any-batch step
-  from micro-batch 0's (they agree with dropout on while every batch has 2 or more micro-batches)."""
-  schedule = {**SCHEDULE, "mesh.num_devices": DATA, "model_options.dropout_rate": 0.0}
+  carry of the per-size steps accumulating micro-batches of 2 rows per device. Dropout on: both draw
+  micro-batch j's masks from the step's key folded with j, at one micro-batch (batch 8) too."""
+  schedule = {**SCHEDULE, "mesh.num_devices": DATA}
   any_batch = train_and_evaluate(helpers.tiny_language_model_config(**schedule, **{"batch.micro_batch_size": MICRO}),
                                  tmp_path / "any")
   per_size = train_and_evaluate(helpers.tiny_language_model_config(**schedule, max_device_batch=MICRO // DATA),
