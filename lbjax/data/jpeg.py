@@ -46,6 +46,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from lbjax.data import libturbojpeg
+
 DCT_SCALES = (8, 4, 2, 1)
 INSTALL_HINT = "pip install 'lbjax[imagenet]' (simplejpeg and opencv-python-headless)"
 
@@ -191,11 +193,23 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
                         borderMode=cv2.BORDER_REPLICATE)
 
 
+def _support(window: Box, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+  """The rows and columns of a [height, width] image that `resize_window` reads for `window`: the
+  pixels it overlaps and one more on each side (what the bilinear filter reads at fractional
+  edges), within the image."""
+  return ((max(0, math.floor(window.top) - 1),
+           min(height, math.ceil(window.top + window.height) + 1)),
+          (max(0, math.floor(window.left) - 1),
+           min(width, math.ceil(window.left + window.width) + 1)))
+
+
 def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
                         flip: bool = False) -> np.ndarray:
   """Decodes window `box` of a JPEG at the smallest DCT scale covering `size`, resizes it to `size`.
 
-  Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
+  With a libturbojpeg that has the TurboJPEG 3 API (`libturbojpeg.decoder()`) only the pixels the
+  resize reads are decoded (`libturbojpeg.RegionDecoder.decode`); otherwise simplejpeg decodes the
+  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
   and resizing it with `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when
   `dct_scale` is 1).
 
@@ -208,10 +222,20 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
   Returns:
     uint8 [height, width, 3] RGB.
   """
-  height, width = image_size(encoded)
+  height, width, libjpeg_rgb = _header(encoded)
   _check_window(Box(*box), height, width)
-  pixels, step = decode(encoded, dct_scale(box.height, box.width, *size))
-  resized = resize_window(pixels, Box(*(edge / step for edge in box)), size)
+  scale = dct_scale(box.height, box.width, *size)
+  region_decoder = libturbojpeg.decoder() if libjpeg_rgb else None
+  if region_decoder is None:
+    pixels, step = decode(encoded, scale)
+    window = Box(*(edge / step for edge in box))
+  else:
+    numerator = scaling_numerator(height, width, scale)
+    window = Box(*(edge / (8 / numerator) for edge in box))  # As `decode`'s step.
+    rows, columns = _support(window, -(-height * numerator // 8), -(-width * numerator // 8))
+    pixels = region_decoder.decode(encoded, numerator, rows, columns)
+    window = window._replace(top=window.top - rows[0], left=window.left - columns[0])
+  resized = resize_window(pixels, window, size)
   return codecs()[1].flip(resized, 1) if flip else resized  # Contiguous, unlike [:, ::-1].
 
 
