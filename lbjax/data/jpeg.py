@@ -1,4 +1,5 @@
-"""JPEG decoding at the smallest DCT scale covering a crop (libjpeg-turbo), bilinear resize (OpenCV).
+"""JPEG decoding of a crop's region at the smallest DCT scale covering it (libjpeg-turbo), bilinear
+resize (OpenCV).
 
 A baseline JPEG stores 8x8 blocks of DCT coefficients. libjpeg-turbo can run its inverse DCT at
 M/8 of the size (M = 1..8), giving the image downscaled by 8/M for a fraction of the inverse-DCT,
@@ -23,20 +24,35 @@ in both directions (crops over 16x the output side), it averages areas instead (
 antialiased; at fractional factors it costs more than bilinear, so it is kept for these) over the
 window rounded out to whole decoded pixels (under half an output pixel).
 
-Why simplejpeg and OpenCV, not Pillow's draft mode, PyTurboJPEG or OpenCV's decoder: measured on
-this machine (`python -m benchmarks.input_pipeline --part imagenet`, benchmarks/README.md), the
-entropy decoding of every JPEG dominates the training transform; simplejpeg (libjpeg-turbo bundled
-in its wheel) decodes about 1.4x faster than Pillow, and OpenCV's bilinear resize of the numpy
-window costs a fraction of Pillow's antialiased resize, which needs the pixels in a PIL image.
-Decoding only the crop's region (libjpeg-turbo's `tj3SetCroppingRegion`, skipped scanlines) would
-save the inverse DCT outside the crop and the entropy decoding below it, but no wheel-packaged
-wrapper exposes it (PyTurboJPEG needs the system libturbojpeg); OpenCV's decoder (`cv2.imdecode`)
-was slower than simplejpeg's when tried and is not in the benchmark. Other formats and CMYK JPEGs
-(rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
+Region decoding: where a libturbojpeg with the TurboJPEG 3 API is found (`libturbojpeg.decoder()`:
+`pip install 'lbjax[turbojpeg]'`, a system libjpeg-turbo >= 3.0, or `$LBJAX_LIBTURBOJPEG`),
+`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`), at the same
+DCT scale; the pixels are bit-identical to those of the whole decode, so everything above holds
+unchanged. Otherwise simplejpeg decodes the whole image at that scale (logged once).
+
+Why these decoders, measured on this machine (`python -m benchmarks.input_pipeline --part imagenet`,
+benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates the training
+transform. simplejpeg (libjpeg-turbo bundled in its wheel) decodes 1.3-1.5x faster than Pillow,
+and OpenCV's bilinear resize of the numpy window costs a fraction of Pillow's antialiased resize.
+Region decoding then saves the inverse DCT, upsampling and colour conversion outside the crop and
+the entropy decoding below it (the train transform about 1.1x faster than with simplejpeg), not
+the entropy decoding of the rows above the crop, which the benchmark's last-row-only decode shows
+to be most of a decode of these photographs. Of the decoders installable from PyPI, only a
+TurboJPEG 3 library decodes a region: simplejpeg, Pillow (draft mode), OpenCV (`IMREAD_REDUCED_*`)
+and imagecodecs (`jpeg8_decode`) expose no cropping; PyTurboJPEG's `crop` is a lossless
+transform to a new JPEG (entropy-decodes the whole image and re-encodes the crop) and its `decode`
+takes no region; Debian's and Ubuntu's libturbojpeg0 (2.1) has only the TurboJPEG 2 API, which
+cannot crop a decode; the libjpeg API of their libjpeg62-turbo can (`jpeg_crop_scanline`,
+`jpeg_skip_scanlines`), but its errors `longjmp` out of C, which ctypes cannot catch. The
+`turbojpeg` wheel (pybind11 bindings without cropping) bundles a libturbojpeg 3.0, which
+`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`) was slower than simplejpeg's
+when tried and is not in the benchmark. Other formats and CMYK JPEGs (rare in ImageNet; TFDS
+re-encodes them) are decoded in full by Pillow.
 
 References:
   libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
-  "Decompression parameter selection"); simplejpeg `decode_jpeg(min_height, min_width)`; OpenCV
+  "Decompression parameter selection", "Partial image decompression"); simplejpeg
+  `decode_jpeg(min_height, min_width)`; OpenCV
   `resize`, `warpAffine`.
 """
 

@@ -113,6 +113,7 @@ class RegionDecoder:
       ValueError: the bytes are not a JPEG libjpeg-turbo decodes to RGB without a warning (as
         simplejpeg's strict mode), or the window is empty or outside the scaled image.
     """
+    encoded = encoded if isinstance(encoded, bytes) else bytes(encoded)
     handle = self._handle()
     lib = self._lib
     self._check(lib.tj3DecompressHeader(handle, encoded, len(encoded)), handle, encoded)
