@@ -16,8 +16,8 @@ adds the margin and returns exactly the columns asked for (tested in tests/data/
 
 The TurboJPEG 3 API is in libjpeg-turbo 3.0 and later. Where the library comes from, in this order:
 the file named by `$LBJAX_LIBTURBOJPEG` (and nothing else when it is set); the system's
-`libturbojpeg` (Fedora, Arch, Homebrew and conda-forge ship 3.x; Debian 12/13 and Ubuntu 24.04 ship
-2.1, whose TurboJPEG 2 API cannot crop, so apt does not help there); the copy bundled in the
+`libturbojpeg` (conda-forge and Homebrew ship 3.x; Debian 12 and 13 ship 2.1, whose TurboJPEG 2 API
+cannot crop, so apt does not help there); the copy bundled in the
 `turbojpeg` wheel on PyPI (`pip install 'lbjax[turbojpeg]'`, libjpeg-turbo 3.0). Without one,
 `decoder()` returns None, says so once in the log, and `lbjax.data.jpeg` decodes whole rows with
 simplejpeg (the same pixels, slower).
