@@ -17,10 +17,10 @@ adds the margin and returns exactly the columns asked for (tested in tests/data/
 The TurboJPEG 3 API is in libjpeg-turbo 3.0 and later. Where the library comes from, in this order:
 the file named by `$LBJAX_LIBTURBOJPEG` (and nothing else when it is set); the system's
 `libturbojpeg` (conda-forge and Homebrew ship 3.x; Debian 12 and 13 ship 2.1, whose TurboJPEG 2 API
-cannot crop, so apt does not help there); the copy bundled in the
-`turbojpeg` wheel on PyPI (`pip install 'lbjax[turbojpeg]'`, libjpeg-turbo 3.0). Without one,
-`decoder()` returns None, says so once in the log, and `lbjax.data.jpeg` decodes whole rows with
-simplejpeg (the same pixels, slower).
+cannot crop, so apt does not help there); the copy bundled in the `turbojpeg` wheel on PyPI
+(`pip install 'lbjax[turbojpeg]'`, libjpeg-turbo 3.0; found through the wheel's file list, its
+Python module is never imported). Without one, `decoder()` returns None, says so once in the log,
+and `lbjax.data.jpeg` decodes the whole image with simplejpeg (the same pixels, slower).
 
 References: libjpeg-turbo `turbojpeg.h` (tj3Init, tj3DecompressHeader, tj3Get, tj3SetScalingFactor,
 tj3SetCroppingRegion, tj3Decompress8), libjpeg.txt "Partial image decompression".
