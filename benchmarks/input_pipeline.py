@@ -15,10 +15,14 @@ variants interleaved in each round, medians and spread over the rounds, ratios t
 the same round):
   full-decode baseline   the path before reduced decoding: Pillow decodes in full to a numpy array
                          (as TFDS does), Pillow's antialiased bilinear resizes the window
-  PIL draft              the previous reduced path: Pillow's draft mode at the DCT scale covering
+  PIL draft              an earlier reduced path: Pillow's draft mode at the DCT scale covering
                          the crop, Pillow resize
-  simplejpeg + OpenCV    lbjax's path (`decode="reduced"`, `lbjax.data.jpeg`)
-and that train path on 1 and 2 grain worker processes (`lbjax.data.workers`). ResNet-50 at
+  simplejpeg whole       lbjax's path without a TurboJPEG 3 library: simplejpeg decodes the whole
+                         image at the DCT scale covering the crop, OpenCV resizes (`lbjax.data.jpeg`)
+  libturbojpeg region    lbjax's path (`decode="reduced"`) with one: only the crop's region is
+                         decoded (`lbjax.data.libturbojpeg`); its rows are left out when no
+                         TurboJPEG 3 library is found
+and lbjax's train path on 1 and 2 grain worker processes (`lbjax.data.workers`). ResNet-50 at
 224x224 is not run on this CPU; the table gives the cores needed for --imagenet-target images/s
 (default 3,000, about one H100 on ResNet-50 in bfloat16; an assumption, not a measurement).
 
@@ -39,6 +43,7 @@ from lbjax import data as lbdata
 from lbjax.data import cifar
 from lbjax.data import imagenet
 from lbjax.data import jpeg
+from lbjax.data import libturbojpeg
 from lbjax.data import stream as stream_lib
 from lbjax.data import synthetic_jpeg
 from lbjax.data import workers
@@ -226,14 +231,50 @@ def reference_transforms(image_size: int):
 
 
 TRAIN_BASELINE, EVAL_BASELINE = "train full-decode baseline", "eval full-decode baseline"
-TRAIN_NEW, EVAL_NEW = "train simplejpeg + OpenCV (lbjax)", "eval simplejpeg + OpenCV (lbjax)"
+TRAIN_WHOLE = "train simplejpeg whole decode + OpenCV (lbjax without libturbojpeg 3)"
+EVAL_WHOLE = "eval simplejpeg whole decode + OpenCV (lbjax without libturbojpeg 3)"
+TRAIN_REGION = "train libturbojpeg region decode + OpenCV (lbjax)"
+EVAL_REGION = "eval libturbojpeg region decode + OpenCV (lbjax)"
 DECODE_BASELINE = "decode alone, Pillow, full size"
+DECODE_SIMPLEJPEG = "decode alone, simplejpeg, full size"
+DECODE_REGIONS = "decode alone, libturbojpeg, the train crops' regions"
+DECODE_ENTROPY = "decode alone, libturbojpeg, last row only (entropy decoding of all rows)"
+
+
+def without_region_decoding(function):
+  """`function` run as lbjax runs where no TurboJPEG 3 library is found (simplejpeg decodes whole
+  images): `libturbojpeg.decoder` answers None for the duration of the call."""
+  def run():
+    found = libturbojpeg.decoder
+    libturbojpeg.decoder = lambda: None
+    try:
+      return function()
+    finally:
+      libturbojpeg.decoder = found
+  return run
+
+
+def train_regions(jpegs: list[bytes], image_size: int) -> list[tuple[int, tuple, tuple]]:
+  """(DCT numerator, rows, columns) that the train transform decodes of each JPEG at position = its
+  index (the windows of `imagenet.train_window`, as `jpeg.decode_resized_crop` maps them)."""
+  regions = []
+  for position, encoded in enumerate(jpegs):
+    height, width = jpeg.image_size(encoded)
+    box, _ = imagenet.train_window(height, width, stream_lib.example_rngs(0, [position])[0])
+    numerator = jpeg.scaling_numerator(
+        height, width, jpeg.dct_scale(box.height, box.width, image_size, image_size))
+    window = jpeg.Box(*(edge / (8 / numerator) for edge in box))
+    regions.append((numerator, *jpeg._support(  # pylint: disable=protected-access
+        window, -(-height * numerator // 8), -(-width * numerator // 8))))
+  return regions
 
 
 def single_core_rates(jpegs: list[bytes], image_size: int, rounds: int,
                       seconds: float) -> dict[str, list[float]]:
-  """images/s per round of each one-thread variant, rounds interleaved."""
+  """images/s per round of each one-thread variant, rounds interleaved (region rows only where
+  `libturbojpeg.decoder()` finds a library)."""
   import simplejpeg  # pylint: disable=g-import-not-at-top
+  region_decoder = libturbojpeg.decoder()
   batch = {"label": np.zeros(len(jpegs), np.int64)}
   positions = np.arange(len(jpegs))
   train = imagenet.imagenet_train_transform(seed=0, image_size=image_size, num_threads=1)
@@ -246,15 +287,26 @@ def single_core_rates(jpegs: list[bytes], image_size: int, rounds: int,
                                                                 positions),
       "train Pillow full decode + OpenCV (lbjax decode='full')": lambda: train(
           {**batch, "image": objects(map(decode_in_full, jpegs))}, positions),
-      TRAIN_NEW: lambda: train({**batch, "image": encoded}, positions),
+      TRAIN_WHOLE: without_region_decoding(lambda: train({**batch, "image": encoded}, positions)),
+      TRAIN_REGION: lambda: train({**batch, "image": encoded}, positions),
       EVAL_BASELINE: lambda: references[EVAL_BASELINE]({**batch, "image": encoded}, positions),
       "eval PIL draft": lambda: references["eval PIL draft"]({**batch, "image": encoded},
                                                               positions),
-      EVAL_NEW: lambda: evaluation({**batch, "image": encoded}, positions),
+      EVAL_WHOLE: without_region_decoding(
+          lambda: evaluation({**batch, "image": encoded}, positions)),
+      EVAL_REGION: lambda: evaluation({**batch, "image": encoded}, positions),
       DECODE_BASELINE: lambda: [decode_in_full(j) for j in jpegs],
-      "decode alone, simplejpeg, full size": lambda: [simplejpeg.decode_jpeg(j, "RGB")
-                                                      for j in jpegs],
+      DECODE_SIMPLEJPEG: lambda: [simplejpeg.decode_jpeg(j, "RGB") for j in jpegs],
   }
+  if region_decoder is None:
+    del functions[TRAIN_REGION], functions[EVAL_REGION]
+  else:
+    regions = train_regions(jpegs, image_size)
+    last_rows = [((h - 1, h), (0, 1)) for h, _ in map(jpeg.image_size, jpegs)]
+    functions[DECODE_REGIONS] = lambda: [region_decoder.decode(j, *r)
+                                         for j, r in zip(jpegs, regions)]
+    functions[DECODE_ENTROPY] = lambda: [region_decoder.decode(j, 8, *r)
+                                         for j, r in zip(jpegs, last_rows)]
   return cpu_rates(functions, len(jpegs), rounds, seconds)
 
 
@@ -334,7 +386,8 @@ def ratio_text(values: list[float]) -> str:
 
 
 def imagenet_part(args) -> None:
-  """Full-decode baseline, PIL draft and simplejpeg + OpenCV, train and eval; 1 and 2 workers."""
+  """Full-decode baseline, PIL draft, simplejpeg whole and libturbojpeg region decode, train and
+  eval; 1 and 2 workers."""
   load_before = load_average()
   jpegs = synthetic_jpeg.imagenet_like_jpegs(args.imagenet_images, seed=0)
   sizes = [jpeg.image_size(j) for j in jpegs]
@@ -358,11 +411,16 @@ def imagenet_part(args) -> None:
                    f"{args.imagenet_target / statistics.median(values):.1f}"
                    if not name.startswith("decode") else "-"])
       print(rows[-1], flush=True)
-    for new, old in ((TRAIN_NEW, TRAIN_BASELINE), (TRAIN_NEW, "train PIL draft"),
-                     (EVAL_NEW, EVAL_BASELINE), (EVAL_NEW, "eval PIL draft")):
+    comparisons = [(TRAIN_WHOLE, TRAIN_BASELINE), (EVAL_WHOLE, EVAL_BASELINE)]
+    if TRAIN_REGION in rates:
+      comparisons += [(TRAIN_REGION, TRAIN_BASELINE), (TRAIN_REGION, TRAIN_WHOLE),
+                      (EVAL_REGION, EVAL_BASELINE), (EVAL_REGION, EVAL_WHOLE)]
+    for new, old in comparisons:
       versus[(new, old, image_size)] = ratio_text(
           [n / o for n, o in zip(rates[new], rates[old])])
   image_size = args.imagenet_sizes[0]
+  region = (TRAIN_REGION, image_size) in per_core
+  train_lbjax = TRAIN_REGION if region else TRAIN_WHOLE
   fractions = []
   for index, (height, width) in enumerate(sizes):
     for position in range(8):
@@ -377,7 +435,7 @@ def imagenet_part(args) -> None:
   for label, measured in (("wall clock", worker), ("per CPU second of all processes", worker_cpu)):
     for n, values in measured.items():
       ratios = [v / one for v, one in zip(values, measured[1])]
-      rows.append([f"{TRAIN_NEW}, grain workers, {label}", image_size,
+      rows.append([f"{train_lbjax}, grain workers, {label}", image_size,
                    f"{n} worker process(es)", spread(values), f"{ratio_text(ratios)} vs 1 worker",
                    "-"])
       print(rows[-1], flush=True)
@@ -385,9 +443,45 @@ def imagenet_part(args) -> None:
       ["variant", "output side", "parallelism", "images/s, median (min-max)",
        "ratio to baseline, median (min-max)", f"cores for {args.imagenet_target:,.0f} images/s"],
       rows)
-  worker_overhead = per_core[(TRAIN_NEW, image_size)] / statistics.median(worker_cpu[1]) - 1
-  decode_bound = (per_core[("decode alone, simplejpeg, full size", image_size)]
-                  / per_core[(TRAIN_BASELINE, image_size)])
+  worker_overhead = per_core[(train_lbjax, image_size)] / statistics.median(worker_cpu[1]) - 1
+
+  def at_sides(new, old):
+    return ", ".join(f"{versus[(new, old, side)]} at side {side}" for side in args.imagenet_sizes)
+
+  def bound(decode_row):
+    return per_core[(decode_row, image_size)] / per_core[(TRAIN_BASELINE, image_size)]
+
+  if region:
+    verdict = (
+        f"Train, libturbojpeg region decode vs the full-decode baseline: "
+        f"{at_sides(TRAIN_REGION, TRAIN_BASELINE)}; vs simplejpeg whole decode: "
+        f"{at_sides(TRAIN_REGION, TRAIN_WHOLE)} (simplejpeg whole vs the baseline: "
+        f"{at_sides(TRAIN_WHOLE, TRAIN_BASELINE)}). Eval, region vs the baseline: "
+        f"{at_sides(EVAL_REGION, EVAL_BASELINE)}; vs simplejpeg whole: "
+        f"{at_sides(EVAL_REGION, EVAL_WHOLE)}. The region decoder "
+        f"({os.path.basename(libturbojpeg.decoder().path)}, from the `turbojpeg` wheel or the system) "
+        "entropy-decodes every row down to the crop's last one and inverse-transforms only the "
+        "crop's pixels. At side "
+        f"{image_size} decoding the regions is "
+        f"{per_core[(TRAIN_REGION, image_size)] / per_core[(DECODE_REGIONS, image_size)]:.0%} "
+        "of the train transform's CPU time, the rest is window sampling, resize, flip and "
+        "normalisation. Bounds at side "
+        f"{image_size}, in train-baseline units: were window sampling, resize and normalisation "
+        f"free, the train path would run at the rate of decoding the crops' regions alone, "
+        f"{bound(DECODE_REGIONS):.2f}x the baseline; were also the inverse DCT, upsampling and "
+        "colour conversion free (decoding only the last row, which entropy-decodes all rows "
+        f"above it), {bound(DECODE_ENTROPY):.2f}x: the Huffman decoding of the rows above the crop, "
+        "which no libjpeg-turbo API skips in a JPEG without restart markers, bounds every CPU "
+        "path that reads the stored JPEGs; beyond it: the GPU (`decoder='dali'`) or files stored "
+        "smaller. ")
+  else:
+    verdict = (
+        f"No libturbojpeg with the TurboJPEG 3 API was found, so the region rows are missing "
+        f"(pip install 'lbjax[turbojpeg]'). Train, simplejpeg whole decode vs the baseline: "
+        f"{at_sides(TRAIN_WHOLE, TRAIN_BASELINE)}; eval: {at_sides(EVAL_WHOLE, EVAL_BASELINE)}. "
+        f"Bound at side {image_size}: were window sampling, resize and normalisation free, this "
+        f"path would run at simplejpeg's full decode rate, {bound(DECODE_SIMPLEJPEG):.2f}x the "
+        "baseline. ")
   notes = (
       f"Data: {described}, quality 90, generated at run time (`lbjax.data.synthetic_jpeg`). "
       "Single-process rows: images per CPU second of the process (`time.process_time`: time "
@@ -398,34 +492,22 @@ def imagenet_part(args) -> None:
       "rows by the Pillow decode). All train variants draw the same windows and flips and "
       "normalise alike; they differ in decode and resize: `full-decode baseline` = the ImageNet "
       "path before reduced decoding (Pillow decodes the whole JPEG to a numpy array, as TFDS does; "
-      "Pillow's antialiased bilinear resizes the window from it); `PIL draft` = the previous lbjax "
-      "path (Pillow's draft mode at the DCT "
-      "scale covering the crop, Pillow resize); `Pillow full decode + OpenCV` = lbjax's "
-      "`decode='full'` path (TFDS decodes with Pillow, `jpeg.resize_window`); `simplejpeg + "
-      "OpenCV` = lbjax's `decode='reduced'` path (`lbjax.data.jpeg`). Cores for "
-      f"{args.imagenet_target:,.0f} images/s = target / per-core rate (reading the array_record "
-      "files is not included). Train, simplejpeg + OpenCV vs the full-decode baseline: "
-      + ", ".join(f"{versus[(TRAIN_NEW, TRAIN_BASELINE, s)]} at side {s}"
-                  for s in args.imagenet_sizes)
-      + "; vs PIL draft: " + ", ".join(f"{versus[(TRAIN_NEW, 'train PIL draft', s)]} at side {s}"
-                                       for s in args.imagenet_sizes)
-      + ". Eval vs the baseline: " + ", ".join(f"{versus[(EVAL_NEW, EVAL_BASELINE, s)]} at side {s}"
-                                               for s in args.imagenet_sizes)
-      + "; vs PIL draft: " + ", ".join(f"{versus[(EVAL_NEW, 'eval PIL draft', s)]} at side {s}"
-                                       for s in args.imagenet_sizes)
-      + f". At output side {image_size}, {scaled:.0%} of training crops decode at a DCT scale "
-      "below 1 (a crop must be at least twice the output on both sides); the rest decode every "
-      "pixel, and the entropy (Huffman) decoding of every JPEG remains in all variants. Bound at "
-      f"side {image_size}: were window sampling, resize and normalisation free, the train path "
-      f"would run at simplejpeg's full decode rate, {decode_bound:.2f}x the baseline; more per core "
-      "needs a decoder that skips the entropy decoding of rows below the crop and the inverse DCT "
-      "outside it (libjpeg-turbo's crop and skip-scanline API, not exposed by simplejpeg) or the "
-      "GPU (`decoder='dali'`). "
-      f"Worker rows: the simplejpeg + OpenCV train transform, batches of {args.worker_batch} from "
-      f"`WorkerTrainStream` (grain `mp_prefetch`), a fresh pipeline per round, "
-      f"{args.worker_batches} batches timed after the first 2 n (worker start-up excluded), 1 and "
-      "2 workers interleaved. This machine has 2 cores shared with other engineers' jobs and a "
-      f"niced background training run (1-min load average {load_before} at the start, "
+      "Pillow's antialiased bilinear resizes the window from it); `PIL draft` = an earlier lbjax "
+      "path (Pillow's draft mode at the DCT scale covering the crop, Pillow resize); `Pillow full "
+      "decode + OpenCV` = lbjax's `decode='full'` path (TFDS decodes with Pillow, "
+      "`jpeg.resize_window`); `simplejpeg whole decode + OpenCV` = lbjax's `decode='reduced'` path "
+      "where no TurboJPEG 3 library is found (simplejpeg decodes the whole JPEG at the DCT scale "
+      "covering the crop); `libturbojpeg region decode + OpenCV` = lbjax's `decode='reduced'` path "
+      "with one (`lbjax.data.libturbojpeg`: the pixels the resize reads, the same pixels). Cores "
+      f"for {args.imagenet_target:,.0f} images/s = target / per-core rate (reading the "
+      "array_record files is not included). " + verdict
+      + f"At output side {image_size}, {scaled:.0%} of training crops decode at a DCT scale below "
+      "1 (a crop must be at least twice the output on both sides). "
+      f"Worker rows: lbjax's train transform ({train_lbjax.removeprefix('train ')}), batches of "
+      f"{args.worker_batch} from `WorkerTrainStream` (grain `mp_prefetch`), a fresh pipeline per "
+      f"round, {args.worker_batches} batches timed after the first 2 n (worker start-up excluded), "
+      "1 and 2 workers interleaved. This machine has 2 cores shared with other engineers' jobs and "
+      f"a niced background training run (1-min load average {load_before} at the start, "
       f"{load_between} before the worker rows, {load_average()} at the end): the wall-clock rows "
       "measure the share of the 2 cores the scheduler gives, not the scaling on free cores. The "
       "per-CPU-second rows divide by the CPU time of the main process and the workers together: "
@@ -436,8 +518,8 @@ def imagenet_part(args) -> None:
   print(table + "\n\n" + notes)
   if not args.no_readme:
     report.write_section("input-pipeline-imagenet",
-                         "ImageNet input: full-decode baseline, PIL draft, simplejpeg + OpenCV; "
-                         "worker processes",
+                         "ImageNet input: full-decode baseline, PIL draft, simplejpeg whole decode, "
+                         "libturbojpeg region decode; worker processes",
                          report.header_lines() + "\n" + table + "\n\n" + notes)
 
 

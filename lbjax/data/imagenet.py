@@ -9,10 +9,12 @@ statistics (RGB, 0-255 scale) and give float32 NHWC images and int32 labels.
 Examples are read with `tfds.data_source(..., download=False)` (array_record files; no
 TensorFlow). `TfdsSource` is the random-access source the streams of `lbjax.data.stream` consume.
 With `decode="reduced"` (the default of the ImageNet streams) it returns each image's JPEG bytes and
-the transforms decode only what the output needs (`lbjax.data.jpeg`, libjpeg-turbo through
-simplejpeg): the training crop window is drawn from the header's height and width, then the JPEG is
-decoded at the smallest DCT scale (1, 1/2, 1/4, 1/8) at which that window still covers the output
-size; evaluation decodes at the smallest scale covering the resize-to-256 step. With
+the transforms decode only what the output needs (`lbjax.data.jpeg`, libjpeg-turbo): the training
+crop window is drawn from the header's height and width, then the JPEG is decoded at the smallest
+DCT scale (1, 1/2, 1/4, 1/8) at which that window still covers the output size, only the window's
+region where a TurboJPEG 3 library is found (`lbjax.data.libturbojpeg`, the `[turbojpeg]` extra),
+else the whole image with simplejpeg (the same pixels); evaluation decodes at the smallest scale
+covering the resize-to-256 step. With
 `decode="full"` TFDS decodes every image in full with Pillow and the transforms crop and resize the
 arrays (the same crop windows and flips). The transforms accept either form per example; both
 resample with `jpeg.resize_window` (OpenCV bilinear, not antialiased, as the TF reference
@@ -35,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from lbjax.data import jpeg
+from lbjax.data import libturbojpeg
 from lbjax.data import stream
 from lbjax.data import workers
 
@@ -477,6 +480,7 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
   image_size = _check_image_size(image_size)
   num_threads = _check_num_threads(num_threads)
   jpeg.codecs()
+  libturbojpeg.decoder()  # Finds the region decoder (or logs that there is none) once, here.
 
   def transform(examples: stream.Batch, positions: np.ndarray) -> stream.Batch:
     images = _images_of(examples)
@@ -494,6 +498,7 @@ def imagenet_eval_transform(*, image_size: int = 224,
   image_size = _check_image_size(image_size)
   num_threads = _check_num_threads(num_threads)
   jpeg.codecs()
+  libturbojpeg.decoder()  # Finds the region decoder (or logs that there is none) once, here.
 
   def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
     del indices  # Evaluation preprocessing is deterministic.

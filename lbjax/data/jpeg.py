@@ -1,4 +1,5 @@
-"""JPEG decoding at the smallest DCT scale covering a crop (libjpeg-turbo), bilinear resize (OpenCV).
+"""JPEG decoding of a crop's region at the smallest DCT scale covering it (libjpeg-turbo), bilinear
+resize (OpenCV).
 
 A baseline JPEG stores 8x8 blocks of DCT coefficients. libjpeg-turbo can run its inverse DCT at
 M/8 of the size (M = 1..8), giving the image downscaled by 8/M for a fraction of the inverse-DCT,
@@ -23,20 +24,35 @@ in both directions (crops over 16x the output side), it averages areas instead (
 antialiased; at fractional factors it costs more than bilinear, so it is kept for these) over the
 window rounded out to whole decoded pixels (under half an output pixel).
 
-Why simplejpeg and OpenCV, not Pillow's draft mode, PyTurboJPEG or OpenCV's decoder: measured on
-this machine (`python -m benchmarks.input_pipeline --part imagenet`, benchmarks/README.md), the
-entropy decoding of every JPEG dominates the training transform; simplejpeg (libjpeg-turbo bundled
-in its wheel) decodes about 1.4x faster than Pillow, and OpenCV's bilinear resize of the numpy
-window costs a fraction of Pillow's antialiased resize, which needs the pixels in a PIL image.
-Decoding only the crop's region (libjpeg-turbo's `tj3SetCroppingRegion`, skipped scanlines) would
-save the inverse DCT outside the crop and the entropy decoding below it, but no wheel-packaged
-wrapper exposes it (PyTurboJPEG needs the system libturbojpeg); OpenCV's decoder (`cv2.imdecode`)
-was slower than simplejpeg's when tried and is not in the benchmark. Other formats and CMYK JPEGs
-(rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
+Region decoding: where a libturbojpeg with the TurboJPEG 3 API is found (`libturbojpeg.decoder()`:
+`pip install 'lbjax[turbojpeg]'`, a system libjpeg-turbo >= 3.0, or `$LBJAX_LIBTURBOJPEG`),
+`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`), at the same
+DCT scale; the pixels are bit-identical to those of the whole decode, so everything above holds
+unchanged. Otherwise simplejpeg decodes the whole image at that scale (logged once).
+
+Why these decoders, measured on this machine (`python -m benchmarks.input_pipeline --part imagenet`,
+benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates the training
+transform. simplejpeg (libjpeg-turbo bundled in its wheel) decodes 1.3-1.5x faster than Pillow,
+and OpenCV's bilinear resize of the numpy window costs a fraction of Pillow's antialiased resize.
+Region decoding then saves the inverse DCT, upsampling and colour conversion outside the crop and
+the entropy decoding below it (the train transform about 1.1x faster than with simplejpeg), not
+the entropy decoding of the rows above the crop, which the benchmark's last-row-only decode shows
+to be most of a decode of these photographs. Of the decoders installable from PyPI, only a
+TurboJPEG 3 library decodes a region: simplejpeg, Pillow (draft mode), OpenCV (`IMREAD_REDUCED_*`)
+and imagecodecs (`jpeg8_decode`) expose no cropping; PyTurboJPEG's `crop` is a lossless
+transform to a new JPEG (entropy-decodes the whole image and re-encodes the crop) and its `decode`
+takes no region; Debian's and Ubuntu's libturbojpeg0 (2.1) has only the TurboJPEG 2 API, which
+cannot crop a decode; the libjpeg API of their libjpeg62-turbo can (`jpeg_crop_scanline`,
+`jpeg_skip_scanlines`), but its errors `longjmp` out of C, which ctypes cannot catch. The
+`turbojpeg` wheel (pybind11 bindings without cropping) bundles a libturbojpeg 3.0, which
+`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`) was slower than simplejpeg's
+when tried and is not in the benchmark. Other formats and CMYK JPEGs (rare in ImageNet; TFDS
+re-encodes them) are decoded in full by Pillow.
 
 References:
   libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
-  "Decompression parameter selection"); simplejpeg `decode_jpeg(min_height, min_width)`; OpenCV
+  "Decompression parameter selection", "Partial image decompression"); simplejpeg
+  `decode_jpeg(min_height, min_width)`; OpenCV
   `resize`, `warpAffine`.
 """
 
@@ -45,6 +61,8 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+
+from lbjax.data import libturbojpeg
 
 DCT_SCALES = (8, 4, 2, 1)
 INSTALL_HINT = "pip install 'lbjax[imagenet]' (simplejpeg and opencv-python-headless)"
@@ -191,11 +209,23 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
                         borderMode=cv2.BORDER_REPLICATE)
 
 
+def _support(window: Box, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
+  """The rows and columns of a [height, width] image that `resize_window` reads for `window`: the
+  pixels it overlaps and one more on each side (what the bilinear filter reads at fractional
+  edges), within the image."""
+  return ((max(0, math.floor(window.top) - 1),
+           min(height, math.ceil(window.top + window.height) + 1)),
+          (max(0, math.floor(window.left) - 1),
+           min(width, math.ceil(window.left + window.width) + 1)))
+
+
 def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
                         flip: bool = False) -> np.ndarray:
   """Decodes window `box` of a JPEG at the smallest DCT scale covering `size`, resizes it to `size`.
 
-  Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
+  With a libturbojpeg that has the TurboJPEG 3 API (`libturbojpeg.decoder()`) only the pixels the
+  resize reads are decoded (`libturbojpeg.RegionDecoder.decode`); otherwise simplejpeg decodes the
+  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
   and resizing it with `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when
   `dct_scale` is 1).
 
@@ -208,10 +238,20 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
   Returns:
     uint8 [height, width, 3] RGB.
   """
-  height, width = image_size(encoded)
+  height, width, libjpeg_rgb = _header(encoded)
   _check_window(Box(*box), height, width)
-  pixels, step = decode(encoded, dct_scale(box.height, box.width, *size))
-  resized = resize_window(pixels, Box(*(edge / step for edge in box)), size)
+  scale = dct_scale(box.height, box.width, *size)
+  region_decoder = libturbojpeg.decoder() if libjpeg_rgb else None
+  if region_decoder is None:
+    pixels, step = decode(encoded, scale)
+    window = Box(*(edge / step for edge in box))
+  else:
+    numerator = scaling_numerator(height, width, scale)
+    window = Box(*(edge / (8 / numerator) for edge in box))  # As `decode`'s step.
+    rows, columns = _support(window, -(-height * numerator // 8), -(-width * numerator // 8))
+    pixels = region_decoder.decode(encoded, numerator, rows, columns)
+    window = window._replace(top=window.top - rows[0], left=window.left - columns[0])
+  resized = resize_window(pixels, window, size)
   return codecs()[1].flip(resized, 1) if flip else resized  # Contiguous, unlike [:, ::-1].
 
 

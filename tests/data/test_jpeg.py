@@ -1,5 +1,10 @@
 """Reduced-size JPEG decoding: same crop windows and flips as the full-decode path, bounded error.
 
+Every test of `decode_resized_crop` and the transforms runs twice (fixture `jpeg_decoder`): with
+libturbojpeg's region decoding (skipped where no libturbojpeg with the TurboJPEG 3 API is found) and
+with simplejpeg's whole decode (the fallback). The region decoder itself is tested to give the same
+pixels as a whole decode at every DCT scale.
+
 The bounds tested, per crop, as mean absolute errors on the 0-255 scale, against the original
 full-decode path (Pillow decodes in full, then an antialiased bilinear resize of the crop):
   - at DCT scale 1 the reduced path is bit-identical to the full-decode path of the library
@@ -10,6 +15,7 @@ full-decode path (Pillow decodes in full, then an antialiased bilinear resize of
 Content is 1/f noise (natural-image spectrum), the hard case for aliasing.
 """
 
+import ctypes.util
 import io
 import sys
 
@@ -23,9 +29,21 @@ from PIL import Image  # pylint: disable=g-import-not-at-top
 
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
 from lbjax.data import jpeg  # pylint: disable=g-import-not-at-top
+from lbjax.data import libturbojpeg  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
 from lbjax.data import synthetic_jpeg  # pylint: disable=g-import-not-at-top
 from tests.data import stream_checks  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(params=["region", "whole"])
+def jpeg_decoder(request, monkeypatch):
+  """Runs a test with libturbojpeg's region decoding and with simplejpeg's whole decode."""
+  if request.param == "region":
+    if libturbojpeg.decoder() is None:
+      pytest.skip("no libturbojpeg with the TurboJPEG 3 API (pip install 'lbjax[turbojpeg]')")
+  else:
+    monkeypatch.setattr(libturbojpeg, "decoder", lambda: None)
+  return request.param
 
 
 def _decode_full(encoded):
@@ -50,7 +68,7 @@ def test_header_size_is_the_decoded_size():
   assert jpeg.image_size(encoded) == (37, 53) == _decode_full(encoded).shape[:2]
 
 
-def test_scale_one_is_bit_identical_to_the_full_decode_path():
+def test_scale_one_is_bit_identical_to_the_full_decode_path(jpeg_decoder):
   rng = np.random.default_rng(1)
   encoded = _jpeg(rng, 300, 260)
   full = _decode_full(encoded)
@@ -68,7 +86,7 @@ def _original_resize(full, box, size):
       box=(box.left, box.top, box.left + box.width, box.top + box.height))).astype(float)
 
 
-def test_reduced_decode_differs_from_full_decode_by_resampling_error_only():
+def test_reduced_decode_differs_from_full_decode_by_resampling_error_only(jpeg_decoder):
   rng = np.random.default_rng(2)
   scales = []
   for _ in range(6):
@@ -122,7 +140,7 @@ def test_resize_window_samples_bilinearly_at_fractional_edges():
                                 image[5:25, 7:47])
 
 
-def test_train_crops_of_bytes_and_arrays_have_the_same_windows_and_flips():
+def test_train_crops_of_bytes_and_arrays_have_the_same_windows_and_flips(jpeg_decoder):
   # Channel 0 encodes the column, channel 1 the row (smooth, so JPEG keeps them): a crop's corner
   # values locate its window, and the column gradient's sign tells whether it was flipped.
   rng = np.random.default_rng(3)
@@ -160,7 +178,7 @@ def test_crop_windows_from_the_header_match_the_decoded_shape():
                      for seed in range(200)]
 
 
-def test_eval_crop_of_bytes_matches_the_full_decode_path():
+def test_eval_crop_of_bytes_matches_the_full_decode_path(jpeg_decoder):
   rng = np.random.default_rng(5)
   for height, width in ((300, 400), (256, 256), (700, 1100)):
     encoded = _jpeg(rng, height, width)
@@ -172,7 +190,7 @@ def test_eval_crop_of_bytes_matches_the_full_decode_path():
       assert np.abs(reduced.astype(float) - full).mean() < 5.0
 
 
-def test_grayscale_cmyk_and_png_are_decoded_to_rgb():
+def test_grayscale_cmyk_and_png_are_decoded_to_rgb(jpeg_decoder):
   gray = np.random.default_rng(6).integers(0, 256, (40, 50), dtype=np.uint8)
   buffer = io.BytesIO()
   Image.fromarray(gray).save(buffer, format="JPEG", quality=95)
@@ -191,7 +209,7 @@ def test_grayscale_cmyk_and_png_are_decoded_to_rgb():
       np.repeat(gray[..., None], 3, axis=-1))
 
 
-def test_bad_input_is_rejected_with_a_clear_message(monkeypatch):
+def test_bad_input_is_rejected_with_a_clear_message(jpeg_decoder, monkeypatch):
   with pytest.raises(ValueError, match="cannot read an image"):
     jpeg.image_size(b"not a jpeg")
   with pytest.raises(ValueError, match="cannot read an image"):
@@ -199,12 +217,15 @@ def test_bad_input_is_rejected_with_a_clear_message(monkeypatch):
   encoded = _jpeg(np.random.default_rng(7), 20, 30)
   with pytest.raises(ValueError, match="does not lie inside the 20x30 image"):
     jpeg.decode_resized_crop(encoded, jpeg.Box(0, 0, 21, 30), (8, 8))
+  truncated = _jpeg(np.random.default_rng(8), 200, 300)[:-2000]
+  with pytest.raises(ValueError, match="Premature end of JPEG file"):
+    jpeg.decode_resized_crop(truncated, jpeg.Box(100, 0, 100, 300), (8, 8))
   monkeypatch.setitem(sys.modules, "simplejpeg", None)  # As if the [imagenet] extra were missing.
   with pytest.raises(ImportError, match=r"pip install 'lbjax\[imagenet\]'"):
     imagenet.imagenet_train_transform(seed=0)
 
 
-def test_stream_of_jpeg_bytes_is_deterministic_resumable_and_process_independent():
+def test_stream_of_jpeg_bytes_is_deterministic_resumable_and_process_independent(jpeg_decoder):
   encoded = synthetic_jpeg.imagenet_like_jpegs(12, seed=0, large_fraction=0.0)
   images = np.empty(12, dtype=object)
   images[:] = encoded
@@ -215,3 +236,56 @@ def test_stream_of_jpeg_bytes_is_deterministic_resumable_and_process_independent
       image_size=16, num_threads=1)))
   assert evaluation[0]["images"].shape == (8, 16, 16, 3)
   np.testing.assert_array_equal(evaluation[1]["mask"], [1] * 4 + [0] * 4)
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2])  # Pillow: 4:4:4, 4:2:2, 4:2:0.
+def test_region_decode_is_bit_identical_to_the_whole_decode_at_every_scale(subsampling):
+  region_decoder = libturbojpeg.decoder()
+  if region_decoder is None:
+    pytest.skip("no libturbojpeg with the TurboJPEG 3 API (pip install 'lbjax[turbojpeg]')")
+  rng = np.random.default_rng(9)
+  images = [synthetic_jpeg.pink_noise_image(rng, 613, 901), np.zeros((37, 53, 3), np.uint8)]
+  gray = io.BytesIO()
+  Image.fromarray(images[0][..., 0]).save(gray, format="JPEG", quality=90)
+  encodings = [gray.getvalue()]
+  for image in images:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=90, subsampling=subsampling)
+    encodings.append(buffer.getvalue())
+  for encoded in encodings:
+    for scale in jpeg.DCT_SCALES:
+      whole, _ = jpeg.decode(encoded, scale)
+      numerator = jpeg.scaling_numerator(*jpeg.image_size(encoded), scale)
+      height, width = whole.shape[:2]
+      windows = [((0, height), (0, width)), ((height - 1, height), (width - 1, width))]
+      for _ in range(12):  # Random windows, all left edges, cut anywhere.
+        top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
+        windows.append(((top, int(rng.integers(top + 1, height + 1))),
+                        (left, int(rng.integers(left + 1, width + 1)))))
+      for rows, columns in windows:
+        np.testing.assert_array_equal(
+            region_decoder.decode(encoded, numerator, rows, columns),
+            whole[rows[0]:rows[1], columns[0]:columns[1]], err_msg=f"{scale} {rows} {columns}")
+  with pytest.raises(ValueError, match=r"not inside the 37x53 image decoded at scale 8/8"):
+    region_decoder.decode(encodings[-1], 8, (0, 38), (0, 53))
+
+
+def test_without_a_turbojpeg3_library_the_transforms_decode_with_simplejpeg(monkeypatch, tmp_path):
+  encoded = _jpeg(np.random.default_rng(10), 120, 160)
+  expected = imagenet.crop_and_resize(_decode_full(encoded), imagenet.CropBox(10, 20, 90, 100),
+                                      (56, 56))  # DCT scale 1.
+  try:
+    for library, reason in ((tmp_path / "missing.so", "cannot open shared object file"),
+                            (ctypes.util.find_library("c"), "no TurboJPEG 3 API")):
+      monkeypatch.setenv(libturbojpeg.ENVIRONMENT_VARIABLE, str(library))
+      libturbojpeg.decoder.cache_clear()
+      with pytest.MonkeyPatch.context() as patch:
+        logged = []
+        patch.setattr(libturbojpeg.logging, "info", lambda *args: logged.append(args[0] % args[1:]))
+        assert libturbojpeg.decoder() is None and libturbojpeg.decoder() is None
+      assert len(logged) == 1 and reason in logged[0] and "simplejpeg" in logged[0], logged
+      np.testing.assert_array_equal(
+          jpeg.decode_resized_crop(encoded, jpeg.Box(10, 20, 90, 100), (56, 56)), expected)
+  finally:
+    monkeypatch.undo()
+    libturbojpeg.decoder.cache_clear()
