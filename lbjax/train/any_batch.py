@@ -29,8 +29,8 @@ activations kept for the backward pass) afresh, and on CPU an allocation above g
 mmap limit comes as new pages, each faulting in and zeroed by the kernel on first touch. The MNIST
 LSTM at m = 512 has 120 MiB of temporaries: with one call per micro-batch an update of k = 4 took
 123k minor page faults and 263 ms of system time against the scan step's 31k and 70 ms (user
-time equal), and was ~23% slower (benchmarks/README.md, "any-batch", Findings 9). A call of up to
-S micro-batches pays that once, as the scan step does once per update. On CPU a model with
+time equal), and took 1.28x the scan step's CPU time (benchmarks/README.md, Findings 9). A call
+of up to S micro-batches pays that once, as the scan step does once per update. On CPU a model with
 convolutions keeps one micro-batch per call (S = 1, no loop): XLA:CPU runs convolutions in a loop
 body on a slow path (`lbjax.train.step.loops_slow_down_convolutions`).
 
