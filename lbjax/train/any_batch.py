@@ -10,7 +10,7 @@
 
 `accumulate` (`lbjax.train.step.make_accumulate_step`) takes S micro-batch slots [m, ...] and adds
 the terms of the first n of them in a rolled loop with a traced trip count (the slots a call does
-not use hold repeats of its first micro-batch: the same device arrays, nothing padded or copied);
+not use hold repeats of its first micro-batch: the same device arrays, no padding placed);
 `apply` (`make_apply_step`) takes k as a traced int32 scalar; so the whole run compiles each once
 (per loss variant) however often the batch size changes, and each update equals the true batch of
 k*m examples, as the in-step `lax.scan` of `make_train_step` does.
