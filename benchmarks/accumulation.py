@@ -36,6 +36,7 @@ import jax
 
 from benchmarks import report
 from benchmarks import workloads
+from lbjax.train import any_batch as any_batch_lib
 from lbjax.train import run as run_lib
 
 CASES = (("resnet_tiny", 512, (1, 2, 4, 8)), ("mnist_lstm", 2048, (1, 2, 4, 8)))
@@ -230,12 +231,14 @@ def any_batch_main(args) -> None:
     return
   notes = ("One CPU device (the machine's 2 cores shared with other jobs and a background training run), "
            "momentum SGD, synthetic data placed once. 'any-batch': `config.batch.micro_batch_size` = the "
-           "micro-batch; the same two programs serve every multiple of it. 'scan': today's per-size step "
-           "with `max_device_batch` = the micro-batch (k micro-batches in one compiled `lax.scan`, unrolled "
-           "for the ResNet on CPU). 'k=1': today's per-size step on the whole batch. ms: median wall time "
-           "per update. Ratios (median [min, max] over the interleaved rounds, > 1: the any-batch step is "
-           "faster) of wall time and of the process's CPU time (all threads), the latter less disturbed "
-           "by the other jobs on the machine.")
+           "micro-batch; the same two programs serve every multiple of it, the accumulation program taking up "
+           f"to {any_batch_lib.SLOTS} micro-batches per call in a rolled loop over a traced count (one per call "
+           "for the ResNet on CPU, whose convolutions a loop body slows down; Findings 9: why one call per "
+           "micro-batch was slower). 'scan': today's per-size step with `max_device_batch` = the micro-batch "
+           "(k micro-batches in one compiled `lax.scan`, unrolled for the ResNet on CPU). 'k=1': today's "
+           "per-size step on the whole batch. ms: median wall time per update. Ratios (median [min, max] over "
+           "the interleaved rounds, > 1: the any-batch step is faster) of wall time and of the process's CPU "
+           "time (all threads), the latter less disturbed by the other jobs on the machine.")
   print(table)
   if not args.no_readme:
     report.write_section("any-batch", "Any batch, one compile: the any-batch step vs the per-size steps",

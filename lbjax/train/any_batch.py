@@ -3,24 +3,36 @@
 `config.batch.micro_batch_size = m > 0` turns it on. A step of k micro-batches (global batch k*m) is
 
     totals = zeros
-    for j in range(k):                      # host loop, k a Python int
-      totals = accumulate(totals, state, micro_batch[j], j)     # one compiled program, [m, ...]
+    for start in range(0, k, S):            # host loop, ceil(k/S) calls; S = SLOTS, a constant
+      n = min(S, k - start)                 # a traced int32
+      totals = accumulate(totals, state, micro_batch[start:start+S], start, n)  # one compiled program
     state, metrics, zeros = apply(state, totals, k, lr)          # one compiled program, k traced
 
-`accumulate` (`lbjax.train.step.make_accumulate_step`) sees one micro-batch, whatever k is, and
+`accumulate` (`lbjax.train.step.make_accumulate_step`) takes S micro-batch slots [m, ...] and adds
+the terms of the first n of them in a rolled loop with a traced trip count (the slots a call does
+not use hold repeats of its first micro-batch: the same device arrays, no padding placed);
 `apply` (`make_apply_step`) takes k as a traced int32 scalar; so the whole run compiles each once
 (per loss variant) however often the batch size changes, and each update equals the true batch of
 k*m examples, as the in-step `lax.scan` of `make_train_step` does.
 
-Why a host loop over a fixed-shape program, not one program with a traced trip count: a
-`lax.fori_loop`/`while_loop` with a dynamic count needs its input at a fixed shape, i.e. the batch
-padded to the largest count, [k_max, m, ...]. Feeding that moves and stores k_max/k times the data
-(64x at B=128 with a max of 8192): the host copy and the transfer alone would cost more than the 5%
-the any-batch step may lose, and the device holds k_max micro-batches instead of the k in use. The
-host loop moves exactly the batch, one micro-batch at a time, holds one micro-batch's activations
-(memory 1/k, like the rolled scan), and dispatches asynchronously: the host prepares micro-batch
-j+1 while the device computes j. What it pays is one dispatch per micro-batch and an accumulator
-add per micro-batch that the scan fuses in the same way (`benchmarks/accumulation.py --any-batch`).
+Why a host loop over a fixed-shape program, not one program with the whole batch: a loop over all
+k micro-batches needs its input at a fixed shape, i.e. the batch padded to the largest count,
+[k_max, m, ...]. Feeding that moves and stores k_max/k times the data (64x at B=128 with a max of
+8192): the host copy and the transfer alone would cost more than the 5% the any-batch step may
+lose, and the device holds k_max micro-batches instead of the k in use. The host loop moves
+exactly the batch, one micro-batch at a time, holds one micro-batch's activations (memory 1/k,
+like the rolled scan), and dispatches asynchronously: the host prepares the next call while the
+device computes.
+
+Why S slots per call, not one micro-batch per call: a call allocates the program's temporaries (the
+activations kept for the backward pass) afresh, and on CPU an allocation above glibc's 32 MiB
+mmap limit comes as new pages, each faulting in and zeroed by the kernel on first touch. The MNIST
+LSTM at m = 512 has 120 MiB of temporaries: with one call per micro-batch an update of k = 4 took
+123k minor page faults and 263 ms of system time against the scan step's 31k and 70 ms (user
+time equal), and took 1.28x the scan step's CPU time (benchmarks/README.md, Findings 9). A call
+of up to S micro-batches pays that once, as the scan step does once per update. On CPU a model with
+convolutions keeps one micro-batch per call (S = 1, no loop): XLA:CPU runs convolutions in a loop
+body on a slow path (`lbjax.train.step.loops_slow_down_convolutions`).
 
 Data sharding: each micro-batch is a global [m, ...] array split over the data axes like any batch
 (m must be a multiple of the data-parallel size). Micro-batch j holds the j-th slice of every
@@ -46,8 +58,10 @@ import numpy as np
 from lbjax.train.errors import ConfigError
 from lbjax.train.mesh import data_parallel_size
 from lbjax.train.state import TrainState
-from lbjax.train.step import (Accumulator, make_accumulate_step, make_apply_step, make_micro_batch_terms,
-                              merge_microbatches)
+from lbjax.train.step import (Accumulator, loops_slow_down_convolutions, make_accumulate_step, make_apply_step,
+                              make_micro_batch_terms, merge_microbatches)
+
+SLOTS = 16  # micro-batches per call of the accumulation program (lbjax.train.step.make_accumulate_step)
 
 
 def split_local_batch(local: dict[str, np.ndarray], num_microbatches: int, local_devices: int
@@ -82,6 +96,8 @@ class AnyBatchStep:
 
   Attributes:
     micro_batch_size: m, the global micro-batch.
+    slots: micro-batches per call of the accumulation program: `SLOTS`, or 1 where
+      `loops_slow_down_convolutions`.
     compiled: the compiled programs by name (`"accumulate"` per loss variant, `"apply"`).
     compile_seconds: their compile times, by the same keys.
   """
@@ -91,6 +107,7 @@ class AnyBatchStep:
       raise ConfigError("config.batch.micro_batch_size reduces GSPMD gradients; it does not combine with "
                         "config.compression or config.mesh.per_device_gradients. Set it to 0.")
     self.micro_batch_size = micro_batch_size
+    self.slots = 1 if loops_slow_down_convolutions(run.state.params) else SLOTS
     self._run = run
     self._local_devices = data_parallel_size(run.mesh) // run.process_count
     self.compiled: dict[Any, Any] = {}
@@ -165,11 +182,13 @@ class AnyBatchStep:
     micro_shardings = jax.tree.map(lambda x: x.sharding, micro_batches[0])
     carry_shardings = jax.tree.map(lambda x: x.sharding, carries[0])
     index = self._index
+    slots = self.slots
     accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
-        make_accumulate_step(run.graphdef, run.task, discard_fraction),
-        in_shardings=(totals_shardings, state_shardings, micro_shardings, carry_shardings, run.replicated),
-        out_shardings=(totals_shardings, carry_shardings), donate_argnums=(0,),
-    ).lower(self._totals, state, micro_batches[0], carries[0], index(0)).compile())
+        make_accumulate_step(run.graphdef, run.task, discard_fraction, slots),
+        in_shardings=(totals_shardings, state_shardings, (micro_shardings,) * slots, (carry_shardings,) * slots,
+                      run.replicated, run.replicated),
+        out_shardings=(totals_shardings, (carry_shardings,) * slots), donate_argnums=(0,),
+    ).lower(self._totals, state, (micro_batches[0],) * slots, (carries[0],) * slots, index(0), index(1)).compile())
     count = index(len(micro_batches))
     apply = self._compile("apply", lambda: jax.jit(
         make_apply_step(run.optimizer, self.micro_batch_size),
@@ -177,9 +196,13 @@ class AnyBatchStep:
         out_shardings=(state_shardings, run.replicated, totals_shardings), donate_argnums=(0, 1),
     ).lower(state, self._totals, count, learning_rate).compile())
     totals, new_carries = self._totals, []
-    for j, micro_batch in enumerate(micro_batches):
-      totals, carry = accumulate(totals, state, micro_batch, carries[j], index(j))
-      new_carries.append(carry)
+    for start in range(0, len(micro_batches), self.slots):
+      used = micro_batches[start:start + self.slots]
+      unused = self.slots - len(used)  # filled with repeats of the first: no new arrays
+      totals, chunk_carries = accumulate(totals, state, tuple(used) + (used[0],) * unused,
+                                         tuple(carries[start:start + len(used)]) + (carries[start],) * unused,
+                                         index(start), index(len(used)))
+      new_carries.extend(chunk_carries[:len(used)])
     state, metrics, self._totals = apply(state, totals, count, learning_rate)
     state = state._replace(carry=None if new_carries[0] is None else tuple(new_carries))
     return state, metrics, sum(self.compile_seconds[key] for key in self.compiled if key not in before)

@@ -77,17 +77,22 @@ def merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
   return jax.tree.map(merge, tree)
 
 
+def loops_slow_down_convolutions(params: Any) -> bool:
+  """Whether a loop body runs this model slowly: XLA's CPU backend runs convolutions inside a loop
+  body on a slow path (about 10x slower for a ResNet), so on CPU a model with convolutions (4-D
+  kernels) should not accumulate micro-batches in a rolled loop."""
+  return jax.default_backend() == "cpu" and any(jnp.ndim(p) == 4 for p in jax.tree.leaves(params))
+
+
 def _accumulation_unroll(num_microbatches: int, params: Any) -> int:
   """How many micro-batches the accumulation loop unrolls: all of them, or 1 (a rolled loop).
 
   A rolled loop holds one micro-batch's activations at a time, so memory falls as 1/k: that is what
   `max_device_batch` is for, and the LSTMs also run faster that way on CPU (benchmarks/README.md,
-  "accumulation"). But XLA's CPU backend runs convolutions inside a loop body on a slow path (about
-  10x slower for a ResNet), so on CPU a model with convolutions (4-D kernels) unrolls loops of up to
-  16 micro-batches: as fast as one batch or faster, without the memory saving.
+  "accumulation"). Where `loops_slow_down_convolutions`, loops of up to 16 micro-batches unroll: as
+  fast as one batch or faster, without the memory saving.
   """
-  has_convolutions = any(jnp.ndim(p) == 4 for p in jax.tree.leaves(params))
-  if jax.default_backend() == "cpu" and has_convolutions and num_microbatches <= 16:
+  if loops_slow_down_convolutions(params) and num_microbatches <= 16:
     return num_microbatches
   return 1
 
@@ -264,21 +269,48 @@ def make_micro_batch_terms(graphdef: nnx.GraphDef, task: Task, discard_fraction:
   return terms
 
 
-def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0
-                         ) -> Callable[[Accumulator, TrainState, Batch, Any, jax.Array], tuple[Accumulator, Any]]:
-  """Returns `accumulate(totals, state, micro_batch, carry, index) -> (totals + terms, new carry)`
+def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0, slots: int = 1
+                         ) -> Callable[..., tuple[Accumulator, tuple[Any, ...]]]:
+  """Returns `accumulate(totals, state, micro_batches, carries, first_index, count) -> (totals, carries)`
   (not yet jitted).
 
   The first half of the step whose micro-batch count is a runtime value (`lbjax.train.any_batch`):
-  `make_micro_batch_terms` of one micro-batch added to `totals`. Its shapes are those of one
-  micro-batch (and of its [m, ...] carry) whatever the batch, so it compiles once.
+  `micro_batches` and `carries` are tuples of `slots` micro-batches [m, ...] and their carries, of
+  which the first `count` (a traced int32, 1 <= count <= slots) are used; the others are ignored
+  (any arrays of the same shapes, e.g. repeats of the first). Micro-batch j in [0, count) has index
+  `first_index + j` (for its dropout key) and adds `make_micro_batch_terms` to the sums,
+
+    totals + sum_{j < count} terms_j,
+
+  in a rolled `lax.fori_loop` (one micro-batch's activations at a time) when `slots > 1`; the
+  returned carries are the new ones in the used slots and the given ones elsewhere. Its shapes are
+  those of `slots` micro-batches whatever the batch, so it compiles once. With `slots = 1` there is
+  no loop (`count` must be 1): what a model with convolutions needs on CPU
+  (`loops_slow_down_convolutions`).
   """
   terms = make_micro_batch_terms(graphdef, task, discard_fraction)
 
-  def accumulate(totals: Accumulator, state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array
-                 ) -> tuple[Accumulator, Any]:
+  def add(totals: Accumulator, state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array):
     micro_terms, carry = terms(state, micro_batch, carry, index)
     return jax.tree.map(jnp.add, totals, micro_terms), carry
+
+  def accumulate(totals: Accumulator, state: TrainState, micro_batches: tuple[Batch, ...],
+                 carries: tuple[Any, ...], first_index: jax.Array, count: jax.Array
+                 ) -> tuple[Accumulator, tuple[Any, ...]]:
+    if slots == 1:
+      totals, carry = add(totals, state, micro_batches[0], carries[0], first_index)
+      return totals, (carry,)
+    stacked_carries = jax.tree.map(lambda *c: jnp.stack(c), *carries)
+
+    def body(j, loop):
+      totals, stacked_carries = loop
+      micro_batch = jax.lax.switch(j, [lambda i=i: micro_batches[i] for i in range(slots)])
+      carry = jax.tree.map(lambda c: c[j], stacked_carries)
+      totals, carry = add(totals, state, micro_batch, carry, first_index + j)
+      return totals, jax.tree.map(lambda c, new: c.at[j].set(new), stacked_carries, carry)
+
+    totals, stacked_carries = jax.lax.fori_loop(0, count, body, (totals, stacked_carries))
+    return totals, tuple(jax.tree.map(lambda c: c[i], stacked_carries) for i in range(slots))
 
   return accumulate
 

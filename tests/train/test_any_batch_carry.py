@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from lbjax.train import any_batch, batch_policy, train_and_evaluate
+from lbjax.train import any_batch as any_batch_lib, batch_policy, train_and_evaluate
 from lbjax.train.run import Run
 from tests.train import helpers
 
@@ -42,6 +42,21 @@ def test_a_fixed_batch_on_the_any_batch_step_equals_the_in_step_accumulation_car
                                  tmp_path / "any")
   assert per_size.step == any_batch.step == 24
   assert len(any_batch.state.carry) == 2
+  helpers.assert_trees_close(per_size.state.params, any_batch.state.params, rtol=2e-5, atol=2e-6)
+  helpers.assert_trees_close(per_size.state.opt_state, any_batch.state.opt_state, rtol=2e-5, atol=2e-6)
+  helpers.assert_trees_close(per_size.state.carry, _merged(any_batch.state.carry), rtol=2e-5, atol=2e-6)
+
+
+def test_more_micro_batches_than_one_call_takes_equal_the_in_step_accumulation(tmp_path):
+  """SLOTS + 2 micro-batches of 2 rows (two calls of the accumulation program, the second using 2 of
+  its slots, dropout on): the same parameters, optimizer state and carries as the per-size step
+  accumulating them in one program."""
+  overrides = {"num_epochs": 1.0, "mesh.num_devices": 1, "batch_size": 2 * (any_batch_lib.SLOTS + 2)}
+  per_size = train_and_evaluate(helpers.tiny_language_model_config(max_device_batch=2, **overrides), tmp_path / "scan")
+  any_batch = train_and_evaluate(helpers.tiny_language_model_config(**overrides, **{"batch.micro_batch_size": 2}),
+                                 tmp_path / "any")
+  assert per_size.step == any_batch.step > 1
+  assert len(any_batch.state.carry) == any_batch_lib.SLOTS + 2
   helpers.assert_trees_close(per_size.state.params, any_batch.state.params, rtol=2e-5, atol=2e-6)
   helpers.assert_trees_close(per_size.state.opt_state, any_batch.state.opt_state, rtol=2e-5, atol=2e-6)
   helpers.assert_trees_close(per_size.state.carry, _merged(any_batch.state.carry), rtol=2e-5, atol=2e-6)
@@ -142,6 +157,6 @@ def test_whole_batch_joins_the_micro_batches_and_their_carries_in_the_batch_orde
   rows = np.arange(16 * 3, dtype=np.int32).reshape(16, 3)
   micro_batches = run.any_batch.place({"inputs": rows}, 16)
   carries = tuple(micro["inputs"] + 1000 for micro in micro_batches)  # a carry row per batch row
-  arrays, carry = any_batch.whole_batch(micro_batches, carries)
+  arrays, carry = any_batch_lib.whole_batch(micro_batches, carries)
   np.testing.assert_array_equal(np.asarray(arrays["inputs"]), rows)
   np.testing.assert_array_equal(np.asarray(carry), rows + 1000)
