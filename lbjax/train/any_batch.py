@@ -4,7 +4,7 @@
 
     totals = zeros
     for j in range(k):                      # host loop, k a Python int
-      totals = accumulate(totals, state, micro_batch[j], j)     # one compiled program, [m, ...]
+      totals = accumulate(totals, state, micro_batch[j], j, k)  # one compiled program, [m, ...]
     state, metrics, zeros = apply(state, totals, k, lr)          # one compiled program, k traced
 
 `accumulate` (`lbjax.train.step.make_accumulate_step`) sees one micro-batch, whatever k is, and
@@ -26,7 +26,9 @@ Data sharding: each micro-batch is a global [m, ...] array split over the data a
 (m must be a multiple of the data-parallel size). Micro-batch j holds the j-th slice of every
 device's share of the global batch, cut on the host from each process's local rows, exactly the
 split `_split_microbatches` makes on the device; so no example changes device and ghost-BatchNorm
-groups (a divisor of the per-device micro share) are those of the true batch.
+groups (a divisor of the per-device micro share) are those of the true batch. `accumulate` gets j and
+k, from which it knows the global rows micro-batch j holds (`step.micro_batch_rows`), and draws their
+dropout masks from their keys (`step.dropout_keys`): the masks of the per-size step's batch.
 
 Recurrent carry (PTB's LSTM): one carry per micro-batch, [m, H] each (micro-batch j's rows of the
 [B, H] carry of `make_train_step`, split as its batch is), so `accumulate` keeps one shape. They form
@@ -127,7 +129,8 @@ class AnyBatchStep:
     """A zero accumulator with the shapes of one micro-batch's terms, on their shardings."""
     run = self._run
     carry = None if state.carry is None else state.carry[0]
-    shapes = jax.eval_shape(make_micro_batch_terms(run.graphdef, run.task), state, micro_batch, carry, 0)[0]
+    terms = make_micro_batch_terms(run.graphdef, run.task, data_parallel_size(run.mesh))
+    shapes = jax.eval_shape(terms, state, micro_batch, carry, 0, 1)[0]
     return jax.tree.map(lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
                         shapes, self._totals_shardings(state, shapes))
 
@@ -165,12 +168,13 @@ class AnyBatchStep:
     micro_shardings = jax.tree.map(lambda x: x.sharding, micro_batches[0])
     carry_shardings = jax.tree.map(lambda x: x.sharding, carries[0])
     index = self._index
-    accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
-        make_accumulate_step(run.graphdef, run.task, discard_fraction),
-        in_shardings=(totals_shardings, state_shardings, micro_shardings, carry_shardings, run.replicated),
-        out_shardings=(totals_shardings, carry_shardings), donate_argnums=(0,),
-    ).lower(self._totals, state, micro_batches[0], carries[0], index(0)).compile())
     count = index(len(micro_batches))
+    accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
+        make_accumulate_step(run.graphdef, run.task, data_parallel_size(run.mesh), discard_fraction),
+        in_shardings=(totals_shardings, state_shardings, micro_shardings, carry_shardings, run.replicated,
+                      run.replicated),
+        out_shardings=(totals_shardings, carry_shardings), donate_argnums=(0,),
+    ).lower(self._totals, state, micro_batches[0], carries[0], index(0), count).compile())
     apply = self._compile("apply", lambda: jax.jit(
         make_apply_step(run.optimizer, self.micro_batch_size),
         in_shardings=(state_shardings, totals_shardings, run.replicated, run.replicated),
@@ -178,7 +182,7 @@ class AnyBatchStep:
     ).lower(state, self._totals, count, learning_rate).compile())
     totals, new_carries = self._totals, []
     for j, micro_batch in enumerate(micro_batches):
-      totals, carry = accumulate(totals, state, micro_batch, carries[j], index(j))
+      totals, carry = accumulate(totals, state, micro_batch, carries[j], index(j), count)
       new_carries.append(carry)
     state, metrics, self._totals = apply(state, totals, count, learning_rate)
     state = state._replace(carry=None if new_carries[0] is None else tuple(new_carries))
