@@ -50,8 +50,10 @@ StackRunner = Callable[[Callable, Any, Any, jax.Array], tuple[Any, jax.Array]]
 
 def _keep_mask(shape: tuple[int, ...], rate: float, row_keys: jax.Array) -> jax.Array:
   """[N, ...] keep mask of an activation of `shape` = [N, ...]: row n is bernoulli(row_keys[n], 1 - rate)
-  over the row's shape, drawn from its key alone (vmapped threefry: the rows are independent, so the
-  mask of a row is the same however the rows are split or sharded)."""
+  over the row's shape, drawn from its key alone. The threefry draws are vmapped over the rows, so a
+  batch sharded over its rows draws each device's rows on that device, with no communication, and
+  `jax_threefry_partitionable` (which decides how one key fills a shape, hence the bits of a row) never
+  has to partition one key's draw across devices."""
   return jax.vmap(lambda key: jax.random.bernoulli(key, 1.0 - rate, shape[1:]))(row_keys)
 
 
