@@ -5,7 +5,7 @@ interleaved rounds on one device; the table gives the time per step (median over
 quartiles) and the per-round ratio trainer / hand-written (median and quartiles). The run exits
 with status 3 (README untouched) when the 95% confidence interval of a ratio's median is wider
 than --max-spread of it. The trainer's step adds, by design, the injected learning rate, the
-non-finite guard (`jnp.where` over the state), grad/update norms and the dropout-key fold; its
+non-finite guard (`jnp.where` over the state), grad/update norms and the per-row dropout keys; its
 overhead should stay within 5%.
 
     python -m benchmarks.train_step [--models mnist_lstm,ptb_lstm,resnet_tiny,resnet18]

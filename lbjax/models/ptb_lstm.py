@@ -7,7 +7,16 @@ kernel a 400x800 matrix plus an 800 bias) and projected onto the 10,000-word voc
   logits_t = D(h^2_t) @ W + b
 
 where D is dropout (Zaremba et al.: on the non-recurrent connections only), active only in
-training with `dropout_rate > 0`. Parameters with the defaults:
+training with `dropout_rate > 0`. Each row (example) n of the batch draws its own masks from its own
+key k_n, one per D (the embedding's and each layer's output):
+
+  (k_n^0, ..., k_n^L) = split(k_n, L + 1),   keep^l_n = bernoulli(k_n^l, 1 - rate, [T, F])
+
+with k_n = `dropout_key[n]` when the call is given one key per row, or fold_in(dropout_key, n) when it
+is given one key. So a row's masks depend on its key alone, not on which other rows share the call,
+how many there are or how the batch is sharded: the trainer gives row n of the global batch the key
+fold_in(step key, n), so a micro-batch or a device's share draws the masks of the global batch
+(`lbjax.train.step.dropout_keys`). Parameters with the defaults:
 10000*200 + 2*(400*800 + 800) + 200*10000 + 10000 = 4,651,600.
 
 The carry (c, h) of every layer is an explicit input and output, so truncated back-propagation
@@ -39,8 +48,13 @@ PtbCarry = tuple[LSTMCarry, ...]
 StackRunner = Callable[[Callable, Any, Any, jax.Array], tuple[Any, jax.Array]]
 
 
-def _keep_mask(shape: tuple[int, ...], rate: float, key: jax.Array) -> jax.Array:
-  return jax.random.bernoulli(key, 1.0 - rate, shape)
+def _keep_mask(shape: tuple[int, ...], rate: float, row_keys: jax.Array) -> jax.Array:
+  """[N, ...] keep mask of an activation of `shape` = [N, ...]: row n is bernoulli(row_keys[n], 1 - rate)
+  over the row's shape, drawn from its key alone. The threefry draws are vmapped over the rows, so a
+  batch sharded over its rows draws each device's rows on that device, with no communication, and
+  `jax_threefry_partitionable` (which decides how one key fills a shape, hence the bits of a row) never
+  has to partition one key's draw across devices."""
+  return jax.vmap(lambda key: jax.random.bernoulli(key, 1.0 - rate, shape[1:]))(row_keys)
 
 
 def _apply_mask(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
@@ -48,9 +62,25 @@ def _apply_mask(x: jax.Array, keep: jax.Array, rate: float) -> jax.Array:
   return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
-def _dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
-  """Inverted dropout: zero with probability `rate`, scale the kept entries by 1/(1 - rate)."""
-  return _apply_mask(x, _keep_mask(x.shape, rate, key), rate)
+def _dropout(x: jax.Array, rate: float, row_keys: jax.Array) -> jax.Array:
+  """Inverted dropout: zero with probability `rate`, scale the kept entries by 1/(1 - rate); row n's
+  mask drawn from `row_keys[n]`."""
+  return _apply_mask(x, _keep_mask(x.shape, rate, row_keys), rate)
+
+
+def _row_keys(dropout_key: jax.Array, num_rows: int) -> jax.Array:
+  """[N] keys, one per row: `dropout_key` itself when it holds one key per row, else
+  fold_in(dropout_key, n) for row n. Raises `ValueError` on anything else."""
+  if not (isinstance(dropout_key, jax.Array) and jax.dtypes.issubdtype(dropout_key.dtype, jax.dtypes.prng_key)):
+    raise ValueError(f"PtbLSTM expects a typed PRNG key as dropout_key (`jax.random.key(seed)`, or "
+                     f"`jax.random.wrap_key_data(raw)` for raw uint32 key data), got "
+                     f"{getattr(dropout_key, 'dtype', type(dropout_key).__name__)}.")
+  if dropout_key.shape == ():
+    return jax.vmap(jax.random.fold_in, (None, 0))(dropout_key, jnp.arange(num_rows))
+  if dropout_key.shape != (num_rows,):
+    raise ValueError(f"PtbLSTM expects dropout_key to be one key or one key per row, shape [] or [{num_rows}], "
+                     f"got shape {list(dropout_key.shape)}.")
+  return dropout_key
 
 
 class PtbLSTM(nnx.Module):
@@ -119,7 +149,8 @@ class PtbLSTM(nnx.Module):
         as NaN and the loss turns non-finite (never silently wraps around).
       carry: the state after the previous block (or `initial_carry(N)`).
       train: enables dropout when `dropout_rate > 0`.
-      dropout_key: PRNG key for dropout; required when `train` and `dropout_rate > 0`.
+      dropout_key: typed PRNG key for dropout, one [] (row n then uses fold_in(key, n)) or one per row
+        [N]; required when `train` and `dropout_rate > 0`. See the module docstring.
       run_stack: runs the LSTM layers as one stack (e.g. pipelined over devices); None applies them
         in order. Needs embed_size == hidden_size (identical layers).
 
@@ -128,7 +159,7 @@ class PtbLSTM(nnx.Module):
 
     Raises:
       ValueError: on a wrong token rank/dtype, out-of-range concrete tokens, a malformed carry or a
-        missing `dropout_key`.
+        missing or malformed `dropout_key`.
     """
     shape = getattr(tokens, "shape", None)
     if shape is None or len(shape) != 2 or 0 in shape:
@@ -147,8 +178,9 @@ class PtbLSTM(nnx.Module):
       raise ValueError(
           f"PtbLSTM with dropout_rate={self.dropout_rate} needs a dropout_key when train=True; "
           "pass `dropout_key=jax.random.key(...)` (a fresh key per step).")
-    keys = (jax.random.split(dropout_key, self.num_layers + 1) if use_dropout
-            else [None] * (self.num_layers + 1))
+    # [L+1, N] keys: the embedding's and each layer's, per row.
+    keys = (jax.vmap(lambda key: jax.random.split(key, self.num_layers + 1), out_axes=1)(
+        _row_keys(dropout_key, shape[0])) if use_dropout else [None] * (self.num_layers + 1))
 
     def maybe_dropout(x, key):
       return _dropout(x, self.dropout_rate, key) if use_dropout else x
@@ -170,7 +202,7 @@ class PtbLSTM(nnx.Module):
   def _run_stack(self, run_stack: StackRunner, x: jax.Array, carry: PtbCarry, keys) -> tuple[jax.Array, PtbCarry]:
     """The LSTM layers (and the dropout after each) as one stack: kernels [L, 2H, 4H], biases [L, 4H];
     per layer and example the carry (c, h) and, with dropout, the keep mask of the layer's output (the
-    mask `_dropout` draws from the same key, so the result equals the loop of `__call__`)."""
+    mask `_dropout` draws from the same row keys, so the result equals the loop of `__call__`)."""
     shapes = {layer.kernel.shape for layer in self.layers}
     if len(shapes) != 1:
       raise ValueError(f"PtbLSTM runs its layers as one stack only when they are identical; the kernels have "

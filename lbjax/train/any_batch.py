@@ -5,7 +5,7 @@
     totals = zeros
     for start in range(0, k, S):            # host loop, ceil(k/S) calls; S = SLOTS, a constant
       n = min(S, k - start)                 # a traced int32
-      totals = accumulate(totals, state, micro_batch[start:start+S], start, n)  # one compiled program
+      totals = accumulate(totals, state, micro_batch[start:start+S], start, n, k)  # one compiled program
     state, metrics, zeros = apply(state, totals, k, lr)          # one compiled program, k traced
 
 `accumulate` (`lbjax.train.step.make_accumulate_step`) takes S micro-batch slots [m, ...] and adds
@@ -38,7 +38,9 @@ Data sharding: each micro-batch is a global [m, ...] array split over the data a
 (m must be a multiple of the data-parallel size). Micro-batch j holds the j-th slice of every
 device's share of the global batch, cut on the host from each process's local rows, exactly the
 split `_split_microbatches` makes on the device; so no example changes device and ghost-BatchNorm
-groups (a divisor of the per-device micro share) are those of the true batch.
+groups (a divisor of the per-device micro share) are those of the true batch. `accumulate` gets j and
+k, from which it knows the global rows micro-batch j holds (`step.micro_batch_rows`), and draws their
+dropout masks from their keys (`step.dropout_keys`): the masks of the per-size step's batch.
 
 Recurrent carry (PTB's LSTM): one carry per micro-batch, [m, H] each (micro-batch j's rows of the
 [B, H] carry of `make_train_step`, split as its batch is), so `accumulate` keeps one shape. They form
@@ -144,7 +146,8 @@ class AnyBatchStep:
     """A zero accumulator with the shapes of one micro-batch's terms, on their shardings."""
     run = self._run
     carry = None if state.carry is None else state.carry[0]
-    shapes = jax.eval_shape(make_micro_batch_terms(run.graphdef, run.task), state, micro_batch, carry, 0)[0]
+    terms = make_micro_batch_terms(run.graphdef, run.task, data_parallel_size(run.mesh))
+    shapes = jax.eval_shape(terms, state, micro_batch, carry, 0, 1)[0]
     return jax.tree.map(lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
                         shapes, self._totals_shardings(state, shapes))
 
@@ -183,13 +186,14 @@ class AnyBatchStep:
     carry_shardings = jax.tree.map(lambda x: x.sharding, carries[0])
     index = self._index
     slots = self.slots
-    accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
-        make_accumulate_step(run.graphdef, run.task, discard_fraction, slots),
-        in_shardings=(totals_shardings, state_shardings, (micro_shardings,) * slots, (carry_shardings,) * slots,
-                      run.replicated, run.replicated),
-        out_shardings=(totals_shardings, (carry_shardings,) * slots), donate_argnums=(0,),
-    ).lower(self._totals, state, (micro_batches[0],) * slots, (carries[0],) * slots, index(0), index(1)).compile())
     count = index(len(micro_batches))
+    accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
+        make_accumulate_step(run.graphdef, run.task, data_parallel_size(run.mesh), discard_fraction, slots),
+        in_shardings=(totals_shardings, state_shardings, (micro_shardings,) * slots, (carry_shardings,) * slots,
+                      run.replicated, run.replicated, run.replicated),
+        out_shardings=(totals_shardings, (carry_shardings,) * slots), donate_argnums=(0,),
+    ).lower(self._totals, state, (micro_batches[0],) * slots, (carries[0],) * slots, index(0), index(1),
+            count).compile())
     apply = self._compile("apply", lambda: jax.jit(
         make_apply_step(run.optimizer, self.micro_batch_size),
         in_shardings=(state_shardings, totals_shardings, run.replicated, run.replicated),
@@ -201,7 +205,7 @@ class AnyBatchStep:
       unused = self.slots - len(used)  # filled with repeats of the first: no new arrays
       totals, chunk_carries = accumulate(totals, state, tuple(used) + (used[0],) * unused,
                                          tuple(carries[start:start + len(used)]) + (carries[start],) * unused,
-                                         index(start), index(len(used)))
+                                         index(start), index(len(used)), count)
       new_carries.extend(chunk_carries[:len(used)])
     state, metrics, self._totals = apply(state, totals, count, learning_rate)
     state = state._replace(carry=None if new_carries[0] is None else tuple(new_carries))

@@ -73,9 +73,8 @@ def _device_change(run: Run) -> str:
   if run.saved_data_parallel_size in (None, now):
     return ""
   return (f"Note: the checkpoint was saved on {run.saved_data_parallel_size} data-parallel devices and resumes on "
-          f"{now}; the state was resharded (results agree to float rounding, not bit for bit; with dropout and "
-          "micro-batches, max_device_batch or batch.micro_batch_size, the dropout masks differ as well, since "
-          "each micro-batch holds other examples on another number of devices).")
+          f"{now}; the state was resharded (results agree to float rounding, not bit for bit; dropout masks "
+          "are the same, drawn per row of the global batch whatever the devices and micro-batches).")
 
 
 def _start_metrics(run: Run, writer: MetricsWriter) -> dict[str, float]:

@@ -14,7 +14,8 @@ class TrainState(NamedTuple):
     params: model parameters, a nested dict (`nnx.to_pure_dict` of the `nnx.Param` state).
     opt_state: the optimizer state (an `optax.inject_hyperparams` state).
     model_state: non-trained model variables (BatchNorm running statistics), a nested dict.
-    rng: raw PRNG key data (uint32[2]) from which each step folds in its dropout key.
+    rng: raw PRNG key data (uint32[2]); step s gives row n of its global batch the dropout key
+      fold_in(fold_in(rng, s), n) (`lbjax.train.step.dropout_keys`).
     carry: recurrent state carried across batches (PTB LSTM) or `None`.
     first_nonfinite_step: -1 while every loss and update has been finite; otherwise the step at which
       the first non-finite value appeared. From then on the step leaves the state untouched, so the

@@ -9,7 +9,14 @@ and accumulates their gradients inside the compiled step with `lax.scan` (the pa
 Each micro-batch takes an equal slice of every device's share, so no example crosses devices, and
 BatchNorm groups (ghost batch norm) are the same as in the true batch. BatchNorm running statistics
 are the mean over micro-batches of the statistics each micro-batch would write, which equals the one
-update the true batch makes. Hence accumulation gives the same update as the true large batch.
+update the true batch makes. Dropout draws the masks of row n of the global batch from the key
+
+  k_n = fold_in(fold_in(key(seed), step), n)                                       (`dropout_keys`)
+
+whichever micro-batch and device hold the row: each micro-batch carries its rows' global indices
+(`jnp.arange(B)` split as the batch is), and the model draws a row's masks from its key alone. Hence
+accumulation gives the same update as the true large batch, and D data-parallel devices the same as
+one, dropout included (up to float rounding).
 """
 
 from collections.abc import Callable
@@ -84,6 +91,25 @@ def loops_slow_down_convolutions(params: Any) -> bool:
   return jax.default_backend() == "cpu" and any(jnp.ndim(p) == 4 for p in jax.tree.leaves(params))
 
 
+def dropout_keys(step_key: jax.Array, rows: jax.Array) -> jax.Array:
+  """[n] dropout keys of the batch rows `rows` (int32 [n], indices into the global batch):
+  k_n = fold_in(step_key, rows[n]), a function of the step and the row alone."""
+  return jax.vmap(jax.random.fold_in, (None, 0))(step_key, rows)
+
+
+def micro_batch_rows(index: jax.Array, num_microbatches: jax.Array, micro_batch_size: int,
+                     data_parallel_size: int) -> jax.Array:
+  """int32 [m]: the global-batch rows that micro-batch `index` of `num_microbatches` holds (both may be
+  traced), as `_split_microbatches` splits a batch of k*m rows over D = `data_parallel_size` devices.
+
+  Device d holds rows d*k*s .. (d+1)*k*s - 1 of the batch (s = m/D), and micro-batch j its j-th slice
+  of s rows, so row r of the micro-batch is global row (r // s)*k*s + j*s + r % s.
+  """
+  share = micro_batch_size // data_parallel_size
+  r = jnp.arange(micro_batch_size, dtype=jnp.int32)
+  return (r // share) * (num_microbatches * share) + index * share + r % share
+
+
 def _accumulation_unroll(num_microbatches: int, params: Any) -> int:
   """How many micro-batches the accumulation loop unrolls: all of them, or 1 (a rolled loop).
 
@@ -123,6 +149,8 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
   micro-batch gradients (B/k examples) and their mean (B examples): `noise_scale_grad_norm_sq` and
   `noise_scale_trace_sigma`. Average each over steps before dividing.
   With `discard_fraction > 0` the smallest-loss examples are dropped within each micro-batch.
+  The task gets one dropout key per row of its (micro-)batch, `dropout_keys` of the rows' global
+  indices, so the masks are the same at any micro-batch count and on any number of devices.
 
   With a `compressor` the gradient is computed per device inside `jax.shard_map`: each device
   compresses its own gradient and the decoded values are averaged in one all-reduce
@@ -141,35 +169,38 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def gradients(params, model_state, batch: Batch, carry, key: jax.Array, split_mesh: Mesh | None):
+  def gradients(params, model_state, batch: Batch, carry, key: jax.Array, rows: jax.Array,
+                split_mesh: Mesh | None):
     """Loss, metrics, BN state, carry and gradient of `batch`, accumulated over the micro-batches.
 
-    `split_mesh`: the mesh whose device shares the micro-batches slice (GSPMD), or None for one
-    device's share inside `shard_map`.
+    `rows`: the global-batch indices of `batch`'s rows, for their dropout keys. `split_mesh`: the
+    mesh whose device shares the micro-batches slice (GSPMD), or None for one device's share inside
+    `shard_map`.
     """
-    if num_microbatches == 1:  # micro-batch 0 of 1: the dropout key of the any-batch step's one micro-batch
+    if num_microbatches == 1:
       (loss, (metrics, model_state, carry)), grads = grad_fn(params, model_state, batch, carry,
-                                                             jax.random.fold_in(key, 0))
+                                                             dropout_keys(key, rows))
       return loss, metrics, model_state, carry, grads
     micro_batches = _split_microbatches(batch, num_microbatches, split_mesh)
     micro_carries = _split_microbatches(carry, num_microbatches, split_mesh)
+    micro_rows = _split_microbatches(rows, num_microbatches, split_mesh)
 
     def accumulate(totals, inputs):
-      index, micro_batch, micro_carry = inputs
+      rows, micro_batch, micro_carry = inputs
       (loss, (metrics, new_model_state, new_carry)), grads = grad_fn(
-          params, model_state, micro_batch, micro_carry, jax.random.fold_in(key, index))
+          params, model_state, micro_batch, micro_carry, dropout_keys(key, rows))
       metrics = dict(metrics, micro_grad_norm_sq=optax.tree.norm(grads, squared=True))
       totals = jax.tree.map(jnp.add, totals, (loss, metrics, new_model_state, grads))
       return totals, new_carry
 
-    first = jax.tree.map(lambda x: x[0], (micro_batches, micro_carries))
-    shapes = jax.eval_shape(lambda b, c: grad_fn(params, model_state, b, c, key), *first)
+    first = jax.tree.map(lambda x: x[0], (micro_batches, micro_carries, micro_rows))
+    shapes = jax.eval_shape(lambda b, c, r: grad_fn(params, model_state, b, c, dropout_keys(key, r)), *first)
     (_, (metric_shapes, model_state_shapes, _)), grad_shapes = shapes
     metric_shapes = dict(metric_shapes, micro_grad_norm_sq=shapes[0][0])
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                          (shapes[0][0], metric_shapes, model_state_shapes, grad_shapes))
     totals, carries = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(num_microbatches), micro_batches, micro_carries),
+        accumulate, zeros, (micro_rows, micro_batches, micro_carries),
         unroll=_accumulation_unroll(num_microbatches, params))
     loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
     batch_size = jax.tree.leaves(batch)[0].shape[0]
@@ -180,13 +211,12 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
                    noise_scale_trace_sigma=estimate.trace_sigma)
     return loss, metrics, model_state, merge_microbatches(carries, split_mesh), grads
 
-  def per_device_gradients(state: TrainState, batch: Batch, key: jax.Array):
+  def per_device_gradients(state: TrainState, batch: Batch, key: jax.Array, rows: jax.Array):
     per_device = per_device_compression_state(state.compression_state)
     state_spec = P(DATA_AXES) if per_device else P()
 
-    def local(params, model_state, batch, carry, key, compression_state):
-      key = jax.random.fold_in(key, jax.lax.axis_index(DATA_AXES))
-      loss, metrics, model_state, carry, grads = gradients(params, model_state, batch, carry, key, None)
+    def local(params, model_state, batch, carry, key, rows, compression_state):
+      loss, metrics, model_state, carry, grads = gradients(params, model_state, batch, carry, key, rows, None)
       if per_device:
         compression_state = jax.tree.map(lambda x: x[0], compression_state)
       grads, compression_state = compression.compressed_pmean(grads, compression_state, compressor, DATA_AXES)
@@ -196,18 +226,21 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
       return loss, metrics, model_state, carry, grads, compression_state
 
     sharded = jax.shard_map(
-        local, mesh=mesh, in_specs=(P(), P(), P(DATA_AXES), P(DATA_AXES), P(), state_spec),
+        local, mesh=mesh, in_specs=(P(), P(), P(DATA_AXES), P(DATA_AXES), P(), P(DATA_AXES), state_spec),
         out_specs=(P(), P(), P(), P(DATA_AXES), P(), state_spec), check_vma=False)
-    return sharded(state.params, state.model_state, batch, state.carry, key, state.compression_state)
+    return sharded(state.params, state.model_state, batch, state.carry, key, rows, state.compression_state)
 
   def step(state: TrainState, batch: Batch, learning_rate: jax.Array):
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    batch_size = jax.tree.leaves(batch)[0].shape[0]
+    rows = jax.lax.with_sharding_constraint(jnp.arange(batch_size, dtype=jnp.int32),
+                                            NamedSharding(mesh, P(DATA_AXES)))
     compression_state = state.compression_state
     if compressor is None:
       loss, metrics, model_state, carry, grads = gradients(
-          state.params, state.model_state, batch, state.carry, key, mesh)
+          state.params, state.model_state, batch, state.carry, key, rows, mesh)
     else:
-      loss, metrics, model_state, carry, grads, compression_state = per_device_gradients(state, batch, key)
+      loss, metrics, model_state, carry, grads, compression_state = per_device_gradients(state, batch, key, rows)
     return _apply_gradients(optimizer, state, loss, metrics, model_state, carry, grads, compression_state,
                             learning_rate)
 
@@ -243,15 +276,17 @@ class Accumulator(NamedTuple):
   micro_grad_norm_sq: jax.Array  # sum over micro-batches of |g_j|^2, for the noise scale
 
 
-def make_micro_batch_terms(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0
-                           ) -> Callable[[TrainState, Batch, Any, jax.Array], tuple[Accumulator, Any]]:
-  """Returns `terms(state, micro_batch, carry, index) -> (Accumulator, new carry)` of one micro-batch
-  (not yet jitted).
+def make_micro_batch_terms(graphdef: nnx.GraphDef, task: Task, data_parallel_size: int,
+                           discard_fraction: float = 0.0
+                           ) -> Callable[[TrainState, Batch, Any, jax.Array, jax.Array], tuple[Accumulator, Any]]:
+  """Returns `terms(state, micro_batch, carry, index, num_microbatches) -> (Accumulator, new carry)` of
+  one micro-batch (not yet jitted).
 
   Its loss, metrics, BatchNorm statistics (from `state.model_state`, as in the scan of
   `make_train_step`), gradient at `state.params` and squared gradient norm, and the recurrent carry
-  it leaves (`carry`: this micro-batch's rows of the carried state, or None). The dropout key is that
-  of `make_train_step` for micro-batch `index` (a traced int32).
+  it leaves (`carry`: this micro-batch's rows of the carried state, or None). Micro-batch `index` of
+  `num_microbatches` (traced int32 scalars) holds the global-batch rows `micro_batch_rows` gives for
+  `data_parallel_size` devices, and its dropout keys are theirs (`dropout_keys`), as in `make_train_step`.
   """
 
   def loss_fn(params, model_state, batch, carry, key):
@@ -261,24 +296,29 @@ def make_micro_batch_terms(graphdef: nnx.GraphDef, task: Task, discard_fraction:
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def terms(state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array) -> tuple[Accumulator, Any]:
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step), index)
-    (loss, (metrics, model_state, carry)), grads = grad_fn(state.params, state.model_state, micro_batch, carry, key)
+  def terms(state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array, num_microbatches: jax.Array
+            ) -> tuple[Accumulator, Any]:
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    micro_batch_size = jax.tree.leaves(micro_batch)[0].shape[0]
+    rows = micro_batch_rows(index, num_microbatches, micro_batch_size, data_parallel_size)
+    (loss, (metrics, model_state, carry)), grads = grad_fn(state.params, state.model_state, micro_batch, carry,
+                                                           dropout_keys(key, rows))
     return Accumulator(loss, metrics, model_state, grads, optax.tree.norm(grads, squared=True)), carry
 
   return terms
 
 
-def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: float = 0.0, slots: int = 1
-                         ) -> Callable[..., tuple[Accumulator, tuple[Any, ...]]]:
-  """Returns `accumulate(totals, state, micro_batches, carries, first_index, count) -> (totals, carries)`
-  (not yet jitted).
+def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, data_parallel_size: int, discard_fraction: float = 0.0,
+                         slots: int = 1) -> Callable[..., tuple[Accumulator, tuple[Any, ...]]]:
+  """Returns `accumulate(totals, state, micro_batches, carries, first_index, count, num_microbatches)
+  -> (totals, carries)` (not yet jitted).
 
   The first half of the step whose micro-batch count is a runtime value (`lbjax.train.any_batch`):
   `micro_batches` and `carries` are tuples of `slots` micro-batches [m, ...] and their carries, of
   which the first `count` (a traced int32, 1 <= count <= slots) are used; the others are ignored
   (any arrays of the same shapes, e.g. repeats of the first). Micro-batch j in [0, count) has index
-  `first_index + j` (for its dropout key) and adds `make_micro_batch_terms` to the sums,
+  `first_index + j` of the update's `num_microbatches` (traced; with the index it names the global
+  batch rows whose dropout keys the micro-batch draws) and adds `make_micro_batch_terms` to the sums,
 
     totals + sum_{j < count} terms_j,
 
@@ -288,17 +328,18 @@ def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: f
   no loop (`count` must be 1): what a model with convolutions needs on CPU
   (`loops_slow_down_convolutions`).
   """
-  terms = make_micro_batch_terms(graphdef, task, discard_fraction)
+  terms = make_micro_batch_terms(graphdef, task, data_parallel_size, discard_fraction)
 
-  def add(totals: Accumulator, state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array):
-    micro_terms, carry = terms(state, micro_batch, carry, index)
+  def add(totals: Accumulator, state: TrainState, micro_batch: Batch, carry: Any, index: jax.Array,
+          num_microbatches: jax.Array):
+    micro_terms, carry = terms(state, micro_batch, carry, index, num_microbatches)
     return jax.tree.map(jnp.add, totals, micro_terms), carry
 
   def accumulate(totals: Accumulator, state: TrainState, micro_batches: tuple[Batch, ...],
-                 carries: tuple[Any, ...], first_index: jax.Array, count: jax.Array
+                 carries: tuple[Any, ...], first_index: jax.Array, count: jax.Array, num_microbatches: jax.Array
                  ) -> tuple[Accumulator, tuple[Any, ...]]:
     if slots == 1:
-      totals, carry = add(totals, state, micro_batches[0], carries[0], first_index)
+      totals, carry = add(totals, state, micro_batches[0], carries[0], first_index, num_microbatches)
       return totals, (carry,)
     stacked_carries = jax.tree.map(lambda *c: jnp.stack(c), *carries)
 
@@ -306,7 +347,7 @@ def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, discard_fraction: f
       totals, stacked_carries = loop
       micro_batch = jax.lax.switch(j, [lambda i=i: micro_batches[i] for i in range(slots)])
       carry = jax.tree.map(lambda c: c[j], stacked_carries)
-      totals, carry = add(totals, state, micro_batch, carry, first_index + j)
+      totals, carry = add(totals, state, micro_batch, carry, first_index + j, num_microbatches)
       return totals, jax.tree.map(lambda c, new: c.at[j].set(new), stacked_carries, carry)
 
     totals, stacked_carries = jax.lax.fori_loop(0, count, body, (totals, stacked_carries))

@@ -211,6 +211,22 @@ def test_ptb_lstm_dropout_is_deterministic_by_key_and_off_in_eval():
   np.testing.assert_allclose(evaluated, no_dropout(tokens, carry, train=False)[0], rtol=1e-6)
 
 
+def test_ptb_lstm_one_dropout_key_is_row_n_folded_into_it_and_rows_draw_alone():
+  """One key k gives row n the key fold_in(k, n); with one key per row, a row's output depends on its own
+  key only (the other rows' keys changed, it stays)."""
+  model = _tiny_ptb(dropout_rate=0.5)
+  tokens, carry = _tokens(n=4), model.initial_carry(4)
+  key = jax.random.key(5)
+  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(4))
+  one_key, _ = model(tokens, carry, train=True, dropout_key=key)
+  per_row, _ = model(tokens, carry, train=True, dropout_key=row_keys)
+  np.testing.assert_array_equal(one_key, per_row)
+  others = jnp.concatenate([row_keys[:1], jax.random.split(jax.random.key(6), 3)])
+  changed, _ = model(tokens, carry, train=True, dropout_key=others)
+  np.testing.assert_allclose(changed[0], per_row[0], rtol=1e-6)
+  assert not np.allclose(changed[1:], per_row[1:])
+
+
 def test_ptb_lstm_validation():
   with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\)"):
     PtbLSTM(dropout_rate=1.0, rngs=nnx.Rngs(0))
@@ -220,6 +236,10 @@ def test_ptb_lstm_validation():
   carry = model.initial_carry(2)
   with pytest.raises(ValueError, match="needs a dropout_key when train=True"):
     model(_tokens(), carry, train=True)
+  with pytest.raises(ValueError, match="expects a typed PRNG key as dropout_key .* got uint32"):
+    model(_tokens(), carry, train=True, dropout_key=jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match=r"one key or one key per row, shape \[\] or \[2\], got shape \[3\]"):
+    model(_tokens(), carry, train=True, dropout_key=jax.random.split(jax.random.key(0), 3))
   with pytest.raises(ValueError, match=r"tokens of shape \[N, T\] \(N, T >= 1\), got shape \(6,\)"):
     model(_tokens()[0], carry, train=False)
   with pytest.raises(ValueError, match=r"word ids in \[0, 11\), got values in \[-1, 10\]"):

@@ -97,10 +97,10 @@ def test_on_a_data_parallel_mesh_the_carries_are_split_as_the_batch_and_the_run_
   accumulating 2 micro-batches in one program (max_device_batch 2), and, rows put back in the batch's
   order, the same [16, H] carry as both. Each device
   holds, of micro-batch j's [8, H] carry, the rows j*2..j*2+1 of its own [4, H] share of the per-size
-  step's [16, H] carry: no row of a carry changes device. Dropout off: its masks are drawn per
-  micro-batch index, and micro-batch j holds other examples on one device than on four."""
-  config = lambda **overrides: helpers.tiny_language_model_config(
-      num_epochs=1.0, **{"model_options.dropout_rate": 0.0}, **overrides)
+  step's [16, H] carry: no row of a carry changes device. Dropout on (rate 0.1): row n of the batch
+  draws its masks from its own key whichever micro-batch and device hold it, although micro-batch j
+  holds other rows on one device than on four."""
+  config = lambda **overrides: helpers.tiny_language_model_config(num_epochs=1.0, **overrides)
   any_batch = train_and_evaluate(config(**{"mesh.num_devices": DATA, "batch.micro_batch_size": MICRO}),
                                  tmp_path / "any")
   one_device = train_and_evaluate(config(**{"mesh.num_devices": 1, "batch.micro_batch_size": MICRO}),
@@ -134,7 +134,7 @@ def test_on_a_data_parallel_mesh_a_mid_epoch_batch_change_equals_the_per_size_st
   """SCHEDULE's batches 16 -> 32 -> 8 (the stream re-laid twice, the carries reset to 2, 4, 1 of 8
   rows) on 4 data-parallel devices: the any-batch run ends with the parameters, optimizer state and
   carry of the per-size steps accumulating micro-batches of 2 rows per device. Dropout on: both draw
-  micro-batch j's masks from the step's key folded with j, at one micro-batch (batch 8) too."""
+  row n's masks from the step's key folded with n, at one micro-batch (batch 8) too."""
   schedule = {**SCHEDULE, "mesh.num_devices": DATA}
   any_batch = train_and_evaluate(helpers.tiny_language_model_config(**schedule, **{"batch.micro_batch_size": MICRO}),
                                  tmp_path / "any")
