@@ -70,11 +70,18 @@ def _dropout(x: jax.Array, rate: float, row_keys: jax.Array) -> jax.Array:
 
 def _row_keys(dropout_key: jax.Array, num_rows: int) -> jax.Array:
   """[N] keys, one per row: `dropout_key` itself when it holds one key per row, else
-  fold_in(dropout_key, n) for row n. Raises `ValueError` on anything else."""
+  fold_in(dropout_key, n) for row n. Typed keys (`jax.random.key`) or raw uint32 key data
+  (`jax.random.PRNGKey`: [2] for one key, [N, 2] for one per row). Raises `ValueError` on anything else."""
+  if isinstance(dropout_key, jax.Array) and dropout_key.dtype == jnp.uint32:
+    raw_shape = jax.eval_shape(jax.random.PRNGKey, 0).shape  # [2] for the default threefry keys
+    if dropout_key.shape[-len(raw_shape):] != raw_shape:
+      raise ValueError(f"PtbLSTM expects raw uint32 key data of shape {list(raw_shape)} (one key) or "
+                       f"[{num_rows}, {', '.join(map(str, raw_shape))}] (one per row), got shape "
+                       f"{list(dropout_key.shape)}.")
+    dropout_key = jax.random.wrap_key_data(dropout_key)
   if not (isinstance(dropout_key, jax.Array) and jax.dtypes.issubdtype(dropout_key.dtype, jax.dtypes.prng_key)):
-    raise ValueError(f"PtbLSTM expects a typed PRNG key as dropout_key (`jax.random.key(seed)`, or "
-                     f"`jax.random.wrap_key_data(raw)` for raw uint32 key data), got "
-                     f"{getattr(dropout_key, 'dtype', type(dropout_key).__name__)}.")
+    raise ValueError(f"PtbLSTM expects a PRNG key as dropout_key (`jax.random.key(seed)` or "
+                     f"`jax.random.PRNGKey(seed)`), got {getattr(dropout_key, 'dtype', type(dropout_key).__name__)}.")
   if dropout_key.shape == ():
     return jax.vmap(jax.random.fold_in, (None, 0))(dropout_key, jnp.arange(num_rows))
   if dropout_key.shape != (num_rows,):

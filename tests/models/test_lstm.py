@@ -221,6 +221,10 @@ def test_ptb_lstm_one_dropout_key_is_row_n_folded_into_it_and_rows_draw_alone():
   one_key, _ = model(tokens, carry, train=True, dropout_key=key)
   per_row, _ = model(tokens, carry, train=True, dropout_key=row_keys)
   np.testing.assert_array_equal(one_key, per_row)
+  raw_one, _ = model(tokens, carry, train=True, dropout_key=jax.random.key_data(key))  # `jax.random.PRNGKey` data
+  raw_rows, _ = model(tokens, carry, train=True, dropout_key=jax.random.key_data(row_keys))
+  np.testing.assert_array_equal(raw_one, one_key)
+  np.testing.assert_array_equal(raw_rows, one_key)
   others = jnp.concatenate([row_keys[:1], jax.random.split(jax.random.key(6), 3)])
   changed, _ = model(tokens, carry, train=True, dropout_key=others)
   np.testing.assert_allclose(changed[0], per_row[0], rtol=1e-6)
@@ -236,8 +240,10 @@ def test_ptb_lstm_validation():
   carry = model.initial_carry(2)
   with pytest.raises(ValueError, match="needs a dropout_key when train=True"):
     model(_tokens(), carry, train=True)
-  with pytest.raises(ValueError, match="expects a typed PRNG key as dropout_key .* got uint32"):
-    model(_tokens(), carry, train=True, dropout_key=jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="expects a PRNG key as dropout_key .* got float32"):
+    model(_tokens(), carry, train=True, dropout_key=jnp.zeros((), jnp.float32))
+  with pytest.raises(ValueError, match=r"raw uint32 key data of shape \[2\] \(one key\) or \[2, 2\] .* got shape \[3\]"):
+    model(_tokens(), carry, train=True, dropout_key=jnp.zeros(3, jnp.uint32))
   with pytest.raises(ValueError, match=r"one key or one key per row, shape \[\] or \[2\], got shape \[3\]"):
     model(_tokens(), carry, train=True, dropout_key=jax.random.split(jax.random.key(0), 3))
   with pytest.raises(ValueError, match=r"tokens of shape \[N, T\] \(N, T >= 1\), got shape \(6,\)"):
