@@ -19,19 +19,20 @@ bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antiali
 reference ResNet-50 pipeline), on the exact window: `cv2.resize` of the window when its edges are
 whole pixels; of the image from its origin by exactly 1 / step when the edges are whole steps from
 it (the evaluation window: the centre of the image resized to 256, so the same pixels as resizing
-and cropping, at about half the time of the affine warp); `cv2.warpAffine` for other fractional
-edges (training crops decoded at a DCT scale below 1). After the DCT scale the window is shrunk by less than 2x in its shorter
-direction relative to the output (the other by at most the crop's aspect ratio more), so aliasing
-stays that of a mild bilinear shrink; where even 1/8 leaves the window at least twice the output
-in both directions (crops over 16x the output side), it averages areas instead (`INTER_AREA`,
-antialiased; at fractional factors it costs more than bilinear, so it is kept for these) over the
-window rounded out to whole decoded pixels (under half an output pixel).
+and cropping, in about half the time of the affine warp); `cv2.warpAffine` for other fractional
+edges (training crops decoded at a DCT scale below 1). After the DCT scale the window is shrunk by
+less than 2x in its shorter direction relative to the output (the other by at most the crop's
+aspect ratio more), so aliasing stays that of a mild bilinear shrink; where even 1/8 leaves the
+window at least twice the output in both directions (crops over 16x the output side), it averages
+areas instead (`INTER_AREA`, antialiased; at fractional factors it costs more than bilinear, so it
+is kept for these) over the window rounded out to whole decoded pixels (under half an output
+pixel).
 
 Region decoding: where a libturbojpeg with the TurboJPEG 3 API is found (`libturbojpeg.decoder()`:
 `pip install 'lbjax[turbojpeg]'`, a system libjpeg-turbo >= 3.0, or `$LBJAX_LIBTURBOJPEG`),
-`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`), at the same
-DCT scale; the pixels are bit-identical to those of the whole decode, so everything above holds
-unchanged. Otherwise simplejpeg decodes the whole image at that scale (logged once).
+`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`; from the
+origin for the evaluation window), at the same DCT scale; the pixels are bit-identical to those of
+the whole decode, so everything above holds unchanged. Otherwise simplejpeg decodes the whole image at that scale (logged once).
 
 Why these decoders, measured on this machine (`python -m benchmarks.input_pipeline --part imagenet`,
 benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates the training
@@ -192,9 +193,9 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
   window, the centre of the image resized by 1 / step) take rows and columns `k, k + 1, ...` of
   `cv2.resize` by exactly 1 / step of the pixels from the origin to the window's far edges;
   other fractional edges (training crops decoded at a DCT scale below 1) go through
-  `cv2.warpAffine`, about 3x the time of a resize. OpenCV quantises the resize's weights to
-  1/2048 and warpAffine's sampling positions to 1/32 pixel, so the two differ by a few levels at
-  most (tests/data/test_jpeg.py states the bound).
+  `cv2.warpAffine`, about twice the time. The resize's weights are fixed-point (11 bits): it
+  stays under one level of float64 bilinear sampling and within one level of the warp
+  (tests/data/test_jpeg.py).
   """
   _, cv2 = codecs()
   _check_window(window, *pixels.shape[:2])
