@@ -32,7 +32,8 @@ Region decoding: where a libturbojpeg with the TurboJPEG 3 API is found (`libtur
 `pip install 'lbjax[turbojpeg]'`, a system libjpeg-turbo >= 3.0, or `$LBJAX_LIBTURBOJPEG`),
 `decode_resized_crop` decodes only the rows and columns the resize reads (`_support`; from the
 origin for the evaluation window), at the same DCT scale; the pixels are bit-identical to those of
-the whole decode, so everything above holds unchanged. Otherwise simplejpeg decodes the whole image at that scale (logged once).
+the whole decode, so everything above holds unchanged. Otherwise simplejpeg decodes the whole
+image at that scale (logged once).
 
 Why these decoders, measured on this machine (`python -m benchmarks.input_pipeline --part imagenet`,
 benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates the training
