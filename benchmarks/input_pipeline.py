@@ -472,7 +472,8 @@ def imagenet_part(args) -> None:
     verdict = (
         f"Train, libturbojpeg region decode vs the full-decode baseline: "
         f"{at_sides(TRAIN_REGION, TRAIN_BASELINE)}; vs the baseline without its host "
-        f"normalisation: {at_sides(TRAIN_REGION, TRAIN_BASELINE_UINT8)}; vs simplejpeg whole decode: "
+        f"normalisation: {at_sides(TRAIN_REGION, TRAIN_BASELINE_UINT8)}; vs simplejpeg whole "
+        "decode: "
         f"{at_sides(TRAIN_REGION, TRAIN_WHOLE)} (simplejpeg whole vs the baseline: "
         f"{at_sides(TRAIN_WHOLE, TRAIN_BASELINE)}). Eval, region vs the baseline: "
         f"{at_sides(EVAL_REGION, EVAL_BASELINE)} (without its host normalisation: "

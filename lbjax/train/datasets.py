@@ -236,7 +236,8 @@ def _tfds_fingerprint(name: str, data_dir, splits: tuple[str, str]) -> dict[str,
 
 
 def _tfds_vision(train_stream, eval_batches, *, tfds_name: str, data_dir, seed: int, eval_split: str,
-                 num_classes: int, small_inputs: bool, normalization: lbdata.Normalization, **kwargs) -> Dataset:
+                 num_classes: int, small_inputs: bool, normalization: lbdata.Normalization,
+                 **kwargs) -> Dataset:
   fingerprint = _tfds_fingerprint(tfds_name, data_dir, ("train", eval_split))
 
   def make_train_stream(process_index, process_count):
@@ -256,8 +257,9 @@ def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, i
              eval_split: str = "validation", decode: Literal["reduced", "full"] = "reduced",
              num_workers: int = 0, decoder: Literal["cpu", "dali"] = "cpu") -> Dataset:
   """ImageNet-1k (`imagenet2012` prepared for TFDS): Inception crops + flips for training, centre crops
-  for evaluation, uint8 batches normalised in the step; top-1 and top-5 accuracy. `decode`, `num_workers` and `decoder`: see
-  `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on the GPU)."""
+  for evaluation, uint8 batches normalised in the step; top-1 and top-5 accuracy. `decode`, `num_workers` and
+  `decoder`: see `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on
+  the GPU)."""
   return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, tfds_name="imagenet2012",
                       data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=1000, small_inputs=image_size <= 64,
@@ -267,8 +269,8 @@ def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, i
 
 def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
             num_workers: int = 0) -> Dataset:
-  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training, uint8 batches normalised in the step; top-1 and top-5 accuracy. `num_workers`: grain
-  worker processes computing batches (0: the training process)."""
+  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training, uint8 batches normalised in the step; top-1 and
+  top-5 accuracy. `num_workers`: grain worker processes computing batches (0: the training process)."""
   return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, tfds_name="cifar10",
                       data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=10, small_inputs=True,
