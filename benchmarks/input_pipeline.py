@@ -3,8 +3,9 @@
 Part `host` (README section input-pipeline):
   mnist        TrainStream over the MNIST idx files (shuffled gather of 28x28 float images)
   ptb          PtbStream over ptb.train.txt (consecutive 20-token windows)
-  cifar10      the CIFAR-10 train transform (per-example RNGs, pad 4, crop, flip, normalise) on
-               synthetic uint8 32x32 images, plus its two parts alone
+  cifar10      the CIFAR-10 train transform (per-example RNGs, pad 4, crop, flip; uint8 out, the step
+               normalises) on synthetic uint8 32x32 images, plus pad-crop-flip and the host
+               normalisation of before alone
 The consumer rate is the trainer's compiled step on one CPU device for the matching model (measured
 in the same process).
 
@@ -178,14 +179,16 @@ def pil_draft_decode(encoded: bytes, window, size: int):
 
 def reference_transforms(image_size: int):
   """Train and eval transforms of JPEG bytes as the variants to compare compute them, one thread:
-  the same windows (`imagenet.train_window`, `imagenet.eval_window`), flips and normalisation as
-  `imagenet`'s transforms, only the decode and the resize differ.
+  the same windows (`imagenet.train_window`, `imagenet.eval_window`) and flips as `imagenet`'s
+  transforms, only the decode and the resize differ, and these normalise on the host to float32
+  as the ImageNet path did before its batches became uint8 (the `uint8 out` baselines do not).
 
   Returns {name: transform(examples, positions)}:
     full-decode baseline   the ImageNet path before reduced decoding (lbjax's `decode='full'` until
                            this decoder): Pillow decodes to a numpy array (as TFDS's image feature
                            does), the window is resized from it by Pillow's antialiased bilinear
                            (`Image.fromarray(array).resize(box=window)`)
+    ..., uint8 out         the same, without the host normalisation
     PIL draft              the previous reduced path (`pil_draft_decode`)
   """
   from PIL import Image  # pylint: disable=g-import-not-at-top
@@ -214,23 +217,31 @@ def reference_transforms(image_size: int):
     return pil_draft_decode(encoded, imagenet.eval_window(*jpeg.image_size(encoded), image_size),
                             image_size)
 
-  def transform_of(crop):
+  def transform_of(crop, normalise=True):
     def transform(examples, positions):
-      images = np.empty((len(positions), image_size, image_size, 3), np.float32)
+      images = np.empty((len(positions), image_size, image_size, 3),
+                        np.float32 if normalise else np.uint8)
       for i, (encoded, rng) in enumerate(zip(examples["image"],
                                              stream_lib.example_rngs(0, positions))):
-        imagenet._normalize_into(  # pylint: disable=protected-access
-            images[i], crop(encoded, rng), normalizer)
+        if normalise:
+          imagenet._normalize_into(  # pylint: disable=protected-access
+              images[i], crop(encoded, rng), normalizer)
+        else:
+          images[i] = crop(encoded, rng)
       return {"images": images, "labels": np.asarray(examples["label"]).astype(np.int32)}
     return transform
 
-  return {"train full-decode baseline": transform_of(full_train),
+  return {TRAIN_BASELINE: transform_of(full_train),
+          TRAIN_BASELINE_UINT8: transform_of(full_train, normalise=False),
           "train PIL draft": transform_of(draft_train),
-          "eval full-decode baseline": transform_of(full_eval),
+          EVAL_BASELINE: transform_of(full_eval),
+          EVAL_BASELINE_UINT8: transform_of(full_eval, normalise=False),
           "eval PIL draft": transform_of(draft_eval)}
 
 
 TRAIN_BASELINE, EVAL_BASELINE = "train full-decode baseline", "eval full-decode baseline"
+TRAIN_BASELINE_UINT8 = "train full-decode baseline, uint8 out (no host normalisation)"
+EVAL_BASELINE_UINT8 = "eval full-decode baseline, uint8 out (no host normalisation)"
 TRAIN_WHOLE = "train simplejpeg whole decode + OpenCV (lbjax without libturbojpeg 3)"
 EVAL_WHOLE = "eval simplejpeg whole decode + OpenCV (lbjax without libturbojpeg 3)"
 TRAIN_REGION = "train libturbojpeg region decode + OpenCV (lbjax)"
@@ -283,6 +294,8 @@ def single_core_rates(jpegs: list[bytes], image_size: int, rounds: int,
   references = reference_transforms(image_size)
   functions = {
       TRAIN_BASELINE: lambda: references[TRAIN_BASELINE]({**batch, "image": encoded}, positions),
+      TRAIN_BASELINE_UINT8: lambda: references[TRAIN_BASELINE_UINT8](
+          {**batch, "image": encoded}, positions),
       "train PIL draft": lambda: references["train PIL draft"]({**batch, "image": encoded},
                                                                 positions),
       "train Pillow full decode + OpenCV (lbjax decode='full')": lambda: train(
@@ -290,6 +303,8 @@ def single_core_rates(jpegs: list[bytes], image_size: int, rounds: int,
       TRAIN_WHOLE: without_region_decoding(lambda: train({**batch, "image": encoded}, positions)),
       TRAIN_REGION: lambda: train({**batch, "image": encoded}, positions),
       EVAL_BASELINE: lambda: references[EVAL_BASELINE]({**batch, "image": encoded}, positions),
+      EVAL_BASELINE_UINT8: lambda: references[EVAL_BASELINE_UINT8](
+          {**batch, "image": encoded}, positions),
       "eval PIL draft": lambda: references["eval PIL draft"]({**batch, "image": encoded},
                                                               positions),
       EVAL_WHOLE: without_region_decoding(
@@ -411,10 +426,12 @@ def imagenet_part(args) -> None:
                    f"{args.imagenet_target / statistics.median(values):.1f}"
                    if not name.startswith("decode") else "-"])
       print(rows[-1], flush=True)
-    comparisons = [(TRAIN_WHOLE, TRAIN_BASELINE), (EVAL_WHOLE, EVAL_BASELINE)]
+    comparisons = [(TRAIN_WHOLE, TRAIN_BASELINE), (EVAL_WHOLE, EVAL_BASELINE),
+                   (TRAIN_WHOLE, TRAIN_BASELINE_UINT8), (EVAL_WHOLE, EVAL_BASELINE_UINT8)]
     if TRAIN_REGION in rates:
       comparisons += [(TRAIN_REGION, TRAIN_BASELINE), (TRAIN_REGION, TRAIN_WHOLE),
-                      (EVAL_REGION, EVAL_BASELINE), (EVAL_REGION, EVAL_WHOLE)]
+                      (EVAL_REGION, EVAL_BASELINE), (EVAL_REGION, EVAL_WHOLE),
+                      (TRAIN_REGION, TRAIN_BASELINE_UINT8), (EVAL_REGION, EVAL_BASELINE_UINT8)]
     for new, old in comparisons:
       versus[(new, old, image_size)] = ratio_text(
           [n / o for n, o in zip(rates[new], rates[old])])
@@ -454,19 +471,22 @@ def imagenet_part(args) -> None:
   if region:
     verdict = (
         f"Train, libturbojpeg region decode vs the full-decode baseline: "
-        f"{at_sides(TRAIN_REGION, TRAIN_BASELINE)}; vs simplejpeg whole decode: "
+        f"{at_sides(TRAIN_REGION, TRAIN_BASELINE)}; vs the baseline without its host "
+        f"normalisation: {at_sides(TRAIN_REGION, TRAIN_BASELINE_UINT8)}; vs simplejpeg whole "
+        "decode: "
         f"{at_sides(TRAIN_REGION, TRAIN_WHOLE)} (simplejpeg whole vs the baseline: "
         f"{at_sides(TRAIN_WHOLE, TRAIN_BASELINE)}). Eval, region vs the baseline: "
-        f"{at_sides(EVAL_REGION, EVAL_BASELINE)}; vs simplejpeg whole: "
+        f"{at_sides(EVAL_REGION, EVAL_BASELINE)} (without its host normalisation: "
+        f"{at_sides(EVAL_REGION, EVAL_BASELINE_UINT8)}); vs simplejpeg whole: "
         f"{at_sides(EVAL_REGION, EVAL_WHOLE)}. The region decoder "
         f"({os.path.basename(libturbojpeg.decoder().path)}, from the `turbojpeg` wheel or the system) "
         "entropy-decodes every row down to the crop's last one and inverse-transforms only the "
         "crop's pixels. At side "
         f"{image_size} decoding the regions is "
         f"{per_core[(TRAIN_REGION, image_size)] / per_core[(DECODE_REGIONS, image_size)]:.0%} "
-        "of the train transform's CPU time, the rest is window sampling, resize, flip and "
-        "normalisation. Bounds at side "
-        f"{image_size}, in train-baseline units: were window sampling, resize and normalisation "
+        "of the train transform's CPU time, the rest is window sampling, resize, flip and the "
+        "copy into the batch. Bounds at side "
+        f"{image_size}, in train-baseline units: were window sampling and resize "
         f"free, the train path would run at the rate of decoding the crops' regions alone, "
         f"{bound(DECODE_REGIONS):.2f}x the baseline; were also the inverse DCT, upsampling and "
         "colour conversion free (decoding only the last row, which entropy-decodes all rows "
@@ -479,7 +499,7 @@ def imagenet_part(args) -> None:
         f"No libturbojpeg with the TurboJPEG 3 API was found, so the region rows are missing "
         f"(pip install 'lbjax[turbojpeg]'). Train, simplejpeg whole decode vs the baseline: "
         f"{at_sides(TRAIN_WHOLE, TRAIN_BASELINE)}; eval: {at_sides(EVAL_WHOLE, EVAL_BASELINE)}. "
-        f"Bound at side {image_size}: were window sampling, resize and normalisation free, this "
+        f"Bound at side {image_size}: were window sampling and resize free, this "
         f"path would run at simplejpeg's full decode rate, {bound(DECODE_SIMPLEJPEG):.2f}x the "
         "baseline. ")
   notes = (
@@ -489,16 +509,21 @@ def imagenet_part(args) -> None:
       "memory bus), i.e. images/s per core, on one thread, in "
       f"{args.rounds} interleaved rounds of about {args.seconds:g} CPU s; the ratio column divides "
       "by the full-decode baseline of the same transform and output side in the same round (decode "
-      "rows by the Pillow decode). All train variants draw the same windows and flips and "
-      "normalise alike; they differ in decode and resize: `full-decode baseline` = the ImageNet "
-      "path before reduced decoding (Pillow decodes the whole JPEG to a numpy array, as TFDS does; "
-      "Pillow's antialiased bilinear resizes the window from it); `PIL draft` = an earlier lbjax "
+      "rows by the Pillow decode). All train variants draw the same windows and flips; they "
+      "differ in decode and resize, and in where the normalisation runs: `full-decode baseline` "
+      "= the ImageNet path before reduced decoding (Pillow decodes the whole JPEG to a numpy "
+      "array, as TFDS does; Pillow's antialiased bilinear resizes the window from it; the crop is "
+      "normalised to float32 on the host, as that path did), `uint8 out` = the same without "
+      "the host normalisation; `PIL draft` (host normalisation too) = an earlier lbjax "
       "path (Pillow's draft mode at the DCT scale covering the crop, Pillow resize); `Pillow full "
       "decode + OpenCV` = lbjax's `decode='full'` path (TFDS decodes with Pillow, "
       "`jpeg.resize_window`); `simplejpeg whole decode + OpenCV` = lbjax's `decode='reduced'` path "
       "where no TurboJPEG 3 library is found (simplejpeg decodes the whole JPEG at the DCT scale "
       "covering the crop); `libturbojpeg region decode + OpenCV` = lbjax's `decode='reduced'` path "
-      "with one (`lbjax.data.libturbojpeg`: the pixels the resize reads, the same pixels). Cores "
+      "with one (`lbjax.data.libturbojpeg`: the pixels the resize reads, the same pixels); lbjax's "
+      "rows hand uint8 batches over and the compiled step normalises them on the device "
+      "(`Normalization`, not timed here); its eval rows resample the eval window by "
+      "`cv2.resize` of the decoded pixels from the origin (`jpeg.resize_window`). Cores "
       f"for {args.imagenet_target:,.0f} images/s = target / per-core rate (reading the "
       "array_record files is not included). " + verdict
       + f"At output side {image_size}, {scaled:.0%} of training crops decode at a DCT scale below "

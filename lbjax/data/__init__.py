@@ -6,15 +6,18 @@ transforms, the `[imagenet]` extra). It imports neither `lbjax.models` nor
 `lbjax.train`.
 """
 
+from lbjax.data.cifar import CIFAR10_NORMALIZATION
 from lbjax.data.cifar import cifar10_eval_batches
 from lbjax.data.cifar import cifar10_train_stream
 from lbjax.data.cifar import pad_crop_flip
 from lbjax.data.data_dir import DATA_DIR_ENV
 from lbjax.data.data_dir import default_data_dir
 from lbjax.data.imagenet import center_crop_eval
+from lbjax.data.imagenet import IMAGENET_NORMALIZATION
 from lbjax.data.imagenet import imagenet_eval_batches
 from lbjax.data.imagenet import imagenet_train_stream
 from lbjax.data.imagenet import random_resized_crop
+from lbjax.data.imagenet import Normalization
 from lbjax.data.imagenet import sample_crop_box
 from lbjax.data.imagenet import TfdsSource
 from lbjax.data.mnist import load_mnist_idx

@@ -1,9 +1,10 @@
 """CIFAR-10 (TFDS `cifar10`) with the standard ResNet augmentation, numpy only.
 
 Training: zero-pad each 32x32 image by 4 pixels, take a random 32x32 crop and flip it horizontally
-with probability 1/2 (He et al. 2016, Sec. 4.2); evaluation: the image unchanged. Both end with the
-per-channel normalisation by the CIFAR-10 training-set mean and standard deviation and give float32
-NHWC images and int32 labels. The whole batch is cropped and flipped with one gather; randomness
+with probability 1/2 (He et al. 2016, Sec. 4.2); evaluation: the image unchanged. Both give uint8
+NHWC images and int32 labels; the training step normalises them on the device by the CIFAR-10
+training-set mean and standard deviation (`CIFAR10_NORMALIZATION`, as ImageNet's, see
+`lbjax.data.imagenet`). The whole batch is cropped and flipped with one gather; randomness
 comes from `example_rngs(seed, stream position)`, so a batch is the same for any number of
 processes and after a resume.
 """
@@ -20,6 +21,7 @@ from lbjax.data import workers
 # Per-channel statistics of the CIFAR-10 training images, RGB on the 0-255 scale.
 CIFAR10_MEAN_RGB = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
 CIFAR10_STDDEV_RGB = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
+CIFAR10_NORMALIZATION = imagenet.Normalization(CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB)
 
 DEFAULT_PADDING = 4
 
@@ -95,14 +97,15 @@ def _stacked_images(examples: stream.Batch) -> np.ndarray:
 
 
 def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> stream.Transform:
-  """The training transform: pad, random crop, random flip, normalisation.
+  """The training transform: pad, random crop, random flip; uint8 out (`CIFAR10_NORMALIZATION` on
+  the device).
 
   Args:
     seed: the stream's seed; example `k` is augmented with `example_rngs(seed, [k])`.
     padding: zero padding on each side before the random crop.
 
   Returns:
-    `transform(examples, positions) -> {"images": float32 [b, 32, 32, 3], "labels": int32 [b]}`.
+    `transform(examples, positions) -> {"images": uint8 [b, 32, 32, 3], "labels": int32 [b]}`.
   """
   if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
     raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
@@ -112,9 +115,8 @@ def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> str
   def transform(examples: stream.Batch, positions: np.ndarray) -> stream.Batch:
     images = _stacked_images(examples)
     offsets, flips = sample_crop_offsets_and_flips(stream.example_rngs(seed, positions), padding)
-    augmented = pad_crop_flip(images, offsets, flips, padding=padding)
     return {
-        "images": imagenet.normalize_images(augmented, CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
+        "images": pad_crop_flip(images, offsets, flips, padding=padding),
         "labels": np.asarray(examples["label"]).astype(np.int32),
     }
 
@@ -122,13 +124,13 @@ def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> str
 
 
 def cifar10_eval_transform() -> stream.Transform:
-  """The evaluation transform: normalisation only."""
+  """The evaluation transform: the images as they are, uint8 (`CIFAR10_NORMALIZATION` on the
+  device)."""
 
   def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
     del indices  # Evaluation preprocessing is deterministic.
     return {
-        "images": imagenet.normalize_images(
-            _stacked_images(examples), CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB),
+        "images": _stacked_images(examples),
         "labels": np.asarray(examples["label"]).astype(np.int32),
     }
 
@@ -153,7 +155,8 @@ def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[st
 
   Returns:
     A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose
-    batches are `{"images": float32 [b, 32, 32, 3], "labels": int32 [b]}`.
+    batches are `{"images": uint8 [b, 32, 32, 3], "labels": int32 [b]}` (normalise them with
+    `CIFAR10_NORMALIZATION`).
   """
   num_workers = workers.check_num_workers(num_workers)
   num_threads = 1 if num_workers and num_threads is None else num_threads
@@ -168,7 +171,7 @@ def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
                          data_dir: str | os.PathLike[str] | None = None, process_index: int = 0,
                          process_count: int = 1, num_threads: int | None = None,
                          num_workers: int = 0):
-  """Every CIFAR-10 test example once, normalised, in padded batches (`eval_batches`).
+  """Every CIFAR-10 test example once, in padded batches (`eval_batches`).
 
   Args:
     global_batch_size: global batch size, divisible by process_count.
@@ -180,7 +183,7 @@ def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
     num_workers: grain worker processes (0: this process).
 
   Returns:
-    Iterator of `{"images": float32 [b, 32, 32, 3], "labels": int32 [b], "mask": float32 [b]}`.
+    Iterator of `{"images": uint8 [b, 32, 32, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
   num_workers = workers.check_num_workers(num_workers)
   num_threads = 1 if num_workers and num_threads is None else num_threads

@@ -4,7 +4,10 @@ Training: Inception-style random resized crop (`papers/000` trains ResNet-50 thi
 reference TF/MLPerf pipeline) to `image_size` x `image_size`, then a random horizontal flip.
 Evaluation: resize the shorter side to `image_size * 256 / 224` and take the central
 `image_size` x `image_size` crop. Both end with a per-channel normalisation by the ImageNet
-statistics (RGB, 0-255 scale) and give float32 NHWC images and int32 labels.
+statistics (RGB, 0-255 scale): the transforms give uint8 NHWC images and int32 labels, and the
+training step normalises on the device (`IMAGENET_NORMALIZATION`, applied by
+`lbjax.train.tasks.ClassificationTask` inside the compiled step): a quarter of the bytes to copy to
+the device and no float arithmetic on the host, as big_vision and DALI pipelines do.
 
 Examples are read with `tfds.data_source(..., download=False)` (array_record files; no
 TensorFlow). `TfdsSource` is the random-access source the streams of `lbjax.data.stream` consume.
@@ -29,6 +32,7 @@ needed.
 
 from collections.abc import Callable, Sequence
 import concurrent.futures
+import dataclasses
 import math
 import numbers
 import os
@@ -70,6 +74,38 @@ class CropBox(NamedTuple):
   left: int
   height: int
   width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalization:
+  """Per-channel `(x - mean) / stddev` of uint8 images (channels last, 0-255 scale).
+
+  The image streams hand over uint8 batches; a dataset names its `Normalization` and the training
+  step applies it on the device (`lbjax.train.tasks`). `normalize_images` computes the same values
+  on the host.
+  """
+  mean: tuple[float, ...]
+  stddev: tuple[float, ...]
+
+  def __post_init__(self):
+    if len(self.mean) != len(self.stddev) or not self.mean:
+      raise ValueError(f"Normalization needs one mean and one stddev per channel, got mean "
+                       f"{self.mean!r} and stddev {self.stddev!r}.")
+    if any(not s > 0 for s in self.stddev):
+      raise ValueError(f"stddev must be positive, got {self.stddev!r}.")
+
+  def __call__(self, images):
+    """float32 `(images - mean) * (1 / stddev)`, with the float32 constants of `normalize_images`
+    (so the same values); `images` is a numpy or a jax array (in a jitted step: on the device)."""
+    if images.shape[-1] != len(self.mean):
+      raise ValueError(f"images have {images.shape[-1]} channels (shape {tuple(images.shape)}) "
+                       f"but the normalisation has {len(self.mean)}.")
+    mean = np.asarray(self.mean, np.float32)
+    inverse_stddev = np.float32(1) / np.asarray(self.stddev, np.float32)
+    return (images.astype(np.float32) - mean) * inverse_stddev
+
+
+IMAGENET_NORMALIZATION = Normalization(IMAGENET_MEAN_RGB, IMAGENET_STDDEV_RGB)
 
 
 def default_num_threads() -> int:
@@ -361,7 +397,8 @@ def center_crop_eval(image: np.ndarray, image_size: int, *,
 
 def normalize_images(images: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN_RGB,
                      stddev: Sequence[float] = IMAGENET_STDDEV_RGB) -> np.ndarray:
-  """Per-channel `(images - mean) / stddev` as float32; channels last, values on the 0-255 scale."""
+  """Per-channel `(images - mean) / stddev` as float32 on the host; channels last, values on the
+  0-255 scale. The training step computes the same with `Normalization` on the device."""
   images = np.asarray(images)
   mean = np.asarray(mean, dtype=np.float32)
   stddev = np.asarray(stddev, dtype=np.float32)
@@ -449,14 +486,13 @@ def eval_crop(image: Any, image_size: int) -> np.ndarray:
   return center_crop_eval(image, image_size)
 
 
-def _crop_and_normalize(crop_fn: Callable[[int], np.ndarray], count: int, image_size: int,
-                        num_threads: int) -> np.ndarray:
-  """float32 [count, s, s, 3]: `crop_fn(i)` of every example, normalised in place as it arrives."""
-  images = np.empty((count, image_size, image_size, 3), np.float32)
-  normalizer = _normalizer(IMAGENET_MEAN_RGB, IMAGENET_STDDEV_RGB, image_size)
+def _crop_all(crop_fn: Callable[[int], np.ndarray], count: int, image_size: int,
+              num_threads: int) -> np.ndarray:
+  """uint8 [count, s, s, 3]: `crop_fn(i)` of every example, written into the batch as it arrives."""
+  images = np.empty((count, image_size, image_size, 3), np.uint8)
 
   def fill(i: int) -> None:
-    _normalize_into(images[i], crop_fn(i), normalizer)
+    images[i] = crop_fn(i)
 
   _map_threaded(fill, range(count), num_threads)
   return images
@@ -464,7 +500,8 @@ def _crop_and_normalize(crop_fn: Callable[[int], np.ndarray], count: int, image_
 
 def imagenet_train_transform(*, seed: int, image_size: int = 224,
                              num_threads: int | None = None) -> stream.Transform:
-  """The training transform: random resized crop, random flip, normalisation (`train_crop`).
+  """The training transform: random resized crop, random flip (`train_crop`); uint8 out, the
+  step normalises on the device (`IMAGENET_NORMALIZATION`).
 
   Args:
     seed: the stream's seed; example `k` is augmented with `example_rngs(seed, [k])`.
@@ -473,7 +510,7 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
       `default_num_threads()`.
 
   Returns:
-    `transform(examples, positions) -> {"images": float32 [b, s, s, 3], "labels": int32 [b]}`;
+    `transform(examples, positions) -> {"images": uint8 [b, s, s, 3], "labels": int32 [b]}`;
     `examples["image"]` holds decoded uint8 arrays or encoded JPEG bytes.
   """
   seed = _check_seed(seed)
@@ -485,7 +522,7 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
   def transform(examples: stream.Batch, positions: np.ndarray) -> stream.Batch:
     images = _images_of(examples)
     rngs = stream.example_rngs(seed, positions)
-    crops = _crop_and_normalize(lambda i: train_crop(images[i], rngs[i], image_size),
+    crops = _crop_all(lambda i: train_crop(images[i], rngs[i], image_size),
                                 len(images), image_size, num_threads)
     return {"images": crops, "labels": _labels_of(examples)}
 
@@ -494,7 +531,8 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
 
 def imagenet_eval_transform(*, image_size: int = 224,
                             num_threads: int | None = None) -> stream.Transform:
-  """The evaluation transform: resize shorter side, central crop, normalisation (deterministic)."""
+  """The evaluation transform: resize shorter side, central crop (deterministic); uint8 out, the
+  step normalises on the device (`IMAGENET_NORMALIZATION`)."""
   image_size = _check_image_size(image_size)
   num_threads = _check_num_threads(num_threads)
   jpeg.codecs()
@@ -503,7 +541,7 @@ def imagenet_eval_transform(*, image_size: int = 224,
   def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
     del indices  # Evaluation preprocessing is deterministic.
     images = _images_of(examples)
-    crops = _crop_and_normalize(lambda i: eval_crop(images[i], image_size), len(images),
+    crops = _crop_all(lambda i: eval_crop(images[i], image_size), len(images),
                                 image_size, num_threads)
     return {"images": crops, "labels": _labels_of(examples)}
 
@@ -549,12 +587,13 @@ def imagenet_train_stream(*, split: str = "train", data_dir: str | os.PathLike[s
     num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
       0 computes them in this process. With workers, `num_threads` defaults to 1 per worker.
     decoder: "cpu" (simplejpeg and OpenCV, the `[imagenet]` extra) or "dali" (`lbjax.data.dali`:
-      decode, crop, resize, flip and normalise on the GPU with the same windows and flips; needs
+      decode, crop, resize and flip on the GPU with the same windows and flips; needs
       the `[dali]` extra, decode="reduced" and no workers).
 
   Returns:
     A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose
-    batches are `{"images": float32 [b, s, s, 3], "labels": int32 [b]}`.
+    batches are `{"images": uint8 [b, s, s, 3], "labels": int32 [b]}` (normalise them with
+    `IMAGENET_NORMALIZATION`).
   """
   encoded = _check_decode(decode)
   num_workers = workers.check_num_workers(num_workers)
@@ -591,7 +630,7 @@ def imagenet_eval_batches(global_batch_size: int, *, split: str = "validation",
     decoder: "cpu" or "dali", as for `imagenet_train_stream`.
 
   Returns:
-    Iterator of `{"images": float32 [b, s, s, 3], "labels": int32 [b], "mask": float32 [b]}`.
+    Iterator of `{"images": uint8 [b, s, s, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
   encoded = _check_decode(decode)
   num_workers = workers.check_num_workers(num_workers)

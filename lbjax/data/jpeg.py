@@ -16,19 +16,24 @@ tests/data/test_jpeg.py).
 
 `resize_window` is the one resampler of the ImageNet transforms (decoded arrays too): OpenCV
 bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antialias=False)` in the
-reference ResNet-50 pipeline), on the exact window (`cv2.warpAffine` when the window has
-fractional edges). After the DCT scale the window is shrunk by less than 2x in its shorter
-direction relative to the output (the other by at most the crop's aspect ratio more), so aliasing
-stays that of a mild bilinear shrink; where even 1/8 leaves the window at least twice the output
-in both directions (crops over 16x the output side), it averages areas instead (`INTER_AREA`,
-antialiased; at fractional factors it costs more than bilinear, so it is kept for these) over the
-window rounded out to whole decoded pixels (under half an output pixel).
+reference ResNet-50 pipeline), on the exact window: `cv2.resize` of the window when its edges are
+whole pixels; of the image from its origin by exactly 1 / step when the edges are whole steps from
+it (the evaluation window: the centre of the image resized to 256, so the same pixels as resizing
+and cropping, in about half the time of the affine warp); `cv2.warpAffine` for other fractional
+edges (training crops decoded at a DCT scale below 1). After the DCT scale the window is shrunk by
+less than 2x in its shorter direction relative to the output (the other by at most the crop's
+aspect ratio more), so aliasing stays that of a mild bilinear shrink; where even 1/8 leaves the
+window at least twice the output in both directions (crops over 16x the output side), it averages
+areas instead (`INTER_AREA`, antialiased; at fractional factors it costs more than bilinear, so it
+is kept for these) over the window rounded out to whole decoded pixels (under half an output
+pixel).
 
 Region decoding: where a libturbojpeg with the TurboJPEG 3 API is found (`libturbojpeg.decoder()`:
 `pip install 'lbjax[turbojpeg]'`, a system libjpeg-turbo >= 3.0, or `$LBJAX_LIBTURBOJPEG`),
-`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`), at the same
-DCT scale; the pixels are bit-identical to those of the whole decode, so everything above holds
-unchanged. Otherwise simplejpeg decodes the whole image at that scale (logged once).
+`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`; from the
+origin for the evaluation window), at the same DCT scale; the pixels are bit-identical to those of
+the whole decode, so everything above holds unchanged. Otherwise simplejpeg decodes the whole
+image at that scale (logged once).
 
 Why these decoders, measured on this machine (`python -m benchmarks.input_pipeline --part imagenet`,
 benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates the training
@@ -183,6 +188,15 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
   `top + (i + 0.5) * window.height / height - 0.5` (rows; columns alike), edges replicated; area
   averaging when the window is at least twice the output in both directions. A window of the
   output's size at whole-pixel edges is returned as it is (a view of `pixels`).
+
+  Three ways to the same sampling points: whole-pixel edges resize the window itself
+  (`cv2.resize`); edges at whole multiples of the step (`_steps_to_window`: the evaluation
+  window, the centre of the image resized by 1 / step) take rows and columns `k, k + 1, ...` of
+  `cv2.resize` by exactly 1 / step of the pixels from the origin to the window's far edges;
+  other fractional edges (training crops decoded at a DCT scale below 1) go through
+  `cv2.warpAffine`, about twice the time. The resize's weights are fixed-point (11 bits): it
+  stays under one level of float64 bilinear sampling and within one level of the warp
+  (tests/data/test_jpeg.py).
   """
   _, cv2 = codecs()
   _check_window(window, *pixels.shape[:2])
@@ -197,16 +211,37 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
       return region
     interpolation = cv2.INTER_AREA if min(row_step, column_step) >= 2 else cv2.INTER_LINEAR
     return cv2.resize(region, (out_width, out_height), interpolation=interpolation)
+  (_, bottom), (_, right) = _support(window, *pixels.shape[:2])
+  steps = _steps_to_window(window, size)
+  if steps is not None:
+    # Output pixel k + i of the resize by 1 / step reads (k + i + 0.5) * step - 0.5, the window's.
+    resized = cv2.resize(pixels[:bottom, :right], None, fx=1 / column_step, fy=1 / row_step,
+                         interpolation=cv2.INTER_LINEAR)
+    return resized[steps[0]:steps[0] + out_height, steps[1]:steps[1] + out_width]
   # Fractional edges: the same bilinear sampling on the exact window, from a region one pixel
   # wider on each side than the window (what the filter reads).
   top, left = max(0, math.floor(window.top) - 1), max(0, math.floor(window.left) - 1)
-  region = pixels[top:math.ceil(window.top + window.height) + 1,
-                  left:math.ceil(window.left + window.width) + 1]
+  region = pixels[top:bottom, left:right]
   transform = np.array([[column_step, 0, window.left - left + 0.5 * column_step - 0.5],
                         [0, row_step, window.top - top + 0.5 * row_step - 0.5]])
   return cv2.warpAffine(region, transform, (out_width, out_height),
                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                         borderMode=cv2.BORDER_REPLICATE)
+
+
+def _steps_to_window(window: Box, size: tuple[int, int]) -> tuple[int, int] | None:
+  """(k, l) where `resize_window` resamples from the origin: the window has fractional edges, is
+  less than twice the output in some direction, and its top and left edges are k and l whole
+  steps (window side / output side) from the origin within a relative 1e-9 (the evaluation
+  window, `center_crop_box`); None otherwise."""
+  if (all(float(edge).is_integer() for edge in window)
+      or min(window.height / size[0], window.width / size[1]) >= 2):
+    return None
+  steps = (window.top * size[0] / window.height, window.left * size[1] / window.width)
+  whole = [round(step) for step in steps]
+  if all(abs(step - k) <= 1e-9 * max(1, k) for step, k in zip(steps, whole)):
+    return whole[0], whole[1]
+  return None
 
 
 def _support(window: Box, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -249,6 +284,8 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
     numerator = scaling_numerator(height, width, scale)
     window = Box(*(edge / (8 / numerator) for edge in box))  # As `decode`'s step.
     rows, columns = _support(window, -(-height * numerator // 8), -(-width * numerator // 8))
+    if _steps_to_window(window, size) is not None:  # `resize_window` reads from the origin.
+      rows, columns = (0, rows[1]), (0, columns[1])
     pixels = region_decoder.decode(encoded, numerator, rows, columns)
     window = window._replace(top=window.top - rows[0], left=window.left - columns[0])
   resized = resize_window(pixels, window, size)

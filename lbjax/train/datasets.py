@@ -42,6 +42,9 @@ class Dataset:
       (`array_fingerprint`), or the TFDS name, version and size.
     fingerprinted_arrays: the arrays each split's `array_fingerprint` was taken of (empty for other
       fingerprints), so that `fingerprint_like` can take it again in a checkpoint's kind.
+    image_normalization: for streams of uint8 images (ImageNet, CIFAR-10), the per-channel
+      `(x - mean) / stddev` the task applies inside the compiled step, on the device; None where the
+      batches hold the model's inputs as they are.
   """
   kind: Literal["classification", "language_model"]
   make_train_stream: TrainStreamFactory
@@ -52,6 +55,7 @@ class Dataset:
   fingerprint: dict[str, str] = dataclasses.field(default_factory=dict)
   fingerprinted_arrays: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
                                                                              compare=False)
+  image_normalization: lbdata.Normalization | None = None
 
   def fingerprint_like(self, saved: dict[str, str]) -> dict[str, str]:
     """This data's fingerprint with each split taken in the kind `saved` holds it (all bytes or a
@@ -232,7 +236,8 @@ def _tfds_fingerprint(name: str, data_dir, splits: tuple[str, str]) -> dict[str,
 
 
 def _tfds_vision(train_stream, eval_batches, *, tfds_name: str, data_dir, seed: int, eval_split: str,
-                 num_classes: int, small_inputs: bool, **kwargs) -> Dataset:
+                 num_classes: int, small_inputs: bool, normalization: lbdata.Normalization,
+                 **kwargs) -> Dataset:
   fingerprint = _tfds_fingerprint(tfds_name, data_dir, ("train", eval_split))
 
   def make_train_stream(process_index, process_count):
@@ -245,28 +250,31 @@ def _tfds_vision(train_stream, eval_batches, *, tfds_name: str, data_dir, seed: 
 
   return Dataset("classification", make_train_stream, make_eval_batches,
                  {"num_classes": num_classes, "small_inputs": small_inputs, "input_channels": 3},
-                 eval_split, top_k=(5,), fingerprint=fingerprint)
+                 eval_split, top_k=(5,), fingerprint=fingerprint, image_normalization=normalization)
 
 
 def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, image_size: int = 224,
              eval_split: str = "validation", decode: Literal["reduced", "full"] = "reduced",
              num_workers: int = 0, decoder: Literal["cpu", "dali"] = "cpu") -> Dataset:
   """ImageNet-1k (`imagenet2012` prepared for TFDS): Inception crops + flips for training, centre crops
-  for evaluation; top-1 and top-5 accuracy. `decode`, `num_workers` and `decoder`: see
-  `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on the GPU)."""
+  for evaluation, uint8 batches normalised in the step; top-1 and top-5 accuracy. `decode`, `num_workers` and
+  `decoder`: see `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on
+  the GPU)."""
   return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, tfds_name="imagenet2012",
                       data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=1000, small_inputs=image_size <= 64,
+                      normalization=lbdata.IMAGENET_NORMALIZATION,
                       image_size=image_size, decode=decode, num_workers=num_workers, decoder=decoder)
 
 
 def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
             num_workers: int = 0) -> Dataset:
-  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training; top-1 and top-5 accuracy. `num_workers`: grain
-  worker processes computing batches (0: the training process)."""
+  """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training, uint8 batches normalised in the step; top-1 and
+  top-5 accuracy. `num_workers`: grain worker processes computing batches (0: the training process)."""
   return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, tfds_name="cifar10",
                       data_dir=data_dir, seed=seed,
-                      eval_split=eval_split, num_classes=10, small_inputs=True, num_workers=num_workers)
+                      eval_split=eval_split, num_classes=10, small_inputs=True,
+                      normalization=lbdata.CIFAR10_NORMALIZATION, num_workers=num_workers)
 
 
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,

@@ -6,7 +6,9 @@ name is the import: `"MnistLSTM"` is `lbjax.models.MnistLSTM`, `"mnist"` is
 task it is; one class per kind implements the `Task` protocol the step and the loop use:
 
 - `ClassificationTask`: images (or MNIST rows-as-time-steps) -> labels; cross-entropy, top-1 (and
-  top-5 where the dataset asks for it) accuracy.
+  top-5 where the dataset asks for it) accuracy. Where the dataset streams uint8 images
+  (`Dataset.image_normalization`: ImageNet, CIFAR-10), the per-channel `(x - mean) / stddev` runs
+  here, inside the compiled step, on the device.
 - `LanguageModelTask`: token windows with the LSTM state carried across consecutive batches
   (truncated BPTT), reset where the stream says; perplexity.
 """
@@ -66,9 +68,20 @@ class ClassificationTask:
   def build_model(self, rngs):
     return self.model_factory(rngs=rngs)
 
+  def images(self, batch):
+    """The model's input: `batch['images']`, normalised by the dataset's `image_normalization`
+    (float32, the values the host normalisation gave) where it has one."""
+    normalization = self.dataset.image_normalization
+    if normalization is None:
+      return batch["images"]
+    if batch["images"].dtype != jnp.uint8:
+      raise ValueError(f"{self.model_description}: the dataset normalises uint8 images in the step, but the batch's "
+                       f"images are {batch['images'].dtype}; its streams must hand over uint8 pixels (0-255).")
+    return normalization(batch["images"])
+
   def train_loss(self, model, batch, carry, dropout_key, discard_fraction=0.0):
     del dropout_key
-    logits = model(batch["images"], train=True, **_stack_option(self.run_stack))
+    logits = model(self.images(batch), train=True, **_stack_option(self.run_stack))
     metrics = {"accuracy": models.accuracy(logits, batch["labels"])}
     if not discard_fraction:
       return models.softmax_cross_entropy(logits, batch["labels"]), metrics, carry
@@ -77,7 +90,7 @@ class ClassificationTask:
     return jnp.sum(kept * per_example) / jnp.sum(kept), metrics, carry
 
   def eval_sums(self, model, batch, carry):
-    logits = model(batch["images"], train=False)
+    logits = model(self.images(batch), train=False)
     mask, labels = batch["mask"], batch["labels"]
     cross_entropy = models.per_example_cross_entropy(logits, labels)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)

@@ -29,7 +29,7 @@ def test_train_and_eval_batches_shapes_under_mock_data(mock_cifar10):
   del mock_cifar10
   batch = cifar.cifar10_train_stream(seed=0, num_threads=2).next_batch(4)
   assert set(batch) == {"images", "labels"}
-  assert batch["images"].shape == (4, 32, 32, 3) and batch["images"].dtype == np.float32
+  assert batch["images"].shape == (4, 32, 32, 3) and batch["images"].dtype == np.uint8
   assert batch["labels"].shape == (4,) and batch["labels"].dtype == np.int32
   batches = list(cifar.cifar10_eval_batches(4, num_threads=1))
   assert len(batches) == 3  # ceil(10 / 4)
@@ -37,13 +37,15 @@ def test_train_and_eval_batches_shapes_under_mock_data(mock_cifar10):
   np.testing.assert_array_equal(batches[-1]["mask"], [1, 1, 0, 0])
 
 
-def test_eval_is_normalisation_only(mock_cifar10):
+def test_eval_is_the_images_then_normalisation_on_the_device(mock_cifar10):
   del mock_cifar10
   raw = imagenet.TfdsSource("cifar10", split="test", num_threads=1).take(np.arange(4))
   assert raw["image"].dtype == np.uint8 and raw["image"].shape == (4, 32, 32, 3)
   batch = next(cifar.cifar10_eval_batches(4))
+  np.testing.assert_array_equal(batch["images"], raw["image"])
   expected = (raw["image"] - np.array(cifar.CIFAR10_MEAN_RGB)) / np.array(cifar.CIFAR10_STDDEV_RGB)
-  np.testing.assert_allclose(batch["images"], expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(cifar.CIFAR10_NORMALIZATION(batch["images"]), expected, rtol=1e-5,
+                             atol=1e-5)
   np.testing.assert_array_equal(batch["labels"], raw["label"])
 
 
@@ -88,10 +90,11 @@ def test_normalisation_statistics():
   ks = np.array([-1.5, 0.0, 1.0])
   pixels = np.rint(mean + ks[:, None] * std)
   images = np.broadcast_to(pixels[:, None, None, :], (3, 32, 32, 3)).astype(np.uint8)
-  out = cifar.cifar10_eval_transform()({"image": images, "label": np.arange(3)}, np.arange(3))
-  assert out["images"].dtype == np.float32
-  np.testing.assert_allclose(out["images"][:, 5, 7], (pixels - mean) / std, atol=1e-6)
-  np.testing.assert_allclose(out["images"][:, 5, 7], np.broadcast_to(ks[:, None], (3, 3)),
+  out = cifar.CIFAR10_NORMALIZATION(cifar.cifar10_eval_transform()(
+      {"image": images, "label": np.arange(3)}, np.arange(3))["images"])
+  assert out.dtype == np.float32
+  np.testing.assert_allclose(out[:, 5, 7], (pixels - mean) / std, atol=1e-6)
+  np.testing.assert_allclose(out[:, 5, 7], np.broadcast_to(ks[:, None], (3, 3)),
                              atol=0.5 / std.min())
 
 
@@ -102,7 +105,7 @@ def test_augmentation_is_deterministic_resumable_and_process_independent():
   transform = cifar.cifar10_train_transform(seed=3)
   reference = stream_checks.check_augmented_stream(source, transform, seed=3, process_count=4,
                                                    resume_after=1)  # 12 examples: straddles the epoch end
-  # Augmentation really happens: the images are not just the normalised originals.
+  # Augmentation really happens: the images are not just the originals.
   first = stream.TrainStream(source, seed=3).example_indices(np.arange(8))
   plain = cifar.cifar10_eval_transform()(source.take(first), np.arange(8))
   assert not np.array_equal(plain["images"], reference[0]["images"])

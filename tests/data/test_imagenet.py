@@ -8,6 +8,10 @@ pytest.importorskip("PIL")
 pytest.importorskip("cv2")  # The [imagenet] extra: OpenCV resizes, simplejpeg decodes.
 pytest.importorskip("simplejpeg")
 
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+from lbjax.data import cifar  # pylint: disable=g-import-not-at-top
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
 from tests.data import stream_checks  # pylint: disable=g-import-not-at-top
@@ -38,9 +42,8 @@ def test_train_batches_have_fixed_shape_and_dtypes(mock_imagenet):
   batch = train.next_batch(4)
   assert set(batch) == {"images", "labels"}
   assert batch["images"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
-  assert batch["images"].dtype == np.float32
+  assert batch["images"].dtype == np.uint8  # The step normalises on the device.
   assert batch["labels"].dtype == np.int32
-  assert np.all(np.isfinite(batch["images"]))
 
 
 def test_eval_batches_cover_split_once_with_padding_mask(mock_imagenet):
@@ -50,7 +53,7 @@ def test_eval_batches_cover_split_once_with_padding_mask(mock_imagenet):
   assert len(batches) == 3  # ceil(10 / 4)
   for batch in batches:
     assert batch["images"].shape == (4, _IMAGE_SIZE, _IMAGE_SIZE, 3)
-    assert batch["images"].dtype == np.float32
+    assert batch["images"].dtype == np.uint8
     assert batch["labels"].dtype == np.int32
   np.testing.assert_array_equal(batches[-1]["mask"], [1, 1, 0, 0])
   again = list(imagenet.imagenet_eval_batches(4, image_size=_IMAGE_SIZE, num_threads=2,
@@ -151,13 +154,38 @@ def test_normalization_uses_imagenet_statistics():
   assert out.dtype == np.float32
   np.testing.assert_allclose(out[:, 0, 0], np.broadcast_to([[-1.0], [0.0], [2.0]], (3, 3)),
                              atol=1e-6)
-  # The eval transform normalises a constant image to the constant (value - mean) / std.
+  # The eval transform keeps a constant image's uint8 pixels; the device normalisation maps them
+  # to the constant (value - mean) / std.
   constant = np.full((20, 24, 3), [200, 100, 50], np.uint8)
   examples = {"image": np.stack([constant]), "label": np.array([3])}
   batch = imagenet.imagenet_eval_transform(image_size=8, num_threads=1)(examples, np.arange(1))
-  np.testing.assert_allclose(batch["images"][0], np.broadcast_to(
+  np.testing.assert_array_equal(batch["images"][0], np.broadcast_to([200, 100, 50], (8, 8, 3)))
+  np.testing.assert_allclose(imagenet.IMAGENET_NORMALIZATION(batch["images"])[0], np.broadcast_to(
       (np.array([200, 100, 50]) - mean) / std, (8, 8, 3)), rtol=1e-6)
   np.testing.assert_array_equal(batch["labels"], [3])
+
+
+@pytest.mark.parametrize("normalization", ["imagenet", "cifar10"])
+def test_device_normalization_equals_the_host_normalisation(normalization):
+  """The normalisation the step runs on the device (jitted) gives the host path's float32 values."""
+  normalization = {"imagenet": imagenet.IMAGENET_NORMALIZATION,
+                   "cifar10": cifar.CIFAR10_NORMALIZATION}[normalization]
+  images = np.random.default_rng(0).integers(0, 256, (4, 16, 12, 3), dtype=np.uint8)
+  images[0, 0, 0] = [0, 255, 128]
+  host = imagenet.normalize_images(images, normalization.mean, normalization.stddev)
+  device = np.asarray(jax.jit(normalization)(jnp.asarray(images)))
+  assert device.dtype == np.float32
+  np.testing.assert_allclose(device, host, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(normalization(images), host)  # numpy: the same float32 operations
+
+
+def test_normalization_refuses_bad_statistics_and_channel_counts():
+  with pytest.raises(ValueError, match="one mean and one stddev per channel"):
+    imagenet.Normalization((1.0, 2.0), (1.0,))
+  with pytest.raises(ValueError, match="stddev must be positive"):
+    imagenet.Normalization((1.0,), (0.0,))
+  with pytest.raises(ValueError, match="images have 1 channels"):
+    imagenet.IMAGENET_NORMALIZATION(np.zeros((2, 2, 1), np.uint8))
 
 
 def _ragged_source(num_examples=12):

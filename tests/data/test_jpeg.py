@@ -140,6 +140,53 @@ def test_resize_window_samples_bilinearly_at_fractional_edges():
                                 image[5:25, 7:47])
 
 
+def _bilinear(image, window, size):
+  """float64 bilinear sampling of `window` at OpenCV's pixel centres, edges replicated."""
+  def taps(start, extent, count, limit):
+    coordinates = np.clip(start + (np.arange(count) + 0.5) * extent / count - 0.5, 0, limit - 1)
+    low = np.floor(coordinates).astype(int)
+    return low, np.minimum(low + 1, limit - 1), coordinates - low
+  (r0, r1, fr), (c0, c1, fc) = (taps(window.top, window.height, size[0], image.shape[0]),
+                                taps(window.left, window.width, size[1], image.shape[1]))
+  rows = image[r0] * (1 - fr)[:, None, None] + image[r1] * fr[:, None, None]
+  return rows[:, c0] * (1 - fc)[None, :, None] + rows[:, c1] * fc[None, :, None]
+
+
+def test_eval_windows_resample_as_the_resized_image_cropped_within_a_level_of_exact():
+  # An eval window's edges are whole steps from the origin: resize_window takes the centre of
+  # cv2.resize of the image by 1 / step instead of cv2.warpAffine of the window (2x faster).
+  # Bound tested: the same pixels as resizing the whole image to the resize size and cropping
+  # its centre (the definition of the eval crop), under 1 level from float64 bilinear sampling
+  # (OpenCV's 11-bit resize weights; measured up to 0.81) and at most 1 level from warpAffine.
+  rng = np.random.default_rng(3)
+  tested = 0
+  for size in (224, 128, 12):
+    for _ in range(8):
+      height, width = (int(n) for n in rng.integers(size + 1, 3 * size, 2))
+      image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)  # worst case: noise
+      window = imagenet.eval_window(height, width, size)
+      if (all(float(edge).is_integer() for edge in window)
+          or min(window.height, window.width) >= 2 * size):  # Whole pixels; area averaging.
+        continue
+      tested += 1
+      out = jpeg.resize_window(image, window, (size, size))
+      assert out.shape == (size, size, 3) and out.dtype == np.uint8
+      resize = round(size * imagenet.EVAL_RESIZE_RATIO)
+      scale = resize / min(height, width)
+      new_height, new_width = max(resize, round(height * scale)), max(resize, round(width * scale))
+      top, left = (new_height - size) // 2, (new_width - size) // 2
+      whole = cv2.resize(image, (new_width, new_height), interpolation=cv2.INTER_LINEAR)
+      np.testing.assert_array_equal(out, whole[top:top + size, left:left + size])
+      assert np.abs(out - _bilinear(image.astype(float), window, (size, size))).max() < 1
+      step_y, step_x = window.height / size, window.width / size
+      warped = cv2.warpAffine(image, np.array([[step_x, 0, window.left + 0.5 * step_x - 0.5],
+                                               [0, step_y, window.top + 0.5 * step_y - 0.5]]),
+                              (size, size), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                              borderMode=cv2.BORDER_REPLICATE)
+      assert np.abs(out.astype(int) - warped).max() <= 1
+  assert tested >= 16
+
+
 def test_train_crops_of_bytes_and_arrays_have_the_same_windows_and_flips(jpeg_decoder):
   # Channel 0 encodes the column, channel 1 the row (smooth, so JPEG keeps them): a crop's corner
   # values locate its window, and the column gradient's sign tells whether it was flipped.

@@ -4,6 +4,7 @@ accuracy, the console's ETA."""
 import hashlib
 import io
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -119,3 +120,32 @@ def test_fingerprint_like_takes_each_split_in_the_checkpoints_kind():
   assert dataset.fingerprint_like(full) == full
   assert dataset.fingerprint_like(dataset.fingerprint) == dataset.fingerprint
   assert dataset.fingerprint_like({}) == dataset.fingerprint
+
+
+def test_classification_task_normalises_uint8_images_in_the_step_as_the_host_did():
+  pytest.importorskip("cv2")
+  from lbjax.data import cifar, imagenet  # pylint: disable=import-outside-toplevel
+  dataset = datasets.Dataset("classification", None, None, {}, "test",
+                             image_normalization=imagenet.IMAGENET_NORMALIZATION)
+  task = ClassificationTask(None, dataset, "ResNet50()")
+  images = np.random.default_rng(0).integers(0, 256, (2, 5, 4, 3), dtype=np.uint8)
+  batch = {"images": jnp.asarray(images), "labels": jnp.array([0, 1]), "mask": jnp.ones(2)}
+  host = imagenet.normalize_images(images)  # what the host transforms handed over before
+  np.testing.assert_allclose(jax.jit(task.images)(batch), host, rtol=1e-6, atol=1e-6)
+  seen = []
+
+  def model(inputs, train):
+    seen.append(inputs)
+    return jnp.zeros((inputs.shape[0], 3))
+
+  task.train_loss(model, batch, None, None)
+  task.eval_sums(model, batch, None)
+  for inputs in seen:
+    assert inputs.dtype == jnp.float32
+    np.testing.assert_allclose(inputs, host, rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="normalises uint8 images in the step, but the batch's images are float32"):
+    task.train_loss(model, {**batch, "images": batch["images"].astype(jnp.float32)}, None, None)
+  # Datasets without a normalisation (MNIST, synthetic images) hand the model their images as they are.
+  plain = ClassificationTask(None, datasets.Dataset("classification", None, None, {}, "test"), "")
+  assert plain.images({"images": host}) is host
+  assert cifar.CIFAR10_NORMALIZATION.mean == cifar.CIFAR10_MEAN_RGB

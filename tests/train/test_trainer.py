@@ -205,3 +205,23 @@ def test_per_device_gradients_accumulate_on_each_device_and_still_reduce_once(tm
   single = train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.num_devices": 1}), tmp_path / "1")
   helpers.assert_trees_close(accumulated.state.params, single.state.params)
   assert all(r["gradient_noise_scale"] == r["gradient_noise_scale"] for r in _records(tmp_path / "8x2", "train"))
+
+
+def test_cifar10_from_tfds_trains_on_uint8_batches_and_resumes_mid_epoch_bit_identically(tmp_path, monkeypatch):
+  """The TFDS stream hands over uint8 images, the step normalises them on the device; a run stopped
+  mid-epoch and resumed (checkpoint, data fingerprint, stream position) equals the uninterrupted one.
+  TFDS's mock data is not "prepared" on disk, so the fingerprint is the one a prepared split gives."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  pytest.importorskip("cv2")
+  from lbjax.train import datasets  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(datasets, "_tfds_fingerprint", lambda name, data_dir, splits: {
+      role: f"tfds:{name}:3.0.2:{split} (24 rows)" for role, split in zip(("train", "eval"), splits)})
+  overrides = {"dataset": "cifar10", "data_options": {}, "data_dir": str(tmp_path / "tfds"),
+               "batch_size": 16, "eval_batch_size": 16, "num_epochs": 2.0, "mesh.num_devices": 1}
+  with tfds.testing.mock_data(num_examples=24):
+    full = train_and_evaluate(helpers.tiny_resnet_config(**overrides), tmp_path / "full")
+    train_and_evaluate(helpers.tiny_resnet_config(**{**overrides, "num_epochs": 0.75}), tmp_path / "resumed")
+    resumed = train_and_evaluate(helpers.tiny_resnet_config(**overrides), tmp_path / "resumed")
+  assert full.step == resumed.step == 3 and np.isfinite(full.eval_metrics["loss"])
+  helpers.assert_trees_equal(resumed.state, full.state)
+  assert resumed.eval_metrics == full.eval_metrics
