@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lbjax.train import train_and_evaluate
+from lbjax.train.datasets import Dataset
 from lbjax.train.layer_table import first_step_layer_norms
 from lbjax.train.tasks import ClassificationTask
 from tests.train import helpers
@@ -53,7 +54,8 @@ def test_discarding_small_losses_for_the_first_epochs_compiles_one_more_step(tmp
 def test_discarding_averages_the_loss_over_the_kept_largest_losses():
   logits = jnp.log(jnp.array([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7], [0.2, 0.8]]))
   labels = jnp.array([0, 0, 0, 0])
-  task = ClassificationTask(None, None, None)
+  dataset = Dataset("classification", None, None, {}, "test")  # images as they are (no uint8 normalisation)
+  task = ClassificationTask(None, dataset, None)
   loss, _, _ = task.train_loss(lambda images, train: logits, {"images": None, "labels": labels}, None, None,
                                discard_fraction=0.5)
   assert float(loss) == pytest.approx(-(np.log(0.3) + np.log(0.2)) / 2, rel=1e-6)
