@@ -11,6 +11,7 @@ import pytest
 
 from lbjax.train import any_batch as any_batch_lib, batch_policy, train_and_evaluate
 from lbjax.train.run import Run
+from lbjax.train.step import loops_slow_down_convolutions
 from tests.train import helpers
 
 MICRO = 8
@@ -160,3 +161,11 @@ def test_whole_batch_joins_the_micro_batches_and_their_carries_in_the_batch_orde
   arrays, carry = any_batch_lib.whole_batch(micro_batches, carries)
   np.testing.assert_array_equal(np.asarray(arrays["inputs"]), rows)
   np.testing.assert_array_equal(np.asarray(carry), rows + 1000)
+
+
+def test_only_models_with_convolutions_skip_the_rolled_loop_on_cpu():
+  """`loops_slow_down_convolutions`: 4-D kernels on the CPU backend (the ResNets), not the LSTMs' 2-D ones."""
+  lstm = {"kernel": np.zeros((4, 8)), "bias": np.zeros(8)}
+  resnet = {"conv": {"kernel": np.zeros((3, 3, 4, 8))}, "dense": {"kernel": np.zeros((8, 2))}}
+  assert jax.default_backend() == "cpu"
+  assert loops_slow_down_convolutions(resnet) and not loops_slow_down_convolutions(lstm)
