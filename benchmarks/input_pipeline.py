@@ -176,6 +176,22 @@ def pil_draft_decode(encoded: bytes, window, size: int):
   return pil_resize(image.convert("RGB"), [edge / step for edge in window], size)
 
 
+def _row_normalizer(mean, stddev, width: int) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and 1 / stddev tiled along one image row, so numpy's inner loop runs over a whole row
+  ([W * C] values) instead of the C channels (about 5x faster): the host normalisation lbjax's
+  transforms did before they handed over uint8 (the baselines' cost of it)."""
+  inverse = np.float32(1) / np.asarray(stddev, np.float32)
+  return np.tile(np.asarray(mean, np.float32), width), np.tile(inverse, width)
+
+
+def _normalize_into(out: np.ndarray, image: np.ndarray, normalizer: tuple[np.ndarray, np.ndarray]) -> None:
+  """`out[...] = (image - mean) / stddev` with `_row_normalizer`'s rows."""
+  mean_row, inverse_stddev_row = normalizer
+  rows = out.reshape(-1, mean_row.shape[0])
+  np.subtract(np.asarray(image).reshape(rows.shape), mean_row, out=rows, dtype=np.float32)
+  np.multiply(rows, inverse_stddev_row, out=rows)
+
+
 def reference_transforms(image_size: int):
   """Train and eval transforms of JPEG bytes as the variants to compare compute them, one thread:
   the same windows (`imagenet.train_window`, `imagenet.eval_window`) and flips as `imagenet`'s
@@ -191,8 +207,7 @@ def reference_transforms(image_size: int):
     PIL draft              the previous reduced path (`pil_draft_decode`)
   """
   from PIL import Image  # pylint: disable=g-import-not-at-top
-  normalizer = imagenet._normalizer(  # pylint: disable=protected-access
-      imagenet.IMAGENET_MEAN_RGB, imagenet.IMAGENET_STDDEV_RGB, image_size)
+  normalizer = _row_normalizer(imagenet.IMAGENET_MEAN_RGB, imagenet.IMAGENET_STDDEV_RGB, image_size)
 
   def full_train(encoded, rng):
     array = decode_in_full(encoded)
@@ -223,8 +238,7 @@ def reference_transforms(image_size: int):
       for i, (encoded, rng) in enumerate(zip(examples["image"],
                                              stream_lib.example_rngs(0, positions))):
         if normalise:
-          imagenet._normalize_into(  # pylint: disable=protected-access
-              images[i], crop(encoded, rng), normalizer)
+          _normalize_into(images[i], crop(encoded, rng), normalizer)
         else:
           images[i] = crop(encoded, rng)
       return {"images": images, "labels": np.asarray(examples["label"]).astype(np.int32)}
