@@ -55,8 +55,8 @@ class _OneLineOrbaxErrors(logging.Filter):
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="lbjax-train", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5. "
-             "Docs: " + __doc__.split("\n\n", 1)[1].replace("\n", " "),
+      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5.\n\n"
+             "Examples:\n" + __doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a packaged config (see --list) or a .py file, with an optional "
                       ":key=value,... variant")

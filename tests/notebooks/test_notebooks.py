@@ -44,3 +44,15 @@ def test_install_cell_installs_from_the_project_url_without_touching_jax(path):
   [pip] = [line.strip() for line in install.splitlines() if line.strip().startswith(("%pip", "!pip"))]
   assert pip == '%pip install -q "lbjax[tfds,notebooks] @ {LBJAX_SOURCE}"'  # no -U, no jax pin
   assert "<" not in install  # no placeholder such as <your-org>
+
+
+def test_install_commands_in_the_docs_name_the_project_url():
+  """README.md and docs/*.md install lbjax from pyproject.toml's Repository URL, not a placeholder."""
+  url = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+  sources = {}
+  for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+    for line in path.read_text().splitlines():
+      for source in re.findall(r"lbjax(?:\[[^\]]*\])? @ ([^'\"\s]+)", line):
+        sources.setdefault(source, []).append(path.name)
+  assert sources, "docs/running.md installs lbjax on a pod and a GPU node"
+  assert set(sources) == {"git+" + url}, sources

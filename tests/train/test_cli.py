@@ -57,3 +57,5 @@ def test_help_shows_usage(capsys):
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
   assert "--config" in out and "--dry-run" in out and "--list" in out and "--config.<field>=<value>" in out
+  # the examples of lbjax/main.py's docstring keep one command per line
+  assert "\n  lbjax-train --list\n  lbjax-train --config mnist_lstm --workdir runs/mnist_lstm\n" in out

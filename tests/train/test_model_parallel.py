@@ -2,6 +2,8 @@
 (GPipe, with data parallelism alongside) and tensor-sharded over `mesh.model` equals the one-device
 run and resumes exactly; unsupported combinations are refused before compute."""
 
+import json
+
 import jax
 from jax.sharding import PartitionSpec as P
 import pytest
@@ -42,12 +44,23 @@ def test_model_parallel_ptb_run_equals_the_one_device_run_and_resumes_exactly(tm
   assert resumed.eval_metrics == parallel.eval_metrics
 
 
-def test_tensor_sharded_resnet_head_equals_the_one_device_run(tmp_path):
+def test_tensor_sharded_resnet_head_equals_the_one_device_run_and_resumes_exactly(tmp_path):
+  """The ResNet head's classes over `model` = 2 (4 data shards, ghost BatchNorm): parameters and BatchNorm
+  statistics equal the one-device run's; stopped after 1 step and resumed, the run ends bit-identical."""
+  sharded_config = lambda steps: helpers.tiny_resnet_config(**{"mesh.model": 2, "num_steps": steps})
   single = train_and_evaluate(helpers.tiny_resnet_config(**{"mesh.num_devices": 1, "num_steps": 3}), tmp_path / "1")
-  sharded = train_and_evaluate(helpers.tiny_resnet_config(**{"mesh.model": 2, "num_steps": 3}), tmp_path / "2")
+  sharded = train_and_evaluate(sharded_config(3), tmp_path / "2")
   assert sharded.state.params["head"]["kernel"].sharding.spec == P(None, "model")
   helpers.assert_trees_close(sharded.state.params, single.state.params, rtol=2e-5, atol=2e-6)
   helpers.assert_trees_close(sharded.state.model_state, single.state.model_state)
+  train_and_evaluate(sharded_config(1), tmp_path / "resumed")
+  resumed = train_and_evaluate(sharded_config(3), tmp_path / "resumed")
+  assert resumed.step == 3
+  with open(tmp_path / "resumed" / "metrics.jsonl") as f:
+    assert [r["step"] for r in map(json.loads, f) if r["kind"] == "resume"] == [1]
+  assert resumed.state.params["head"]["kernel"].sharding.spec == P(None, "model")
+  helpers.assert_trees_equal(resumed.state, sharded.state)
+  assert resumed.eval_metrics == sharded.eval_metrics
 
 
 def test_sharded_parameters_and_their_optimizer_state_are_split_over_model(tmp_path):
