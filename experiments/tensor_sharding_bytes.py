@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--vocab", type=int, help=f"ptb only (default {PTB_SIZES['vocab']})")
   parser.add_argument("--width", type=int, help=f"ptb only (default {PTB_SIZES['width']})")
   parser.add_argument("--seq_len", type=int, help=f"ptb only (default {PTB_SIZES['seq_len']})")
-  parser.add_argument("--batch_size", type=int, help=f"global batch (default {DEFAULT_BATCH})")
+  parser.add_argument("--batch_size", type=int, help="global batch (default "
+                      f"{', '.join(f'{n} for {m}' for m, n in DEFAULT_BATCH.items())})")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   given = [f"--{name}" for name in PTB_SIZES if getattr(args, name) is not None]
