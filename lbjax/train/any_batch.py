@@ -36,9 +36,9 @@ body on a slow path (`lbjax.train.step.loops_slow_down_convolutions`).
 
 Data sharding: each micro-batch is a global [m, ...] array split over the data axes like any batch
 (m must be a multiple of the data-parallel size). Micro-batch j holds the j-th slice of every
-device's share of the global batch, cut on the host from each process's local rows, exactly the
-split `_split_microbatches` makes on the device; so no example changes device and ghost-BatchNorm
-groups (a divisor of the per-device micro share) are those of the true batch. `accumulate` gets j and
+device's share of the global batch (`step.micro_batch_split`, the split `make_train_step` makes on
+the device), cut on the host from each process's local rows; so no example changes device and
+ghost-BatchNorm groups (a divisor of the per-device micro share) are those of the true batch. `accumulate` gets j and
 k, from which it knows the global rows micro-batch j holds (`step.micro_batch_rows`), and draws their
 dropout masks from their keys (`step.dropout_keys`): the masks of the per-size step's batch.
 
@@ -61,21 +61,19 @@ from lbjax.train.errors import ConfigError
 from lbjax.train.mesh import data_parallel_size
 from lbjax.train.state import TrainState
 from lbjax.train.step import (Accumulator, loops_slow_down_convolutions, make_accumulate_step, make_apply_step,
-                              make_micro_batch_terms, merge_microbatches)
+                              make_micro_batch_terms, merge_microbatches, micro_batch_split)
 
 SLOTS = 16  # micro-batches per call of the accumulation program (lbjax.train.step.make_accumulate_step)
 
 
 def split_local_batch(local: dict[str, np.ndarray], num_microbatches: int, local_devices: int
                       ) -> list[dict[str, np.ndarray]]:
-  """A process's rows [B/P, ...] as k micro-batches [m/P, ...]; micro-batch j holds the j-th slice
-  of each of the `local_devices` devices' shares (the host-side `_split_microbatches`)."""
-
-  def slice_j(x, j):
-    shares = x.reshape(local_devices, num_microbatches, -1, *x.shape[1:])
-    return np.ascontiguousarray(shares[:, j].reshape(-1, *x.shape[1:]))
-
-  return [{k: slice_j(v, j) for k, v in local.items()} for j in range(num_microbatches)]
+  """A process's rows [B/P, ...] as k micro-batches [m/P, ...]: `step.micro_batch_split` over its
+  `local_devices` devices. The process's rows are the shares of its devices, a contiguous block of
+  the global batch, so its micro-batch j is its devices' part of the global micro-batch j, which
+  `jax.make_array_from_process_local_data` assembles in device order."""
+  parts = {k: micro_batch_split(v, num_microbatches, local_devices) for k, v in local.items()}
+  return [{k: np.ascontiguousarray(v[j]) for k, v in parts.items()} for j in range(num_microbatches)]
 
 
 def whole_batch(arrays: dict[str, jax.Array] | list[dict[str, jax.Array]], carry: Any = None

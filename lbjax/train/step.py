@@ -26,6 +26,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
 import optax
 
 from lbjax import diagnostics
@@ -51,17 +52,33 @@ class Task(Protocol):
     """Sums over the (masked) batch, e.g. {'loss_sum', 'correct', 'count'}, and the new carry."""
 
 
+def micro_batch_split(x: Any, num_microbatches: int, shards: int) -> Any:
+  """[B, ...] -> [k, B/k, ...]: the one definition of which rows of a batch each micro-batch holds.
+
+  The batch lies in D = `shards` equal shares (device d holds rows d*B/D .. (d+1)*B/D - 1), and
+  micro-batch j holds the j-th slice of s = B/(kD) rows of every share, in device order:
+
+    row r of micro-batch j  =  batch row (r // s)*k*s + j*s + r % s,
+
+  so no example changes device. `x` is a numpy or a jax array: the step splits its batch on the
+  device with it (`_split_microbatches`), a process its rows on the host
+  (`lbjax.train.any_batch.split_local_batch`), and `micro_batch_rows` derives from it the rows for a
+  traced j and k.
+  """
+  per_slice = x.shape[0] // (shards * num_microbatches)
+  x = x.reshape(shards, num_microbatches, per_slice, *x.shape[1:])
+  return x.swapaxes(0, 1).reshape(num_microbatches, shards * per_slice, *x.shape[3:])
+
+
 def _split_microbatches(tree: Any, num_microbatches: int, mesh: Mesh | None) -> Any:
-  """[B, ...] -> [k, B/k, ...] where micro-batch j holds the j-th slice of every device's share.
+  """`micro_batch_split` of every leaf over the data-parallel devices, sharded as a batch is.
 
   `mesh` is the global mesh under GSPMD; None inside `shard_map`, where the batch is one device's share.
   """
   shards = data_parallel_size(mesh) if mesh is not None else 1
 
   def split(x):
-    per_micro = x.shape[0] // (shards * num_microbatches)
-    x = x.reshape(shards, num_microbatches, per_micro, *x.shape[1:])
-    x = jnp.swapaxes(x, 0, 1).reshape(num_microbatches, shards * per_micro, *x.shape[3:])
+    x = micro_batch_split(x, num_microbatches, shards)
     if mesh is None:
       return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, DATA_AXES)))
@@ -70,7 +87,7 @@ def _split_microbatches(tree: Any, num_microbatches: int, mesh: Mesh | None) -> 
 
 
 def merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
-  """Inverse of `_split_microbatches`."""
+  """Inverse of `_split_microbatches`: [k, B/k, ...] -> [B, ...] in the batch's row order."""
   shards = data_parallel_size(mesh) if mesh is not None else 1
 
   def merge(x):
@@ -99,15 +116,18 @@ def dropout_keys(step_key: jax.Array, rows: jax.Array) -> jax.Array:
 
 def micro_batch_rows(index: jax.Array, num_microbatches: jax.Array, micro_batch_size: int,
                      data_parallel_size: int) -> jax.Array:
-  """int32 [m]: the global-batch rows that micro-batch `index` of `num_microbatches` holds (both may be
-  traced), as `_split_microbatches` splits a batch of k*m rows over D = `data_parallel_size` devices.
+  """int32 [m]: the global-batch rows that `micro_batch_split` puts in micro-batch j = `index` of
+  k = `num_microbatches` (both may be traced) when it splits a batch of k*m rows over D =
+  `data_parallel_size` devices.
 
-  Device d holds rows d*k*s .. (d+1)*k*s - 1 of the batch (s = m/D), and micro-batch j its j-th slice
-  of s rows, so row r of the micro-batch is global row (r // s)*k*s + j*s + r % s.
+  Those rows are affine in j and k (see `micro_batch_split`), so the split of the rows 0..m-1
+  (k = 1) and 0..2m-1 (k = 2) gives them for every j and k:
+
+    rows(j, k) = rows(0, 1) + (k - 1)*(rows(0, 2) - rows(0, 1)) + j*(rows(1, 2) - rows(0, 2)).
   """
-  share = micro_batch_size // data_parallel_size
-  r = jnp.arange(micro_batch_size, dtype=jnp.int32)
-  return (r // share) * (num_microbatches * share) + index * share + r % share
+  one = micro_batch_split(np.arange(micro_batch_size, dtype=np.int32), 1, data_parallel_size)[0]
+  two = micro_batch_split(np.arange(2 * micro_batch_size, dtype=np.int32), 2, data_parallel_size)
+  return jnp.asarray(one) + (num_microbatches - 1) * (two[0] - one) + index * (two[1] - two[0])
 
 
 def _accumulation_unroll(num_microbatches: int, params: Any) -> int:

@@ -1,9 +1,11 @@
 """One process of the multi-host tests: `python -m tests.train.multihost_worker ID COUNT PORT WORKDIR OUT [MODE]`.
 
 Runs the tiny classifier on this process's 2 CPU devices as part of a `jax.distributed` job on
-127.0.0.1 (or alone, COUNT=1, on all its devices) and saves the final parameters to OUT (process 0).
-MODE `until_sigterm` trains for 500 epochs instead, to be stopped by a SIGTERM, and prints
-`preempted=<bool> step=<int>`.
+127.0.0.1 (or alone, COUNT=1, on all its devices) and saves the final parameters and eval metrics
+to OUT (process 0). MODE `dropout` runs the tiny PTB LSTM (dropout 0.1) instead: 4 updates of 16
+rows by the any-batch step in 2 micro-batches of 8, which each process cuts from its own rows on the
+host (`lbjax.train.any_batch`). MODE `until_sigterm` trains the classifier for 500 epochs instead, to
+be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`.
 """
 
 import sys
@@ -17,17 +19,21 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=num_processes, process_id=process_id,
                                initialization_timeout=120)
   from lbjax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
-  from tests.train.helpers import tiny_classifier_config  # pylint: disable=g-import-not-at-top
+  from tests.train import helpers  # pylint: disable=g-import-not-at-top
   if mode == "until_sigterm":
-    config = tiny_classifier_config(num_epochs=500.0, eval_every_epochs=1000.0, checkpoint_every_steps=0)
+    config = helpers.tiny_classifier_config(num_epochs=500.0, eval_every_epochs=1000.0, checkpoint_every_steps=0)
     result = train_and_evaluate(config, workdir)
     print(f"preempted={result.preempted} step={result.step}", flush=True)
     return
-  result = train_and_evaluate(tiny_classifier_config(), workdir)
+  if mode == "dropout":
+    config = helpers.tiny_language_model_config(num_steps=4, **{"batch.micro_batch_size": 8})
+  else:
+    config = helpers.tiny_classifier_config()
+  result = train_and_evaluate(config, workdir)
   if jax.process_index() == 0:
     leaves = jax.tree_util.tree_leaves_with_path(result.state.params)
     np.savez(out, **{jax.tree_util.keystr(path): np.asarray(leaf.addressable_data(0)) for path, leaf in leaves},
-             accuracy=result.eval_metrics["accuracy"], devices=jax.device_count())
+             **result.eval_metrics, step=result.step, devices=jax.device_count())
 
 
 if __name__ == "__main__":

@@ -24,18 +24,25 @@ def _mesh(devices):
 
 @pytest.mark.parametrize("devices, num_microbatches", SPLITS)
 def test_micro_batch_rows_are_the_rows_the_batch_split_puts_in_each_micro_batch(devices, num_microbatches):
-  """`micro_batch_rows` (the any-batch step's) equals the in-step split of the rows 0..B-1 on the mesh
-  (`_split_microbatches`, the per-size step's) and the host-side placement (`split_local_batch`)."""
+  """`micro_batch_rows` with traced j and k (the any-batch step's) equals the in-step split of the rows
+  0..B-1 on the mesh (`_split_microbatches`, the per-size step's) and the host-side placement by P
+  processes (`split_local_batch` of each process's contiguous block of rows on its D/P devices, the
+  processes' parts joined in order, as `make_array_from_process_local_data` joins them)."""
   rows = np.arange(BATCH, dtype=np.int32)
   micro = BATCH // num_microbatches
   mesh = _mesh(devices)
   placed = jax.device_put(rows, NamedSharding(mesh, P(("data", "fsdp"))))
   in_step = np.asarray(jax.jit(lambda r: step_lib._split_microbatches(r, num_microbatches, mesh))(placed))
-  on_host = any_batch.split_local_batch({"rows": rows}, num_microbatches, devices)
+  traced_rows = jax.jit(step_lib.micro_batch_rows, static_argnums=(2, 3))
+  on_hosts = {processes: [any_batch.split_local_batch({"rows": local}, num_microbatches, devices // processes)
+                          for local in np.split(rows, processes)]
+              for processes in (1, 2, devices) if devices % processes == 0}
   for j in range(num_microbatches):
-    expected = np.asarray(step_lib.micro_batch_rows(jnp.int32(j), jnp.int32(num_microbatches), micro, devices))
+    expected = np.asarray(traced_rows(jnp.int32(j), jnp.int32(num_microbatches), micro, devices))
     np.testing.assert_array_equal(in_step[j], expected)
-    np.testing.assert_array_equal(on_host[j]["rows"], expected)
+    for processes, parts in on_hosts.items():
+      np.testing.assert_array_equal(np.concatenate([part[j]["rows"] for part in parts]), expected,
+                                    err_msg=f"{processes} processes")
   # The split is not the contiguous one on several devices: the row ids matter.
   if devices > 1 and num_microbatches > 1:
     assert not np.array_equal(in_step[0], rows[:micro])

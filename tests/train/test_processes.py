@@ -68,15 +68,17 @@ def test_sigterm_saves_a_restorable_checkpoint_and_exits_0(tmp_path):
   assert resumed.step == step + 8 and not resumed.preempted
 
 
-def test_two_processes_of_two_devices_equal_one_process_of_four(tmp_path):
+def _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path: pathlib.Path, *mode: str):
+  """Runs `multihost_worker` (in `mode`) as 2 processes of 2 devices each and, at the same time, as 1
+  process of 4 devices; asserts they save the same values and returns them."""
   port = _free_port()
   workers = [subprocess.Popen(
       [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(tmp_path / "multi"),
-       str(tmp_path / "multi.npz")], env=_env(2), cwd=REPO, stderr=subprocess.PIPE, text=True)
+       str(tmp_path / "multi.npz"), *mode], env=_env(2), cwd=REPO, stderr=subprocess.PIPE, text=True)
       for i in range(2)]
   single = subprocess.run(
       [sys.executable, "-m", "tests.train.multihost_worker", "0", "1", "0", str(tmp_path / "single"),
-       str(tmp_path / "single.npz")], env=_env(4), cwd=REPO, capture_output=True, text=True, timeout=600)
+       str(tmp_path / "single.npz"), *mode], env=_env(4), cwd=REPO, capture_output=True, text=True, timeout=600)
   assert single.returncode == 0, single.stderr[-3000:]
   for worker in workers:
     _, stderr = worker.communicate(timeout=600)
@@ -86,6 +88,20 @@ def test_two_processes_of_two_devices_equal_one_process_of_four(tmp_path):
   assert sorted(multi.files) == sorted(one.files)
   for name in multi.files:
     np.testing.assert_allclose(multi[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+  return multi
+
+
+def test_two_processes_of_two_devices_equal_one_process_of_four(tmp_path):
+  _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path)
+
+
+def test_two_processes_draw_the_dropout_masks_of_one_process(tmp_path):
+  """The PTB LSTM with dropout on the any-batch step, whose micro-batches each process cuts from its
+  own rows: row n of the global batch draws its masks from fold_in(step key, n) whichever process and
+  micro-batch hold it, so 2 processes of 2 devices end with the parameters of 1 process of 4."""
+  assert helpers.tiny_language_model_config().model_options.dropout_rate > 0
+  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "dropout")
+  assert values["step"] == 4
 
 
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
