@@ -8,11 +8,14 @@ covers full-size pixels `[8j/M, 8(j+1)/M)`, so a crop window `[y0, y1)` of the f
 window `[y0 M/8, y1 M/8)` of the reduced one.
 
 `dct_scale` picks the largest `a` in (8, 4, 2, 1) for which the crop still has at least as many
-decoded pixels as the output in each direction, so the final resize never enlarges what a
-full-size decode would have shrunk. At `a = 1` the decoded pixels are bit-identical to Pillow's
-(both are libjpeg-turbo's accurate integer DCT with fancy upsampling), so the two paths differ
-only where `a > 1`, by the resampling error of the DCT-domain downscale (tested in
-tests/data/test_jpeg.py).
+decoded pixels as the output in each direction, so the final resize never enlarges what a full-size
+decode would have shrunk. The other M/8 scales (M = 3, 5, 6, 7) would decode fewer pixels for many
+training crops (those 1.14 to 2 times the output side), but libjpeg-turbo's inverse DCTs at those
+sizes are plain C (its SIMD ones are 8x8, 4x4 and 2x2), so decoding the crops' regions at them is
+slower, not faster (benchmarks/input_pipeline.py, row "at the smallest M/8"). At `a = 1` the decoded
+pixels are bit-identical to Pillow's (both are libjpeg-turbo's accurate integer DCT with fancy
+upsampling), so the two paths differ only where `a > 1`, by the resampling error of the DCT-domain
+downscale (tested in tests/data/test_jpeg.py).
 
 `resize_window` is the one resampler of the ImageNet transforms (decoded arrays too): OpenCV
 bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antialias=False)` in the
