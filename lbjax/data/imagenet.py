@@ -332,14 +332,14 @@ def sample_crop_box(rng: np.random.Generator, height: int, width: int, *,
   return center_crop_box(height, width, fallback_crop_fraction)
 
 
-def crop_and_resize(image: np.ndarray, box: CropBox | jpeg.Box,
-                    size: tuple[int, int]) -> np.ndarray:
+def crop_and_resize(image: np.ndarray, box: CropBox | jpeg.Box, size: tuple[int, int],
+                    out: np.ndarray | None = None) -> np.ndarray:
   """Crops `box` out of uint8 `image` [H, W, 3] and resizes it to `size` = (height, width).
 
   `jpeg.resize_window`: one bilinear resampling of the exact window (area averaging when it is at
-  least twice the output); returns uint8.
+  least twice the output); returns uint8, written into `out` (C-contiguous) when given.
   """
-  return jpeg.resize_window(as_rgb(image), jpeg.Box(*box), size)
+  return jpeg.resize_window(as_rgb(image), jpeg.Box(*box), size, out)
 
 
 def random_resized_crop(image: np.ndarray, rng: np.random.Generator, image_size: int, *,
@@ -425,7 +425,8 @@ def train_window(height: int, width: int, rng: np.random.Generator) -> tuple[Cro
   return box, bool(rng.random() < 0.5)
 
 
-def train_crop(image: Any, rng: np.random.Generator, image_size: int) -> np.ndarray:
+def train_crop(image: Any, rng: np.random.Generator, image_size: int,
+               out: np.ndarray | None = None) -> np.ndarray:
   """One training example: Inception crop window, resized to `image_size`, flipped with p = 1/2.
 
   The window and flip come from `train_window`. Encoded bytes are decoded at the smallest DCT
@@ -433,15 +434,20 @@ def train_crop(image: Any, rng: np.random.Generator, image_size: int) -> np.ndar
   cropped and resized (`crop_and_resize`).
 
   Returns:
-    uint8 [image_size, image_size, 3].
+    uint8 [image_size, image_size, 3], written into `out` (C-contiguous) when given.
   """
+  size = (image_size, image_size)
   if isinstance(image, bytes):
-    box, flip = train_window(*jpeg.image_size(image), rng)
-    return jpeg.decode_resized_crop(image, jpeg.Box(*box), (image_size, image_size), flip=flip)
+    image_header = jpeg.header(image)
+    box, flip = train_window(image_header.height, image_header.width, rng)
+    return jpeg.decode_resized_crop(image, jpeg.Box(*box), size, flip=flip,
+                                    image_header=image_header, out=out)
   image = as_rgb(image)
   box, flip = train_window(image.shape[0], image.shape[1], rng)
-  crop = crop_and_resize(image, box, (image_size, image_size))
-  return crop[:, ::-1] if flip else crop
+  crop = crop_and_resize(image, box, size, out)
+  if out is None:
+    return crop[:, ::-1] if flip else crop
+  return jpeg.codecs()[1].flip(out, 1, dst=out) if flip else out  # In place.
 
 
 def eval_window(height: int, width: int, image_size: int) -> jpeg.Box:
@@ -450,23 +456,30 @@ def eval_window(height: int, width: int, image_size: int) -> jpeg.Box:
   return jpeg.center_crop_box(height, width, image_size, resize_size)
 
 
-def eval_crop(image: Any, image_size: int) -> np.ndarray:
+def eval_crop(image: Any, image_size: int, out: np.ndarray | None = None) -> np.ndarray:
   """One evaluation example: `center_crop_eval` of a decoded image, or the same window
   (`eval_window`) of an encoded one decoded at the smallest DCT scale covering the resize step.
-  Returns uint8."""
+  Returns uint8, written into `out` (C-contiguous [image_size, image_size, 3]) when given."""
   if isinstance(image, bytes):
-    return jpeg.decode_resized_crop(image, eval_window(*jpeg.image_size(image), image_size),
-                                    (image_size, image_size))
-  return center_crop_eval(image, image_size)
+    image_header = jpeg.header(image)
+    return jpeg.decode_resized_crop(
+        image, eval_window(image_header.height, image_header.width, image_size),
+        (image_size, image_size), image_header=image_header, out=out)
+  crop = center_crop_eval(image, image_size)
+  if out is None:
+    return crop
+  out[...] = crop
+  return out
 
 
-def _crop_all(crop_fn: Callable[[int], np.ndarray], count: int, image_size: int,
+def _crop_all(crop_fn: Callable[[int, np.ndarray], np.ndarray], count: int, image_size: int,
               num_threads: int) -> np.ndarray:
-  """uint8 [count, s, s, 3]: `crop_fn(i)` of every example, written into the batch as it arrives."""
+  """uint8 [count, s, s, 3]: `crop_fn(i, out)` writes example `i` into `out`, its slot of the
+  batch."""
   images = np.empty((count, image_size, image_size, 3), np.uint8)
 
   def fill(i: int) -> None:
-    images[i] = crop_fn(i)
+    crop_fn(i, images[i])
 
   _map_threaded(fill, range(count), num_threads)
   return images
@@ -496,8 +509,8 @@ def imagenet_train_transform(*, seed: int, image_size: int = 224,
   def transform(examples: stream.Batch, positions: np.ndarray) -> stream.Batch:
     images = _images_of(examples)
     rngs = stream.example_rngs(seed, positions)
-    crops = _crop_all(lambda i: train_crop(images[i], rngs[i], image_size),
-                                len(images), image_size, num_threads)
+    crops = _crop_all(lambda i, out: train_crop(images[i], rngs[i], image_size, out),
+                      len(images), image_size, num_threads)
     return {"images": crops, "labels": _labels_of(examples)}
 
   return transform
@@ -515,8 +528,8 @@ def imagenet_eval_transform(*, image_size: int = 224,
   def transform(examples: stream.Batch, indices: np.ndarray) -> stream.Batch:
     del indices  # Evaluation preprocessing is deterministic.
     images = _images_of(examples)
-    crops = _crop_all(lambda i: eval_crop(images[i], image_size), len(images),
-                                image_size, num_threads)
+    crops = _crop_all(lambda i, out: eval_crop(images[i], image_size, out), len(images),
+                      image_size, num_threads)
     return {"images": crops, "labels": _labels_of(examples)}
 
   return transform

@@ -8,11 +8,14 @@ covers full-size pixels `[8j/M, 8(j+1)/M)`, so a crop window `[y0, y1)` of the f
 window `[y0 M/8, y1 M/8)` of the reduced one.
 
 `dct_scale` picks the largest `a` in (8, 4, 2, 1) for which the crop still has at least as many
-decoded pixels as the output in each direction, so the final resize never enlarges what a
-full-size decode would have shrunk. At `a = 1` the decoded pixels are bit-identical to Pillow's
-(both are libjpeg-turbo's accurate integer DCT with fancy upsampling), so the two paths differ
-only where `a > 1`, by the resampling error of the DCT-domain downscale (tested in
-tests/data/test_jpeg.py).
+decoded pixels as the output in each direction, so the final resize never enlarges what a full-size
+decode would have shrunk. The other M/8 scales (M = 3, 5, 6, 7) would decode fewer pixels for many
+training crops (those 1.14 to 2 times the output side), but libjpeg-turbo's inverse DCTs at those
+sizes are plain C (its SIMD ones are 8x8, 4x4 and 2x2), so decoding the crops' regions at them is
+slower, not faster (benchmarks/input_pipeline.py, row "at the smallest M/8"). At `a = 1` the decoded
+pixels are bit-identical to Pillow's (both are libjpeg-turbo's accurate integer DCT with fancy
+upsampling), so the two paths differ only where `a > 1`, by the resampling error of the DCT-domain
+downscale (tested in tests/data/test_jpeg.py).
 
 `resize_window` is the one resampler of the ImageNet transforms (decoded arrays too): OpenCV
 bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antialias=False)` in the
@@ -109,8 +112,16 @@ def _is_jpeg(encoded: bytes) -> bool:
   return encoded[:3] == b"\xff\xd8\xff"
 
 
-def _header(encoded: bytes) -> tuple[int, int, bool]:
-  """(height, width, whether libjpeg-turbo decodes it to RGB) from the header alone."""
+class Header(NamedTuple):
+  """What an image's header says: its size, and whether libjpeg-turbo decodes it to RGB (a YCbCr,
+  grayscale or RGB JPEG; other images are decoded by Pillow)."""
+  height: int
+  width: int
+  libjpeg_rgb: bool
+
+
+def header(encoded: bytes) -> Header:
+  """The `Header` of an encoded image, read from its header only (no pixel is decoded)."""
   if isinstance(encoded, (bytearray, memoryview)):
     encoded = bytes(encoded)
   if not isinstance(encoded, bytes):
@@ -122,17 +133,17 @@ def _header(encoded: bytes) -> tuple[int, int, bool]:
     except ValueError as err:
       raise ValueError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
     if colorspace in _RGB_CONVERTIBLE:
-      return height, width, True
+      return Header(height, width, True)
   try:
     width, height = _pil().open(io.BytesIO(encoded)).size
   except (OSError, SyntaxError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError.
     raise ValueError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
-  return height, width, False
+  return Header(height, width, False)
 
 
 def image_size(encoded: bytes) -> tuple[int, int]:
   """(height, width) of an encoded image, read from its header only (no pixel is decoded)."""
-  height, width, _ = _header(encoded)
+  height, width, _ = header(encoded)
   return height, width
 
 
@@ -165,7 +176,7 @@ def decode(encoded: bytes, scale: int = 1) -> tuple[np.ndarray, float]:
     uint8 [h, w, 3] RGB and the full-size pixels per decoded pixel (`8 / M`, see
     `scaling_numerator`; 1 for a full decode).
   """
-  height, width, libjpeg_rgb = _header(encoded)
+  height, width, libjpeg_rgb = header(encoded)
   if libjpeg_rgb:
     simplejpeg, _ = codecs()
     numerator = scaling_numerator(height, width, scale)
@@ -181,13 +192,15 @@ def _check_window(window: Box, height: int, width: int) -> None:
     raise ValueError(f"crop box {tuple(window)} does not lie inside the {height}x{width} image.")
 
 
-def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.ndarray:
-  """Resamples `window` of uint8 `pixels` [H, W, C] to `size` = (height, width) (module docstring).
+def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int],
+                  out: np.ndarray | None = None) -> np.ndarray:
+  """Resamples `window` of uint8 `pixels` [H, W, C] to `size` = (height, width) (module docstring),
+  into `out` (C-contiguous uint8 [height, width, C]) when given, which is then returned.
 
   Bilinear with OpenCV's pixel-centre convention: output pixel `i` reads input coordinate
   `top + (i + 0.5) * window.height / height - 0.5` (rows; columns alike), edges replicated; area
   averaging when the window is at least twice the output in both directions. A window of the
-  output's size at whole-pixel edges is returned as it is (a view of `pixels`).
+  output's size at whole-pixel edges is returned as it is (a view of `pixels`) when `out` is None.
 
   Three ways to the same sampling points: whole-pixel edges resize the window itself
   (`cv2.resize`); edges at whole multiples of the step (`_steps_to_window`: the evaluation
@@ -200,6 +213,8 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
   """
   _, cv2 = codecs()
   _check_window(window, *pixels.shape[:2])
+  if out is not None:
+    _check_out(out, (*size, *pixels.shape[2:]))
   out_height, out_width = size
   row_step, column_step = window.height / out_height, window.width / out_width
   whole_pixels = all(float(edge).is_integer() for edge in window)
@@ -208,25 +223,42 @@ def resize_window(pixels: np.ndarray, window: Box, size: tuple[int, int]) -> np.
     region = pixels[top:math.ceil(window.top + window.height),
                     left:math.ceil(window.left + window.width)]
     if region.shape[:2] == tuple(size):
-      return region
+      return region if out is None else _copy_into(out, region)
     interpolation = cv2.INTER_AREA if min(row_step, column_step) >= 2 else cv2.INTER_LINEAR
-    return cv2.resize(region, (out_width, out_height), interpolation=interpolation)
+    return cv2.resize(region, (out_width, out_height), dst=out, interpolation=interpolation)
   (_, bottom), (_, right) = _support(window, *pixels.shape[:2])
   steps = _steps_to_window(window, size)
   if steps is not None:
     # Output pixel k + i of the resize by 1 / step reads (k + i + 0.5) * step - 0.5, the window's.
     resized = cv2.resize(pixels[:bottom, :right], None, fx=1 / column_step, fy=1 / row_step,
                          interpolation=cv2.INTER_LINEAR)
-    return resized[steps[0]:steps[0] + out_height, steps[1]:steps[1] + out_width]
+    window_pixels = resized[steps[0]:steps[0] + out_height, steps[1]:steps[1] + out_width]
+    return window_pixels if out is None else _copy_into(out, window_pixels)
   # Fractional edges: the same bilinear sampling on the exact window, from a region one pixel
   # wider on each side than the window (what the filter reads).
   top, left = max(0, math.floor(window.top) - 1), max(0, math.floor(window.left) - 1)
   region = pixels[top:bottom, left:right]
   transform = np.array([[column_step, 0, window.left - left + 0.5 * column_step - 0.5],
                         [0, row_step, window.top - top + 0.5 * row_step - 0.5]])
-  return cv2.warpAffine(region, transform, (out_width, out_height),
+  return cv2.warpAffine(region, transform, (out_width, out_height), dst=out,
                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                         borderMode=cv2.BORDER_REPLICATE)
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, ...]) -> None:
+  """OpenCV would silently write a new array instead of an `out` of another shape, dtype or
+  layout."""
+  if not (isinstance(out, np.ndarray) and out.shape == shape and out.dtype == np.uint8
+          and out.flags.c_contiguous and out.flags.writeable):
+    described = (f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray)
+                 else type(out).__name__)
+    raise ValueError(f"out must be a writeable C-contiguous uint8 array of shape {shape}, got "
+                     f"{described}.")
+
+
+def _copy_into(out: np.ndarray, pixels: np.ndarray) -> np.ndarray:
+  out[...] = pixels
+  return out
 
 
 def _steps_to_window(window: Box, size: tuple[int, int]) -> tuple[int, int] | None:
@@ -254,8 +286,9 @@ def _support(window: Box, height: int, width: int) -> tuple[tuple[int, int], tup
            min(width, math.ceil(window.left + window.width) + 1)))
 
 
-def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
-                        flip: bool = False) -> np.ndarray:
+def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip: bool = False,
+                        image_header: Header | None = None,
+                        out: np.ndarray | None = None) -> np.ndarray:
   """Decodes window `box` of a JPEG at the smallest DCT scale covering `size`, resizes it to `size`.
 
   With a libturbojpeg that has the TurboJPEG 3 API (`libturbojpeg.decoder()`) only the pixels the
@@ -269,12 +302,16 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
     box: the window in full-size pixel coordinates; must lie inside the image.
     size: output (height, width).
     flip: mirror the output left-right.
+    image_header: `header(encoded)` where the caller has read it already (read here when None).
+    out: C-contiguous uint8 [height, width, 3] to write the crop into (a new array when None).
 
   Returns:
-    uint8 [height, width, 3] RGB.
+    uint8 [height, width, 3] RGB: `out` when given.
   """
-  height, width, libjpeg_rgb = _header(encoded)
+  height, width, libjpeg_rgb = header(encoded) if image_header is None else image_header
   _check_window(Box(*box), height, width)
+  if out is not None:
+    _check_out(out, (*size, 3))
   scale = dct_scale(box.height, box.width, *size)
   region_decoder = libturbojpeg.decoder() if libjpeg_rgb else None
   if region_decoder is None:
@@ -288,8 +325,9 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *,
       rows, columns = (0, rows[1]), (0, columns[1])
     pixels = region_decoder.decode(encoded, numerator, rows, columns)
     window = window._replace(top=window.top - rows[0], left=window.left - columns[0])
-  resized = resize_window(pixels, window, size)
-  return codecs()[1].flip(resized, 1) if flip else resized  # Contiguous, unlike [:, ::-1].
+  out = np.empty((*size, 3), np.uint8) if out is None else out
+  resize_window(pixels, window, size, out)
+  return codecs()[1].flip(out, 1, dst=out) if flip else out  # In place.
 
 
 def center_crop_box(height: int, width: int, image_size: int, resize_size: int) -> Box:

@@ -215,6 +215,42 @@ def test_train_crops_of_bytes_and_arrays_have_the_same_windows_and_flips(jpeg_de
   np.testing.assert_allclose(reduced_corners.std(0), full_corners.std(0), atol=0.5)
 
 
+def test_transforms_write_into_the_batch_what_the_single_crops_return(jpeg_decoder):
+  # The transforms resize (and flip in place) straight into the batch's slots; the single-example
+  # functions return new arrays: the same pixels, for bytes and decoded arrays, flipped or not.
+  encoded = synthetic_jpeg.imagenet_like_jpegs(8, seed=1, large_fraction=0.5)
+  positions = np.arange(8)
+  for images in (encoded, [_decode_full(e) for e in encoded]):
+    examples = {"image": np.empty(len(images), dtype=object), "label": np.zeros(len(images))}
+    examples["image"][:] = images
+    train = imagenet.imagenet_train_transform(seed=5, image_size=64, num_threads=2)
+    batch = train(examples, positions)["images"]
+    rngs = stream.example_rngs(5, positions)
+    np.testing.assert_array_equal(
+        batch, [imagenet.train_crop(image, rng, 64) for image, rng in zip(images, rngs)])
+    sizes = [jpeg.image_size(image) if isinstance(image, bytes) else image.shape[:2]
+             for image in images]
+    flips = [imagenet.train_window(*size, rng)[1]
+             for size, rng in zip(sizes, stream.example_rngs(5, positions))]
+    assert 0 < sum(flips) < len(flips)  # Both branches taken.
+    evaluation = imagenet.imagenet_eval_transform(image_size=64, num_threads=1)
+    np.testing.assert_array_equal(evaluation(examples, positions)["images"],
+                                  [imagenet.eval_crop(image, 64) for image in images])
+
+
+def test_an_output_buffer_of_another_shape_or_layout_is_refused(jpeg_decoder):
+  encoded = _jpeg(np.random.default_rng(11), 40, 50)
+  box = jpeg.Box(0, 0, 40, 50)
+  for out in (np.empty((8, 9, 3), np.uint8), np.empty((8, 8, 3), np.float32),
+              np.empty((8, 16, 3), np.uint8)[:, ::2], [[0] * 3] * 64):
+    with pytest.raises(ValueError, match=r"out must be a writeable C-contiguous uint8 array of "
+                                         r"shape \(8, 8, 3\)"):
+      jpeg.decode_resized_crop(encoded, box, (8, 8), out=out)
+  out = np.zeros((8, 8, 3), np.uint8)
+  assert jpeg.decode_resized_crop(encoded, box, (8, 8), flip=True, out=out) is out
+  np.testing.assert_array_equal(out, jpeg.decode_resized_crop(encoded, box, (8, 8))[:, ::-1])
+
+
 def test_crop_windows_from_the_header_match_the_decoded_shape():
   rng = np.random.default_rng(4)
   for height, width in synthetic_jpeg.imagenet_like_sizes(rng, 5, large_fraction=0.5):
