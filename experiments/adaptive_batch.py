@@ -16,7 +16,9 @@ adascale; `lbjax.configs.adaptive_batch_mnist`, `lbjax.configs.adaptive_batch_pt
 The test metric is the dataset's (`experiments.sweep.METRIC_KEYS`): accuracy, reached when at least the
 target, or perplexity, reached when at most the target.
 Wall time to the target is the `wall_seconds` of the run's `batch` record at or after that evaluation
-(records every `batch.adapt_every` steps); it includes evaluations and compilation.
+(records every `batch.adapt_every` steps); it includes evaluations and compilation. A run stopped by a
+non-finite loss or update is recorded as diverged (`<workdir>/<r>_seed<s>/diverged.txt`, the error) and
+not trained again; the experiment goes on with the next run.
 """
 
 import argparse
@@ -37,6 +39,7 @@ from lbjax.configs import _adaptive_batch
 from lbjax.train import config_files
 
 RUNS = _adaptive_batch.RUNS
+DIVERGED = "diverged.txt"  # in a run's directory: the error that stopped it
 LABELS = {"baseline": "baseline B={batch}", "legw": "LEGW, fixed B={batch}",
           "grow_batch": "increase the batch (papers/002)", "adaptive": "adaptive batch, LEGW LR",
           "adascale": "adaptive batch, AdaScale LR"}
@@ -47,12 +50,26 @@ def run_dir(workdir: str, run: str, seed: int) -> pathlib.Path:
 
 
 def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant: str = "") -> dict:
-  """The config of every (run, seed); refuses unknown run names and datasets without a known test metric."""
+  """The config of every (run, seed), validated before any training as lbjax-train does (what depends on
+  the devices is checked at each run's start).
+
+  Raises:
+    ValueError: unknown run names, invalid configs (every problem named), or a dataset without a known
+      test metric.
+  """
   unknown = [r for r in runs if r not in RUNS]
   if unknown or not runs:
     raise ValueError(f"runs {list(runs)} must be a non-empty subset of {', '.join(RUNS)}.")
-  configs = {(r, s): config_files.load(config_spec(config, f"run={r}", f"seed={s}", variant)).config
-             for r in runs for s in seeds}
+  configs, errors = {}, []
+  for run in runs:
+    for seed in seeds:
+      try:
+        configs[(run, seed)] = config_files.load(config_spec(config, f"run={run}", f"seed={seed}", variant)).config
+        train.validate(configs[(run, seed)], data_parallel_size=1)
+      except train.ConfigError as e:
+        errors.append(f"run {run} seed {seed}: {e}")
+  if errors:
+    raise ValueError("Invalid experiment:\n  - " + "\n  - ".join(errors))
   datasets = {c.dataset for c in configs.values()}
   if len(datasets) != 1 or not datasets <= set(METRIC_KEYS):
     raise ValueError(f"{config} trains on {sorted(datasets)}; the experiment needs one dataset with a known "
@@ -70,16 +87,33 @@ def labels(configs: dict) -> dict[str, str]:
   return {run: LABELS[run].format(batch=config.batch_size) for (run, _), config in configs.items()}
 
 
+def _logged(directory: pathlib.Path, kind: str) -> list[dict[str, Any]]:
+  """The run's records of `kind`, by step; none for a run that diverged before writing any."""
+  return run_records.read_records(directory, kind) if (directory / "metrics.jsonl").is_file() else []
+
+
+def _final(directory: pathlib.Path) -> dict[str, Any] | None:
+  """The run's final evaluation; None for a run that has not finished (or diverged)."""
+  return next((r for r in reversed(_logged(directory, "eval")) if r.get("final")), None)
+
+
 def train_runs(configs: dict, workdir: str) -> None:
-  """Trains every (run, seed) of `configs` (`load_configs`) not yet finished in `workdir`; stops at a
-  preempted run (KeyboardInterrupt), which resumes from its checkpoint on the next call."""
+  """Trains every (run, seed) of `configs` (`load_configs`) neither finished nor diverged in `workdir`;
+  stops at a preempted run (KeyboardInterrupt), which resumes from its checkpoint on the next call."""
   for (run, seed), run_config in configs.items():
     directory = run_dir(workdir, run, seed)
-    if (directory / "metrics.jsonl").is_file() and run_records.final_eval(directory) is not None:
+    if (directory / DIVERGED).is_file() or _final(directory) is not None:
       continue
     print(f"[adaptive_batch] {run} seed {seed} -> {directory}", flush=True)
     start = time.time()
-    if train.train_and_evaluate(run_config, directory).preempted:
+    try:
+      preempted = train.train_and_evaluate(run_config, directory).preempted
+    except train.NonFiniteError as error:
+      directory.mkdir(parents=True, exist_ok=True)
+      (directory / DIVERGED).write_text(f"{error}\n")
+      print(f"[adaptive_batch] {run} seed {seed} diverged: {error}", flush=True)
+      continue
+    if preempted:
       raise KeyboardInterrupt(f"{run} seed {seed} was preempted (SIGTERM); its checkpoint in {directory} "
                               "resumes when the experiment runs again.")
     print(f"[adaptive_batch] {run} seed {seed}: {time.time() - start:.0f} s", flush=True)
@@ -107,9 +141,11 @@ def _cell(values: Sequence[float], fmt: str) -> str:
   return mean if len(values) == 1 else f"{mean} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def baseline_target(workdir: str, seeds: Sequence[int], metric: str) -> float:
-  """The baseline's final test `metric`, its mean over seeds."""
-  return statistics.fmean(run_records.final_eval(run_dir(workdir, "baseline", s))[metric] for s in seeds)
+def baseline_target(workdir: str, seeds: Sequence[int], metric: str) -> float | None:
+  """The baseline's final test `metric`, its mean over the seeds that finished; None if none did."""
+  finals = [_final(run_dir(workdir, "baseline", s)) for s in seeds]
+  values = [final[metric] for final in finals if final is not None]
+  return statistics.fmean(values) if values else None
 
 
 def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: float, metric: str
@@ -117,20 +153,22 @@ def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: f
   """Per run: final test `metric` (accuracy in %), updates, wall time, and updates/wall time to the
   `target`."""
   scale = 100.0 if metric == "accuracy" else 1.0
-  finals = {(r, s): run_records.final_eval(run_dir(workdir, r, s)) for r in runs for s in seeds}
   rows = []
   for run in runs:
     row = {"run": run, "metric": [], "updates": [], "wall": [], "updates_to_target": [], "wall_to_target": [],
-           "sizes": set()}
+           "sizes": set(), "diverged": 0}
     for seed in seeds:
       directory = run_dir(workdir, run, seed)
-      batches = run_records.read_records(directory, "batch")
-      final = finals[(run, seed)]
-      row["metric"].append(scale * final[metric])
-      row["updates"].append(final["step"])
+      batches, final = _logged(directory, "batch"), _final(directory)
+      if final is None:  # diverged: its updates up to the last step it logged
+        row["diverged"] += 1
+        row["updates"].append(max((r["step"] for r in _logged(directory, "train") + batches), default=0))
+      else:
+        row["metric"].append(scale * final[metric])
+        row["updates"].append(final["step"])
       row["wall"].append(batches[-1]["wall_seconds"] if batches else float("nan"))
-      row["sizes"] |= {r["batch_size"] for r in batches + run_records.read_records(directory, "train")}
-      reached = _reached(run_records.eval_curve(directory), batches, target, metric)
+      row["sizes"] |= {r["batch_size"] for r in batches + _logged(directory, "train")}
+      reached = _reached(_logged(directory, "eval"), batches, target, metric)
       if reached:
         row["updates_to_target"].append(reached[0])
         row["wall_to_target"].append(reached[1])
@@ -152,15 +190,15 @@ def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[i
     for run in runs:
       for seed in seeds:
         directory = run_dir(workdir, run, seed)
-        for r in run_records.eval_curve(directory):
+        for r in _logged(directory, "eval"):
           writer.writerow((run, seed, "eval", r["step"], f"{r['epoch']:.4f}", f"{r[metric]:.4f}",
                            "", "", "", "", "", "", ""))
-        for r in run_records.read_records(directory, "batch"):
+        for r in _logged(directory, "batch"):
           writer.writerow((run, seed, "batch", r["step"], f"{r['epoch']:.4f}", "", r["batch_size"], r["noise_scale"],
                            r["statistical_efficiency"], r["examples_per_second"], r["goodput"],
                            r["learning_rate"], f"{r['wall_seconds']:.1f}"))
-  targets = ([(f"the baseline's final {metric}", baseline_target(workdir, seeds, metric))]
-             if "baseline" in runs else [])
+  baseline = baseline_target(workdir, seeds, metric) if "baseline" in runs else None
+  targets = [(f"the baseline's final {metric}", baseline)] if baseline is not None else []
   targets += [(f"a fixed {metric}", t) for t in extra_targets]
   reached = "at least" if metric == "accuracy" else "at most"
   lines = [f"# {title}", "", f"Command: `{command}`", "",
@@ -183,9 +221,11 @@ def _table_rows(rows: list[dict[str, Any]], metric: str, run_labels: dict[str, s
   for row in rows:
     sizes = sorted(row["sizes"])
     shown = f"{sizes[0]}-{sizes[-1]} ({len(sizes)} sizes)" if len(sizes) > 1 else (str(sizes[0]) if sizes else "")
-    reached, seeds = len(row["updates_to_target"]), len(row["metric"])
+    reached, seeds = len(row["updates_to_target"]), len(row["updates"])
     partly = f" ({reached} of {seeds} seeds)" if 0 < reached < seeds else ""
-    lines.append(f"| {run_labels[row['run']]} | {shown} | {_cell(row['metric'], '{:.2f}')}{unit} | "
+    final = "diverged" if not row["metric"] else _cell(row["metric"], "{:.2f}") + unit + (
+        f" ({row['diverged']} of {seeds} seeds diverged)" if row["diverged"] else "")
+    lines.append(f"| {run_labels[row['run']]} | {shown} | {final} | "
                  f"{_cell(row['updates'], '{:.0f}')} | {_cell(row['wall'], '{:.0f}')} | "
                  f"{_cell(row['updates_to_target'], '{:.0f}')}{partly} | {_cell(row['wall_to_target'], '{:.0f}')}{partly} |")
   return lines
@@ -203,8 +243,7 @@ def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, m
     color = f"C{index}"
     for seed in seeds:
       directory = run_dir(workdir, run, seed)
-      evals = run_records.eval_curve(directory)
-      records = run_records.read_records(directory, "batch")
+      evals, records = _logged(directory, "eval"), _logged(directory, "batch")
       label = run_labels[run] if seed == seeds[0] else None
       quality.plot([r["step"] for r in evals], [scale * r[metric] for r in evals], marker=".", color=color,
                    label=label)
@@ -243,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   configs = load_configs(args.config, runs, seeds, args.variant)
   train_runs(configs, args.workdir)
   command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
-  title = args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))
+  title = (args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))
+           or "Adaptive batch vs fixed and scheduled batches")
   write_outputs(args.workdir, args.out, runs, seeds, title.rstrip("."), command, metric_of(configs),
                 labels(configs), extra_targets)
 

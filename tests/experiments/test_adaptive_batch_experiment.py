@@ -73,3 +73,26 @@ def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_pat
   assert updates_to_target == [str(first_eval["baseline"]), str(first_eval["adaptive"])]
   assert reached_none.count("not reached") == 4
   assert "test_perplexity" in (tmp_path / "out.csv").read_text().splitlines()[0]
+
+
+def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeypatch):
+  """LEGW stopped by a non-finite loss before its first record: the adaptive run still trains, the table
+  says diverged, and a second call trains nothing."""
+  train_and_evaluate = adaptive_batch.train.train_and_evaluate
+  trained = []
+
+  def diverging_legw(config, workdir):
+    trained.append(pathlib.Path(workdir).name)
+    if config.batch_size == 32:
+      raise adaptive_batch.train.NonFiniteError("Non-finite loss at step 1.")
+    return train_and_evaluate(config, workdir)
+
+  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", diverging_legw)
+  args = ["--config", TINY_PTB, "--variant", "large_batch=32", "--out", str(tmp_path / "out"),
+          "--workdir", str(tmp_path / "runs"), "--runs", "baseline,legw,adaptive"]
+  adaptive_batch.main(args)
+  assert trained == ["baseline_seed0", "legw_seed0", "adaptive_seed0"]
+  assert "step 1" in (tmp_path / "runs" / "legw_seed0" / adaptive_batch.DIVERGED).read_text()
+  assert "| LEGW, fixed B=32 |  | diverged | 0 |" in (tmp_path / "out.md").read_text()
+  adaptive_batch.main(args)
+  assert len(trained) == 3
