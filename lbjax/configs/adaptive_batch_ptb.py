@@ -16,7 +16,9 @@ its micro-batches; lbjax.configs._adaptive_batch):
 
 The recipe's schedule is kept in proportion to `epochs`: the LR is constant for 7/13 of training, then
 halved 6 times, every 1/13 of training (at 13 epochs: papers/001's "constant for 7 epochs, then halved
-after each epoch"). Evaluation (test perplexity) every quarter epoch.
+after each epoch"), and LEGW's baseline warm-up is ptb_lstm's 1/32 epoch of 13 (at 2 epochs: 11 steps of
+B=20, i.e. 0.15 epochs at 640; `warmup=` gives it in epochs as it is). Evaluation (test perplexity) every
+quarter epoch.
 
 Micro-batch 10, half the baseline batch: the noise scale needs two batch sizes, a micro-batch and the
 batch (k >= 2 micro-batches), and every batch of every run must be a whole number of micro-batches. The
@@ -57,9 +59,10 @@ def get_config():
 
 
 def finalize(config, presets):
-  """Scales the recipe's LR decay to `num_epochs` and sets the batch policy of `presets["run"]`;
-  grow_batch doubles the batch at each of the recipe's halvings."""
+  """Scales the recipe's LR decay and warm-up to `num_epochs` and sets the batch policy of
+  `presets["run"]`; grow_batch doubles the batch at each of the recipe's halvings."""
   every = config.num_epochs / RECIPE_EPOCHS
+  config.lr.warmup_epochs *= every
   config.lr.decay_begin_epoch = CONSTANT_EPOCHS * every
   config.lr.decay_every_epochs = every
   halvings = tuple((CONSTANT_EPOCHS + i) * every for i in range(int(RECIPE_EPOCHS - CONSTANT_EPOCHS)))

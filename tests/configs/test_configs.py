@@ -135,7 +135,7 @@ def test_batch_schedules_share_the_noise_scale_of_papers002():
 @pytest.mark.parametrize("epochs", [2.0, 13.0])
 def test_adaptive_batch_ptb_runs_keep_the_papers001_recipe_in_proportion(epochs):
   """The five runs of adaptive_batch_ptb validate on micro-batches of 10 that divide every batch; the
-  baseline's LR is ptb_lstm's compressed to `epochs` (ptb_lstm's own at 13); grow_batch keeps the
+  baseline's LR and LEGW's warm-up are ptb_lstm's compressed to `epochs` (its own at 13); grow_batch keeps the
   baseline's noise scale eps/B at every epoch (papers/002); legw is LEGW at 160; the adaptive runs
   grow from 20 to at most 640."""
   runs = {r: _config("adaptive_batch_ptb", f"run={r},epochs={epochs:g}") for r in
@@ -152,7 +152,8 @@ def test_adaptive_batch_ptb_runs_keep_the_papers001_recipe_in_proportion(epochs)
     assert _lr(runs["adascale"], epoch) == _lr(runs["baseline"], epoch)
   assert runs["grow_batch"].batch_sizes == (20, 40, 80, 160, 320, 640, 1280)
   assert _lr(runs["legw"], grid[1]) == pytest.approx(math.sqrt(160 / 20))
-  assert runs["legw"].lr.warmup_epochs == 0.03125 and runs["legw"].batch_size == 160
+  assert runs["legw"].lr.warmup_epochs == pytest.approx(0.03125 * epochs / 13) and runs["legw"].batch_size == 160
+  assert _config("adaptive_batch_ptb", "run=legw,epochs=2,warmup=0.1").lr.warmup_epochs == 0.1
   assert {r: runs[r].batch.policy for r in runs} == {"baseline": "fixed", "legw": "fixed", "grow_batch": "schedule",
                                                      "adaptive": "adaptive", "adascale": "adaptive"}
   assert runs["adaptive"].scaling.rule == "legw" and runs["adascale"].batch.learning_rate == "adascale"
