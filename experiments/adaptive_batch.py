@@ -1,18 +1,24 @@
-"""The batch from the gradient noise vs fixed and scheduled batches: accuracy, updates and wall time.
+"""The batch from the gradient noise vs fixed and scheduled batches: test metric, updates and wall time.
 
   python -m experiments.adaptive_batch --config adaptive_batch_mnist --variant epochs=2 --seeds 0 \
       --out docs/results/adaptive_batch_mnist --workdir runs/adaptive_batch_mnist
+  python -m experiments.adaptive_batch --config adaptive_batch_ptb --variant epochs=2 --seeds 0 \
+      --out docs/results/adaptive_batch_ptb --workdir runs/adaptive_batch_ptb
 
 Trains `<config>:run=<r>,seed=<s>[,<variant>]` for each run r (baseline, legw, grow_batch, adaptive,
-adascale; `lbjax.configs.adaptive_batch_mnist`) and seed s in `<workdir>/<r>_seed<s>` (a finished run
-is not trained again; an interrupted one resumes), then writes
+adascale; `lbjax.configs.adaptive_batch_mnist`, `lbjax.configs.adaptive_batch_ptb`) and seed s in
+`<workdir>/<r>_seed<s>` (a finished run is not trained again; an interrupted one resumes), then writes
   `<out>.csv`: every evaluation and every `batch` record (batch size, noise scale, efficiency, goodput);
-  `<out>.md`: per run, over seeds (mean, and min-max when several), the final test accuracy, optimizer
+  `<out>.md`: per run, over seeds (mean, and min-max when several), the final test metric, optimizer
     updates, wall time, and the updates and wall time at the first evaluation that reached the
-    baseline's final accuracy (its mean over seeds), or "not reached";
-  `<out>.png`: test accuracy vs updates, batch size and noise scale vs epochs.
+    baseline's final test metric (its mean over seeds), or "not reached";
+  `<out>.png`: test metric vs updates, batch size and noise scale vs epochs.
+The test metric is the dataset's (`experiments.sweep.METRIC_KEYS`): accuracy, reached when at least the
+target, or perplexity, reached when at most the target.
 Wall time to the target is the `wall_seconds` of the run's `batch` record at or after that evaluation
-(records every `batch.adapt_every` steps); it includes evaluations and compilation.
+(records every `batch.adapt_every` steps); it includes evaluations and compilation. A run stopped by a
+non-finite loss or update is recorded as diverged (`<workdir>/<r>_seed<s>/diverged.txt`, the error) and
+not trained again; the experiment goes on with the next run.
 """
 
 import argparse
@@ -26,11 +32,15 @@ from typing import Any, Sequence
 
 from experiments import config_spec
 from experiments import run_records
+from experiments import sweep_table
+from experiments.sweep import METRIC_KEYS
 from lbjax import train
+from lbjax.configs import _adaptive_batch
 from lbjax.train import config_files
 
-RUNS = ("baseline", "legw", "grow_batch", "adaptive", "adascale")
-LABELS = {"baseline": "baseline B=128", "legw": "LEGW, fixed large batch",
+RUNS = _adaptive_batch.RUNS
+DIVERGED = "diverged.txt"  # in a run's directory: the error that stopped it
+LABELS = {"baseline": "baseline B={batch}", "legw": "LEGW, fixed B={batch}",
           "grow_batch": "increase the batch (papers/002)", "adaptive": "adaptive batch, LEGW LR",
           "adascale": "adaptive batch, AdaScale LR"}
 
@@ -39,27 +49,86 @@ def run_dir(workdir: str, run: str, seed: int) -> pathlib.Path:
   return pathlib.Path(workdir) / f"{run}_seed{seed}"
 
 
-def train_runs(config: str, workdir: str, runs: Sequence[str], seeds: Sequence[int], variant: str = "") -> None:
-  """Trains every (run, seed) not yet finished; refuses unknown run names before any training."""
+def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant: str = "") -> dict:
+  """The config of every (run, seed), validated before any training as lbjax-train does (what depends on
+  the devices is checked at each run's start).
+
+  Raises:
+    ValueError: unknown run names, invalid configs (every problem named), or a dataset without a known
+      test metric.
+  """
   unknown = [r for r in runs if r not in RUNS]
   if unknown or not runs:
     raise ValueError(f"runs {list(runs)} must be a non-empty subset of {', '.join(RUNS)}.")
-  configs = {(r, s): config_files.load(config_spec(config, f"run={r}", f"seed={s}", variant)).config
-             for r in runs for s in seeds}
+  configs, errors = {}, []
+  for run in runs:
+    for seed in seeds:
+      try:
+        configs[(run, seed)] = config_files.load(config_spec(config, f"run={run}", f"seed={seed}", variant)).config
+        train.validate(configs[(run, seed)], data_parallel_size=1)
+      except train.ConfigError as e:
+        errors.append(f"run {run} seed {seed}: {e}")
+  if errors:
+    raise ValueError("Invalid experiment:\n  - " + "\n  - ".join(errors))
+  datasets = {c.dataset for c in configs.values()}
+  if len(datasets) != 1 or not datasets <= set(METRIC_KEYS):
+    raise ValueError(f"{config} trains on {sorted(datasets)}; the experiment needs one dataset with a known "
+                     f"test metric: {', '.join(sorted(METRIC_KEYS))}.")
+  return configs
+
+
+def metric_of(configs: dict) -> str:
+  """"accuracy" or "perplexity": the test metric of the configs' dataset."""
+  return METRIC_KEYS[next(iter(configs.values())).dataset]
+
+
+def labels(configs: dict) -> dict[str, str]:
+  """The table's name of each run, with the batch of the fixed-batch runs."""
+  return {run: LABELS[run].format(batch=config.batch_size) for (run, _), config in configs.items()}
+
+
+def _logged(directory: pathlib.Path, kind: str) -> list[dict[str, Any]]:
+  """The run's records of `kind`, by step; none for a run that diverged before writing any."""
+  return run_records.read_records(directory, kind) if (directory / "metrics.jsonl").is_file() else []
+
+
+def _final(directory: pathlib.Path) -> dict[str, Any] | None:
+  """The run's final evaluation; None for a run that has not finished (or diverged)."""
+  return next((r for r in reversed(_logged(directory, "eval")) if r.get("final")), None)
+
+
+def train_runs(configs: dict, workdir: str) -> None:
+  """Trains every (run, seed) of `configs` (`load_configs`) neither finished nor diverged in `workdir`;
+  stops at a preempted run (KeyboardInterrupt), which resumes from its checkpoint on the next call."""
   for (run, seed), run_config in configs.items():
     directory = run_dir(workdir, run, seed)
-    if (directory / "metrics.jsonl").is_file() and run_records.final_eval(directory) is not None:
+    if (directory / DIVERGED).is_file() or _final(directory) is not None:
       continue
     print(f"[adaptive_batch] {run} seed {seed} -> {directory}", flush=True)
     start = time.time()
-    train.train_and_evaluate(run_config, directory)
+    try:
+      preempted = train.train_and_evaluate(run_config, directory).preempted
+    except train.NonFiniteError as error:
+      directory.mkdir(parents=True, exist_ok=True)
+      (directory / DIVERGED).write_text(f"{error}\n")
+      print(f"[adaptive_batch] {run} seed {seed} diverged: {error}", flush=True)
+      continue
+    if preempted:
+      raise KeyboardInterrupt(f"{run} seed {seed} was preempted (SIGTERM); its checkpoint in {directory} "
+                              "resumes when the experiment runs again.")
     print(f"[adaptive_batch] {run} seed {seed}: {time.time() - start:.0f} s", flush=True)
 
 
-def _reached(evals: list[dict[str, Any]], batches: list[dict[str, Any]], target: float) -> tuple[int, float] | None:
-  """(updates, wall seconds) at the first evaluation with accuracy >= target, or None."""
+def meets(value: float, target: float, metric: str) -> bool:
+  """Whether a test `metric` value reached `target`: accuracy >= target, perplexity <= target."""
+  return value >= target if metric == "accuracy" else value <= target
+
+
+def _reached(evals: list[dict[str, Any]], batches: list[dict[str, Any]], target: float, metric: str
+             ) -> tuple[int, float] | None:
+  """(updates, wall seconds) at the first evaluation whose `metric` meets the target, or None."""
   for record in evals:
-    if record["accuracy"] >= target:
+    if meets(record[metric], target, metric):
       later = [b for b in batches if b["step"] >= record["step"]] or batches[-1:]
       return record["step"], later[0]["wall_seconds"] if later else float("nan")
   return None
@@ -72,27 +141,34 @@ def _cell(values: Sequence[float], fmt: str) -> str:
   return mean if len(values) == 1 else f"{mean} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def baseline_target(workdir: str, seeds: Sequence[int]) -> float:
-  """The baseline's final test accuracy, its mean over seeds."""
-  return statistics.fmean(run_records.final_eval(run_dir(workdir, "baseline", s))["accuracy"] for s in seeds)
+def baseline_target(workdir: str, seeds: Sequence[int], metric: str) -> float | None:
+  """The baseline's final test `metric`, its mean over the seeds that finished; None if none did."""
+  finals = [_final(run_dir(workdir, "baseline", s)) for s in seeds]
+  values = [final[metric] for final in finals if final is not None]
+  return statistics.fmean(values) if values else None
 
 
-def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: float) -> list[dict[str, Any]]:
-  """Per run: final accuracy, updates, wall time, and updates/wall time to the `target` accuracy."""
-  finals = {(r, s): run_records.final_eval(run_dir(workdir, r, s)) for r in runs for s in seeds}
+def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: float, metric: str
+              ) -> list[dict[str, Any]]:
+  """Per run: final test `metric` (accuracy in %), updates, wall time, and updates/wall time to the
+  `target`."""
+  scale = 100.0 if metric == "accuracy" else 1.0
   rows = []
   for run in runs:
-    row = {"run": run, "accuracy": [], "updates": [], "wall": [], "updates_to_target": [], "wall_to_target": [],
-           "sizes": set()}
+    row = {"run": run, "metric": [], "updates": [], "wall": [], "updates_to_target": [], "wall_to_target": [],
+           "sizes": set(), "diverged": 0}
     for seed in seeds:
       directory = run_dir(workdir, run, seed)
-      batches = run_records.read_records(directory, "batch")
-      final = finals[(run, seed)]
-      row["accuracy"].append(100 * final["accuracy"])
-      row["updates"].append(final["step"])
+      batches, final = _logged(directory, "batch"), _final(directory)
+      if final is None:  # diverged: its updates up to the last step it logged
+        row["diverged"] += 1
+        row["updates"].append(max((r["step"] for r in _logged(directory, "train") + batches), default=0))
+      else:
+        row["metric"].append(scale * final[metric])
+        row["updates"].append(final["step"])
       row["wall"].append(batches[-1]["wall_seconds"] if batches else float("nan"))
-      row["sizes"] |= {r["batch_size"] for r in batches + run_records.read_records(directory, "train")}
-      reached = _reached(run_records.eval_curve(directory), batches, target)
+      row["sizes"] |= {r["batch_size"] for r in batches + _logged(directory, "train")}
+      reached = _reached(_logged(directory, "eval"), batches, target, metric)
       if reached:
         row["updates_to_target"].append(reached[0])
         row["wall_to_target"].append(reached[1])
@@ -101,77 +177,86 @@ def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: f
 
 
 def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[int], title: str, command: str,
-                  extra_targets: Sequence[float] = ()) -> None:
+                  metric: str, run_labels: dict[str, str], extra_targets: Sequence[float] = ()) -> None:
+  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the finished runs; `extra_targets` are test
+  `metric` values as the runs record them (accuracy as a fraction)."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   with open(out_path.with_suffix(".csv"), "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(("run", "seed", "kind", "step", "epoch", "test_accuracy", "batch_size", "noise_scale",
-                     "statistical_efficiency", "examples_per_second", "goodput", "learning_rate", "wall_seconds"))
+    writer.writerow(("run", "seed", "kind", "step", "epoch", sweep_table.metric_column(metric), "batch_size",
+                     "noise_scale", "statistical_efficiency", "examples_per_second", "goodput", "learning_rate",
+                     "wall_seconds"))
     for run in runs:
       for seed in seeds:
         directory = run_dir(workdir, run, seed)
-        for r in run_records.eval_curve(directory):
-          writer.writerow((run, seed, "eval", r["step"], f"{r['epoch']:.4f}", f"{r['accuracy']:.4f}",
+        for r in _logged(directory, "eval"):
+          writer.writerow((run, seed, "eval", r["step"], f"{r['epoch']:.4f}", f"{r[metric]:.4f}",
                            "", "", "", "", "", "", ""))
-        for r in run_records.read_records(directory, "batch"):
+        for r in _logged(directory, "batch"):
           writer.writerow((run, seed, "batch", r["step"], f"{r['epoch']:.4f}", "", r["batch_size"], r["noise_scale"],
                            r["statistical_efficiency"], r["examples_per_second"], r["goodput"],
                            r["learning_rate"], f"{r['wall_seconds']:.1f}"))
-  targets = ([("the baseline's final accuracy", baseline_target(workdir, seeds))] if "baseline" in runs else [])
-  targets += [("a fixed accuracy", t) for t in extra_targets]
+  baseline = baseline_target(workdir, seeds, metric) if "baseline" in runs else None
+  targets = [(f"the baseline's final {metric}", baseline)] if baseline is not None else []
+  targets += [(f"a fixed {metric}", t) for t in extra_targets]
+  reached = "at least" if metric == "accuracy" else "at most"
   lines = [f"# {title}", "", f"Command: `{command}`", "",
            f"Seeds: {', '.join(map(str, seeds))}; mean over seeds, [min-max] when several. 'wall s': the run's "
-           "wall-clock time to its last `batch` record (training, evaluations every quarter epoch and "
-           "compilation; not the final evaluation), on a shared, loaded 2-core CPU. 'to target': the "
-           "updates and wall time at the first evaluation (every quarter epoch) whose test accuracy "
-           "reached the target.", ""]
+           "wall-clock time to its last `batch` record (training, periodic evaluations and compilation; not "
+           "the final evaluation), on a shared, loaded 2-core CPU. 'to target': the updates and wall time at "
+           f"the first periodic evaluation whose test {metric} was {reached} the target.", ""]
   for name, target in targets:
-    lines += [f"## Target: {name} ({100 * target:.2f}%)", "",
-              "| run | batch sizes used | final test accuracy | optimizer updates | wall s | updates to target "
+    lines += [f"## Target: {name} ({sweep_table.format_value(target, metric)})", "",
+              f"| run | batch sizes used | final test {metric} | optimizer updates | wall s | updates to target "
               "| wall s to target |", "|---|---|---:|---:|---:|---:|---:|"]
-    lines += _table_rows(summarize(workdir, runs, seeds, target)) + [""]
+    lines += _table_rows(summarize(workdir, runs, seeds, target, metric), metric, run_labels) + [""]
   out_path.with_suffix(".md").write_text("\n".join(lines))
-  _plot(workdir, runs, seeds, title, out_path.with_suffix(".png"))
+  _plot(workdir, runs, seeds, title, metric, run_labels, out_path.with_suffix(".png"))
 
 
-def _table_rows(rows: list[dict[str, Any]]) -> list[str]:
+def _table_rows(rows: list[dict[str, Any]], metric: str, run_labels: dict[str, str]) -> list[str]:
+  unit = "%" if metric == "accuracy" else ""
   lines = []
   for row in rows:
     sizes = sorted(row["sizes"])
     shown = f"{sizes[0]}-{sizes[-1]} ({len(sizes)} sizes)" if len(sizes) > 1 else (str(sizes[0]) if sizes else "")
-    reached, seeds = len(row["updates_to_target"]), len(row["accuracy"])
+    reached, seeds = len(row["updates_to_target"]), len(row["updates"])
     partly = f" ({reached} of {seeds} seeds)" if 0 < reached < seeds else ""
-    lines.append(f"| {LABELS[row['run']]} | {shown} | {_cell(row['accuracy'], '{:.2f}')}% | "
+    final = "diverged" if not row["metric"] else _cell(row["metric"], "{:.2f}") + unit + (
+        f" ({row['diverged']} of {seeds} seeds diverged)" if row["diverged"] else "")
+    lines.append(f"| {run_labels[row['run']]} | {shown} | {final} | "
                  f"{_cell(row['updates'], '{:.0f}')} | {_cell(row['wall'], '{:.0f}')} | "
                  f"{_cell(row['updates_to_target'], '{:.0f}')}{partly} | {_cell(row['wall_to_target'], '{:.0f}')}{partly} |")
   return lines
 
 
-def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, path: pathlib.Path) -> None:
+def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, metric: str,
+          run_labels: dict[str, str], path: pathlib.Path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  figure, (accuracy, batch, noise) = plt.subplots(1, 3, figsize=(15, 4))
+  scale = 100.0 if metric == "accuracy" else 1.0
+  figure, (quality, batch, noise) = plt.subplots(1, 3, figsize=(15, 4))
   for index, run in enumerate(runs):
     color = f"C{index}"
     for seed in seeds:
       directory = run_dir(workdir, run, seed)
-      evals = run_records.eval_curve(directory)
-      records = run_records.read_records(directory, "batch")
-      label = LABELS[run] if seed == seeds[0] else None
-      accuracy.plot([r["step"] for r in evals], [100 * r["accuracy"] for r in evals], marker=".", color=color,
-                    label=label)
+      evals, records = _logged(directory, "eval"), _logged(directory, "batch")
+      label = run_labels[run] if seed == seeds[0] else None
+      quality.plot([r["step"] for r in evals], [scale * r[metric] for r in evals], marker=".", color=color,
+                   label=label)
       epochs = [r["epoch"] for r in records]
       batch.plot(epochs, [r["batch_size"] for r in records], color=color, label=label)
       noise.plot(epochs, [float(r["noise_scale"]) for r in records], color=color, label=label)
-  accuracy.set(xlabel="optimizer updates", ylabel="test accuracy (%)", xscale="log")
+  quality.set(xlabel="optimizer updates", ylabel="test accuracy (%)" if metric == "accuracy" else "test perplexity",
+              xscale="log", yscale="linear" if metric == "accuracy" else "log")
   batch.set(xlabel="epochs", ylabel="batch size", yscale="log")
   noise.set(xlabel="epochs", ylabel="noise scale B_noise (EMA)", yscale="log")
-  for axes in (accuracy, batch, noise):
+  for axes in (quality, batch, noise):
     axes.grid(alpha=0.3)
-  accuracy.legend(fontsize=8)
+  quality.legend(fontsize=8)
   figure.suptitle(title)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
@@ -186,15 +271,21 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--runs", default=",".join(RUNS), help="subset of " + ",".join(RUNS))
   parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
   parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=2")
-  parser.add_argument("--targets", default="", help="more accuracy targets besides the baseline's, e.g. 0.975")
-  parser.add_argument("--title", default="Adaptive batch vs fixed and scheduled batches (MNIST LSTM)")
+  parser.add_argument("--targets", default="",
+                      help="more test-metric targets besides the baseline's: accuracy as a fraction (e.g. 0.975), "
+                           "perplexity as it is (e.g. 150); met at >= for accuracy, <= for perplexity")
+  parser.add_argument("--title", default="", help="default: the first line of the config's docstring")
   args = parser.parse_args(argv)
   runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
   seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-  train_runs(args.config, args.workdir, runs, seeds, args.variant)
-  command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
   extra_targets = tuple(float(t) for t in args.targets.split(",") if t.strip())
-  write_outputs(args.workdir, args.out, runs, seeds, args.title, command, extra_targets)
+  configs = load_configs(args.config, runs, seeds, args.variant)
+  train_runs(configs, args.workdir)
+  command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
+  title = (args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))
+           or "Adaptive batch vs fixed and scheduled batches")
+  write_outputs(args.workdir, args.out, runs, seeds, title.rstrip("."), command, metric_of(configs),
+                labels(configs), extra_targets)
 
 
 if __name__ == "__main__":

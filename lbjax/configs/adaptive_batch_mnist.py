@@ -18,26 +18,17 @@ gradient noise scale B_noise = tr(Sigma)/|G|^2 from its micro-batches):
 """
 
 from lbjax import schedules
+from lbjax.configs import _adaptive_batch
 from lbjax.configs import mnist_lstm
-from lbjax.train.config_files import Variant
 
-RUNS = ("baseline", "legw", "grow_batch", "adaptive", "adascale")
+RUNS = _adaptive_batch.RUNS
 # LEGW's baseline warm-up for short runs: 0.03125 epochs at 128, 0.625% of training as 0.15625 of the
 # full recipe's 25 epochs is (at 8K: 2 of 5 epochs as 10 of 25).
 SHORT_WARMUP_EPOCHS = 0.03125
 NOISE_DECAY_FACTOR = 0.2  # papers/002: the noise scale falls by a factor of 5 at each step
 STEP_FRACTIONS = (0.4, 0.6, 0.8)
 
-VARIANTS = {
-    "run": Variant("which batch policy: " + ", ".join(RUNS), default="adaptive", choices=RUNS),
-    "epochs": Variant("number of epochs", field="num_epochs"),
-    "seed": Variant("initialisation and shuffling seed", field="seed"),
-    "micro": Variant("micro-batch of the any-batch step", field="batch.micro_batch_size"),
-    "large_batch": Variant("legw's fixed batch", type=int, default=1024),
-    "max_batch": Variant("adaptive/adascale's largest batch", field="batch.max_batch_size"),
-    "multiple": Variant("adaptive: next batch = multiple x B_noise", field="batch.noise_multiple"),
-    "warmup": Variant("LEGW's warm-up of the B=128 baseline in epochs", field="lr.warmup_epochs"),
-}
+VARIANTS = _adaptive_batch.variants(base_batch_size=128, large_batch_size=1024)
 
 
 def get_config():
@@ -45,6 +36,7 @@ def get_config():
   config = mnist_lstm.get_config()
   config.num_epochs = 5.0
   config.batch.micro_batch_size = 64
+  config.batch.max_batch_size = 4096
   config.batch.adapt_every = 10
   config.batch.ema_decay = 0.95
   config.eval_every_epochs = 0.25
@@ -54,27 +46,7 @@ def get_config():
 
 
 def finalize(config, presets):
-  """Sets the batch policy and LR recipe of `presets["run"]`."""
-  run = presets["run"]
-  warmup = config.lr.warmup_epochs
-  config.lr.warmup_epochs = 0.0
-  if run in ("legw", "adaptive"):
-    config.scaling.rule = "legw"
-    config.lr.warmup, config.lr.warmup_epochs = "linear_warmup", warmup
-  if run == "legw":
-    config.batch.policy = "fixed"
-    config.batch_size = presets["large_batch"]
-  elif run == "grow_batch":
-    grow = schedules.batch_schedule_from_lr_decay(
-        config.batch_size, tuple(f * config.num_epochs for f in STEP_FRACTIONS), NOISE_DECAY_FACTOR)
-    config.batch_sizes, config.batch_size_boundaries = grow.sizes, grow.boundaries
-  elif run in ("adaptive", "adascale"):
-    config.batch.policy = "adaptive"
-    config.batch.max_batch_size = config.batch.max_batch_size or 4096
-    if run == "adascale":
-      config.batch.learning_rate = "adascale"
-  else:
-    config.batch.policy = "fixed"
-  if run not in ("adaptive", "adascale"):
-    config.batch.max_batch_size = 0
-    config.batch.noise_multiple = 1.0
+  """Sets the batch policy and LR recipe of `presets["run"]`; grow_batch: x5 at 40/60/80% of training."""
+  grow = schedules.batch_schedule_from_lr_decay(
+      config.batch_size, tuple(f * config.num_epochs for f in STEP_FRACTIONS), NOISE_DECAY_FACTOR)
+  _adaptive_batch.set_run(config, presets["run"], presets["large_batch"], grow)

@@ -132,6 +132,34 @@ def test_batch_schedules_share_the_noise_scale_of_papers002():
   assert _noise(configs["decay_lr"], 24.9) == pytest.approx(_noise(configs["decay_lr"], 0) / 125)
 
 
+@pytest.mark.parametrize("epochs", [2.0, 13.0])
+def test_adaptive_batch_ptb_runs_keep_the_papers001_recipe_in_proportion(epochs):
+  """The five runs of adaptive_batch_ptb validate on micro-batches of 10 that divide every batch; the
+  baseline's LR and LEGW's warm-up are ptb_lstm's compressed to `epochs` (its own at 13); grow_batch keeps the
+  baseline's noise scale eps/B at every epoch (papers/002); legw is LEGW at 160; the adaptive runs
+  grow from 20 to at most 640."""
+  runs = {r: _config("adaptive_batch_ptb", f"run={r},epochs={epochs:g}") for r in
+          ("baseline", "legw", "grow_batch", "adaptive", "adascale")}
+  for run, config in runs.items():
+    train.validate(config, data_parallel_size=1)
+    sizes = (*config.batch_sizes, config.batch_size, config.batch.max_batch_size or config.batch_size)
+    assert config.batch.micro_batch_size == 10 and all(b % 10 == 0 and b >= 20 for b in sizes), run
+  paper = _config("ptb_lstm")
+  grid = [e * epochs / 13 for e in (0.01, 3.0, 6.99, 7.01, 8.5, 12.99)]
+  for epoch in grid:
+    assert _lr(runs["baseline"], epoch) == pytest.approx(_lr(paper, epoch * 13 / epochs), rel=1e-9), epoch
+    assert _noise(runs["grow_batch"], epoch) == pytest.approx(_noise(runs["baseline"], epoch), rel=1e-9), epoch
+    assert _lr(runs["adascale"], epoch) == _lr(runs["baseline"], epoch)
+  assert runs["grow_batch"].batch_sizes == (20, 40, 80, 160, 320, 640, 1280)
+  assert _lr(runs["legw"], grid[1]) == pytest.approx(math.sqrt(160 / 20))
+  assert runs["legw"].lr.warmup_epochs == pytest.approx(0.03125 * epochs / 13) and runs["legw"].batch_size == 160
+  assert _config("adaptive_batch_ptb", "run=legw,epochs=2,warmup=0.1").lr.warmup_epochs == 0.1
+  assert {r: runs[r].batch.policy for r in runs} == {"baseline": "fixed", "legw": "fixed", "grow_batch": "schedule",
+                                                     "adaptive": "adaptive", "adascale": "adaptive"}
+  assert runs["adaptive"].scaling.rule == "legw" and runs["adascale"].batch.learning_rate == "adascale"
+  assert runs["adaptive"].batch.max_batch_size == runs["adascale"].batch.max_batch_size == 640
+
+
 def test_batch_schedule_bad_variants():
   with pytest.raises(ValueError, match="schedule='cosine': choose one of decay_lr, grow_batch, hybrid"):
     _config("batch_schedule_mnist.py", "schedule=cosine")

@@ -1,23 +1,98 @@
-"""experiments.adaptive_batch on a tiny config: every run trains, the table and plot are written."""
+"""experiments.adaptive_batch on tiny configs: every run trains, the table and plot are written, a
+perplexity target is met from below, and an interrupted experiment resumes."""
 
+import os
 import pathlib
+import signal
 
 import pytest
 
 from experiments import adaptive_batch
+from experiments import run_records
+from lbjax.train import batch_policy
 
 TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
+TINY_PTB = str(pathlib.Path(__file__).with_name("tiny_adaptive_ptb_config.py"))
 
 
 def test_the_experiment_writes_its_table_with_updates_and_wall_time_to_the_baseline(tmp_path):
   adaptive_batch.main(["--config", TINY, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs"),
                        "--runs", "baseline,adaptive", "--seeds", "0"])
   table = (tmp_path / "out.md").read_text()
-  assert "| baseline B=128 | 16 |" in table and "adaptive batch, LEGW LR" in table
+  assert "| baseline B=16 | 16 |" in table and "adaptive batch, LEGW LR" in table
+  assert "final test accuracy" in table
   assert (tmp_path / "out.png").stat().st_size > 0
   assert "batch" in (tmp_path / "out.csv").read_text()
 
 
-def test_unknown_runs_are_refused_before_training(tmp_path):
+def test_unknown_runs_are_refused_before_training():
   with pytest.raises(ValueError, match="must be a non-empty subset"):
-    adaptive_batch.train_runs(TINY, str(tmp_path), ("baseline", "bigger"), (0,))
+    adaptive_batch.load_configs(TINY, ("baseline", "bigger"), (0,))
+
+
+@pytest.mark.parametrize("value, target, metric, met", [
+    (0.98, 0.97, "accuracy", True), (0.96, 0.97, "accuracy", False), (0.97, 0.97, "accuracy", True),
+    (120.0, 130.0, "perplexity", True), (140.0, 130.0, "perplexity", False), (130.0, 130.0, "perplexity", True)])
+def test_a_target_is_met_from_above_for_accuracy_and_from_below_for_perplexity(value, target, metric, met):
+  assert adaptive_batch.meets(value, target, metric) == met
+
+
+def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_path, monkeypatch):
+  """SIGTERM at step 9 of the adaptive run stops the experiment; run again, the finished baseline is not
+  retrained and the adaptive run goes on from its checkpoint (no step logged twice). The table gives
+  test perplexity: a target above every perplexity is met at the first evaluation, one below none."""
+  args = ["--config", TINY_PTB, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs"),
+          "--runs", "baseline,adaptive", "--targets", "1e6,1"]
+  after_step = batch_policy.BatchPolicy.after_step
+
+  def terminate_after(self, step, *rest):
+    after_step(self, step, *rest)
+    if step == 9 and self.policy == "adaptive":
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(batch_policy.BatchPolicy, "after_step", terminate_after)
+  with pytest.raises(KeyboardInterrupt, match="adaptive seed 0 was preempted"):
+    adaptive_batch.main(args)
+  monkeypatch.undo()
+  baseline_metrics = (tmp_path / "runs" / "baseline_seed0" / "metrics.jsonl").read_text()
+  adaptive_batch.main(args)
+  assert (tmp_path / "runs" / "baseline_seed0" / "metrics.jsonl").read_text() == baseline_metrics
+  lines = (tmp_path / "runs" / "adaptive_seed0" / "metrics.jsonl").read_text().splitlines()
+  logged = [line for line in lines if '"kind": "train"' in line]
+  assert len(logged) == len(run_records.read_records(tmp_path / "runs" / "adaptive_seed0", "train")) > 2
+  assert run_records.final_eval(tmp_path / "runs" / "adaptive_seed0")["step"] > 9
+
+  table = (tmp_path / "out.md").read_text()
+  assert "## Target: the baseline's final perplexity" in table and "| final test perplexity |" in table
+  first_eval = {run: run_records.eval_curve(tmp_path / "runs" / f"{run}_seed0")[0]["step"]
+                for run in ("baseline", "adaptive")}
+  reached_all, reached_none = table.split("## Target: a fixed perplexity")[1:]
+  assert "(1000000.00)" in reached_all and "(1.00)" in reached_none
+  updates_to_target = [row.split("|")[6].strip() for row in reached_all.splitlines() if row.startswith("| ")
+                       and "run" not in row]
+  assert updates_to_target == [str(first_eval["baseline"]), str(first_eval["adaptive"])]
+  assert reached_none.count("not reached") == 4
+  assert "test_perplexity" in (tmp_path / "out.csv").read_text().splitlines()[0]
+
+
+def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeypatch):
+  """LEGW stopped by a non-finite loss before its first record: the adaptive run still trains, the table
+  says diverged, and a second call trains nothing."""
+  train_and_evaluate = adaptive_batch.train.train_and_evaluate
+  trained = []
+
+  def diverging_legw(config, workdir):
+    trained.append(pathlib.Path(workdir).name)
+    if config.batch_size == 32:
+      raise adaptive_batch.train.NonFiniteError("Non-finite loss at step 1.")
+    return train_and_evaluate(config, workdir)
+
+  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", diverging_legw)
+  args = ["--config", TINY_PTB, "--variant", "large_batch=32", "--out", str(tmp_path / "out"),
+          "--workdir", str(tmp_path / "runs"), "--runs", "baseline,legw,adaptive"]
+  adaptive_batch.main(args)
+  assert trained == ["baseline_seed0", "legw_seed0", "adaptive_seed0"]
+  assert "step 1" in (tmp_path / "runs" / "legw_seed0" / adaptive_batch.DIVERGED).read_text()
+  assert "| LEGW, fixed B=32 |  | diverged | 0 |" in (tmp_path / "out.md").read_text()
+  adaptive_batch.main(args)
+  assert len(trained) == 3
