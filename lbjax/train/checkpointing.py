@@ -5,7 +5,8 @@ A checkpoint is a step directory under `<workdir>/checkpoints/` with two items:
   - `meta`: JSON with the data iterator's position, examples seen, the batch size in force, the
     run's config, the data's fingerprint, the data-parallel size, and the checksums below.
 Saves are asynchronous (training continues while the arrays are written) and atomic (Orbax writes to
-a temporary directory and renames it when complete), and the manager keeps the newest `max_to_keep`.
+a temporary directory and renames it when complete). Old checkpoints are removed here, not by Orbax: see
+`Checkpointer.__init__`.
 
 Checksums. Orbax commits atomically but does not verify what it reads back: a bit flipped on disk
 loads silently. Each save therefore records, per state leaf, two sums of the leaf's raw bits modulo
@@ -127,10 +128,24 @@ def _short(error: BaseException) -> str:
 class Checkpointer:
   """Saves and restores (`TrainState`, meta) pairs in `<workdir>/checkpoints`."""
 
-  def __init__(self, workdir: str | pathlib.Path, *, max_to_keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str | pathlib.Path, *, max_to_keep: int | None = 3, async_save: bool = True):
+    """
+    Args:
+      workdir: the run's directory; checkpoints go to `<workdir>/checkpoints`.
+      max_to_keep: how many complete checkpoints to keep (None: all).
+      async_save: write the arrays in the background while training goes on.
+
+    Retention is ours, not Orbax's `max_to_keep`: Orbax removes the old steps once a save's writer
+    thread ends, also when that writer failed if the error was already taken by a `check_for_errors`
+    call (Orbax raises a writer's error only once; the trainer polls it every step), which on a full
+    disk left no checkpoint at all. Here the old steps go only after a save is known to be complete
+    (`wait` returned without error), and only those beyond the newest `max_to_keep` on disk.
+    """
     self.workdir = pathlib.Path(workdir).absolute()
     self.directory = self.workdir / "checkpoints"
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+    self.max_to_keep = max_to_keep
+    self._save_failed = False
+    options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                            enable_async_checkpointing=async_save)
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
 
@@ -236,17 +251,34 @@ class Checkpointer:
 
   def check_for_errors(self) -> None:
     """Raises the error of a background save that failed since the last call (cheap: no waiting)."""
-    self._manager.check_for_errors()
+    try:
+      self._manager.check_for_errors()
+    except BaseException:
+      self._save_failed = True
+      raise
 
   def is_saving(self) -> bool:
     return self._manager.is_saving_in_progress()
 
   def wait(self) -> None:
-    """Blocks until any save in flight is committed to disk."""
-    self._manager.wait_until_finished()
+    """Blocks until any save in flight is committed to disk, then removes the checkpoints beyond the
+    newest `max_to_keep`. After a failed save nothing is removed."""
+    try:
+      self._manager.wait_until_finished()
+    except BaseException:
+      self._save_failed = True
+      raise
+    self._remove_old()
+
+  def _remove_old(self) -> None:
+    if self.max_to_keep is None or self._save_failed:
+      return
+    self._manager.reload()
+    for step in self.all_steps()[self.max_to_keep:]:
+      self._manager.delete(step)
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
 
 
