@@ -1,17 +1,19 @@
 """ResNet-50 training on one accelerator: images/s and the fraction of peak FLOP/s it reaches.
 
-Compiles the trainer's step for ResNet-50 (bfloat16 compute, float32 parameters, momentum SGD,
-synthetic 224x224 images already on the device), times it, takes the FLOPs of one step from XLA's
-`compiled.cost_analysis()` (multiply-add = 2 FLOPs), and reports
+Three ResNet-50 train steps (bfloat16 compute, float32 parameters, momentum SGD, synthetic images
+already on the device) run in interleaved rounds: the trainer's compiled step, a hand-written
+`jax.jit` step on lbjax's model (`workloads.HandStep`), and a from-scratch flax ResNet-50 step
+(`reference_resnet50.py`, no lbjax code) as the reference. For each: images/s, the time per step
+relative to the reference (per round), the step's FLOPs from XLA's `compiled.cost_analysis()`
+(multiply-add = 2 FLOPs), and
 
-  images/s = batch / step time
   achieved FLOP/s = step FLOPs / step time
   fraction of peak = achieved / (--peak-tflops x 1e12)
 
 with the analytic count (3 x 4.09 GMACs x 2 = 24.5 GFLOPs per 224x224 image for forward + backward)
-as a cross-check of XLA's number (at 224x224 only: images of 64 pixels or less get the CIFAR stem,
-which keeps the full resolution in the first stage). Pass the peak of the chip in the compute dtype (dense, no
-sparsity), e.g. 989 for an H100 SXM in bf16, 197 for a TPU v4 chip.
+as a cross-check of XLA's number (at 224x224 only: images of 64 pixels or less get the CIFAR stem in
+lbjax's model, which keeps the full resolution in the first stage). Pass the peak of the chip in the
+compute dtype (dense, no sparsity), e.g. 989 for an H100 SXM in bf16, 197 for a TPU v4 chip.
 
     python -m benchmarks.gpu_resnet50 --peak-tflops 989 [--batch 256] [--steps 50] [--no-readme]
     python -m benchmarks.gpu_resnet50 --pending   # (re)write the README section as not measured
@@ -20,7 +22,9 @@ sparsity), e.g. 989 for an H100 SXM in bf16, 197 for a TPU v4 chip.
 import argparse
 
 import jax
+import jax.numpy as jnp
 
+from benchmarks import reference_resnet50
 from benchmarks import report
 from benchmarks import workloads
 
@@ -30,10 +34,12 @@ HOW_TO = """How to run (on a machine with one GPU or TPU chip; `pip install -U "
 
     python -m benchmarks.gpu_resnet50 --peak-tflops 989 --batch 256   # H100 SXM, bf16 dense peak
 
-The script compiles the trainer's step (bfloat16 compute, float32 parameters, momentum SGD,
-synthetic 224x224 images on the device, so no input pipeline), times `--steps` steps in
-interleaved rounds, takes the step's FLOPs from `compiled.cost_analysis()`, and rewrites this
-section with images/s, achieved TFLOP/s and the fraction of the peak given on the command line."""
+The script compiles three steps (the trainer's, a hand-written step on lbjax's model, and a
+from-scratch flax ResNet-50 step as the reference; bfloat16 compute, float32 parameters, momentum
+SGD, synthetic 224x224 images on the device, so no input pipeline), times `--steps` steps of each
+in interleaved rounds, takes each step's FLOPs from `compiled.cost_analysis()`, and rewrites this
+section with images/s, the time relative to the reference, achieved TFLOP/s and the fraction of the
+peak given on the command line."""
 
 
 def main() -> None:
@@ -42,7 +48,7 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--image-size", type=int, default=224)
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--steps", type=int, default=20, help="steps per round")
   parser.add_argument("--pending", action="store_true",
                       help="only write the README section saying the figures are not yet measured")
@@ -50,7 +56,7 @@ def main() -> None:
   args = parser.parse_args()
   if args.pending:
     report.write_section("gpu-resnet50", TITLE, HOW_TO + "\n\n**Not yet measured**: no accelerator "
-                         "was available where these benchmarks were last run.")
+                         "was available where these benchmarks were last run.", per_platform=False)
     return
   if args.peak_tflops is None or args.peak_tflops <= 0:
     parser.error("--peak-tflops must be given and > 0 (the chip's dense peak in the compute dtype, "
@@ -61,25 +67,40 @@ def main() -> None:
   config.data_options.num_classes = 1000
   config.model_options.dtype = args.dtype
   trainer_step = workloads.TrainerStep(config)
+  steps = {"lbjax trainer step": trainer_step,
+           "lbjax model, hand-written step": workloads.HandStep(trainer_step),
+           "flax reference (benchmarks/reference_resnet50.py)": reference_resnet50.ReferenceStep(
+               args.batch, args.image_size, dtype=jnp.dtype(args.dtype))}
+  compiled = {"lbjax trainer step": trainer_step.compiled,
+              "lbjax model, hand-written step": steps["lbjax model, hand-written step"].compiled(),
+              "flax reference (benchmarks/reference_resnet50.py)": steps[
+                  "flax reference (benchmarks/reference_resnet50.py)"].compiled}
   try:
-    seconds = report.median_seconds({"step": trainer_step}, rounds=args.rounds,
-                                    repeats=args.steps)["step"]
-    flops = trainer_step.compiled.cost_analysis().get("flops", float("nan"))
+    times = report.round_seconds(steps, rounds=args.rounds, repeats=args.steps)
   finally:
     trainer_step.close()
+  reference = "flax reference (benchmarks/reference_resnet50.py)"
   analytic = ANALYTIC_FLOPS_PER_IMAGE * args.batch * (args.image_size / 224) ** 2
-  achieved = flops / seconds
   device = jax.devices()[0]
-  rows = [[device.device_kind, args.batch, args.image_size, args.dtype, f"{args.batch / seconds:,.0f}",
-           f"{flops / 1e12:.3f}", f"{flops / analytic:.2f}", f"{achieved / 1e12:.1f}",
-           f"{args.peak_tflops:g}", f"{achieved / (args.peak_tflops * 1e12):.3f}"]]
+  rows = []
+  for name, step_times in times.items():
+    seconds = report.Spread.of(step_times)
+    flops = compiled[name].cost_analysis().get("flops", float("nan"))
+    achieved = flops / seconds.median
+    ratio = report.paired_ratios(times, name, reference)
+    rows.append([name, f"{args.batch / seconds.median:,.0f}", seconds.format(1e3), ratio.format(digits=3),
+                 f"{flops / 1e12:.3f}", f"{flops / analytic:.2f}", f"{achieved / 1e12:.1f}",
+                 f"{achieved / (args.peak_tflops * 1e12):.3f}"])
   table = report.markdown_table(
-      ["device", "batch", "image", "compute dtype", "images/s", "TFLOPs / step (XLA)",
-       "XLA / analytic FLOPs", "achieved TFLOP/s", "peak TFLOP/s (given)", "fraction of peak"], rows)
-  print(table)
+      ["step", "images/s", "ms / step", "time / reference", "TFLOPs / step (XLA)",
+       "XLA / analytic FLOPs", "achieved TFLOP/s", f"fraction of {args.peak_tflops:g} TFLOP/s peak"], rows)
+  setting = (f"{device.device_kind}, batch {args.batch}, {args.image_size}x{args.image_size}, "
+             f"{args.dtype} compute, float32 parameters; {args.rounds} interleaved rounds of {args.steps} steps, "
+             "time per step as median [quartiles] over rounds, ratio to the reference per round.")
+  print(setting + "\n\n" + table)
   if not args.no_readme:
-    report.write_section("gpu-resnet50", TITLE,
-                         report.header_lines() + "\n" + table + "\n\n" + HOW_TO)
+    report.write_section("gpu-resnet50", TITLE, report.header_lines() + "\n" + setting + "\n\n" + table +
+                         "\n\n" + HOW_TO, per_platform=False)
 
 
 if __name__ == "__main__":

@@ -263,18 +263,25 @@ def command_line() -> str:
   return " ".join(["python -m benchmarks." + module, *sys.argv[1:]])
 
 
-def write_section(name: str, title: str, body: str, *, readme: pathlib.Path = README) -> None:
+def write_section(name: str, title: str, body: str, *, readme: pathlib.Path = README,
+                  per_platform: bool = True) -> None:
   """Rewrites the `<!-- BEGIN name -->` ... `<!-- END name -->` section of the README in place.
 
   The file is re-read right before the edit (others write their own sections concurrently) and only
   this section changes; a missing file is created with a short intro, a missing section appended.
+  Measured on an accelerator, a table goes to its own section beside the CPU one: `<name>-gpu`
+  (`-tpu`), its title naming the device.
 
   Args:
     name: the section's marker name.
     title: its markdown heading (without '#').
     body: markdown below the heading (command, machine, tables, notes).
     readme: the README path.
+    per_platform: False for a section that is only ever measured on an accelerator.
   """
+  backend = jax.default_backend()
+  if per_platform and backend != "cpu":
+    name, title = f"{name}-{backend}", f"{title}, on {jax.devices()[0].device_kind}"
   begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
   section = f"{begin}\n## {title}\n\n{body.strip()}\n{end}"
   text = readme.read_text() if readme.exists() else README_INTRO

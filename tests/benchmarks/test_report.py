@@ -53,3 +53,15 @@ def test_round_seconds_interleaves_with_rotating_order():
   assert calls[:3] == ["a", "b", "c"]  # the warm-up call of each
   assert calls[3:] == ["a", "b", "b", "c", "b", "b", "c", "a", "c", "a", "b", "b"]
   assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_a_table_measured_on_an_accelerator_goes_to_its_own_section(tmp_path, monkeypatch):
+  readme = tmp_path / "README.md"
+  report.write_section("optimizer", "Optimizer", "cpu table", readme=readme)
+  monkeypatch.setattr(report.jax, "default_backend", lambda: "gpu")
+  report.write_section("optimizer", "Optimizer", "gpu table", readme=readme)
+  report.write_section("gpu-resnet50", "ResNet-50", "only here", readme=readme, per_platform=False)
+  text = readme.read_text()
+  assert "<!-- BEGIN optimizer -->\n## Optimizer\n\ncpu table\n<!-- END optimizer -->" in text
+  assert "<!-- BEGIN optimizer-gpu -->\n## Optimizer, on " in text and "gpu table\n<!-- END optimizer-gpu -->" in text
+  assert "<!-- BEGIN gpu-resnet50 -->\n## ResNet-50\n\nonly here" in text
