@@ -26,6 +26,7 @@ import optax
 
 from benchmarks import report
 from lbjax import optim
+from lbjax.optim.lars import lars_rate
 from lbjax.optim import layerwise
 
 SGD = "momentum SGD (optax.sgd)"
@@ -96,6 +97,19 @@ def lars_one_reduction(lr, wd, trust_coefficient=1e-3):
   return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
 
 
+def lars_rates_not_kept(lr, wd):
+  """An experiment, not in the library: lbjax LARS whose state keeps the previous step's trust ratios
+  instead of this step's, so that the ratios are never written out (only fused into the update).
+  Same parameters as `lbjax lars`; it measures what keeping the ratios for diagnostics costs."""
+  scaling = layerwise.scale_by_layerwise_rate(lars_rate(1e-3), weight_decay=wd)
+
+  def update(updates, state, params=None):
+    scaled, _ = scaling.update(updates, state, params)
+    return scaled, state
+
+  return layerwise.layerwise_sgd(optax.GradientTransformation(scaling.init, update), lr, 0.9, False)
+
+
 def optimizers(lr=0.1, wd=1e-4):
   """name -> optax.GradientTransformation; LARS variants select the kernels (ndim >= 2)."""
   return {
@@ -105,6 +119,7 @@ def optimizers(lr=0.1, wd=1e-4):
       "lbjax lars": optim.lars(lr, weight_decay=wd),
       "lbjax lars, optax denominator": optim.lars(lr, weight_decay=wd, denominator="optax"),
       "lars, both norms in one reduction (experiment)": lars_one_reduction(lr, wd),
+      "lars without trust ratios in the state (experiment)": lars_rates_not_kept(lr, wd),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
       "lbjax percent_delta": optim.percent_delta(lr, weight_decay=wd),
@@ -184,7 +199,8 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
                f"{stream_bytes_per_s / 1e9:.1f}", "100%"])
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
-                         ("lars, both norms in one reduction (experiment)", "lbjax lars")):
+                         ("lars, both norms in one reduction (experiment)", "lbjax lars"),
+                         ("lars without trust ratios in the state (experiment)", "lbjax lars")):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -211,7 +227,8 @@ def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
-           ("lars, both norms in one reduction (experiment)", "lbjax lars"))
+           ("lars, both norms in one reduction (experiment)", "lbjax lars"),
+           ("lars without trust ratios in the state (experiment)", "lbjax lars"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
           for a, b in pairs if a in names and b in names}
 
