@@ -173,6 +173,16 @@ def bytes_accessed(compiled) -> float:
   return float(analysis.get("bytes accessed", float("nan")))
 
 
+def kernel_count(compiled) -> int:
+  """How many kernels one call of `compiled` launches: the instructions of the optimised HLO's entry
+  computation other than parameters, tuples, constants and bitcasts (each fusion, reduction, copy or
+  library call is one). On a GPU, where a ~100 MB update is over in about a millisecond, launches
+  rather than bytes can set the time."""
+  entry = compiled.as_text().split("\nENTRY ", 1)[1].split("\n}", 1)[0]
+  free = ("parameter(", "tuple(", "get-tuple-element(", "constant(", "bitcast(")
+  return sum(1 for line in entry.splitlines()[1:] if " = " in line and not any(op in line for op in free))
+
+
 def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   """Rows of the table for one tree: timings, ratios, bytes."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
@@ -193,10 +203,10 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
     rate = moved / spread.median
     rows.append([tree_label, name, spread.format(1e3), ratio.format(digits=2),
                  f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
-                 f"{100 * rate / stream_bytes_per_s:.0f}%"])
+                 f"{100 * rate / stream_bytes_per_s:.0f}%", kernel_count(functions[name].compiled)])
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
-               f"{stream_bytes_per_s / 1e9:.1f}", "100%"])
+               f"{stream_bytes_per_s / 1e9:.1f}", "100%", kernel_count(functions[STREAM].compiled)])
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lars, both norms in one reduction (experiment)", "lbjax lars"),
@@ -240,7 +250,9 @@ each variant back to back for ~{seconds:g} s. x SGD: the per-round ratio to mome
 write); GB/s: those bytes over the median time; the last column compares that with the STREAM-like
 scale measured in the same rounds (the memory bandwidth this process got under the same load);
 above 100%, part of what XLA counts came from cache (the PTB LSTM tree, 18.6 MB, and the small
-leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed).
+leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed). Kernels: how
+many kernels one update launches (`kernel_count`: fusions, reductions, copies, library calls in the
+optimised HLO's entry computation).
 LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB rows select every
 leaf so that they compute what `optax.lamb` computes.
 
@@ -304,7 +316,7 @@ def main() -> None:
     ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
     diffs[label] = numerics(shapes, names)
   table = report.markdown_table(
-      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM"], rows)
+      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels"], rows)
   lines = [table, "", "Ratios of time per update (per-round ratios: median [quartiles], and the 95% "
            "confidence interval of the median):", ""]
   for (tree, name, baseline), spread in ratios.items():

@@ -25,6 +25,13 @@ import logging
 import os
 import sys
 
+from lbjax import dependencies
+
+try:  # before lbjax.train imports flax: a short message, not an import traceback
+  dependencies.check_flax_works_with_jax()
+except ImportError as error:
+  sys.exit(f"lbjax-train: {error}")
+
 from lbjax.train import config_files
 from lbjax.train import summary
 from lbjax.train import validation

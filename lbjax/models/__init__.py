@@ -5,6 +5,10 @@ Every model keeps its weights in `nnx.Param` and (ResNet only) its BatchNorm run
 `nnx.merge` inside a jitted step. Dropout keys and LSTM carries are explicit call arguments.
 """
 
+from lbjax import dependencies
+
+dependencies.check_flax_works_with_jax()  # before anything below imports flax
+
 from lbjax.models.batch_norm import GhostBatchNorm
 from lbjax.models.losses import accuracy
 from lbjax.models.losses import per_example_cross_entropy

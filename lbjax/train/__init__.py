@@ -4,6 +4,10 @@
 call; `config_files.load("mnist_lstm:batch=8192")` gives the config of a packaged experiment.
 """
 
+from lbjax import dependencies
+
+dependencies.check_flax_works_with_jax()  # before anything below imports flax
+
 from lbjax.train.config import default_config
 from lbjax.train.errors import CheckpointMismatchError
 from lbjax.train.errors import ConfigError
