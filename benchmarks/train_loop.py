@@ -16,8 +16,9 @@ temporary directory) spares the loop runs after the first their compile. The hos
 iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
-  global_batch    host -> device (`run.global_batch`: `make_array_from_process_local_data` per array)
-  lr_scalar       the learning rate placed as a device scalar (`run.host_scalar`)
+  global_batch    host -> device (`run.global_batch`: one `make_array_from_process_local_data` call)
+  lr_scalar       the learning rate as the step's device scalar (`Run.learning_rate_scalar`: placed
+                  only when its value changes, so at the constant LR of these runs a lookup)
   schedules       the host learning-rate and batch-size schedules
 
     python -m benchmarks.train_loop [--rounds 15] [--steps 100] [--log-every 50] [--max-spread 0.1] [--no-readme]
@@ -106,7 +107,7 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
       "global_batch": lambda: run_lib.global_batch(local, run.batch_sharding),
-      "lr_scalar": lambda: run_lib.host_scalar(0.1, run.replicated),
+      "lr_scalar": lambda: run.learning_rate_scalar(0.1),
       "schedules": lambda: (run.lr_schedule(0.5), run.batch_size_schedule(0.5)),
   }
   times = {}

@@ -130,8 +130,8 @@ class AnyBatchStep:
     run = self._run
     micro_batches = split_local_batch(local, self.num_microbatches(global_batch_size), self._local_devices)
     count = run.process_count
-    return [{k: jax.make_array_from_process_local_data(run.batch_sharding, v, (v.shape[0] * count,) + v.shape[1:])
-             for k, v in micro.items()} for micro in micro_batches]
+    shapes = [{k: (v.shape[0] * count,) + v.shape[1:] for k, v in micro.items()} for micro in micro_batches]
+    return jax.make_array_from_process_local_data(run.batch_sharding, micro_batches, shapes)
 
   def _compile(self, key, build):
     if key not in self.compiled:

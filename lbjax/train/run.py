@@ -59,10 +59,11 @@ class NonFiniteError(FloatingPointError):
 
 
 def global_batch(local: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-  """Assembles every process's share of a batch into global arrays split by `sharding`."""
+  """Assembles every process's share of a batch into global arrays split by `sharding` (one call for
+  all arrays: on one process a single batched `device_put`)."""
   count = jax.process_count()
-  return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0] * count,) + v.shape[1:])
-          for k, v in local.items()}
+  return jax.make_array_from_process_local_data(
+      sharding, local, {k: (v.shape[0] * count,) + v.shape[1:] for k, v in local.items()})
 
 
 def host_scalar(value: float, sharding) -> jax.Array:
@@ -166,6 +167,7 @@ class Run:
     self.compile_seconds: dict[tuple[int, float], float] = {}
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
+    self._learning_rate: tuple[bytes, jax.Array] | None = None  # the latest LR: float32 bytes, placed scalar
     # The batches of the latest two steps, kept to name the first non-finite quantity (the metrics
     # that show it reach the host one step late).
     self._previous_batch: Batch | None = None
@@ -422,8 +424,16 @@ class Run:
     config = self.config.loss
     discard_fraction = config.discard_fraction if epoch < config.discard_until_epoch else 0.0
     arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.batch_sharding)
-    return Batch(size, arrays, host_scalar(self.batch_policy.learning_rate(epoch, size), self.replicated),
+    return Batch(size, arrays, self.learning_rate_scalar(self.batch_policy.learning_rate(epoch, size)),
                  discard_fraction)
+
+  def learning_rate_scalar(self, value: float) -> jax.Array:
+    """`value` as the step's replicated float32 device scalar, placed again only when its float32 bits
+    change: a constant-LR phase takes no host -> device transfer per step. The scalar is never donated."""
+    bits = np.float32(value).tobytes()
+    if self._learning_rate is None or self._learning_rate[0] != bits:
+      self._learning_rate = (bits, host_scalar(value, self.replicated))
+    return self._learning_rate[1]
 
   def train_step(self, global_batch_size: int, discard_fraction: float, state: TrainState, batch,
                  learning_rate):

@@ -117,6 +117,26 @@ def test_metrics_reach_the_host_once_per_window_one_step_late(tmp_path, monkeypa
   assert [(r["step"], r["examples_seen"]) for r in records] == [(4, 4 * 32), (8, 8 * 32), (10, 10 * 32)]
 
 
+def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path):
+  """A constant stretch of the schedule reuses one device scalar (no transfer per step), and every step
+  still trains with the schedule's float32 value at its epoch: 0.05 for the first half epoch, then 0.005."""
+  run = Run(helpers.tiny_classifier_config(**{"lr.decay": "multistep_decay", "lr.boundaries": [0.5],
+                                              "lr.decay_factors": 0.1}), tmp_path)
+  try:
+    epochs, scalars, used = [], [], []
+    for _ in range(8):
+      epochs.append(run.epoch)
+      batch = run.next_batch()
+      scalars.append(batch.learning_rate)
+      used.append(run.step(batch)["learning_rate"])
+  finally:
+    run.close()
+  assert len({id(s) for s in scalars}) == 2
+  expected = [np.float32(run.lr_schedule(e)) for e in epochs]
+  assert expected == [np.float32(0.05)] * 4 + [np.float32(0.005)] * 4
+  assert jax.device_get(scalars) == expected and jax.device_get(used) == expected
+
+
 def test_a_bad_last_step_of_a_window_is_named_from_its_own_batch(tmp_path, monkeypatch):
   """The window's metrics arrive one step late, yet the diagnosis recomputes the bad step's batch."""
   next_batch = lbdata.TrainStream.next_batch
