@@ -163,7 +163,7 @@ def main() -> None:
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
        "lr_scalar ms", "schedules ms"], host_rows)
   notes = (
-      f"One CPU device, momentum SGD, synthetic twins. Times per step: median over {args.rounds} "
+      f"One {jax.devices()[0].device_kind} device, momentum SGD, synthetic twins. Times per step: median over {args.rounds} "
       "interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
       f"[quartiles]; above 1 the loop is slower. A loop run takes {args.steps} steps with metrics "
       f"every {args.log_every} steps (the first window dropped), no checkpoint during the run; "
@@ -172,7 +172,9 @@ def main() -> None:
       "the previous one (at most two in flight); metrics reach the host once per window, fetched one "
       "step after it closed (no wait for the step just dispatched). Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
-      "work, but on a 2-core CPU they compete with it for cores).")
+      "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "
+      "learning rate when its value changed (`Run.learning_rate_scalar`; a constant LR, as here, "
+      "is placed once).")
   body = (report.header_lines() + "\n" + check.warning() + rates +
           "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)
