@@ -25,6 +25,22 @@ class GhostBatchNorm(nnx.Module):
     mu_G = mean_{n in G, spatial} x,   var_G = mean_{n in G, spatial} (x - mu_G)^2   (biased)
     y = scale * (x - mu_G) / sqrt(var_G + epsilon) + bias
 
+  computed in one pass over `x`, as `nnx.BatchNorm` does (`use_fast_variance`):
+
+    var_G = max(0, mean_{n in G, spatial} x^2 - mu_G^2)
+
+  The two means read `x` once, in one fusion, and their backward is one elementwise term,
+  `d var_G / d x = 2 (x - mu_G) / |G|`. The two-pass form (a second reduction over
+  `x - mu_G` after the first) read every BatchNorm input a second time in the forward pass and
+  added one reduction per layer to the backward pass: on XLA:CPU, ResNet-50's bf16 train step
+  (batch 8, 224x224) accessed 12.61 GB instead of the 11.54 GB of a flax ResNet-50 with
+  `nnx.BatchNorm`, with 319 reductions instead of 266 (one more for each of its 53 BatchNorm
+  layers), and its step was ~10% slower than that reference on an H200. The one-pass form
+  matches the reference on both counts. In float32 the two forms agree to rounding unless a
+  channel's |mean| is far above its standard deviation (the relative error of `var_G` grows like
+  float32's epsilon times (mu_G / std_G)^2: 1e-5 at a ratio of 10); the clip at 0 keeps round-off
+  from making `var_G` negative.
+
   and the running averages move towards the mean over the `k = N/g` groups:
 
     running_mean <- momentum * running_mean + (1 - momentum) * mean_G mu_G
@@ -108,7 +124,8 @@ class GhostBatchNorm(nnx.Module):
     # Per group: reduce over the examples of the group and every non-channel axis.
     reduce_axes = tuple(range(1, grouped.ndim - 1))
     group_mean = jnp.mean(grouped, axis=reduce_axes, keepdims=True)
-    group_var = jnp.mean(jnp.square(grouped - group_mean), axis=reduce_axes, keepdims=True)
+    group_mean_sq = jnp.mean(jnp.square(grouped), axis=reduce_axes, keepdims=True)
+    group_var = jnp.maximum(group_mean_sq - jnp.square(group_mean), 0.0)
     y = (grouped - group_mean) * (scale * jax.lax.rsqrt(group_var + self.epsilon)) + bias
 
     channels = self.num_features
