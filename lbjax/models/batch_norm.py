@@ -25,26 +25,27 @@ class GhostBatchNorm(nnx.Module):
     mu_G = mean_{n in G, spatial} x,   var_G = mean_{n in G, spatial} (x - mu_G)^2   (biased)
     y = scale * (x - mu_G) / sqrt(var_G + epsilon) + bias
 
-  computed in one pass over `x`, as `nnx.BatchNorm` does (`use_fast_variance`):
-
-    var_G = max(0, mean_{n in G, spatial} x^2 - mu_G^2)
-
-  The two means read `x` once, in one fusion, and their backward is one elementwise term,
-  `d var_G / d x = 2 (x - mu_G) / |G|`. The two-pass form (a second reduction over
-  `x - mu_G` after the first) read every BatchNorm input a second time in the forward pass and
-  added one reduction per layer to the backward pass: on XLA:CPU, ResNet-50's bf16 train step
-  (batch 8, 224x224) accessed 12.61 GB instead of the 11.54 GB of a flax ResNet-50 with
-  `nnx.BatchNorm`, with 319 reductions instead of 266 (one more for each of its 53 BatchNorm
-  layers), and its step was ~10% slower than that reference on an H200. The one-pass form
-  matches the reference on both counts. In float32 the two forms agree to rounding unless a
-  channel's |mean| is far above its standard deviation (the relative error of `var_G` grows like
-  float32's epsilon times (mu_G / std_G)^2: 1e-5 at a ratio of 10); the clip at 0 keeps round-off
-  from making `var_G` negative.
-
   and the running averages move towards the mean over the `k = N/g` groups:
 
     running_mean <- momentum * running_mean + (1 - momentum) * mean_G mu_G
     running_var  <- momentum * running_var  + (1 - momentum) * mean_G var_G
+
+  The training statistics take one pass over `x`, as `nnx.BatchNorm`'s (`use_fast_variance`):
+
+    var_G = max(0, mean_{n in G, spatial} x^2 - mu_G^2)
+
+  Both means reduce `x` itself, so they need not wait for each other and can share one read of
+  `x`, and the backward of `var_G` is one elementwise term, `2 (x - mu_G) / |G|`. The two-pass
+  form (a second reduction over `x - mu_G` after the first) read every BatchNorm input once more
+  in the forward pass and added one reduction per layer to the backward pass: on XLA:CPU,
+  ResNet-50's bf16 train step (batch 8, 224x224) accessed 12.61 GB instead of the 11.54 GB of a
+  flax ResNet-50 with `nnx.BatchNorm`, with 319 reductions instead of 266 (one more for each of
+  its 53 BatchNorm layers), and on an H200 the model's step took 1.10x the reference's time
+  (`python -m benchmarks.gpu_resnet50`, batch 256). The one-pass form matches the reference on
+  both counts. The two forms agree to float32 rounding unless a channel's |mean| is far above its
+  standard deviation (the relative error of `var_G` grows like float32's epsilon times
+  (mu_G / std_G)^2, about 1e-5 at a ratio of 10); the clip at 0 keeps round-off from making
+  `var_G` negative.
 
   Evaluation normalises with `running_mean` and `running_var`. `group_size=None` uses the whole
   batch as one group (plain BatchNorm). Statistics are computed in float32 whatever `dtype` is;
