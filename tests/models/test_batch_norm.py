@@ -71,6 +71,57 @@ def test_training_normalises_each_group_to_zero_mean_unit_variance():
   np.testing.assert_allclose(y.var(axis=1), group_var / (group_var + 1e-5), rtol=1e-4)
 
 
+
+def _train_loss_and_params(layer, x, weights):
+  """sum(weights * layer(x)) in training as a function of (params, x), and the params."""
+  graphdef, params, stats = nnx.split(layer, nnx.Param, nnx.BatchStat)
+  params, stats = nnx.to_pure_dict(params), nnx.to_pure_dict(stats)
+
+  def loss(params, x):
+    model = nnx.merge(graphdef, params, stats)
+    y = model(x, train=True) if isinstance(model, GhostBatchNorm) else model(
+        x, use_running_average=False)
+    return jnp.sum(y.astype(jnp.float32) * weights)
+  return loss, params
+
+
+def test_gradients_equal_the_batch_norm_backward_formula_per_group():
+  # Per group, with xhat = (x - mu) / sqrt(var + eps) and dy the output gradient:
+  #   dx = scale / sqrt(var + eps) * (dy - mean(dy) - xhat * mean(dy * xhat)),
+  #   dscale = sum(dy * xhat), dbias = sum(dy); computed here in float64.
+  g, k, c, eps = 4, 3, 5, 1e-3
+  x, dy = _random((k * g, 2, 3, c)), _random((k * g, 2, 3, c), seed=2)
+  bn = _with_affine(GhostBatchNorm(c, group_size=g, epsilon=eps))
+  scale = np.asarray(bn.scale[...], np.float64)
+  loss, params = _train_loss_and_params(bn, x, dy)
+  grad_params, grad_x = jax.grad(loss, argnums=(0, 1))(params, x)
+  xg = np.asarray(x, np.float64).reshape(k, -1, c)
+  dyg = np.asarray(dy, np.float64).reshape(k, -1, c)
+  rstd = 1.0 / np.sqrt(xg.var(axis=1, keepdims=True) + eps)
+  xhat = (xg - xg.mean(axis=1, keepdims=True)) * rstd
+  expected_dx = scale * rstd * (dyg - dyg.mean(axis=1, keepdims=True)
+                                - xhat * (dyg * xhat).mean(axis=1, keepdims=True))
+  np.testing.assert_allclose(np.asarray(grad_x).reshape(k, -1, c), expected_dx,
+                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(grad_params["scale"], (dyg * xhat).sum(axis=(0, 1)), rtol=1e-4)
+  np.testing.assert_allclose(grad_params["bias"], dyg.sum(axis=(0, 1)), rtol=1e-4)
+
+
+def test_training_step_accesses_no_more_memory_than_flax_batch_norm():
+  # The statistics take one pass over x (mean of x and of x^2), as nnx.BatchNorm's: a second
+  # pass over x - mu for the variance made ResNet-50's step ~10% slower than with nnx.BatchNorm.
+  c = 64
+  x = _random((8, 16, 16, c)).astype(jnp.bfloat16)
+  dy = _random((8, 16, 16, c), seed=2)
+
+  def bytes_accessed(layer):
+    loss, params = _train_loss_and_params(layer, x, dy)
+    cost = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile().cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost)["bytes accessed"]
+  ghost = bytes_accessed(GhostBatchNorm(c, dtype=jnp.bfloat16))
+  reference = bytes_accessed(nnx.BatchNorm(c, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+  assert ghost <= 1.01 * reference, (ghost, reference)
+
 def test_bfloat16_output_with_float32_statistics():
   bn = GhostBatchNorm(3, dtype=jnp.bfloat16)
   y = bn(_random((4, 3)).astype(jnp.bfloat16), train=True)
