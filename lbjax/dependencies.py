@@ -29,9 +29,13 @@ def check_flax_works_with_jax() -> None:
     flax_version = metadata.version("flax")
   except metadata.PackageNotFoundError:
     return  # the import of flax itself then says so
-  import jax.experimental.hijax as hijax  # pylint: disable=import-outside-toplevel
-
-  if _release(flax_version) < FIRST_FLAX_FOR_JAX_0_11 and not hasattr(hijax, "HiPrimitive"):
+  if _release(flax_version) >= FIRST_FLAX_FOR_JAX_0_11:
+    return
+  try:
+    from jax.experimental import hijax  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    hijax = None
+  if not hasattr(hijax, "HiPrimitive"):
     import jax  # pylint: disable=import-outside-toplevel
 
     raise ImportError(
