@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Sequence
 
+import jax
 import ml_collections
 
 from experiments import config_spec
@@ -48,7 +49,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _TABLE_KEYS = {"title", "config", "rows", "overrides", "seeds", "notes", "metric", "x_label"}
 _ROW_KEYS = {"name", "tests", "variant", "overrides", "series", "x"}
 CSV_FIELDS = ("name", "seed", "split", "metric", "value", "status", "learning_rate", "warmup_epochs",
-              "epochs", "steps", "seconds")
+              "epochs", "steps", "seconds", "device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,7 @@ class RunResult:
   epochs: float
   steps: int
   seconds: float
+  device: str = ""  # what trained it, e.g. "1x cpu" or "1x NVIDIA H200" ("" in CSVs written before the column)
 
 
 def _strings(value, where: str, errors: list[str]) -> tuple[str, ...]:
@@ -203,7 +205,13 @@ def read_results(path: str | pathlib.Path) -> list[RunResult]:
   with open(path, newline="") as f:
     return [RunResult(r["name"], int(r["seed"]), r["split"], r["metric"], float(r["value"]), r["status"],
                       float(r["learning_rate"]), float(r["warmup_epochs"]), float(r["epochs"]),
-                      int(r["steps"]), float(r["seconds"])) for r in csv.DictReader(f)]
+                      int(r["steps"]), float(r["seconds"]), r.get("device") or "")
+            for r in csv.DictReader(f)]
+
+
+def _device() -> str:
+  """The devices a run trains on, e.g. "8x cpu" or "1x NVIDIA H200"."""
+  return f"{jax.device_count()}x {jax.devices()[0].device_kind}"
 
 
 def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, metric: str) -> RunResult:
@@ -218,13 +226,13 @@ def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, me
     records = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []
     return RunResult(name, config.seed, split, metric, math.nan, "diverged", recipe.learning_rate, warmup,
                      records[-1]["epoch"] if records else 0.0, records[-1]["step"] if records else 0,
-                     time.time() - start)
+                     time.time() - start, _device())
   if result.preempted:
     raise KeyboardInterrupt(f"row {name} (seed {config.seed}) was preempted; its checkpoint in {run_dir} "
                             "resumes on the next run of the table.")
   final = run_records.final_eval(run_dir)
   return RunResult(name, config.seed, split, metric, float(final[metric]), "done", recipe.learning_rate, warmup,
-                   result.epoch, result.step, time.time() - start)
+                   result.epoch, result.step, time.time() - start, _device())
 
 
 def _format(value: float, metric: str) -> str:
@@ -266,12 +274,13 @@ def markdown(table: Table, results: list[RunResult]) -> str:
     lines.append(f"| `{row.name}` | {row.tests} | `{_describe(row)}` | {runs[0].split} | {cell} | {delta} | "
                  f"{finished}/{len(runs)} | {runs[0].steps} |")
   lines += ["", "Runs (peak LR and warm-up as trained):", "",
-            f"| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | {table.metric} | status |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+            f"| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | device | {table.metric} | status |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
   order = {row.name: i for i, row in enumerate(table.rows)}
   for r in sorted(results, key=lambda r: (order.get(r.name, len(order)), r.seed)):
     lines.append(f"| `{r.name}` | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | {r.epochs:.4g} | "
-                 f"{r.steps} | {r.seconds:.0f} | {_format(r.value, table.metric)} | {r.status} |")
+                 f"{r.steps} | {r.seconds:.0f} | {r.device or 'not recorded'} | {_format(r.value, table.metric)} | "
+                 f"{r.status} |")
   return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@ import json
 import math
 import pathlib
 
+import jax
 import pytest
 
 from experiments import variant_table
@@ -45,7 +46,18 @@ def test_each_row_trains_its_own_recipe_once_per_seed(finished_table):
   assert legw_config["lr"]["decay"] == "polynomial_decay" and legw_config["seed"] == 1
   for r in results:
     assert r.status == "done" and 0.0 <= r.value <= 1.0 and r.split == "test" and r.steps == 4
+    assert r.device == f"{jax.device_count()}x cpu"
   assert variant_table.read_results(out.with_suffix(".csv")) == results
+  assert f"| {jax.device_count()}x cpu |" in out.with_suffix(".md").read_text()
+
+
+def test_a_csv_written_before_the_device_column_reads_as_not_recorded(tmp_path):
+  old = tmp_path / "old.csv"
+  old.write_text("name,seed,split,metric,value,status,learning_rate,warmup_epochs,epochs,steps,seconds\n"
+                 "base,0,test,accuracy,0.9,done,0.05,0.0,1.0,4,3.0\n")
+  [result] = variant_table.read_results(old)
+  assert result.device == ""
+  assert "| not recorded |" in variant_table.markdown(_table(), [result])
 
 
 def test_markdown_compares_rows_with_the_reference(finished_table):
