@@ -34,6 +34,7 @@ from experiments import config_spec
 from experiments import run_records
 from experiments import sweep_table
 from experiments.sweep import METRIC_KEYS
+from lbjax import main as lbjax_main
 from lbjax import train
 from lbjax.configs import _adaptive_batch
 from lbjax.train import config_files
@@ -289,4 +290,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with lbjax_main.exit_on_user_errors("python -m experiments.adaptive_batch"):
+    main(sys.argv[1:])

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from experiments import config_spec
 from experiments import run_records
+from lbjax import main as lbjax_main
 from lbjax import train
 from lbjax.train import config_files
 
@@ -139,4 +140,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with lbjax_main.exit_on_user_errors("python -m experiments.batch_schedule"):
+    main(sys.argv[1:])

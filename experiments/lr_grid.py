@@ -19,6 +19,7 @@ from typing import Sequence
 
 from experiments import config_spec
 from experiments import run_records
+from lbjax import main as lbjax_main
 from lbjax import train
 from lbjax.train import config_files
 
@@ -100,4 +101,5 @@ def main(argv: Sequence[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with lbjax_main.exit_on_user_errors("python -m experiments.lr_grid"):
+    main(sys.argv[1:])

@@ -40,6 +40,7 @@ from experiments import config_spec
 from experiments import run_records
 from experiments import sweep_table
 from experiments import variant_fields
+from lbjax import main as lbjax_main
 from lbjax import train
 from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
@@ -289,4 +290,5 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with lbjax_main.exit_on_user_errors("python -m experiments.sweep"):
+    main(sys.argv[1:])

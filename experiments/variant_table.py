@@ -41,6 +41,7 @@ import ml_collections
 
 from experiments import config_spec
 from experiments import run_records
+from lbjax import main as lbjax_main
 from lbjax import train
 from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
@@ -427,4 +428,5 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with lbjax_main.exit_on_user_errors("python -m experiments.variant_table"):
+    main(sys.argv[1:])

@@ -20,6 +20,7 @@ variables), or give `--coordinator_address`, `--num_processes` and `--process_id
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -46,6 +47,19 @@ USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, Checkpoi
 STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
 SAVE_FAILED = 3
 TRACEBACK_ENV = "LBJAX_TRACEBACK"
+
+
+@contextlib.contextmanager
+def exit_on_user_errors(prog: str):
+  """Ends a command-line program (the experiment scripts) on an error of `USER_ERRORS`, such as a missing
+  data folder, with its message and exit status 2 instead of a traceback (kept with LBJAX_TRACEBACK=1)."""
+  try:
+    yield
+  except USER_ERRORS as e:
+    if os.environ.get(TRACEBACK_ENV):
+      raise
+    print(f"{prog}: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
+    sys.exit(2)
 
 
 class _OneLineOrbaxErrors(logging.Filter):
