@@ -33,6 +33,7 @@ import pathlib
 import re
 import statistics
 import sys
+import textwrap
 import time
 from typing import Sequence
 
@@ -297,8 +298,13 @@ def _draw_lines(axes, rows: list[TableRow], stats: list[tuple[float, float, int]
   axes.grid(alpha=0.3)
 
 
-def _draw_bars(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float):
+def _draw_bars(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float,
+               values: list[list[float]]):
   positions = list(range(len(rows)))[::-1]
+  for position, row_values in zip(positions, values):  # each seed's run, so one outlier seed is visible
+    finished = [scale * v for v in row_values if not math.isnan(v)]
+    if len(finished) > 1:
+      axes.plot(finished, [position] * len(finished), "x", color="gray", markersize=5)
   means = [scale * m for m, _, _ in stats]
   finite = [m for m in means if not math.isnan(m)]
   floor = min(finite) if finite else 0.0
@@ -316,7 +322,8 @@ def _draw_bars(axes, rows: list[TableRow], stats: list[tuple[float, float, int]]
 def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> None:
   """The table as a figure: lines of the metric vs `x` per series when the table has `x_label` (log2
   x-axis, e.g. papers/001 Figure 5), else one horizontal bar per row with the reference as a dashed
-  line; error bars: sample sd over seeds."""
+  line and each seed's run as a cross; error bars: sample sd over seeds. Perplexity is drawn on a log axis (it is exp of the loss, and a
+  diverged run's can be millions)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -329,11 +336,16 @@ def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> No
     figure, axes = plt.subplots(figsize=(6, 4))
     _draw_lines(axes, rows, stats, scale, table.x_label)
     axes.set_ylabel(label)
+    if table.metric == "perplexity":
+      axes.set_yscale("log")
   else:
     figure, axes = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
-    _draw_bars(axes, rows, stats, scale)
+    _draw_bars(axes, rows, stats, scale,
+               [[r.value for r in results if r.name == row.name and r.status == "done"] for row in rows])
     axes.set_xlabel(label)
-  axes.set_title(table.title, fontsize=9)
+    if table.metric == "perplexity":
+      axes.set_xscale("log")
+  axes.set_title(textwrap.fill(table.title, 80), fontsize=9)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
