@@ -9,8 +9,9 @@ Two baseline recipes at B=20 (`recipe=`), scaled to larger batches by `rule=`:
            ptb_word_lm "small" config (Zaremba et al. 2014): plain SGD, LR 1.0 on the loss summed over
            the 20 time steps, gradients clipped to global norm 5, LR halved after each epoch from
            epoch 4. lbjax's loss is the per-token mean (1/20 of that sum), so the same updates are
-           LR 20 and clip 0.25 here. Its uniform(-0.1, 0.1) initialisation is not reproduced
-           (lbjax: Glorot-uniform LSTM kernels, limit 0.071).
+           LR 20 and clip 0.25 here. Its uniform(-0.1, 0.1) initialisation is `init_scale=0.1`
+           (not part of the recipe, so that its recorded runs stay reproducible: lbjax's default is
+           Glorot-uniform LSTM kernels, limit 0.071).
 
 Evaluation is on the test split (`eval_split=valid` for validation, to choose hyper-parameters).
 `rule=legw` gives the baseline a linear warm-up of `BASE_WARMUP_EPOCHS` when it has none.
@@ -49,6 +50,8 @@ VARIANTS = {
     "clip": Variant("global-norm clip of the per-token loss gradient (default: the recipe's; 0 = off)",
                     field="clip_global_norm"),
     "seed": Variant("initialisation seed", field="seed"),
+    "init_scale": Variant("uniform(-s, s) initialisation of every weight, as ptb_word_lm (0.1); 0: lbjax's",
+                          field="model_options.init_scale"),
     "eval_split": Variant("test, or valid", field="data_options.eval_split"),
     "recipe": Variant("the B=20 baseline", default="paper", choices=tuple(RECIPES)),
     "optimizer": Variant("the recipe's optimizer, or adam (papers/001 §5.2's adaptive baseline, LR 0.001)",

@@ -48,6 +48,7 @@ class LSTMCell(nnx.Module):
   """
 
   def __init__(self, input_size: int, hidden_size: int, *, forget_bias: float = 1.0,
+               kernel_init: jax.nn.initializers.Initializer = jax.nn.initializers.glorot_uniform(),
                rngs: nnx.Rngs):
     """Creates the cell.
 
@@ -55,6 +56,7 @@ class LSTMCell(nnx.Module):
       input_size: size D of x_t.
       hidden_size: size H of c_t and h_t.
       forget_bias: constant added to the forget-gate pre-activation (1.0 in BasicLSTMCell).
+      kernel_init: initializer of the [D + H, 4H] kernel (the bias starts at zero).
       rngs: `nnx.Rngs` for the kernel initialisation.
 
     Raises:
@@ -65,8 +67,7 @@ class LSTMCell(nnx.Module):
     self.input_size = input_size
     self.hidden_size = hidden_size
     self.forget_bias = float(forget_bias)
-    self.kernel = nnx.Param(jax.nn.initializers.glorot_uniform()(
-        rngs.params(), (input_size + hidden_size, 4 * hidden_size), jnp.float32))
+    self.kernel = nnx.Param(kernel_init(rngs.params(), (input_size + hidden_size, 4 * hidden_size), jnp.float32))
     self.bias = nnx.Param(jnp.zeros((4 * hidden_size,), jnp.float32))
 
   def initial_carry(self, batch_size: int) -> LSTMCarry:

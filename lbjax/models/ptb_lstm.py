@@ -90,6 +90,18 @@ def _row_keys(dropout_key: jax.Array, num_rows: int) -> jax.Array:
   return dropout_key
 
 
+def _symmetric_uniform(scale: float) -> jax.nn.initializers.Initializer:
+  """uniform(-scale, scale), TensorFlow's `random_uniform_initializer(-scale, scale)`."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -scale, scale)
+  return init
+
+
+def _given(**initializers) -> dict:
+  """The initializer arguments that are set (None: the layer's own default)."""
+  return {name: init for name, init in initializers.items() if init is not None}
+
+
 class PtbLSTM(nnx.Module):
   """Embedding -> `num_layers` LSTM layers -> softmax layer over the vocabulary."""
 
@@ -98,7 +110,7 @@ class PtbLSTM(nnx.Module):
                            "softmax/bias": P("model")}
 
   def __init__(self, vocab_size: int = 10000, embed_size: int = 200, hidden_size: int = 200,
-               num_layers: int = 2, dropout_rate: float = 0.0, *, rngs: nnx.Rngs):
+               num_layers: int = 2, dropout_rate: float = 0.0, init_scale: float = 0.0, *, rngs: nnx.Rngs):
     """Builds the model.
 
     Args:
@@ -108,10 +120,14 @@ class PtbLSTM(nnx.Module):
       num_layers: number of stacked LSTM layers.
       dropout_rate: probability of dropping an activation on the non-recurrent connections
         (embedding output, between layers, before the softmax layer), in [0, 1).
+      init_scale: if > 0, every weight is drawn from uniform(-init_scale, init_scale) as in
+        TensorFlow's ptb_word_lm (its "small" config: 0.1): the embedding, the LSTM kernels and the
+        softmax kernel and bias (the LSTM biases start at zero, as BasicLSTMCell's). 0: flax's
+        defaults for the embedding and the softmax layer, Glorot-uniform LSTM kernels.
       rngs: `nnx.Rngs` for parameter initialisation.
 
     Raises:
-      ValueError: on non-positive sizes or `dropout_rate` outside [0, 1).
+      ValueError: on non-positive sizes, `dropout_rate` outside [0, 1) or a negative `init_scale`.
     """
     validation.check_positive_int("vocab_size", vocab_size)
     validation.check_positive_int("embed_size", embed_size)
@@ -119,15 +135,19 @@ class PtbLSTM(nnx.Module):
     validation.check_positive_int("num_layers", num_layers)
     if not 0.0 <= dropout_rate < 1.0:
       raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate!r}.")
+    if not init_scale >= 0.0:
+      raise ValueError(f"init_scale must be >= 0 (0: the default initialisers), got {init_scale!r}.")
     self.vocab_size = vocab_size
     self.hidden_size = hidden_size
     self.num_layers = num_layers
     self.dropout_rate = float(dropout_rate)
-    self.embed = nnx.Embed(vocab_size, embed_size, rngs=rngs)
+    uniform = _symmetric_uniform(init_scale) if init_scale > 0.0 else None
+    self.embed = nnx.Embed(vocab_size, embed_size, rngs=rngs, **_given(embedding_init=uniform))
     self.layers = nnx.List([
-        LSTMCell(embed_size if i == 0 else hidden_size, hidden_size, forget_bias=1.0, rngs=rngs)
+        LSTMCell(embed_size if i == 0 else hidden_size, hidden_size, forget_bias=1.0, rngs=rngs,
+                 **_given(kernel_init=uniform))
         for i in range(num_layers)])
-    self.softmax = nnx.Linear(hidden_size, vocab_size, rngs=rngs)
+    self.softmax = nnx.Linear(hidden_size, vocab_size, rngs=rngs, **_given(kernel_init=uniform, bias_init=uniform))
 
   def initial_carry(self, batch_size: int) -> PtbCarry:
     """Zero carry: one (c, h) pair of [batch_size, hidden_size] float32 arrays per layer."""

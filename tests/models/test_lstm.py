@@ -231,9 +231,31 @@ def test_ptb_lstm_one_dropout_key_is_row_n_folded_into_it_and_rows_draw_alone():
   assert not np.allclose(changed[1:], per_row[1:])
 
 
+def test_ptb_lstm_init_scale_draws_every_weight_uniform_as_ptb_word_lm():
+  model = PtbLSTM(vocab_size=50, embed_size=20, hidden_size=20, init_scale=0.1, rngs=nnx.Rngs(0))
+  params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  for path, param in params.items():
+    value = np.asarray(param[...])
+    if path[-1] == "bias" and path[0] == "layers":  # BasicLSTMCell's biases start at zero
+      assert np.all(value == 0.0), path
+      continue
+    # uniform(-0.1, 0.1): inside the interval, spread over it (a sample's extremes near its ends), mean ~0.
+    assert np.all(np.abs(value) <= 0.1) and value.max() > 0.09 and value.min() < -0.09, path
+    assert abs(value.mean()) < 0.2 * 0.1 / np.sqrt(3), path
+    assert np.std(value) == pytest.approx(0.1 / np.sqrt(3), rel=0.25), path
+  default = PtbLSTM(vocab_size=50, embed_size=20, hidden_size=20, rngs=nnx.Rngs(0))
+  glorot_limit = np.sqrt(6.0 / (40 + 80))  # the default LSTM kernel: Glorot-uniform over [D + H, 4H]
+  kernel = np.asarray(default.layers[0].kernel[...])
+  assert np.abs(kernel).max() <= glorot_limit and np.abs(kernel).max() > 0.9 * glorot_limit
+  assert sum(np.size(v[...]) for v in params.values()) == sum(
+      np.size(v[...]) for v in dict(nnx.to_flat_state(nnx.state(default, nnx.Param))).values())
+
+
 def test_ptb_lstm_validation():
   with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\)"):
     PtbLSTM(dropout_rate=1.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"init_scale must be >= 0 \(0: the default initialisers\), got -0.1"):
+    PtbLSTM(init_scale=-0.1, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="vocab_size must be a positive int"):
     PtbLSTM(vocab_size=0, rngs=nnx.Rngs(0))
   model = _tiny_ptb(dropout_rate=0.5)
