@@ -322,8 +322,8 @@ def _draw_bars(axes, rows: list[TableRow], stats: list[tuple[float, float, int]]
 def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> None:
   """The table as a figure: lines of the metric vs `x` per series when the table has `x_label` (log2
   x-axis, e.g. papers/001 Figure 5), else one horizontal bar per row with the reference as a dashed
-  line and each seed's run as a cross; error bars: sample sd over seeds. Perplexity is drawn on a log axis (it is exp of the loss, and a
-  diverged run's can be millions)."""
+  line and each seed's run as a cross; error bars: sample sd over seeds. Perplexity is drawn on a log
+  axis (it is exp of the loss, and a diverged run's can be millions)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
