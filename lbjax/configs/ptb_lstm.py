@@ -53,6 +53,8 @@ VARIANTS = {
     "init_scale": Variant("uniform(-s, s) initialisation of every weight, as ptb_word_lm (0.1); 0: lbjax's",
                           field="model_options.init_scale"),
     "eval_split": Variant("test, or valid", field="data_options.eval_split"),
+    "carry_state": Variant("False: every 20-token window starts from a zero LSTM state (default: carried)",
+                           field="data_options.carry_state"),
     "recipe": Variant("the B=20 baseline", default="paper", choices=tuple(RECIPES)),
     "optimizer": Variant("the recipe's optimizer, or adam (papers/001 §5.2's adaptive baseline, LR 0.001)",
                          default="recipe", choices=("recipe", "adam")),

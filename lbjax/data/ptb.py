@@ -192,7 +192,7 @@ class PtbStream:
   """
 
   def __init__(self, tokens: np.ndarray, *, seq_len: int = 20, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, carry_state: bool = True):
     """Creates the stream at the start of epoch 0.
 
     Args:
@@ -200,6 +200,8 @@ class PtbStream:
       seq_len: window length T (20 in `papers/001`).
       process_index: this process's index p in [0, process_count).
       process_count: number of processes P; each gets B / P rows.
+      carry_state: True (the standard): the LSTM state flows from each window to the next of its row.
+        False: `reset_carry` on every window, so each window starts from a zero state (an ablation).
     """
     self._tokens = _check_tokens(tokens)
     _check_seq_len(seq_len)
@@ -211,6 +213,7 @@ class PtbStream:
     self._seq_len = int(seq_len)
     self._process_index = int(process_index)
     self._process_count = int(process_count)
+    self._carry_state = bool(carry_state)
     self._epochs_completed = 0
     self._windows_done = 0
     self._batch_size = 0
@@ -285,7 +288,7 @@ class PtbStream:
     batch = {
         "inputs": np.array(rows[mine, start:start + self._seq_len]),
         "targets": np.array(rows[mine, start + 1:start + self._seq_len + 1]),
-        "reset_carry": np.bool_(self._windows_done == 0),
+        "reset_carry": np.bool_(self._windows_done == 0 or not self._carry_state),
     }
     self._batch_size = int(global_batch_size)
     self._windows_done += 1
@@ -352,12 +355,14 @@ class PtbStream:
 
 
 def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
-                     process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+                     process_index: int = 0, process_count: int = 1, carry_state: bool = True
+                     ) -> Iterator[Batch]:
   """Evaluation windows over `tokens` in the [B, L] row layout, carry kept across batches.
 
   Covers every prediction of the row layout: each row of L tokens gives L - 1 targets, cut into
   `ceil((L - 1) / T)` windows; the last window is padded (ids 0) where it runs past the row, with
-  `mask` 0 there. `reset_carry` is True only on the first window. Perplexity is
+  `mask` 0 there. `reset_carry` is True only on the first window (on every window with
+  `carry_state=False`). Perplexity is
   `exp(sum(mask * CE) / sum(mask))` summed over all processes and windows; with `batch_size=1` it
   scores all `len(tokens) - 1` predictions, the standard full-corpus evaluation.
 
@@ -367,6 +372,7 @@ def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
     seq_len: window length T.
     process_index: this process's index p; it gets rows `[p*B/P, (p+1)*B/P)`.
     process_count: number of processes P.
+    carry_state: False resets the state at every window, as `PtbStream(carry_state=False)` trains.
 
   Yields:
     `{'inputs': int32 [B/P, T], 'targets': int32 [B/P, T], 'mask': float32 [B/P, T],
@@ -381,10 +387,10 @@ def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
         f"{len(tokens)} tokens are too few for {batch_size} evaluation rows: each row needs at "
         "least 2 tokens. Use a smaller batch size.")
   rows = tokens[:batch_size * row_len].reshape(batch_size, row_len)
-  return _ptb_eval_windows(rows[mine], seq_len)
+  return _ptb_eval_windows(rows[mine], seq_len, carry_state)
 
 
-def _ptb_eval_windows(rows: np.ndarray, seq_len: int) -> Iterator[Batch]:
+def _ptb_eval_windows(rows: np.ndarray, seq_len: int, carry_state: bool) -> Iterator[Batch]:
   num_targets = rows.shape[1] - 1
   for start in range(0, num_targets, seq_len):
     width = min(seq_len, num_targets - start)
@@ -395,4 +401,4 @@ def _ptb_eval_windows(rows: np.ndarray, seq_len: int) -> Iterator[Batch]:
     targets[:, :width] = rows[:, start + 1:start + width + 1]
     mask[:, :width] = 1.0
     yield {"inputs": inputs, "targets": targets, "mask": mask,
-           "reset_carry": np.bool_(start == 0)}
+           "reset_carry": np.bool_(start == 0 or not carry_state)}

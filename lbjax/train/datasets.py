@@ -278,15 +278,15 @@ def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, ev
 
 
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
-                    eval_split: str) -> Dataset:
+                    eval_split: str, carry_state: bool) -> Dataset:
 
   def make_train_stream(process_index, process_count):
     return lbdata.PtbStream(train_tokens, seq_len=seq_len, process_index=process_index,
-                            process_count=process_count)
+                            process_count=process_count, carry_state=carry_state)
 
   def make_eval_batches(batch_size, process_index, process_count):
     return lbdata.ptb_eval_batches(eval_tokens, batch_size, seq_len=seq_len, process_index=process_index,
-                                   process_count=process_count)
+                                   process_count=process_count, carry_state=carry_state)
 
   arrays = {"train": {"tokens": train_tokens}, "eval": {"tokens": eval_tokens}}
   return Dataset("language_model", make_train_stream, make_eval_batches, {"vocab_size": vocab_size}, eval_split,
@@ -294,7 +294,7 @@ def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_
 
 
 def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,
-        eval_split: Literal["valid", "test"] = "valid") -> Dataset:
+        eval_split: Literal["valid", "test"] = "valid", carry_state: bool = True) -> Dataset:
   """Penn Treebank (Mikolov's `ptb.{train,valid,test}.txt`, 10,000 types) in BPTT windows of `seq_len`.
 
   Args:
@@ -302,17 +302,20 @@ def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,
       ../shared/data.
     seq_len: the truncated-BPTT window (20 in papers/001).
     eval_split: "valid" (choose hyper-parameters here) or "test".
+    carry_state: True: the LSTM state flows from window to window (training and evaluation);
+      False: every window starts from a zero state (an ablation of the carried state).
   """
   if eval_split not in ("valid", "test"):
     raise ValueError(f"ptb: eval_split must be 'valid' or 'test', got {eval_split!r}.")
   corpus = lbdata.PtbCorpus.from_dir(data_dir or None)
   return _language_model(corpus.train, corpus.split(eval_split), vocab_size=corpus.vocab_size, seq_len=seq_len,
-                         eval_split=eval_split)
+                         eval_split=eval_split, carry_state=carry_state)
 
 
 def synthetic_ptb(*, seed: int = 0, vocab_size: int = 50, num_train_tokens: int = 20000,
-                  num_eval_tokens: int = 4000, seq_len: int = 20) -> Dataset:
-  """Tokens of a sparse Markov chain shaped like PTB (tests, benchmarks)."""
+                  num_eval_tokens: int = 4000, seq_len: int = 20, carry_state: bool = True) -> Dataset:
+  """Tokens of a sparse Markov chain shaped like PTB (tests, benchmarks); `carry_state` as `ptb`'s."""
   train = lbdata.synthetic_ptb_tokens(num_train_tokens, vocab_size, seed=seed, split="train")
   evaluation = lbdata.synthetic_ptb_tokens(num_eval_tokens, vocab_size, seed=seed, split="valid")
-  return _language_model(train, evaluation, vocab_size=vocab_size, seq_len=seq_len, eval_split="valid")
+  return _language_model(train, evaluation, vocab_size=vocab_size, seq_len=seq_len, eval_split="valid",
+                         carry_state=carry_state)

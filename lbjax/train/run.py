@@ -491,10 +491,11 @@ class Run:
     if not hasattr(self, "_eval_step"):
       self._eval_step = jax.jit(make_eval_step(self.graphdef, self.task))
     batch_size = self.config.eval_batch_size
-    carry = self.zero_carry(batch_size)
+    zero = carry = self.zero_carry(batch_size)  # the eval step does not donate it: reusable
     totals = None
     for local in self.task.dataset.make_eval_batches(batch_size, self.process_index, self.process_count):
-      local.pop("reset_carry", None)  # the carry starts at zero and runs through the whole split
+      if local.pop("reset_carry", False):  # the rows start again (every window with carry_state=False)
+        carry = zero
       sums, carry = self._eval_step(self.state.params, self.state.model_state,
                                     global_batch(local, self.batch_sharding), carry)
       totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
