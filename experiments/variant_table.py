@@ -22,13 +22,20 @@ interrupted run resumes from its checkpoint. `--rows a,b` runs only those rows (
 row already recorded). A run stopped by a non-finite loss is recorded as `diverged`. The metric is
 reported on the split each row evaluates on (`data_options.eval_split`): choose on `validation`, then
 report the chosen recipe's `test` metric once.
+
+Several processes may work on one table at once (the same command started N times, e.g. several small
+runs sharing one GPU, or one process per GPU): each takes the next run that is neither recorded nor
+held by another process (a run directory's lock), and the CSV is merged under a lock and replaced
+atomically, so no process loses another's lines.
 """
 
 import argparse
 import csv
 import dataclasses
+import fcntl
 import json
 import math
+import os
 import pathlib
 import re
 import statistics
@@ -46,10 +53,13 @@ from lbjax import main as lbjax_main
 from lbjax import train
 from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train.errors import WorkdirInUseError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _TABLE_KEYS = {"title", "config", "rows", "overrides", "seeds", "notes", "metric", "x_label"}
 _ROW_KEYS = {"name", "tests", "variant", "overrides", "series", "x"}
+# In the workdir: held while a process rewrites the table's outputs (see `_record`).
+_TABLE_LOCK = "table.lock"
 CSV_FIELDS = ("name", "seed", "split", "metric", "value", "status", "learning_rate", "warmup_epochs",
               "epochs", "steps", "seconds", "device")
 
@@ -355,11 +365,13 @@ def write_outputs(table: Table, results: list[RunResult], out: str | pathlib.Pat
   """Writes `<out>.csv`, `<out>.md` and `<out>.png`."""
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  with open(out.with_suffix(".csv"), "w", newline="") as f:
+  partial = out.with_suffix(".csv.partial")  # replaced atomically: a reader never sees half a file
+  with open(partial, "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(CSV_FIELDS)
     for r in results:
       writer.writerow([getattr(r, field) for field in CSV_FIELDS])
+  os.replace(partial, out.with_suffix(".csv"))
   out.with_suffix(".md").write_text(markdown(table, results))
   plot(table, results, out.with_suffix(".png"))
 
@@ -406,16 +418,41 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   print(f"[variant_table] {len(order)} runs ({len(order) // len(seeds)} rows x {len(seeds)} seeds): "
         f"{len(order) - len(to_run)} recorded in {csv_path} (skipped), {len(to_run)} to run.", flush=True)
   for name, seed in to_run:
+    if (name, seed) in {(r.name, r.seed) for r in read_results(csv_path)}:
+      continue  # another process working on the table recorded it meanwhile
     run_dir = pathlib.Path(workdir) / f"{name}_s{seed}"
     print(f"[variant_table] {name} seed={seed} -> {run_dir}", flush=True)
-    result = _run(configs[(name, seed)], run_dir, name, table.metric)
-    print(f"[variant_table] {name} seed={seed}: {result.split} {table.metric}={result.value:.4f} "
-          f"({result.status}, {result.seconds:.0f} s)", flush=True)
-    results.append(result)
-    write_outputs(table, results, out)
+    try:
+      result = _run(configs[(name, seed)], run_dir, name, table.metric)
+    except WorkdirInUseError as e:
+      print(f"[variant_table] {name} seed={seed}: skipped, another process is training it ({e})", flush=True)
+      continue
+    results, added = _record(table, result, out, workdir)
+    if added:
+      print(f"[variant_table] {name} seed={seed}: {result.split} {table.metric}={result.value:.4f} "
+            f"({result.status}, {result.seconds:.0f} s)", flush=True)
+    else:  # it finished in another process between our check and its record; this one only resumed it
+      print(f"[variant_table] {name} seed={seed}: recorded by another process", flush=True)
   if not to_run and results:
     write_outputs(table, results, out)
   return results
+
+
+def _record(table: Table, result: RunResult, out: str | pathlib.Path, workdir: str
+            ) -> tuple[list[RunResult], bool]:
+  """Adds `result` to `<out>.csv` unless a process sharing the table recorded the run already, and
+  rewrites the outputs; the CSV is re-read and written under an exclusive lock of the workdir, so
+  processes working on one table never lose each other's lines. Returns every recorded run and
+  whether `result` was added."""
+  pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+  with open(pathlib.Path(workdir) / _TABLE_LOCK, "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    results = read_results(pathlib.Path(out).with_suffix(".csv"))
+    added = (result.name, result.seed) not in {(r.name, r.seed) for r in results}
+    if added:
+      results.append(result)
+    write_outputs(table, results, out)
+  return results, added
 
 
 def main(argv: Sequence[str] | None = None) -> list[RunResult]:

@@ -2,16 +2,21 @@
 
 import json
 import math
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
 
 from experiments import variant_table
 from lbjax import train
+from lbjax.train.workdir_lock import WorkdirLock
 
 TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_sweep_config.py"))
 TABLES = pathlib.Path(variant_table.__file__).with_name("tables")
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def _table(**overrides):
@@ -161,3 +166,38 @@ def test_series_without_x_or_axis_label_is_refused():
     _table(rows=[{"name": "a", "tests": "t", "series": "s", "x": 32}])
   with pytest.raises(ValueError, match="'x' a number > 0"):
     _table(x_label="batch", rows=[{"name": "a", "tests": "t", "series": "s", "x": -1}])
+
+
+def test_a_run_another_process_holds_is_skipped_and_left_to_it(tmp_path):
+  table = _table()
+  runs = tmp_path / "runs"
+  held = WorkdirLock(runs / "lr_0.2_s0")  # this process is alive: the lock is not stale
+  (runs / "lr_0.2_s0").mkdir(parents=True)
+  held.acquire()
+  try:
+    results = variant_table.run_table(table, str(tmp_path / "t"), str(runs))
+  finally:
+    held.release()
+  assert sorted(r.name for r in results) == ["base", "legw"]
+  assert sorted(r.name for r in variant_table.read_results(tmp_path / "t.csv")) == ["base", "legw"]
+
+
+def test_processes_sharing_a_table_train_each_run_once(tmp_path):
+  path = tmp_path / "table.json"
+  path.write_text(json.dumps({"title": "tiny", "config": TINY_CONFIG + ":batch=64", "seeds": [0, 1, 2],
+                              "rows": [{"name": "base", "tests": "t"},
+                                       {"name": "lr_0.2", "variant": "lr=0.2", "tests": "t"}]}))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1"}
+  env.pop("XLA_FLAGS", None)
+  command = [sys.executable, "-m", "experiments.variant_table", str(path), "--out", str(tmp_path / "out" / "t"),
+             "--workdir", str(tmp_path / "runs")]
+  workers = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+  outputs = [w.communicate(timeout=600)[0] for w in workers]
+  assert [w.returncode for w in workers] == [0, 0], outputs
+  trained = [line.split(":")[0] for output in outputs for line in output.splitlines()
+             if line.startswith("[variant_table] ") and "accuracy=" in line]
+  runs = {(n, s) for n in ("base", "lr_0.2") for s in (0, 1, 2)}
+  assert sorted(trained) == sorted(f"[variant_table] {n} seed={s}" for n, s in runs)  # each once, in all
+  assert {(r.name, r.seed) for r in variant_table.read_results(tmp_path / "out" / "t.csv")} == runs
+  assert len(variant_table.read_results(tmp_path / "out" / "t.csv")) == len(runs)
