@@ -1,8 +1,11 @@
-"""Reading a run's `metrics.jsonl` (written by `lbjax.train`): evaluations and the final result."""
+"""Reading a run's `metrics.jsonl` (written by `lbjax.train`): evaluations and the final result; the
+devices that trained it, as the experiment tables record them."""
 
 import json
 import pathlib
 from typing import Any
+
+import jax
 
 
 def read_records(workdir: str | pathlib.Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -36,3 +39,9 @@ def final_eval(workdir: str | pathlib.Path) -> dict[str, Any] | None:
   """The final evaluation of a finished run (the record marked `final`), or None if unfinished."""
   finals = [r for r in eval_curve(workdir) if r.get("final")]
   return finals[-1] if finals else None
+
+
+def training_devices() -> str:
+  """The devices this process trains on, as the tables' `device` column records them: "1x cpu",
+  "8x cpu", "1x NVIDIA H200"."""
+  return f"{jax.device_count()}x {jax.devices()[0].device_kind}"

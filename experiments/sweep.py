@@ -158,14 +158,15 @@ def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: s
     steps = records[-1]["step"] if records else 0
     epochs = records[-1]["epoch"] if records else 0.0
     return sweep_table.SweepRow(rule, batch_size, float("nan"), "diverged", recipe.learning_rate, warmup,
-                                epochs, steps, time.time() - start, seed=seed)
+                                epochs, steps, time.time() - start, seed=seed,
+                                device=run_records.training_devices())
   if result.preempted:
     raise KeyboardInterrupt(f"point rule={rule}, batch={batch_size} was preempted (SIGTERM); its "
                             f"checkpoint in {workdir} resumes on the next sweep.")
   final = run_records.final_eval(workdir)
   return sweep_table.SweepRow(rule, batch_size, float(final[metric]), "done",
                               recipe.learning_rate, warmup, result.epoch, result.step, time.time() - start,
-                              seed=seed)
+                              seed=seed, device=run_records.training_devices())
 
 
 # The test metric of the packaged datasets (lbjax.train.datasets); a user's dataset is taken at --metric.

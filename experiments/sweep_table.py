@@ -11,7 +11,9 @@ import pathlib
 import statistics
 
 FIELDS = ("rule", "batch_size", "status", "learning_rate", "warmup_epochs", "epochs", "steps", "seconds",
-          "same_as", "seed")
+          "same_as", "seed", "device")
+# Columns a CSV written before they existed may lack (read with their defaults).
+LATER_FIELDS = {"seed", "device"}
 # The seed of rows in CSVs written before the column existed: the packaged configs' default seed.
 DEFAULT_SEED = 0
 
@@ -33,6 +35,7 @@ class SweepRow:
     same_as: if not empty, the rule whose run at this batch size had the identical recipe and whose
       result this row repeats (e.g. every rule but LEGW at the baseline batch size).
     seed: the run's `config.seed` (initialisation and shuffling).
+    device: the devices that trained it, e.g. "1x cpu" ("" in CSVs written before the column).
   """
   rule: str
   batch_size: int
@@ -45,6 +48,7 @@ class SweepRow:
   seconds: float
   same_as: str = ""
   seed: int = DEFAULT_SEED
+  device: str = ""
 
 
 def metric_column(metric: str) -> str:
@@ -61,7 +65,7 @@ def write_csv(rows: list[SweepRow], path: str | pathlib.Path, metric: str) -> No
     for r in sorted(rows, key=lambda r: (r.rule, r.batch_size, r.seed)):
       writer.writerow((r.rule, r.batch_size, f"{r.metric:.6g}", r.status, f"{r.learning_rate:.6g}",
                        f"{r.warmup_epochs:.6g}", f"{r.epochs:.6g}", r.steps, f"{r.seconds:.1f}", r.same_as,
-                       r.seed))
+                       r.seed, r.device))
 
 
 def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
@@ -76,7 +80,7 @@ def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
   column = metric_column(metric)
   with open(path, newline="") as f:
     reader = csv.DictReader(f)
-    missing = {"rule", "batch_size", column, *FIELDS} - {"seed"} - set(reader.fieldnames or ())
+    missing = {"rule", "batch_size", column, *FIELDS} - LATER_FIELDS - set(reader.fieldnames or ())
     if missing:
       raise ValueError(f"{path} lacks the column(s) {sorted(missing)}: it was not written by a sweep "
                        f"measuring {metric!r}; move it away or choose another --out.")
@@ -84,7 +88,7 @@ def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
                      status=d["status"], learning_rate=float(d["learning_rate"]),
                      warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),
                      steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"],
-                     seed=int(d.get("seed") or DEFAULT_SEED))
+                     seed=int(d.get("seed") or DEFAULT_SEED), device=d.get("device") or "")
             for d in reader]
 
 
@@ -151,13 +155,13 @@ def markdown_table(rows: list[SweepRow], metric: str, title: str) -> str:
     lines.append(f"| {size} | " + " | ".join(format_summary(cell.get((rule, size)), metric)
                                               for rule in rules) + " |")
   lines += ["", "Runs (peak LR and warm-up after the scaling rule; `same as`: identical recipe, one run):", "",
-            f"| rule | batch | seed | peak LR | warm-up epochs | epochs | steps | seconds | test {metric} | status "
-            "| same as |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+            f"| rule | batch | seed | peak LR | warm-up epochs | epochs | steps | seconds | device | test {metric} "
+            "| status | same as |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
   for r in sorted(rows, key=lambda r: (rules.index(r.rule), r.batch_size, r.seed)):
     lines.append(f"| {r.rule} | {r.batch_size} | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | "
-                 f"{r.epochs:g} | {r.steps} | {r.seconds:.0f} | {format_value(r.metric, metric)} | {r.status} | "
-                 f"{r.same_as} |")
+                 f"{r.epochs:g} | {r.steps} | {r.seconds:.0f} | {r.device or 'not recorded'} | "
+                 f"{format_value(r.metric, metric)} | {r.status} | {r.same_as} |")
   return "\n".join(lines) + "\n"
 
 

@@ -44,7 +44,6 @@ import textwrap
 import time
 from typing import Sequence
 
-import jax
 import ml_collections
 
 from experiments import config_spec
@@ -221,11 +220,6 @@ def read_results(path: str | pathlib.Path) -> list[RunResult]:
             for r in csv.DictReader(f)]
 
 
-def _device() -> str:
-  """The devices a run trains on, e.g. "8x cpu" or "1x NVIDIA H200"."""
-  return f"{jax.device_count()}x {jax.devices()[0].device_kind}"
-
-
 def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, metric: str) -> RunResult:
   recipe = optimizer_lib.scaled_recipe(config)
   warmup = recipe.warmup_epochs if config.lr.warmup != "none" else 0.0
@@ -238,13 +232,13 @@ def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, me
     records = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []
     return RunResult(name, config.seed, split, metric, math.nan, "diverged", recipe.learning_rate, warmup,
                      records[-1]["epoch"] if records else 0.0, records[-1]["step"] if records else 0,
-                     time.time() - start, _device())
+                     time.time() - start, run_records.training_devices())
   if result.preempted:
     raise KeyboardInterrupt(f"row {name} (seed {config.seed}) was preempted; its checkpoint in {run_dir} "
                             "resumes on the next run of the table.")
   final = run_records.final_eval(run_dir)
   return RunResult(name, config.seed, split, metric, float(final[metric]), "done", recipe.learning_rate, warmup,
-                   result.epoch, result.step, time.time() - start, _device())
+                   result.epoch, result.step, time.time() - start, run_records.training_devices())
 
 
 def _format(value: float, metric: str) -> str:

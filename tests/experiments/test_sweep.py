@@ -5,6 +5,7 @@ import dataclasses
 import math
 import pathlib
 
+import jax
 import pytest
 
 from experiments import sweep
@@ -38,6 +39,7 @@ def test_csv_has_one_row_per_point_with_the_scaled_recipe(finished_sweep):
   for r in rows:
     assert 0.0 <= float(r["test_accuracy"]) <= 1.0
     assert r["status"] == "done"
+    assert r["device"] == f"{jax.device_count()}x cpu"
   # Linear scaling doubles the LR from the B=32 baseline at B=64; no rule changes B=32.
   assert float(points[("linear", 64)]["learning_rate"]) == pytest.approx(0.1)
   assert float(points[("none", 64)]["learning_rate"]) == pytest.approx(0.05)
@@ -225,3 +227,4 @@ def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):
                   "legw,128,0.9896,done,0.08,0.15625,25,11719,379,\n")
   [row] = sweep_table.read_csv(path, "accuracy")
   assert row.seed == sweep_table.DEFAULT_SEED and row.metric == 0.9896
+  assert row.device == "" and "| not recorded |" in sweep_table.markdown_table([row], "accuracy", "t")
