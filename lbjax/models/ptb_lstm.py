@@ -135,8 +135,8 @@ class PtbLSTM(nnx.Module):
     validation.check_positive_int("num_layers", num_layers)
     if not 0.0 <= dropout_rate < 1.0:
       raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate!r}.")
-    if not init_scale >= 0.0:
-      raise ValueError(f"init_scale must be >= 0 (0: the default initialisers), got {init_scale!r}.")
+    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not init_scale >= 0.0:
+      raise ValueError(f"init_scale must be a number >= 0 (0: the default initialisers), got {init_scale!r}.")
     self.vocab_size = vocab_size
     self.hidden_size = hidden_size
     self.num_layers = num_layers

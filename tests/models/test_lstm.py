@@ -254,8 +254,10 @@ def test_ptb_lstm_init_scale_draws_every_weight_uniform_as_ptb_word_lm():
 def test_ptb_lstm_validation():
   with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\)"):
     PtbLSTM(dropout_rate=1.0, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"init_scale must be >= 0 \(0: the default initialisers\), got -0.1"):
+  with pytest.raises(ValueError, match=r"init_scale must be a number >= 0 \(0: the default initialisers\), got -0.1"):
     PtbLSTM(init_scale=-0.1, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"init_scale must be a number >= 0 .*, got 'abc'"):
+    PtbLSTM(init_scale="abc", rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="vocab_size must be a positive int"):
     PtbLSTM(vocab_size=0, rngs=nnx.Rngs(0))
   model = _tiny_ptb(dropout_rate=0.5)

@@ -68,3 +68,12 @@ def test_eval_batches_and_stream_flag_every_window_without_carry_state():
     a, b = default.next_batch(4), stream.next_batch(4)
     np.testing.assert_array_equal(a["targets"], b["targets"])
     assert b["reset_carry"]
+
+
+@pytest.mark.parametrize("value", ["maybe", "False", 0])
+def test_a_carry_state_that_is_not_a_bool_is_refused(value):
+  tokens = data.synthetic_ptb_tokens(800, 20, seed=0, split="valid")
+  with pytest.raises(ValueError, match=f"carry_state must be True or False, got {value!r}"):
+    data.PtbStream(tokens, seq_len=10, carry_state=value)
+  with pytest.raises(ValueError, match="carry_state must be True or False"):
+    data.ptb_eval_batches(tokens, 4, seq_len=10, carry_state=value)
