@@ -162,8 +162,9 @@ def _rows(tokens: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.ndarray
   return tokens[:batch_size * row_len].reshape(batch_size, row_len), (row_len - 1) // seq_len
 
 
-def _check_carry_state(carry_state) -> bool:
-  """`carry_state` itself when it is a bool (a string such as "no" would read as True)."""
+def check_carry_state(carry_state) -> bool:
+  """`carry_state` as a bool; raises `ValueError` on anything else (a string such as "no" would
+  otherwise read as True)."""
   if not isinstance(carry_state, (bool, np.bool_)):
     raise ValueError(f"carry_state must be True or False, got {carry_state!r}.")
   return bool(carry_state)
@@ -220,7 +221,7 @@ class PtbStream:
     self._seq_len = int(seq_len)
     self._process_index = int(process_index)
     self._process_count = int(process_count)
-    self._carry_state = _check_carry_state(carry_state)
+    self._carry_state = check_carry_state(carry_state)
     self._epochs_completed = 0
     self._windows_done = 0
     self._batch_size = 0
@@ -387,7 +388,7 @@ def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
   """
   tokens = _check_tokens(tokens)
   _check_seq_len(seq_len)
-  _check_carry_state(carry_state)
+  check_carry_state(carry_state)
   mine = process_slice(batch_size, process_index, process_count)
   row_len = len(tokens) // batch_size
   if row_len < 2:

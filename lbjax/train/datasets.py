@@ -279,6 +279,7 @@ def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, ev
 
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
                     eval_split: str, carry_state: bool) -> Dataset:
+  lbdata.check_carry_state(carry_state)  # now, as a config error, not when the first stream is made
 
   def make_train_stream(process_index, process_count):
     return lbdata.PtbStream(train_tokens, seq_len=seq_len, process_index=process_index,

@@ -9,6 +9,7 @@ from flax import nnx
 
 from lbjax import data
 from lbjax import models
+from lbjax.train.errors import ConfigError
 from lbjax.train.run import Run
 from tests.train import helpers
 
@@ -71,7 +72,11 @@ def test_eval_batches_and_stream_flag_every_window_without_carry_state():
 
 
 @pytest.mark.parametrize("value", ["maybe", "False", 0])
-def test_a_carry_state_that_is_not_a_bool_is_refused(value):
+def test_a_carry_state_that_is_not_a_bool_is_refused(value, tmp_path):
+  config = helpers.tiny_language_model_config(data_options={"vocab_size": 20, "num_train_tokens": 4000,
+                                                            "num_eval_tokens": 800, "carry_state": value})
+  with pytest.raises(ConfigError, match=r"config.dataset='synthetic_ptb': .* carry_state must be True or False"):
+    Run(config, tmp_path)
   tokens = data.synthetic_ptb_tokens(800, 20, seed=0, split="valid")
   with pytest.raises(ValueError, match=f"carry_state must be True or False, got {value!r}"):
     data.PtbStream(tokens, seq_len=10, carry_state=value)
