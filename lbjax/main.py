@@ -58,8 +58,13 @@ def exit_on_user_errors(prog: str):
   except USER_ERRORS as e:
     if os.environ.get(TRACEBACK_ENV):
       raise
-    print(f"{prog}: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
+    _print_error(prog, e)
     sys.exit(2)
+
+
+def _print_error(prog: str, error: BaseException) -> None:
+  """The error's message, prefixed by the program, and how to see the traceback."""
+  print(f"{prog}: {error}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
 
 
 class _OneLineOrbaxErrors(logging.Filter):
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise
-    print(f"lbjax-train: {e}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
+    _print_error("lbjax-train", e)
     if isinstance(e, CheckpointSaveError):
       return SAVE_FAILED
     return 2 if isinstance(e, USER_ERRORS) else 1
