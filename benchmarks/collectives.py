@@ -129,25 +129,25 @@ def abstract_step_inputs(config, run, image_size: int):
 
   param_sharding = lambda x: mesh_lib.parameter_sharding(mesh, x.shape)
   params = with_sharding(nnx.to_pure_dict(params), param_sharding)
-  opt_state = with_sharding(jax.eval_shape(run.optimizer.init, params), param_sharding)
-  model_state = with_sharding(nnx.to_pure_dict(model_state), lambda _: run.replicated)
-  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=run.replicated)
-  rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=run.replicated)
+  opt_state = with_sharding(jax.eval_shape(run.parts.optimizer.init, params), param_sharding)
+  model_state = with_sharding(nnx.to_pure_dict(model_state), lambda _: run.parts.replicated)
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=run.parts.replicated)
+  rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=run.parts.replicated)
   batch_size = config.batch_size
   if run.task.dataset.kind == "language_model":
     carry = with_sharding(jax.eval_shape(lambda: model.initial_carry(batch_size)),
-                          lambda _: run.batch_sharding)
-    tokens = jax.ShapeDtypeStruct((batch_size, 20), np.int32, sharding=run.batch_sharding)
+                          lambda _: run.parts.batch_sharding)
+    tokens = jax.ShapeDtypeStruct((batch_size, 20), np.int32, sharding=run.parts.batch_sharding)
     batch = {"inputs": tokens, "targets": tokens}
   else:
     carry = None
     channels = run.task.dataset.model_arguments["input_channels"]
     batch = {"images": jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), np.float32,
-                                            sharding=run.batch_sharding),
-             "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.batch_sharding)}
+                                            sharding=run.parts.batch_sharding),
+             "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.parts.batch_sharding)}
   compression_state = None
-  if run.compressor is not None:
-    compression_state = with_sharding(jax.eval_shape(run.compressor.init, params), lambda _: run.replicated)
+  if run.parts.compressor is not None:
+    compression_state = with_sharding(jax.eval_shape(run.parts.compressor.init, params), lambda _: run.parts.replicated)
   fields = {"step": scalar(np.int32), "params": params, "opt_state": opt_state,
             "model_state": model_state, "rng": rng, "carry": carry,
             "first_nonfinite_step": scalar(np.int32), "compression_state": compression_state}
@@ -172,10 +172,10 @@ def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int,
     config.data_options.num_eval_examples = 16
   run = run_lib.Run(config)
   graphdef, state, batch, learning_rate = abstract_step_inputs(config, run, image_size)
-  step = step_lib.make_train_step(graphdef, run.task, run.optimizer, run.mesh, 1, compressor=run.compressor)
+  step = step_lib.make_train_step(graphdef, run.task, run.parts.optimizer, run.mesh, 1, compressor=run.parts.compressor)
   shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-  compiled = jax.jit(step, in_shardings=(shardings(state), shardings(batch), run.replicated),
-                     out_shardings=(shardings(state), run.replicated), donate_argnums=(0,)
+  compiled = jax.jit(step, in_shardings=(shardings(state), shardings(batch), run.parts.replicated),
+                     out_shardings=(shardings(state), run.parts.replicated), donate_argnums=(0,)
                      ).lower(state, batch, learning_rate).compile()
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
   return compiled.as_text(), param_bytes

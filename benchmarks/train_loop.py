@@ -106,9 +106,9 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
   local.pop("reset_carry", None)
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
-      "global_batch": lambda: run_lib.global_batch(local, run.batch_sharding),
+      "global_batch": lambda: run_lib.global_batch(local, run.parts.batch_sharding),
       "lr_scalar": lambda: run.learning_rate_scalar(0.1),
-      "schedules": lambda: (run.lr_schedule(0.5), run.batch_size_schedule(0.5)),
+      "schedules": lambda: (run.batch_policy.learning_rate(0.5, size), run.batch_policy.batch_size(0.5)),
   }
   times = {}
   for name, function in pieces.items():

@@ -17,6 +17,7 @@ import optax
 
 from lbjax import models
 from lbjax import train
+from lbjax.train import protocols
 from lbjax.train import run as run_lib
 from lbjax.train import step as train_step_lib
 
@@ -76,23 +77,23 @@ class TrainerStep:
     self.state = self.run.state
     self.stream = self.run.stream
     local = self.stream.next_batch(self.batch_size)
-    self.run.task.take_carry_reset(local)  # the language model's flag: not an input of the step
-    self.state = self.state._replace(carry=self.run.zero_carry(self.batch_size))  # None: no carry
+    protocols.take_carry_reset(local)  # the language model's flag: not an input of the step
+    self.state = self.state._replace(carry=self.run.parts.zero_carry(self.batch_size))  # None: no carry
     self.host_batch = local
-    self.batch = run_lib.global_batch(local, self.run.batch_sharding)
-    self.learning_rate = run_lib.host_scalar(LEARNING_RATE, self.run.replicated)
+    self.batch = run_lib.global_batch(local, self.run.parts.batch_sharding)
+    self.learning_rate = run_lib.host_scalar(LEARNING_RATE, self.run.parts.replicated)
     self.compiled = self.compile()
 
   def compile(self) -> jax.stages.Compiled:
     """Compiles the step as `Run.train_step` does: `make_train_step` with the run's micro-batch
     count, jitted with the state's and batch's shardings and the state donated."""
     run = self.run
-    step = train_step_lib.make_train_step(run.graphdef, run.task, run.optimizer, run.mesh,
-                                          run.num_microbatches(self.batch_size))
+    step = train_step_lib.make_train_step(run.parts.graphdef, run.task, run.parts.optimizer, run.mesh,
+                                          run.resolved.batch.num_microbatches(self.batch_size, run.data_parallel_size))
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
     batch_shardings = jax.tree.map(lambda x: x.sharding, self.batch)
-    return jax.jit(step, in_shardings=(state_shardings, batch_shardings, run.replicated),
-                   out_shardings=(state_shardings, run.replicated), donate_argnums=(0,),
+    return jax.jit(step, in_shardings=(state_shardings, batch_shardings, run.parts.replicated),
+                   out_shardings=(state_shardings, run.parts.replicated), donate_argnums=(0,),
                    ).lower(self.state, self.batch, self.learning_rate).compile()
 
   def __call__(self) -> Any:
@@ -114,7 +115,7 @@ class HandStep:
 
   def __init__(self, trainer_step: TrainerStep):
     run = trainer_step.run
-    model = run.task.build_model(nnx.Rngs(run.config.seed))
+    model = run.task.build_model(nnx.Rngs(run.resolved.seed))
     self.graphdef, params, model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
     zero_carry = run.task.zero_carry(model, trainer_step.batch_size)  # host arrays, or None
     self.language_model = zero_carry is not None

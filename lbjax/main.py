@@ -108,7 +108,7 @@ def list_configs() -> str:
   return "\n".join(lines)
 
 
-def _train(args, loaded: config_files.LoadedConfig) -> None:
+def _train(args, loaded: config_files.LoadedConfig, resolved) -> None:
   logging.getLogger("absl").addFilter(_OneLineOrbaxErrors())
   import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
   if args.coordinator_address is not None or args.distributed:
@@ -116,7 +116,7 @@ def _train(args, loaded: config_files.LoadedConfig) -> None:
                                num_processes=args.num_processes or _env_int("JAX_NUM_PROCESSES"),
                                process_id=args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID"))
   from lbjax.train import loop  # pylint: disable=import-outside-toplevel
-  loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
+  loop.train_and_evaluate(resolved, args.workdir, origin=_origin(loaded))
 
 
 def _env_int(name: str) -> int | None:
@@ -149,13 +149,13 @@ def main(argv: list[str] | None = None) -> int:
   try:
     loaded = config_files.load(args.config, overrides)
     # Names, arguments and values now; what depends on the devices once they are known.
-    validation.validate(loaded.config, data_parallel_size=1)
+    resolved = validation.validate(loaded.config)
     if args.dry_run:
-      print("\n".join(summary.format_run(summary.resolved_run(loaded.config), _origin(loaded))))
+      print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
-    _train(args, loaded)
+    _train(args, loaded, resolved)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise

@@ -17,6 +17,7 @@ from lbjax.train.mesh import build_mesh
 from lbjax.train.optimizer import batch_size_schedule
 from lbjax.train.optimizer import build_optimizer
 from lbjax.train.optimizer import learning_rate_schedule
+from lbjax.train.resolved import ResolvedRun
 from lbjax.train.run import NonFiniteError
 from lbjax.train.run import Run
 from lbjax.train.state import TrainState

@@ -57,8 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbjax.train.errors import ConfigError
-from lbjax.train.mesh import data_parallel_size
+from lbjax.train.build import StepParts
 from lbjax.train.state import TrainState
 from lbjax.train.step import (Accumulator, loops_slow_down_convolutions, make_accumulate_step, make_apply_step,
                               make_micro_batch_terms, merge_microbatches, micro_batch_split)
@@ -102,14 +101,12 @@ class AnyBatchStep:
     compile_seconds: their compile times, by the same keys.
   """
 
-  def __init__(self, run, micro_batch_size: int):
-    if run.compressor is not None:
-      raise ConfigError("config.batch.micro_batch_size reduces GSPMD gradients; it does not combine with "
-                        "config.compression or config.mesh.per_device_gradients. Set it to 0.")
+  def __init__(self, parts: StepParts, micro_batch_size: int):
+    """`parts`: the run's model graph, task, optimizer and shardings (GSPMD: no compressor)."""
     self.micro_batch_size = micro_batch_size
-    self.slots = 1 if loops_slow_down_convolutions(run.state.params) else SLOTS
-    self._run = run
-    self._local_devices = data_parallel_size(run.mesh) // run.process_count
+    self.slots = 1 if loops_slow_down_convolutions(parts.abstract_params) else SLOTS
+    self._parts = parts
+    self._local_devices = parts.data_parallel_size // jax.process_count()
     self.compiled: dict[Any, Any] = {}
     self.compile_seconds: dict[Any, float] = {}
     self._totals: Accumulator | None = None
@@ -121,17 +118,16 @@ class AnyBatchStep:
   def zero_carries(self, num_microbatches: int) -> tuple[Any, ...] | None:
     """The carry an update of `num_microbatches` starts from after a reset: one zero [m, ...]
     carry per micro-batch, or None for a task without one."""
-    if self._run.task.zero_carry(self._run.model, self.micro_batch_size) is None:
+    if self._parts.task.zero_carry(self._parts.model, self.micro_batch_size) is None:
       return None
-    return tuple(self._run.zero_carry(self.micro_batch_size) for _ in range(num_microbatches))
+    return tuple(self._parts.zero_carry(self.micro_batch_size) for _ in range(num_microbatches))
 
   def place(self, local: dict[str, np.ndarray], global_batch_size: int) -> list[dict[str, jax.Array]]:
     """This process's rows of a global batch as k global micro-batches on the mesh."""
-    run = self._run
     micro_batches = split_local_batch(local, self.num_microbatches(global_batch_size), self._local_devices)
-    count = run.process_count
+    count = jax.process_count()
     shapes = [{k: (v.shape[0] * count,) + v.shape[1:] for k, v in micro.items()} for micro in micro_batches]
-    return jax.make_array_from_process_local_data(run.batch_sharding, micro_batches, shapes)
+    return jax.make_array_from_process_local_data(self._parts.batch_sharding, micro_batches, shapes)
 
   def _compile(self, key, build):
     if key not in self.compiled:
@@ -142,9 +138,9 @@ class AnyBatchStep:
 
   def _zero_totals(self, state: TrainState, micro_batch) -> Accumulator:
     """A zero accumulator with the shapes of one micro-batch's terms, on their shardings."""
-    run = self._run
+    parts = self._parts
     carry = None if state.carry is None else state.carry[0]
-    terms = make_micro_batch_terms(run.graphdef, run.task, data_parallel_size(run.mesh))
+    terms = make_micro_batch_terms(parts.graphdef, parts.task, parts.data_parallel_size)
     shapes = jax.eval_shape(terms, state, micro_batch, carry, 0, 1)[0]
     return jax.tree.map(lambda s, sharding: jax.device_put(np.zeros(s.shape, s.dtype), sharding),
                         shapes, self._totals_shardings(state, shapes))
@@ -152,11 +148,11 @@ class AnyBatchStep:
   def _index(self, j: int) -> jax.Array:
     """Micro-batch index j (or a count) as a replicated int32, placed once."""
     if j not in self._indices:
-      self._indices[j] = jax.device_put(np.int32(j), self._run.replicated)
+      self._indices[j] = jax.device_put(np.int32(j), self._parts.replicated)
     return self._indices[j]
 
   def _totals_shardings(self, state: TrainState, totals) -> Accumulator:
-    replicated = self._run.replicated
+    replicated = self._parts.replicated
     return Accumulator(replicated, jax.tree.map(lambda _: replicated, totals.metrics),
                        jax.tree.map(lambda _: replicated, totals.model_state),
                        jax.tree.map(lambda x: x.sharding, state.params), replicated)
@@ -169,7 +165,7 @@ class AnyBatchStep:
     `state.carry` is None or one carry per micro-batch (`zero_carries`); each micro-batch's new
     carry replaces its own.
     """
-    run = self._run
+    parts = self._parts
     before = set(self.compiled)
     carries = state.carry if state.carry is not None else (None,) * len(micro_batches)
     if len(carries) != len(micro_batches):
@@ -186,16 +182,16 @@ class AnyBatchStep:
     slots = self.slots
     count = index(len(micro_batches))
     accumulate = self._compile(("accumulate", discard_fraction), lambda: jax.jit(
-        make_accumulate_step(run.graphdef, run.task, data_parallel_size(run.mesh), discard_fraction, slots),
+        make_accumulate_step(parts.graphdef, parts.task, parts.data_parallel_size, discard_fraction, slots),
         in_shardings=(totals_shardings, state_shardings, (micro_shardings,) * slots, (carry_shardings,) * slots,
-                      run.replicated, run.replicated, run.replicated),
+                      parts.replicated, parts.replicated, parts.replicated),
         out_shardings=(totals_shardings, (carry_shardings,) * slots), donate_argnums=(0,),
     ).lower(self._totals, state, (micro_batches[0],) * slots, (carries[0],) * slots, index(0), index(1),
             count).compile())
     apply = self._compile("apply", lambda: jax.jit(
-        make_apply_step(run.optimizer, self.micro_batch_size),
-        in_shardings=(state_shardings, totals_shardings, run.replicated, run.replicated),
-        out_shardings=(state_shardings, run.replicated, totals_shardings), donate_argnums=(0, 1),
+        make_apply_step(parts.optimizer, self.micro_batch_size),
+        in_shardings=(state_shardings, totals_shardings, parts.replicated, parts.replicated),
+        out_shardings=(state_shardings, parts.replicated, totals_shardings), donate_argnums=(0, 1),
     ).lower(state, self._totals, count, learning_rate).compile())
     totals, new_carries = self._totals, []
     for start in range(0, len(micro_batches), self.slots):

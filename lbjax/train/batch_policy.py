@@ -39,112 +39,11 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from lbjax.schedules import adaptive_batch
-from lbjax.train import config as config_lib
-from lbjax.train import optimizer as optimizer_lib
-from lbjax.train.errors import ConfigError
-
-POLICIES = ("fixed", "schedule", "adaptive")
-LEARNING_RATE_MODES = ("scaling_rule", "adascale")
-# Fields only the adaptive policy reads, with their defaults (set away from them elsewhere: refused).
-ADAPTIVE_FIELDS = {"min_batch_size": 0, "max_batch_size": 0, "noise_multiple": 1.0, "never_shrink": True,
-                   "learning_rate": "scaling_rule"}
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def problems(config: ml_collections.ConfigDict, data_parallel_size: int) -> list[str]:
-  """Every problem of `config.batch` and its interplay with the batch fields (validation.py)."""
-  batch, found = config.batch, []
-  if batch.policy not in POLICIES:
-    return [f"config.batch.policy={batch.policy!r} is not one of {', '.join(POLICIES)}."]
-  micro = batch.micro_batch_size
-  if not _is_int(micro) or micro < 0:
-    return [f"config.batch.micro_batch_size must be an integer >= 0 (0 = one compiled step per batch size), "
-            f"got {micro!r}."]
-  if not _is_int(batch.adapt_every) or batch.adapt_every < 1:
-    found.append(f"config.batch.adapt_every must be an integer >= 1 (steps), got {batch.adapt_every!r}.")
-  if not 0.0 <= batch.ema_decay < 1.0:
-    found.append(f"config.batch.ema_decay must be in [0, 1), got {batch.ema_decay!r}.")
-  if micro:
-    if micro % data_parallel_size:
-      found.append(f"config.batch.micro_batch_size={micro} is split over the data-parallel size "
-                   f"{data_parallel_size}; use a multiple of {data_parallel_size}.")
-    if config.max_device_batch:
-      found.append("config.batch.micro_batch_size and config.max_device_batch both split the batch; set "
-                   "config.max_device_batch=0 (the micro-batch already bounds the memory).")
-  if batch.policy != "adaptive":
-    changed = [f"batch.{k}" for k, default in ADAPTIVE_FIELDS.items() if batch[k] != default]
-    if changed:
-      found.append(f"config.{', config.'.join(changed)} only apply with config.batch.policy='adaptive' "
-                   f"(it is {batch.policy!r}); remove them or set the policy.")
-  if batch.policy == "fixed" and config.batch_sizes:
-    found.append("config.batch.policy='fixed' uses config.batch_size only, but config.batch_sizes is set; "
-                 "set config.batch.policy='schedule' for a batch-size schedule.")
-  sizes = config_lib.batch_sizes(config)
-  if batch.policy == "adaptive":
-    found += _adaptive_problems(config)
-  elif micro:
-    for size in sizes:
-      if _is_int(size) and size % micro:
-        found.append(f"batch size {size} is not a whole number of micro-batches of "
-                     f"config.batch.micro_batch_size={micro}; use a multiple of {micro}.")
-  return found
-
-
-def _adaptive_problems(config: ml_collections.ConfigDict) -> list[str]:
-  batch, found = config.batch, []
-  micro = batch.micro_batch_size
-  if config.batch_sizes:
-    found.append("config.batch.policy='adaptive' chooses the batch itself: remove config.batch_sizes and "
-                 "config.batch_size_boundaries (config.batch_size is the first batch).")
-  if not micro:
-    return found + ["config.batch.policy='adaptive' measures the noise from micro-batch gradients: set "
-                    "config.batch.micro_batch_size > 0 (e.g. the smallest batch you would use)."]
-  low = batch.min_batch_size or config.batch_size
-  high = batch.max_batch_size
-  if batch.learning_rate not in LEARNING_RATE_MODES:
-    found.append(f"config.batch.learning_rate={batch.learning_rate!r} is not one of "
-                 f"{', '.join(LEARNING_RATE_MODES)}.")
-  if batch.learning_rate == "adascale" and config.scaling.rule != "none":
-    found.append(f"config.batch.learning_rate='adascale' scales the LR by its own gain; set "
-                 f"config.scaling.rule='none' (got {config.scaling.rule!r}).")
-  if not (isinstance(batch.noise_multiple, (int, float)) and batch.noise_multiple > 0):
-    found.append(f"config.batch.noise_multiple must be > 0, got {batch.noise_multiple!r}.")
-  if not _is_int(high) or high <= 0:
-    return found + [f"config.batch.max_batch_size must be set (a positive multiple of the micro-batch "
-                    f"{micro}) with the adaptive policy, got {high!r}."]
-  for name, value in (("config.batch.min_batch_size", low), ("config.batch.max_batch_size", high),
-                      ("config.batch_size", config.batch_size)):
-    if not _is_int(value) or value % micro:
-      found.append(f"{name}={value!r} is not a whole number of micro-batches of "
-                   f"config.batch.micro_batch_size={micro}; use a multiple of {micro}.")
-  if _is_int(low) and low < 2 * micro:
-    found.append(f"the smallest adaptive batch ({low}) must hold at least 2 micro-batches of {micro}: the "
-                 "noise scale needs two batch sizes. Raise config.batch.min_batch_size or lower the micro-batch.")
-  if not low <= config.batch_size <= high:
-    found.append(f"config.batch_size={config.batch_size} (the first batch) must lie in "
-                 f"[config.batch.min_batch_size, config.batch.max_batch_size] = [{low}, {high}].")
-  if not found and batch.learning_rate == "scaling_rule":
-    try:  # the rule's LR and warm-up at the largest batch must be a valid schedule too (LEGW's warm-up)
-      optimizer_lib.learning_rate_schedule(_at_batch_size(config, high))
-    except ConfigError as e:
-      found.append(f"at config.batch.max_batch_size={high}: {e}")
-  return found
-
-
-def _at_batch_size(config: ml_collections.ConfigDict, batch_size: int) -> ml_collections.ConfigDict:
-  """The config as a fixed-batch run at `batch_size` (for its scaled LR schedule)."""
-  fixed = ml_collections.ConfigDict(config.to_dict())
-  fixed.batch_size = batch_size
-  fixed.batch_sizes = ()
-  fixed.batch_size_boundaries = ()
-  return fixed
+from lbjax.train.batch_plan import BatchPlan
+from lbjax.train.optimizer import LearningRate
 
 
 class BatchPolicy:
@@ -157,18 +56,17 @@ class BatchPolicy:
   `state_dict`/`load_state_dict` carry everything a resumed run needs to decide the same.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    self.config = config
-    self.policy = config.batch.policy
-    self.base_batch_size = config.scaling.base_batch_size
-    self.decay = config.batch.ema_decay
-    self.every = config.batch.adapt_every
-    self.adascale = self.policy == "adaptive" and config.batch.learning_rate == "adascale"
-    self._schedule = optimizer_lib.batch_size_schedule(config)
-    self._learning_rates: dict[int, Any] = {}
-    self._fixed_learning_rate = optimizer_lib.learning_rate_schedule(config)  # "fixed" and "schedule"
+  def __init__(self, plan: BatchPlan, learning_rate: LearningRate):
+    self.plan = plan
+    self.policy = plan.policy
+    self.base_batch_size = learning_rate.base_batch_size
+    self.decay = plan.ema_decay
+    self.every = plan.adapt_every
+    self.adascale = plan.adascale
+    self._schedule = plan.schedule()
+    self._learning_rate = learning_rate
     self.average = adaptive_batch.NoiseScaleAverage()
-    self.current = config.batch_size  # adaptive: the batch in force
+    self.current = plan.first  # adaptive: the batch in force
     self.gain = 1.0  # adascale: the gain in force
     self.scale_invariant_epoch = 0.0  # adascale: progress in base-batch epochs
     self._pending: list[tuple[int, Any, Any]] = []  # (step, |G|^2, tr(Sigma)) estimates not yet folded
@@ -183,18 +81,12 @@ class BatchPolicy:
     self._epoch = epoch
     return self.current if self.policy == "adaptive" else self._schedule(epoch)
 
-  def _schedule_at(self, batch_size: int):
-    if batch_size not in self._learning_rates:
-      self._learning_rates[batch_size] = optimizer_lib.learning_rate_schedule(
-          _at_batch_size(self.config, batch_size))
-    return self._learning_rates[batch_size]
-
   def learning_rate(self, epoch: float, batch_size: int) -> float:
-    if self.policy != "adaptive":
-      return self._fixed_learning_rate(epoch)
+    """The LR of the step that starts at `epoch` with `batch_size` in force: the run's `LearningRate`;
+    under AdaScale, the gain in force times the base-batch recipe at the scale-invariant epoch."""
     if self.adascale:
-      return self.gain * self._schedule_at(self.base_batch_size)(self.scale_invariant_epoch)
-    return self._schedule_at(batch_size)(epoch)
+      return self.gain * self._learning_rate(self.scale_invariant_epoch, self.base_batch_size)
+    return self._learning_rate(epoch, batch_size)
 
   def noise_scale(self) -> float:
     return self.average.noise_scale(self.decay)
@@ -239,11 +131,11 @@ class BatchPolicy:
     self._due = None
     noise_scale = self.noise_scale()
     if self.policy == "adaptive":
-      batch = self.config.batch
+      plan = self.plan
       self.current = adaptive_batch.noise_proportional_batch_size(
-          noise_scale, multiple=batch.noise_multiple, micro_batch_size=batch.micro_batch_size,
-          min_batch_size=batch.min_batch_size or self.config.batch_size, max_batch_size=batch.max_batch_size,
-          current=self.current, never_shrink=batch.never_shrink)
+          noise_scale, multiple=plan.noise_multiple, micro_batch_size=plan.micro_batch_size,
+          min_batch_size=plan.smallest_adaptive, max_batch_size=plan.max_batch_size,
+          current=self.current, never_shrink=plan.never_shrink)
       if self.adascale:
         self.gain = adaptive_batch.adascale_gain(noise_scale, self.current, self.base_batch_size)
     start, examples = self._window

@@ -153,6 +153,37 @@ def default_config() -> ml_collections.ConfigDict:
   return config
 
 
+class FieldReads:
+  """A config read one field at a time, recording the path of each field read.
+
+  The resolved run (`lbjax.train.resolved`) reads every field it holds through one of these, so its
+  `consumed_fields` are the fields the run reads, and a field nobody reads shows
+  (tests/train/test_every_field_is_consumed.py).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self._config = config
+    self.paths: set[str] = set()
+
+  def __call__(self, path: str):
+    value = self._config
+    for key in path.split("."):
+      value = value[key]
+    self.paths.add(path)
+    return value
+
+  def options(self, section: str, own_fields: tuple[str, ...] = ()) -> dict[str, object]:
+    """The fields of `section` other than `own_fields`: the keyword arguments of the function it names."""
+    values = {k: v for k, v in self._config[section].to_dict().items() if k not in own_fields}
+    self.paths.update(f"{section}.{k}" for k in values)
+    return values
+
+
+def field_paths(config: ml_collections.ConfigDict) -> set[str]:
+  """The dotted path of every field of `config` (sections' fields, not the sections)."""
+  return set(_flat(config))
+
+
 def _flat(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, object]:
   flat = {}
   for key, value in config.items():

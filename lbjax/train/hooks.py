@@ -52,11 +52,11 @@ def _flatten(tree: Any) -> dict[str, float]:
 
 def write_compression_bits(run: Run, writer: MetricsWriter) -> None:
   """The `compression` record: bits one device sends per step, compressed and not."""
-  if run.config.compression.name == "none":
+  if run.resolved.compressor is None:
     return
-  bits = optim.compression.bits_per_step(run.state.params, run.compressor)
+  bits = optim.compression.bits_per_step(run.state.params, run.parts.compressor)
   writer.write("compression", run.step_count, {
-      "name": run.config.compression.name, "bits_per_device_step": bits.compressed,
+      "name": run.resolved.compressor.resolved.name, "bits_per_device_step": bits.compressed,
       "uncompressed_bits": bits.uncompressed, "ratio": bits.ratio})
 
 
@@ -87,7 +87,7 @@ class _Window:
                                                                   run.batch_size)
     # A copy: the next step donates the optimizer state the ratios live in.
     self.trust_ratios = (jax.tree.map(jnp.copy, optim.trust_ratios(run.state.opt_state))
-                         if run.has_layerwise_rates else None)
+                         if run.parts.has_layerwise_rates else None)
 
 
 class WriteMetrics:
@@ -179,7 +179,7 @@ class EvaluateAndSave:
 
   def after_step(self, run: Run, metrics: Metrics) -> None:
     del metrics
-    if run.epoch >= self.next_epoch and run.batch_policy.progress(run.epoch) < run.config.num_epochs:
+    if run.epoch >= self.next_epoch and run.batch_policy.progress(run.epoch) < run.resolved.num_epochs:
       self.flush(run)
       self.evaluate(run)
       self.next_epoch = self._boundary_after(run.epoch)
@@ -279,10 +279,10 @@ class SaveOnPreemption:
       self.flush(run)
       run.save(durable=True)
       self.stopped = True
-      where = f" in {run.checkpointer.directory}" if run.checkpointer is not None else ""
+      where = f" in {run.checkpoints.directory}" if run.checkpoints is not None else ""
       logging.warning("%s: saved checkpoint %d%s (written to disk); exiting.", self._flag.signal_name,
                       run.step_count, where)
-      if run.config.progress and run.process_index == 0:
+      if run.resolved.watch.progress and run.process_index == 0:
         print(f"{self._flag.signal_name}: saved checkpoint {run.step_count}{where}; exiting.", flush=True)
 
   def restore(self) -> None:

@@ -25,11 +25,11 @@ def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostic
   run = Run(config)
   batch = run.next_batch()
   arrays, _ = whole_batch(batch.arrays)
-  carry = run.zero_carry(batch.size)
-  key = jax.random.key(config.seed)
+  carry = run.parts.zero_carry(batch.size)
+  key = jax.random.key(run.resolved.seed)
 
   def loss(params, arrays, carry):  # the batch an argument, so the model sees it traced as in the step
-    model = nnx.merge(run.graphdef, params, run.state.model_state)
+    model = nnx.merge(run.parts.graphdef, params, run.state.model_state)
     return run.task.train_loss(model, arrays, carry, key)[0]
 
   grads = jax.jit(jax.grad(loss))(run.state.params, arrays, carry)

@@ -16,11 +16,11 @@ import ml_collections
 import numpy as np
 
 from lbjax.train import batch_policy
-from lbjax.train import config as config_lib
 from lbjax.train import hooks
+from lbjax.train import protocols
 from lbjax.train import summary
-from lbjax.train.mesh import data_parallel_size
 from lbjax.train.metrics import MetricsWriter, ProgressLine
+from lbjax.train.resolved import ResolvedRun
 from lbjax.train.run import NonFiniteError, Run, global_batch  # pylint: disable=unused-import
 from lbjax.train.state import TrainState
 
@@ -37,30 +37,24 @@ class TrainResult:
   preempted: bool
 
 
-def _steps_per_epoch(stream, batch_size: int) -> int:
-  if hasattr(stream, "windows_per_epoch"):
-    return stream.windows_per_epoch(batch_size)
-  return stream.num_examples // batch_size
-
-
 def _describe_start(run: Run, workdir: pathlib.Path, origin: str) -> None:
   """Prints the resolved run (and where it resumed from; process 0, with `config.progress`) and
   writes `<workdir>/config.json`."""
-  resolved = summary.resolved_run(run.config)
-  sizes = config_lib.batch_sizes(run.config)
+  resolved = summary.resolved_run(run.resolved)
+  sizes = run.resolved.batch.sizes
   resolved["devices"] = (f"{jax.device_count()} {jax.devices()[0].platform} on {jax.process_count()} "
                          f"process(es); mesh {dict(run.mesh.shape)}")
-  resolved["steps_per_epoch"] = ", ".join(f"{_steps_per_epoch(run.stream, b)} at batch {b}" for b in sizes)
+  resolved["steps_per_epoch"] = ", ".join(f"{protocols.steps_per_epoch(run.stream, b)} at batch {b}" for b in sizes)
   resolved["parameters"] = f"{sum(int(np.prod(x.shape)) for x in jax.tree.leaves(run.state.params)):,}"
   if run.process_index != 0:
     return
   workdir.mkdir(parents=True, exist_ok=True)
-  record = {"origin": origin, "resolved": resolved, "config": json.loads(run.config.to_json())}
+  record = {"origin": origin, "resolved": resolved, "config": json.loads(run.resolved.source_config.to_json())}
   (workdir / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-  if run.config.progress:
+  if run.resolved.watch.progress:
     print("\n".join(summary.format_run(resolved, origin)), flush=True)
     if run.resumed_from is not None:
-      print(f"Resumed from {run.checkpointer.directory} at step {run.resumed_from} "
+      print(f"Resumed from {run.checkpoints.directory} at step {run.resumed_from} "
             f"(epoch {run.epoch:.4f}).", flush=True)
     note = _device_change(run)
     if note:
@@ -69,10 +63,10 @@ def _describe_start(run: Run, workdir: pathlib.Path, origin: str) -> None:
 
 def _device_change(run: Run) -> str:
   """A note when the run resumed on another data-parallel size than its checkpoint was saved on."""
-  now = data_parallel_size(run.mesh)
-  if run.saved_data_parallel_size in (None, now):
+  now, saved = run.data_parallel_size, run.start.saved_data_parallel_size
+  if saved in (None, now):
     return ""
-  return (f"Note: the checkpoint was saved on {run.saved_data_parallel_size} data-parallel devices and resumes on "
+  return (f"Note: the checkpoint was saved on {saved} data-parallel devices and resumes on "
           f"{now}; the state was resharded (results agree to float rounding, not bit for bit; dropout masks "
           "are the same, drawn per row of the global batch whatever the devices and micro-batches).")
 
@@ -84,9 +78,9 @@ def _start_metrics(run: Run, writer: MetricsWriter) -> dict[str, float]:
   if run.resumed_from is None:
     return {}
   dropped = writer.truncate_after(run.resumed_from)
-  values = {"epoch": run.epoch, "dropped_records": dropped, "data_parallel_size": data_parallel_size(run.mesh)}
-  if run.saved_data_parallel_size is not None:
-    values["saved_data_parallel_size"] = run.saved_data_parallel_size
+  values = {"epoch": run.epoch, "dropped_records": dropped, "data_parallel_size": run.data_parallel_size}
+  if run.start.saved_data_parallel_size is not None:
+    values["saved_data_parallel_size"] = run.start.saved_data_parallel_size
   if run.skipped_checkpoints:
     values["skipped_checkpoints"] = [step for step, _ in run.skipped_checkpoints]
   writer.write("resume", run.resumed_from, values)
@@ -96,9 +90,10 @@ def _start_metrics(run: Run, writer: MetricsWriter) -> dict[str, float]:
   return writer.last_record("eval", run.resumed_from)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir: str | pathlib.Path, *,
                        origin: str = "") -> TrainResult:
-  """Trains and evaluates the run `config` describes, checkpointing into `workdir`.
+  """Trains and evaluates the run `config` describes (a config, or the `ResolvedRun` that
+  `lbjax.train.validation.validate` made of one), checkpointing into `workdir`.
 
   If `workdir` already holds a checkpoint of the same recipe, the run resumes from it exactly (same
   parameters, optimizer state, RNG, data position); a checkpoint of a different recipe is an error.
@@ -114,23 +109,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """
   workdir = pathlib.Path(workdir)
   run = Run(config, workdir)
+  resolved, watch = run.resolved, run.resolved.watch
   try:
     _describe_start(run, workdir, origin)
-    writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=config.tensorboard)
+    writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=watch.tensorboard)
   except BaseException:
     run.close()
     raise
   evaluated_before = _start_metrics(run, writer)
-  progress = ProgressLine(config.num_epochs, config.num_steps, enabled=run.process_index == 0 and config.progress)
+  progress = ProgressLine(resolved.num_epochs, resolved.num_steps, enabled=run.process_index == 0 and watch.progress)
   progress.reset_window(run.examples_seen, run.epoch, run.step_count)
   start_examples = run.examples_seen
-  metrics = hooks.WriteMetrics(writer, progress, config.log_every)
-  evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, config.eval_every_epochs, run.epoch)
+  metrics = hooks.WriteMetrics(writer, progress, watch.log_every)
+  evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, watch.eval_every_epochs, run.epoch)
   preemption = hooks.SaveOnPreemption(metrics.flush)
   decisions = batch_policy.RecordBatchDecisions(writer)
-  around_steps = [metrics, hooks.RecordCompiles(writer, progress),
-                  hooks.Lipschitz(writer, config.diagnostics.lipschitz_every), evaluation,
-                  hooks.Checkpoint(config.checkpoint_every_steps), decisions, preemption]
+  around_steps: list[protocols.Hook] = [
+      metrics, hooks.RecordCompiles(writer, progress), hooks.Lipschitz(writer, watch.lipschitz_every), evaluation,
+      hooks.Checkpoint(watch.checkpoint_every_steps), decisions, preemption]
   try:
     hooks.write_compression_bits(run, writer)
     while not run.finished() and not preemption.stopped:

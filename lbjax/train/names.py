@@ -28,6 +28,19 @@ class Resolved:
   qualified_name: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """A resolved function and the keyword arguments the config binds to it (what a run calls)."""
+  resolved: Resolved
+  arguments: dict[str, Any]
+
+  def __call__(self, **more: Any) -> Any:
+    return self.resolved.function(**self.arguments, **more)
+
+  def describe(self) -> str:
+    return describe(self.resolved, self.arguments)
+
+
 def _public_names(namespace: ModuleType) -> list[str]:
   names = getattr(namespace, "__all__", None) or dir(namespace)
   with warnings.catch_warnings():  # reading optax's deprecated aliases warns

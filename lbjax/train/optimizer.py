@@ -1,6 +1,7 @@
-"""From a config to the run's optimizer, learning-rate schedule, batch-size schedule and compressor.
+"""The run's optimizer, learning rate and compressor, resolved from a config once.
 
-Each name is resolved here, once (`lbjax.train.names`: the name is the import):
+Each name is resolved here, once per run (`lbjax.train.resolved.resolve` calls these; `lbjax.train.names`:
+the name is the import):
 
   optimizer.name    lbjax.optim, then optax        ("lars", "momentum", "adamw", "pkg.mod:fn")
   scaling.rule      lbjax.schedules.rules          ("none", "linear", "sqrt", "goyal", "legw")
@@ -11,11 +12,16 @@ Each name is resolved here, once (`lbjax.train.names`: the name is the import):
 A section's other fields are the named function's keyword arguments, bound to its signature when
 the run is resolved (before any compute): one it does not take is an error, never dropped.
 
-The learning rate is an epoch schedule evaluated by the loop at every batch and written into the
-optimizer's `inject_hyperparams` state, so warm-up and decay follow epochs whatever the batch size.
-`config.lr` is the baseline recipe at `config.scaling.base_batch_size`; the scaling rule maps it to
-the run's (first) batch size. With a batch-size schedule the LR is then held: growing the batch is
-what lowers the noise (papers/002).
+The learning rate is one function of (epoch, batch size in force), `LearningRate`, evaluated by the
+run at every batch and written into the optimizer's `inject_hyperparams` state, so warm-up and decay
+follow epochs whatever the batch size. `config.lr` is the baseline recipe at
+`config.scaling.base_batch_size`; the scaling rule maps it to the run's first batch size. With a
+batch-size schedule the LR is then held: growing the batch is what lowers the noise (papers/002).
+Under the adaptive policy the recipe follows the batch in force instead.
+
+`build_optimizer(config)`, `learning_rate_schedule(config)`, `batch_size_schedule(config)`,
+`scaled_recipe(config)` and `build_compressor(config)` are conveniences for scripts and tests that want
+one part of a config; a run resolves the whole config once and reads its `ResolvedRun`.
 """
 
 import dataclasses
@@ -35,140 +41,181 @@ from lbjax.train import names
 from lbjax.train.errors import ConfigError
 from lbjax.train.mesh import DATA_AXES
 
+FieldReads = config_lib.FieldReads
+
 LR_RECIPE_FIELDS = ("base", "warmup", "warmup_epochs", "decay")  # the rest of config.lr: decay arguments
 SCALING_FIELDS = ("rule", "base_batch_size")  # the rest of config.scaling: the rule's keyword options
 
 
-def _section_options(section: ml_collections.ConfigDict, own_fields: tuple[str, ...]) -> dict[str, Any]:
-  return {k: v for k, v in section.to_dict().items() if k not in own_fields}
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerChoice:
-  """The resolved optimizer: its function and the arguments the config binds (learning rate aside)."""
-  resolved: names.Resolved
-  arguments: dict[str, Any]
-
-  def describe(self) -> str:
-    return names.describe(self.resolved, self.arguments)
-
-
-def resolve_optimizer(config: ml_collections.ConfigDict) -> OptimizerChoice:
-  resolved = names.resolve("optimizer.name", config.optimizer.name, [optim, optax])
-  options = _section_options(config.optimizer, ("name",))
-  arguments = names.bind("optimizer", resolved, options, supplied={"learning_rate": 0.0},
-                         required=("learning_rate",))
+def resolve_optimizer(read: FieldReads) -> names.Call:
+  """The optimizer `config.optimizer.name` names, with the section's other fields bound (no learning rate)."""
+  resolved = names.resolve("optimizer.name", read("optimizer.name"), [optim, optax])
+  arguments = names.bind("optimizer", resolved, read.options("optimizer", ("name",)),
+                         supplied={"learning_rate": 0.0}, required=("learning_rate",))
   arguments.pop("learning_rate")
-  return OptimizerChoice(resolved, arguments)
+  return names.Call(resolved, arguments)
 
 
-def build_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """The optimizer the config names, with `learning_rate` as an injected hyper-parameter.
+def make_optimizer(optimizer: names.Call, clip_global_norm: float) -> optax.GradientTransformation:
+  """The resolved optimizer with `learning_rate` as an injected hyper-parameter.
 
   With `clip_global_norm = c > 0` the loss gradient g is first replaced by g * min(1, c / ||g||_2)
   (norm over all parameters), as in Zaremba et al.'s PTB LSTMs.
   """
-  choice = resolve_optimizer(config)
-  clip = config.clip_global_norm
-
   def with_learning_rate(learning_rate):  # only the learning rate is injected; the rest stays static
-    optimizer = choice.resolved.function(learning_rate=learning_rate, **choice.arguments)
-    return optax.chain(optax.clip_by_global_norm(clip), optimizer) if clip > 0 else optimizer
+    transform = optimizer(learning_rate=learning_rate)
+    return optax.chain(optax.clip_by_global_norm(clip_global_norm), transform) if clip_global_norm > 0 else transform
 
   return optax.inject_hyperparams(with_learning_rate)(learning_rate=0.0)
 
 
-def base_warmup_epochs(config: ml_collections.ConfigDict) -> float:
-  return config.lr.warmup_epochs if config.lr.warmup != "none" else 0.0
+@dataclasses.dataclass(frozen=True)
+class LearningRate:
+  """The learning rate as one function of (epoch, batch size in force): `learning_rate(epoch, batch_size)`.
+
+  The baseline recipe (`base` at `base_batch_size`, a warm-up of `base_warmup_epochs`, a decay) goes
+  through the scaling `rule` to a batch size, then warm-up and decay run in epochs. With
+  `recipe_batch_size` set (the "fixed" and "schedule" policies: the first batch) the recipe is scaled
+  to it and held whatever batch is in force; with None (the adaptive policy) it follows the batch in
+  force. `schedule(batch_size)` is the recipe at one batch size, built once per size.
+  """
+  base: float
+  base_batch_size: int
+  base_warmup_epochs: float
+  rule: names.Call  # the scaling rule with the config's options; the recipe and batch size are supplied
+  warmup_name: str  # config.lr.warmup ("none": the rule's own warm-up, if any, is linear)
+  warmup: names.Resolved  # config.lr.warmup's function, or linear_warmup for "none"
+  decay: names.Call  # the decay with the config's options; peak, length and start are supplied
+  peak_argument: str  # the decay's argument for the peak ("init_value" or "value")
+  num_epochs: float
+  recipe_batch_size: int | None
+  _schedules: dict[int, schedules.Schedule] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+  def __call__(self, epoch: float, batch_size: int) -> float:
+    return self.schedule(self.recipe_batch_size or batch_size)(epoch)
+
+  def recipe(self, batch_size: int) -> schedules.ScaledRecipe:
+    """The (learning_rate, warmup_epochs) of the baseline recipe scaled to `batch_size`."""
+    supplied = {"base_batch_size": self.base_batch_size, "base_learning_rate": self.base,
+                "base_warmup_epochs": self.base_warmup_epochs, "batch_size": batch_size}
+    arguments = names.bind("scaling", self.rule.resolved, self.rule.arguments, supplied=supplied,
+                           required=tuple(supplied))
+    try:
+      return schedules.ScaledRecipe(*self.rule.resolved.function(**arguments))
+    except ValueError as e:
+      hint = (" LEGW scales the baseline's warm-up: give it one with config.lr.warmup='linear_warmup' and "
+              "config.lr.warmup_epochs > 0." if self.rule.resolved.name == "legw" else "")
+      raise ConfigError(f"config.scaling.rule={self.rule.resolved.name!r}: {e}{hint}") from e
+
+  def schedule(self, batch_size: int) -> schedules.Schedule:
+    """The learning rate in epochs of the recipe scaled to `batch_size`. A rule that brings its own
+    warm-up (goyal) gets a linear one when `lr.warmup` is "none".
+
+    Raises:
+      ConfigError: if the scaled warm-up is not shorter than training, or a decay setting is invalid.
+    """
+    if batch_size not in self._schedules:
+      self._schedules[batch_size] = self._build(batch_size)
+    return self._schedules[batch_size]
+
+  def _build(self, batch_size: int) -> schedules.Schedule:
+    peak, warmup_epochs = self.recipe(batch_size)
+    warmup = self.warmup_name != "none" or bool(warmup_epochs)
+    linear = self.warmup_name == "none" or self.warmup_name == "linear_warmup"
+    if warmup and warmup_epochs >= self.num_epochs:
+      raise ConfigError(
+          f"The warm-up ({warmup_epochs:g} epochs after scaling.rule={self.rule.resolved.name!r} from "
+          f"{self.base_batch_size} to batch {batch_size}) is not shorter than "
+          f"training (config.num_epochs={self.num_epochs}); train longer or shorten config.lr.warmup_epochs.")
+    begin = warmup_epochs if warmup and linear else 0.0
+    supplied = {self.peak_argument: peak, "total_epochs": self.num_epochs, "begin_epoch": begin}
+    try:
+      arguments = names.bind("lr", self.decay.resolved, self.decay.arguments, supplied=supplied,
+                             required=(self.peak_argument,))
+      schedule = self.decay.resolved.function(**arguments)
+    except (TypeError, ValueError) as e:
+      if isinstance(e, ConfigError):
+        raise
+      raise ConfigError(f"config.lr (decay {self.decay.resolved.name!r}): {e}") from e
+    if not warmup or warmup_epochs <= 0:
+      return schedule
+    arguments = names.bind("lr.warmup", self.warmup, {}, supplied={
+        "schedule": schedule, "warmup_epochs": warmup_epochs, "warmup_value": self.base},
+        required=("schedule", "warmup_epochs"))
+    return self.warmup.function(**arguments)
 
 
-def scaled_recipe(config: ml_collections.ConfigDict) -> schedules.ScaledRecipe:
-  """The (learning_rate, warmup_epochs) of the baseline recipe scaled to the run's first batch size."""
-  resolved = names.resolve("scaling.rule", config.scaling.rule, [rules])
-  supplied = {"base_batch_size": config.scaling.base_batch_size, "base_learning_rate": config.lr.base,
-              "base_warmup_epochs": base_warmup_epochs(config),
-              "batch_size": config_lib.batch_sizes(config)[0]}
-  arguments = names.bind("scaling", resolved, _section_options(config.scaling, SCALING_FIELDS),
-                         supplied=supplied, required=tuple(supplied))
-  try:
-    return schedules.ScaledRecipe(*resolved.function(**arguments))
-  except ValueError as e:
-    hint = (" LEGW scales the baseline's warm-up: give it one with config.lr.warmup='linear_warmup' and "
-            "config.lr.warmup_epochs > 0." if config.scaling.rule == "legw" else "")
-    raise ConfigError(f"config.scaling.rule={config.scaling.rule!r}: {e}{hint}") from e
-
-
-def resolve_decay(config: ml_collections.ConfigDict) -> tuple[names.Resolved, dict[str, Any]]:
-  """The decay function `config.lr.decay` names and the `lr` fields that are its arguments."""
-  return names.resolve("lr.decay", config.lr.decay, [decay_lib]), _section_options(config.lr, LR_RECIPE_FIELDS)
-
-
-def _decay(config: ml_collections.ConfigDict, peak: float, begin_epoch: float) -> schedules.Schedule:
-  resolved, options = resolve_decay(config)
-  peak_argument = next((a for a in ("init_value", "value") if names.takes(resolved.function, a)), None)
+def resolve_learning_rate(read: FieldReads, recipe_batch_size: int | None, first_batch_size: int) -> LearningRate:
+  """The run's `LearningRate`, checked at its first batch size (the schedule is built there)."""
+  rule = names.resolve("scaling.rule", read("scaling.rule"), [rules])
+  rule_options = read.options("scaling", SCALING_FIELDS)
+  warmup_name = read("lr.warmup")
+  warmup_epochs = read("lr.warmup_epochs")
+  decay = names.resolve("lr.decay", read("lr.decay"), [decay_lib])
+  decay_options = read.options("lr", LR_RECIPE_FIELDS)
+  peak_argument = next((a for a in ("init_value", "value") if names.takes(decay.function, a)), None)
   if peak_argument is None:
-    raise ConfigError(f"config.lr.decay={config.lr.decay!r}: {resolved.qualified_name} takes neither "
+    raise ConfigError(f"config.lr.decay={decay.name!r}: {decay.qualified_name} takes neither "
                       "init_value nor value, so it cannot start from the scaled peak learning rate.")
-  supplied = {peak_argument: peak, "total_epochs": config.num_epochs, "begin_epoch": begin_epoch}
-  arguments = names.bind("lr", resolved, options, supplied=supplied, required=(peak_argument,))
-  return resolved.function(**arguments)
+  learning_rate = LearningRate(
+      base=read("lr.base"), base_batch_size=read("scaling.base_batch_size"),
+      base_warmup_epochs=warmup_epochs if warmup_name != "none" else 0.0, rule=names.Call(rule, rule_options),
+      warmup_name=warmup_name,
+      warmup=names.resolve("lr.warmup", warmup_name if warmup_name != "none" else "linear_warmup", [warmup_lib]),
+      decay=names.Call(decay, decay_options), peak_argument=peak_argument, num_epochs=read("num_epochs"),
+      recipe_batch_size=recipe_batch_size)
+  learning_rate.schedule(first_batch_size)
+  return learning_rate
+
+
+def resolve_compressor(read: FieldReads) -> names.Call | None:
+  """The compressor `config.compression.name` names with its bound arguments; None for "none"."""
+  name = read("compression.name")
+  options = read.options("compression", ("name",))
+  if name == "none":
+    return None
+  resolved = names.resolve("compression.name", name, [compression])
+  return names.Call(resolved, names.bind("compression", resolved, options,
+                                         supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
+
+
+def make_compressor(compressor: names.Call | None, per_device_gradients: bool
+                    ) -> compression.GradientCompressor | None:
+  """The compressor of the per-device gradient reduction, or None for the GSPMD step.
+
+  `config.compression` (papers/004) names 1-bit SGD, QSGD or PowerSGD (`compression.rank`);
+  `config.mesh.per_device_gradients` without compression sends the raw gradients (`no_compression`:
+  the reduction is one `pmean`).
+  """
+  if compressor is None:
+    return compression.no_compression() if per_device_gradients else None
+  return compressor()
+
+
+def build_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """`make_optimizer` of a config's optimizer section and `clip_global_norm` (for scripts and tests)."""
+  return make_optimizer(resolve_optimizer(FieldReads(config)), config.clip_global_norm)
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> schedules.Schedule:
-  """The run's learning rate as a function of epochs (after the scaling rule).
+  """A config's learning rate in epochs at its first batch size (for scripts and tests)."""
+  first = config_lib.batch_sizes(config)[0]
+  return resolve_learning_rate(FieldReads(config), first, first).schedule(first)
 
-  A rule that brings its own warm-up (goyal) gets a linear one when `lr.warmup` is "none".
 
-  Raises:
-    ConfigError: if the scaled warm-up is not shorter than training, or a decay setting is invalid.
-  """
-  peak, warmup_epochs = scaled_recipe(config)
-  warmup = config.lr.warmup if config.lr.warmup != "none" or not warmup_epochs else "linear_warmup"
-  if warmup != "none" and warmup_epochs >= config.num_epochs:
-    raise ConfigError(
-        f"The warm-up ({warmup_epochs:g} epochs after scaling.rule={config.scaling.rule!r} from "
-        f"{config.scaling.base_batch_size} to batch {config_lib.batch_sizes(config)[0]}) is not shorter than "
-        f"training (config.num_epochs={config.num_epochs}); train longer or shorten config.lr.warmup_epochs.")
-  begin = warmup_epochs if warmup == "linear_warmup" else 0.0
-  try:
-    schedule = _decay(config, peak, begin)
-  except (TypeError, ValueError) as e:
-    if isinstance(e, ConfigError):
-      raise
-    raise ConfigError(f"config.lr (decay {config.lr.decay!r}): {e}") from e
-  if warmup == "none" or warmup_epochs <= 0:
-    return schedule
-  resolved = names.resolve("lr.warmup", warmup, [warmup_lib])
-  arguments = names.bind("lr.warmup", resolved, {}, supplied={
-      "schedule": schedule, "warmup_epochs": warmup_epochs, "warmup_value": config.lr.base},
-      required=("schedule", "warmup_epochs"))
-  return resolved.function(**arguments)
+def scaled_recipe(config: ml_collections.ConfigDict) -> schedules.ScaledRecipe:
+  """A config's (learning_rate, warmup_epochs) scaled to its first batch size (for scripts and tests)."""
+  first = config_lib.batch_sizes(config)[0]
+  return resolve_learning_rate(FieldReads(config), first, first).recipe(first)
 
 
 def batch_size_schedule(config: ml_collections.ConfigDict) -> schedules.BatchSizeSchedule:
-  """The run's global batch size as a function of epochs."""
+  """A config's global batch size as a function of epochs (for scripts and tests)."""
   if config.batch_sizes:
     return schedules.BatchSizeSchedule(tuple(config.batch_sizes), tuple(config.batch_size_boundaries))
   return schedules.constant_batch_size(config.batch_size)
 
 
 def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientCompressor | None:
-  """The compressor of the per-device gradient reduction, or None for the GSPMD step.
-
-  `config.compression` (papers/004) names 1-bit SGD, QSGD or PowerSGD (`compression.rank`); `config.mesh.per_device_gradients`
-  without compression sends the raw gradients (`no_compression`: the reduction is one `pmean`).
-  """
-  choice = resolve_compressor(config)
-  if choice is None:
-    return compression.no_compression() if config.mesh.per_device_gradients else None
-  resolved, arguments = choice
-  return resolved.function(**arguments)
-
-
-def resolve_compressor(config: ml_collections.ConfigDict) -> tuple[names.Resolved, dict[str, Any]] | None:
-  """The compressor function `config.compression.name` names and its bound arguments; None for "none"."""
-  if config.compression.name == "none":
-    return None
-  resolved = names.resolve("compression.name", config.compression.name, [compression])
-  return resolved, names.bind("compression", resolved, _section_options(config.compression, ("name",)),
-                              supplied={"seed": config.seed, "axis_name": DATA_AXES})
+  """`make_compressor` of a config's compression section (for scripts and tests)."""
+  return make_compressor(resolve_compressor(FieldReads(config)), config.mesh.per_device_gradients)

@@ -20,7 +20,7 @@ one, dropout included (up to float rounding).
 """
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from flax import nnx
 import jax
@@ -32,24 +32,10 @@ import optax
 from lbjax import diagnostics
 from lbjax.optim import compression
 from lbjax.train.mesh import DATA_AXES, data_parallel_size
+from lbjax.train.protocols import Task
 from lbjax.train.state import TrainState
 
 Batch = dict[str, jax.Array]
-
-
-class Task(Protocol):
-  """What the step needs from a model/dataset pairing (see `lbjax.train.tasks`)."""
-
-  def train_loss(self, model: nnx.Module, batch: Batch, carry: Any, dropout_key: jax.Array,
-                 discard_fraction: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array], Any]:
-    """Mean training loss, extra metrics (means over the batch) and the new carry.
-
-    `discard_fraction` p > 0 drops the floor(p*B) smallest-loss examples of the batch (papers/003
-    §3.1); tasks that cannot do this refuse it at config validation.
-    """
-
-  def eval_sums(self, model: nnx.Module, batch: Batch, carry: Any) -> tuple[dict[str, jax.Array], Any]:
-    """Sums over the (masked) batch, e.g. {'loss_sum', 'correct', 'count'}, and the new carry."""
 
 
 def micro_batch_split(x: Any, num_microbatches: int, shards: int) -> Any:

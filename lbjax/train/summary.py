@@ -1,55 +1,52 @@
 """The resolved run in a few lines: what `--dry-run` prints, the console shows at start, and
 `<workdir>/config.json` records.
 
-`resolved_run(config)` needs neither data nor devices: every name resolved to the function it
-imports, with its bound arguments, and the learning-rate recipe after the scaling rule.
+`resolved_run(run)` needs neither data nor devices: it shows the typed parts of a `ResolvedRun`,
+every name as the function it imports with its bound arguments, and the learning-rate recipe after
+the scaling rule.
 """
 
 from typing import Any
 
-import ml_collections
-
-from lbjax.train import config as config_lib
 from lbjax.train import names
-from lbjax.train import optimizer as optimizer_lib
-from lbjax.train import tasks
+from lbjax.train.resolved import ResolvedRun
 
 
-def _options(section: ml_collections.ConfigDict) -> str:
-  return ", ".join(f"{k}={v!r}" for k, v in section.to_dict().items())
+def _fields(**values: Any) -> str:
+  return ", ".join(f"{k}={v!r}" for k, v in values.items())
 
 
-def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def resolved_run(run: ResolvedRun) -> dict[str, Any]:
   """The run's settings after resolution, as strings and numbers (JSON-ready)."""
-  dataset, dataset_arguments = tasks.resolve_dataset(config)
-  model = tasks.resolve_model_name(config)
-  peak, warmup_epochs = optimizer_lib.scaled_recipe(config)
-  sizes = config_lib.batch_sizes(config)
-  compressor = optimizer_lib.resolve_compressor(config)
+  learning_rate, batch, mesh = run.learning_rate, run.batch, run.mesh
+  peak, warmup_epochs = learning_rate.recipe(batch.first)
+  dataset_arguments = {k: v for k, v in run.dataset.arguments.items() if v is not None}
   return {
-      "model": f"{model.qualified_name}({_options(config.model_options)})",
-      "dataset": names.describe(dataset, {k: v for k, v in dataset_arguments.items() if v is not None}),
-      "optimizer": optimizer_lib.resolve_optimizer(config).describe()
-                   + (f", gradients clipped to global norm {config.clip_global_norm:g}" if config.clip_global_norm else ""),
-      "batch_size": list(sizes) if len(sizes) > 1 else sizes[0],
-      "batch_size_boundaries": list(config.batch_size_boundaries),
-      "scaling_rule": f"{config.scaling.rule} from batch {config.scaling.base_batch_size} "
-                      f"(LR {config.lr.base:g}, warm-up {optimizer_lib.base_warmup_epochs(config):g} epochs)",
+      "model": names.describe(run.model.resolved, run.model.options),
+      "dataset": names.describe(run.dataset.resolved, dataset_arguments),
+      "optimizer": run.optimizer.describe()
+                   + (f", gradients clipped to global norm {run.clip_global_norm:g}" if run.clip_global_norm else ""),
+      "batch_size": list(batch.sizes) if len(batch.sizes) > 1 else batch.first,
+      "batch_size_boundaries": list(batch.boundaries),
+      "scaling_rule": f"{learning_rate.rule.resolved.name} from batch {learning_rate.base_batch_size} "
+                      f"(LR {learning_rate.base:g}, warm-up {learning_rate.base_warmup_epochs:g} epochs)",
       "learning_rate": peak,
       "warmup_epochs": warmup_epochs,
-      "lr_decay": names.describe(*optimizer_lib.resolve_decay(config)),
-      "num_epochs": config.num_epochs,
-      "num_steps": config.num_steps or None,
-      "max_device_batch": config.max_device_batch or None,
-      "batch_policy": _options(config.batch),
-      "mesh": _options(config.mesh),
-      "pipeline": _options(config.pipeline),
-      "compression": names.describe(*compressor) if compressor else "none",
-      "loss": _options(config.loss),
-      "diagnostics": _options(config.diagnostics),
-      "eval_batch_size": config.eval_batch_size,
-      "seed": config.seed,
-      "initial_parameters": f"from the checkpoint {config.init_from}" if config.init_from else f"drawn with seed {config.seed}",
+      "lr_decay": learning_rate.decay.describe(),
+      "num_epochs": run.num_epochs,
+      "num_steps": run.num_steps or None,
+      "max_device_batch": batch.max_device_batch or None,
+      "batch_policy": batch.describe(),
+      "mesh": _fields(data=mesh.data, fsdp=mesh.fsdp, num_devices=mesh.num_devices,
+                      per_device_gradients=mesh.per_device_gradients, stage=mesh.stage, model=mesh.model),
+      "pipeline": _fields(num_microbatches=mesh.pipeline_microbatches, remat=mesh.pipeline_remat),
+      "compression": run.compressor.describe() if run.compressor else "none",
+      "loss": _fields(discard_fraction=run.discard_fraction, discard_until_epoch=run.discard_until_epoch),
+      "diagnostics": _fields(lipschitz_every=run.watch.lipschitz_every,
+                             lipschitz_batch_size=run.watch.lipschitz_batch_size),
+      "eval_batch_size": batch.eval_batch_size,
+      "seed": run.seed,
+      "initial_parameters": f"from the checkpoint {run.init_from}" if run.init_from else f"drawn with seed {run.seed}",
   }
 
 

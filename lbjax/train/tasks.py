@@ -1,9 +1,10 @@
 """Tasks: a model and a dataset with the loss, metrics and carried state that pair them.
 
-`build_task(config)` is the one place where `config.model` and `config.dataset` are resolved (the
-name is the import: `"MnistLSTM"` is `lbjax.models.MnistLSTM`, `"mnist"` is
-`lbjax.train.datasets.mnist`, `"pkg.module:function"` a user's own). The dataset says which kind of
-task it is; one class per kind implements the `Task` protocol the step and the loop use:
+`resolve_model` and `resolve_dataset` resolve `config.model` and `config.dataset` (the name is the
+import: `"MnistLSTM"` is `lbjax.models.MnistLSTM`, `"mnist"` is `lbjax.train.datasets.mnist`,
+`"pkg.module:function"` a user's own), once per run, when the run is resolved (`lbjax.train.resolved`);
+`make_task` pairs the model with the opened dataset. The dataset says which kind of task it is; one
+class per kind implements the `lbjax.train.protocols.Task` protocol the steps and the run use:
 
 - `ClassificationTask`: images (or MNIST rows-as-time-steps) -> labels; cross-entropy, top-1 (and
   top-5 where the dataset asks for it) accuracy. Where the dataset streams uint8 images
@@ -13,10 +14,9 @@ task it is; one class per kind implements the `Task` protocol the step and the l
   (truncated BPTT), reset where the stream says; perplexity.
 """
 
-from collections.abc import Iterator
 import dataclasses
 import re
-from typing import Any, Protocol
+from typing import Any
 
 from flax import nnx
 import jax
@@ -26,35 +26,12 @@ import numpy as np
 
 from lbjax import diagnostics
 from lbjax import models
+from lbjax.train import config as config_lib
 from lbjax.train import datasets
 from lbjax.train import names
 from lbjax.train.errors import ConfigError
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-class Task(Protocol):
-  """What the trainer needs to know of a model and its data."""
-  dataset: datasets.Dataset
-  model_description: str  # the resolved constructor call, for the console
-
-  def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
-    """A new model with parameters drawn from `rngs`."""
-
-  def train_loss(self, model, batch, carry, dropout_key, discard_fraction: float = 0.0):
-    """`(loss, metrics, new_carry)` of a training batch."""
-
-  def eval_sums(self, model, batch, carry):
-    """`(sums, new_carry)`: masked sums over an evaluation batch, added up over the split."""
-
-  def summarize(self, sums: dict[str, float]) -> dict[str, float]:
-    """The evaluation metrics from the sums over the whole split."""
-
-  def zero_carry(self, model: nnx.Module, global_batch_size: int) -> Any:
-    """The carried state at the start of a row of batches (host arrays), or None."""
-
-  def take_carry_reset(self, local_batch: dict[str, np.ndarray]) -> bool:
-    """Removes the stream's carry-reset flag from a batch; True where the carry starts again."""
 
 
 @dataclasses.dataclass
@@ -110,9 +87,6 @@ class ClassificationTask:
   def zero_carry(self, model, global_batch_size):
     return None
 
-  def take_carry_reset(self, local_batch):
-    return False
-
 
 @dataclasses.dataclass
 class LanguageModelTask:
@@ -146,9 +120,6 @@ class LanguageModelTask:
   def zero_carry(self, model, global_batch_size):
     return jax.tree.map(np.asarray, model.initial_carry(global_batch_size))
 
-  def take_carry_reset(self, local_batch):
-    return bool(local_batch.pop("reset_carry"))
-
 
 def _stack_option(run_stack) -> dict[str, Any]:
   """The model call's `run_stack` keyword when the run pipelines the model's stack (none otherwise)."""
@@ -162,8 +133,9 @@ def _options_named_in(options: dict[str, Any], message: str) -> str:
   return ", ".join(f"config.data_options.{k}={v!r}" for k, v in named.items()) or "no data_options"
 
 
-def model_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  options = dict(config.model_options.to_dict())
+def _model_options(options: dict[str, Any]) -> dict[str, Any]:
+  """`config.model_options` with dtype names (`dtype`, `param_dtype`) as jax dtypes."""
+  options = dict(options)
   for name in ("dtype", "param_dtype"):
     if isinstance(options.get(name), str):
       if options[name] not in _DTYPES:
@@ -173,52 +145,76 @@ def model_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return options
 
 
-def resolve_dataset(config: ml_collections.ConfigDict) -> tuple[names.Resolved, dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+  """The model constructor `config.model` names and `config.model_options`, checked against its
+  signature once; the arguments that follow from the data (`Dataset.model_arguments`) fill in the rest."""
+  resolved: names.Resolved
+  options: dict[str, Any]
+
+  @property
+  def language_model(self) -> bool:
+    return hasattr(self.resolved.function, "initial_carry")
+
+  def arguments(self, data_arguments: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's keyword arguments (rngs aside): the config's options, then the data's."""
+    arguments = names.bind("model_options", self.resolved, self.options, supplied=dict(data_arguments, rngs=None),
+                           required=("rngs",))
+    arguments.pop("rngs")
+    return arguments
+
+
+def resolve_model(read: config_lib.FieldReads) -> ModelChoice:
+  """The model `config.model` names, with `config.model_options` checked against its signature (the
+  arguments that follow from the data are known only once it is open)."""
+  resolved = names.resolve("model", read("model"), [models])
+  options = _model_options(read.options("model_options"))
+  names.bind("model_options", resolved, options, supplied={name: None for name in names.parameters(resolved.function)},
+             required=("rngs",))
+  return ModelChoice(resolved, options)
+
+
+def resolve_dataset(read: config_lib.FieldReads) -> names.Call:
   """The dataset function `config.dataset` names and its bound arguments (nothing is opened)."""
-  resolved = names.resolve("dataset", config.dataset, [datasets])
-  supplied = {"data_dir": config.data_dir or None, "seed": config.seed}
-  return resolved, names.bind("data_options", resolved, config.data_options.to_dict(), supplied=supplied)
+  resolved = names.resolve("dataset", read("dataset"), [datasets])
+  supplied = {"data_dir": read("data_dir") or None, "seed": read("seed")}
+  return names.Call(resolved, names.bind("data_options", resolved, read.options("data_options"), supplied=supplied))
 
 
-def resolve_model_name(config: ml_collections.ConfigDict) -> names.Resolved:
-  """The model constructor `config.model` names."""
-  return names.resolve("model", config.model, [models])
-
-
-def resolve_model(config: ml_collections.ConfigDict, model_arguments: dict[str, Any]
-                  ) -> tuple[names.Resolved, dict[str, Any]]:
-  """The model constructor `config.model` names and its arguments (config's, then the data's)."""
-  resolved = resolve_model_name(config)
-  arguments = names.bind("model_options", resolved, model_options(config),
-                         supplied=dict(model_arguments, rngs=None), required=("rngs",))
-  arguments.pop("rngs")
-  return resolved, arguments
-
-
-def build_task(config: ml_collections.ConfigDict) -> ClassificationTask | LanguageModelTask:
-  """Builds the task a config names; opens or loads its data (missing data fails here)."""
-  resolved, arguments = resolve_dataset(config)
+def open_dataset(dataset: names.Call) -> datasets.Dataset:
+  """Calls the dataset function: opens or loads the data (missing data fails here)."""
   try:
-    dataset = resolved.function(**arguments)
+    opened = dataset()
   except (ValueError, TypeError, MemoryError) as e:
-    raise ConfigError(f"config.dataset={config.dataset!r}: {resolved.qualified_name} fails with "
-                      f"{_options_named_in(config.data_options.to_dict(), str(e))}: {e or type(e).__name__}") from e
-  if not isinstance(dataset, datasets.Dataset):
-    raise ConfigError(f"config.dataset={config.dataset!r}: {resolved.qualified_name} returned "
-                      f"{type(dataset).__name__}, not an lbjax.train.datasets.Dataset.")
-  model, model_arguments = resolve_model(config, dataset.model_arguments)
+    options = {k: v for k, v in dataset.arguments.items() if k not in ("data_dir", "seed")}
+    raise ConfigError(f"config.dataset={dataset.resolved.name!r}: {dataset.resolved.qualified_name} fails with "
+                      f"{_options_named_in(options, str(e))}: {e or type(e).__name__}") from e
+  if not isinstance(opened, datasets.Dataset):
+    raise ConfigError(f"config.dataset={dataset.resolved.name!r}: {dataset.resolved.qualified_name} returned "
+                      f"{type(opened).__name__}, not an lbjax.train.datasets.Dataset.")
+  return opened
+
+
+def make_task(model: ModelChoice, dataset: datasets.Dataset, dataset_name: str
+              ) -> ClassificationTask | LanguageModelTask:
+  """The task that pairs the model with the opened dataset (`dataset_name`: config.dataset, for messages)."""
+  model_arguments = model.arguments(dataset.model_arguments)
   language_model = dataset.kind == "language_model"
-  if hasattr(model.function, "initial_carry") != language_model:
+  if model.language_model != language_model:
     kinds = ("a language model", "a classification dataset") if not language_model else (
         "a classifier", "a language-model dataset")
-    raise ConfigError(f"{model.qualified_name} is {kinds[0]}; config.dataset={config.dataset!r} is {kinds[1]}. "
-                      "Pair PtbLSTM with ptb/synthetic_ptb, the other models with image datasets.")
-  if language_model and config.loss.discard_fraction > 0:
-    raise ConfigError("config.loss.discard_fraction applies to classification; a language model has no "
-                      "per-example loss to rank. Set it to 0.")
-  factory = lambda rngs: model.function(**model_arguments, rngs=rngs)
-  description = names.describe(model, model_arguments)
+    raise ConfigError(f"{model.resolved.qualified_name} is {kinds[0]}; config.dataset={dataset_name!r} is "
+                      f"{kinds[1]}. Pair PtbLSTM with ptb/synthetic_ptb, the other models with image datasets.")
+  factory = lambda rngs: model.resolved.function(**model_arguments, rngs=rngs)
+  description = names.describe(model.resolved, model_arguments)
   if language_model:
     return LanguageModelTask(factory, dataset, description,
                              uses_dropout=model_arguments.get("dropout_rate", 0.0) > 0)
   return ClassificationTask(factory, dataset, description)
+
+
+def build_task(config: ml_collections.ConfigDict) -> ClassificationTask | LanguageModelTask:
+  """The task a config names, its data opened (for scripts and tests; a run resolves its config once)."""
+  read = config_lib.FieldReads(config)
+  dataset = resolve_dataset(read)
+  return make_task(resolve_model(read), open_dataset(dataset), dataset.resolved.name)

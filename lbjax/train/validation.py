@@ -1,20 +1,20 @@
 """Validation of a run config before any compute: every problem found, in one message.
 
-`validate` checks values (sizes, ranges, what divides what) and resolves every name the config uses
-(`lbjax.train.names`), binding each section's fields to its function's signature, so that a typo, a
-renamed field or an argument a function does not take is refused here, not dropped or found mid-run.
+`validate` checks values (sizes, ranges, what divides what; the batch fields in `batch_plan`) and
+resolves every name the config uses, once (`lbjax.train.resolved`), binding each section's fields to
+its function's signature, so that a typo, a renamed field or an argument a function does not take is
+refused here, not dropped or found mid-run. It returns the `ResolvedRun` a run is built from;
+`check_devices` checks it again on the run's mesh (what divides the data-parallel size).
 """
 
 import math
 
 import ml_collections
 
-from lbjax.train import batch_policy
+from lbjax.train import batch_plan
 from lbjax.train import config as config_lib
 from lbjax.train import mesh
-from lbjax.train import names
-from lbjax.train import optimizer as optimizer_lib
-from lbjax.train import tasks
+from lbjax.train import resolved
 from lbjax.train.errors import ConfigError
 
 
@@ -22,62 +22,8 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _name_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """Resolves every name and binds every argument section; one message per section that fails."""
+def _diagnostics_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -> list[str]:
   problems = []
-  checks = [(optimizer_lib.resolve_optimizer, "config.optimizer"), (optimizer_lib.learning_rate_schedule, "config.lr"),
-            (optimizer_lib.build_compressor, "config.compression"), (tasks.resolve_dataset, "config.data_options"),
-            (_check_model_options, "config.model_options")]
-  for check, section in checks:
-    try:
-      check(config)
-    except ConfigError as e:
-      problems.append(str(e))
-    except (ValueError, TypeError) as e:  # a function of the section refuses its arguments
-      problems.append(f"{section}: {e}")
-  return problems
-
-
-def _check_model_options(config: ml_collections.ConfigDict) -> None:
-  """The model's name and options (the arguments that follow from the data are known only later)."""
-  resolved = tasks.resolve_model_name(config)
-  names.bind("model_options", resolved, tasks.model_options(config),
-             supplied={name: None for name in names.parameters(resolved.function)}, required=("rngs",))
-
-
-def _model_class(config: ml_collections.ConfigDict):
-  """The class (or function) `config.model` names, or None when it does not resolve (`_name_problems` says why)."""
-  try:
-    return tasks.resolve_model_name(config).function
-  except ConfigError:
-    return None
-
-
-def _batch_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -> list[str]:
-  problems = []
-  if config.batch_sizes and len(config.batch_sizes) != len(config.batch_size_boundaries) + 1:
-    problems.append(f"config.batch_sizes has {len(config.batch_sizes)} sizes but "
-                    f"config.batch_size_boundaries has {len(config.batch_size_boundaries)} epochs; "
-                    "give one more size than boundaries.")
-  if config.max_device_batch < 0:
-    problems.append(f"config.max_device_batch must be >= 0 (0 = no accumulation), got {config.max_device_batch}.")
-  field = "config.batch_sizes" if config.batch_sizes else "config.batch_size"
-  for size in config_lib.batch_sizes(config):
-    if not isinstance(size, int) or size <= 0:
-      problems.append(f"{field}: batch size {size!r} must be a positive integer.")
-    elif size % data_parallel_size:
-      problems.append(f"global batch size {size} is not divisible by the data-parallel size "
-                      f"{data_parallel_size} (devices on the data x fsdp mesh axes); use a multiple of "
-                      f"{data_parallel_size} or change config.mesh.")
-    elif config.max_device_batch > 0:
-      share = size // data_parallel_size
-      if share > config.max_device_batch and share % config.max_device_batch:
-        problems.append(f"gradient accumulation cannot split a device share of {share} examples (global "
-                        f"batch {size} over {data_parallel_size} devices) into micro-batches of "
-                        f"config.max_device_batch={config.max_device_batch}; choose a divisor of {share}.")
-  if config.eval_batch_size <= 0 or config.eval_batch_size % data_parallel_size:
-    problems.append(f"config.eval_batch_size={config.eval_batch_size} must be a positive multiple of the "
-                    f"data-parallel size {data_parallel_size}.")
   lipschitz = config.diagnostics
   if lipschitz.lipschitz_every < 0:
     problems.append(f"config.diagnostics.lipschitz_every must be >= 0 (0 = off), got {lipschitz.lipschitz_every}.")
@@ -86,6 +32,12 @@ def _batch_problems(config: ml_collections.ConfigDict, data_parallel_size: int) 
     problems.append(f"config.diagnostics.lipschitz_batch_size={lipschitz.lipschitz_batch_size} must "
                     f"be a positive multiple of the data-parallel size {data_parallel_size}.")
   return problems
+
+
+def _device_problems(config: ml_collections.ConfigDict, data_parallel_size: int, model_function) -> list[str]:
+  """The problems that depend on the data-parallel size (and the rest of the batch and mesh rules)."""
+  return (batch_plan.problems(config, data_parallel_size) + _diagnostics_problems(config, data_parallel_size)
+          + mesh.model_parallel_problems(config, data_parallel_size, model_function))
 
 
 def _flat_numbers(section: ml_collections.ConfigDict, prefix: str):
@@ -185,18 +137,43 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
-def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int) -> None:
-  """Checks the config before any compute; raises `ConfigError` listing every problem found.
+def _raise(problems: list[str]) -> None:
+  if problems:
+    raise ConfigError("Invalid config:\n  - " + "\n  - ".join(p.replace("\n", "\n    ") for p in problems))
+
+
+def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int = 1) -> resolved.ResolvedRun:
+  """Checks the config before any compute and resolves it, once.
 
   Args:
     config: the run config.
-    data_parallel_size: number of batch shards of the mesh (devices of the `data` x `fsdp` axes).
+    data_parallel_size: number of batch shards of the mesh (devices of the `data` x `fsdp` axes); 1
+      before the devices are known (`check_devices` checks the run's mesh then).
+
+  Returns:
+    The `ResolvedRun`.
+
+  Raises:
+    ConfigError: listing every problem found.
   """
-  problems = config_lib.renamed_problems(config)
-  if not problems:  # names and values are read only once the fields mean what they say
-    problems += _value_problems(config) + _batch_problems(config, data_parallel_size)
-    problems += batch_policy.problems(config, data_parallel_size)
-    problems += mesh.model_parallel_problems(config, data_parallel_size, _model_class(config))
-    problems += _name_problems(config)
-  if problems:
-    raise ConfigError("Invalid config:\n  - " + "\n  - ".join(p.replace("\n", "\n    ") for p in problems))
+  _raise(config_lib.renamed_problems(config))  # names and values are read only once the fields mean what they say
+  read = config_lib.FieldReads(config)
+  parts, name_problems = resolved.resolve_parts(read)
+  model = parts.get("model")
+  batch_problems = batch_plan.problems(config, data_parallel_size)
+  problems = (_value_problems(config) + batch_problems + _diagnostics_problems(config, data_parallel_size)
+              + mesh.model_parallel_problems(config, data_parallel_size, model.resolved.function if model else None)
+              + name_problems)
+  if not batch_problems and "learning_rate" in parts:
+    problems += batch_plan.learning_rate_problems(parts["batch"], parts["learning_rate"])
+  _raise(problems)
+  return resolved.assemble(config, read, parts)
+
+
+def check_devices(run: resolved.ResolvedRun, data_parallel_size: int) -> None:
+  """Checks a resolved run against the data-parallel size of its mesh (batches it must divide).
+
+  Raises:
+    ConfigError: listing every problem found.
+  """
+  _raise(_device_problems(run.source_config, data_parallel_size, run.model.resolved.function))

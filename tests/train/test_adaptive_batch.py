@@ -138,7 +138,8 @@ def test_only_the_adaptive_policy_waits_for_the_step_just_dispatched(policy, wai
   read step n's results to decide."""
   config = adaptive_config() if policy == "adaptive" else schedule_config(
       **({"batch.policy": "fixed", "batch_sizes": (), "batch_size_boundaries": ()} if policy == "fixed" else {}))
-  policy_ = batch_policy.BatchPolicy(config)
+  resolved = validation.validate(config)
+  policy_ = batch_policy.BatchPolicy(resolved.batch, resolved.learning_rate)
   rng = np.random.default_rng(0)
   estimates = rng.uniform(0.5, 2.0, size=(9, 2))
   clock, early_reads, examples = [0], [], 0

@@ -24,7 +24,7 @@ def _run(tmp_path, carry_state):
 
 def _hand_perplexity(run, carry_state):
   """exp(mean CE) over the eval windows, the carry reset where the batches say so."""
-  model = nnx.merge(run.graphdef, run.state.params, run.state.model_state)
+  model = nnx.merge(run.parts.graphdef, run.state.params, run.state.model_state)
   tokens = data.synthetic_ptb_tokens(800, 20, seed=0, split="valid")
   loss_sum = count = 0.0
   carry = model.initial_carry(16)

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from lbjax.train import Run, config_files
-from lbjax.train import run as run_lib
+from lbjax.train import build
 from lbjax.train.errors import ConfigError
 from tests.train import helpers
 
@@ -25,7 +25,7 @@ class ReachedCompute(Exception):
 def stop_before_compute(monkeypatch):
   def initial_state(self):
     raise ReachedCompute()
-  monkeypatch.setattr(run_lib.Run, "_initial_state", initial_state)
+  monkeypatch.setattr(build.StepParts, "initial_state", initial_state)
 
 
 def _numeric_fields(config, prefix=""):

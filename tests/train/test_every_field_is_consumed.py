@@ -1,8 +1,11 @@
-"""Every config field is consumed: set away from its default, it changes the resolved run or is refused.
+"""Every config field is consumed: the resolved run reads it, and set away from its default it changes
+the resolved run or is refused.
 
-A new field must either show in `lbjax.train.summary.resolved_run` (what the run computes) or be one
-of the operational fields that only change how the run is watched or stored; this test fails for a
-field that is neither, which is how a setting gets silently dropped.
+The resolved run (`lbjax.train.resolved`) reads each field it holds through `config.FieldReads`, so its
+`consumed_fields` are what the run reads: a field added to the config and never read fails
+`test_the_resolved_run_reads_every_field`. A field must also show in `lbjax.train.summary.resolved_run`
+(what the run computes) or be one of the operational fields that only change how the run is watched or
+stored.
 """
 
 import ml_collections
@@ -50,8 +53,14 @@ def _changed(path, value):
 
 
 def _resolved(config):
-  validation.validate(config, data_parallel_size=1)
-  return summary.resolved_run(config)
+  return summary.resolved_run(validation.validate(config, data_parallel_size=1))
+
+
+@pytest.mark.parametrize("name", ["default", "tiny_language_model"])
+def test_the_resolved_run_reads_every_field(name):
+  config = config_lib.default_config() if name == "default" else helpers.tiny_language_model_config()
+  unread = config_lib.field_paths(config) - validation.validate(config).consumed_fields
+  assert not unread, f"config fields the resolved run never reads: {', '.join(sorted(unread))}"
 
 
 @pytest.mark.parametrize("path", [p for p, _ in _fields(config_lib.default_config()) if p not in WATCHING_FIELDS])

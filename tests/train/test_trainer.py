@@ -132,7 +132,7 @@ def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path)
   finally:
     run.close()
   assert len({id(s) for s in scalars}) == 2
-  expected = [np.float32(run.lr_schedule(e)) for e in epochs]
+  expected = [np.float32(run.resolved.learning_rate(e, run.batch_size)) for e in epochs]
   assert expected == [np.float32(0.05)] * 4 + [np.float32(0.005)] * 4
   assert jax.device_get(scalars) == expected and jax.device_get(used) == expected
 
@@ -197,8 +197,8 @@ def test_tensorboard_mirrors_the_scalars(tmp_path):
 def _all_reduce_computations(config):
   """Names of the HLO computations of the compiled train step that hold an all-reduce."""
   run = Run(config)
-  batch = global_batch(run.task.dataset.make_train_stream(0, 1).next_batch(32), run.batch_sharding)
-  compiled = run.train_step(32, 0.0, run.state, batch, jax.device_put(np.float32(0.1), run.replicated))
+  batch = global_batch(run.task.dataset.make_train_stream(0, 1).next_batch(32), run.parts.batch_sharding)
+  compiled = run.train_step(32, 0.0, run.state, batch, jax.device_put(np.float32(0.1), run.parts.replicated))
   computations = re.split(r"\n(?=\S)", compiled.as_text())
   return [c.split("\n")[0][:60] for c in computations if " all-reduce(" in c]
 

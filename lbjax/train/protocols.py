@@ -1,0 +1,93 @@
+"""The trainer's seams, as protocols: what a training stream, a task and a hook must provide.
+
+`lbjax.train.datasets` makes the streams, `lbjax.train.tasks` the tasks, `lbjax.train.hooks` the hooks;
+a user's own dataset, model pairing or hook fits the trainer by having these methods.
+"""
+
+from typing import Any, Protocol, runtime_checkable
+
+from flax import nnx
+import jax
+import numpy as np
+
+Batch = dict[str, jax.Array]
+HostBatch = dict[str, np.ndarray]
+# Keys a stream may put in a host batch that tell the trainer what to do, not what the model reads.
+RESET_CARRY = "reset_carry"  # True where the rows of a token stream start again: the carry restarts at zero
+MASK = "mask"  # evaluation: 1 for a real example, 0 for padding (the eval step sums with it)
+
+
+@runtime_checkable
+class TrainStream(Protocol):
+  """One process's resumable training stream; its position in epochs is the run's clock."""
+  num_examples: int
+
+  def epoch(self) -> float:
+    """Examples consumed (over all processes) / train-set size."""
+
+  def next_batch(self, global_batch_size: int) -> HostBatch:
+    """This process's rows of the next global batch."""
+
+  def get_state(self) -> dict[str, Any]:
+    """The position, JSON-ready (saved in every checkpoint)."""
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Moves to a position `get_state` returned."""
+
+
+@runtime_checkable
+class WindowStream(TrainStream, Protocol):
+  """A stream of token windows laid out in rows (truncated BPTT): a batch is one window per row."""
+
+  def windows_per_epoch(self, global_batch_size: int) -> int:
+    """The batches of one epoch at `global_batch_size` rows."""
+
+
+def steps_per_epoch(stream: TrainStream, global_batch_size: int) -> int:
+  """The steps of one epoch at `global_batch_size` (windows for a `WindowStream`)."""
+  if isinstance(stream, WindowStream):
+    return stream.windows_per_epoch(global_batch_size)
+  return stream.num_examples // global_batch_size
+
+
+def take_carry_reset(local_batch: HostBatch) -> bool:
+  """Removes the stream's `RESET_CARRY` flag from a host batch; True where the carry starts again."""
+  return bool(local_batch.pop(RESET_CARRY, False))
+
+
+def model_inputs(local_batch: HostBatch) -> HostBatch:
+  """The arrays of a host batch the model reads (the control keys left out)."""
+  return {k: v for k, v in local_batch.items() if k not in (MASK, RESET_CARRY)}
+
+
+class Task(Protocol):
+  """What the trainer needs to know of a model and its data (`lbjax.train.tasks`): the steps call
+  `train_loss` and `eval_sums`, the run the rest."""
+  model_description: str  # the resolved constructor call, for the console
+
+  def build_model(self, rngs: nnx.Rngs) -> nnx.Module:
+    """A new model with parameters drawn from `rngs`."""
+
+  def train_loss(self, model: nnx.Module, batch: Batch, carry: Any, dropout_key: jax.Array,
+                 discard_fraction: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """Mean training loss, extra metrics (means over the batch) and the new carry.
+
+    `discard_fraction` p > 0 drops the floor(p*B) smallest-loss examples of the batch (papers/003
+    §3.1); tasks that cannot do this refuse it when the run is resolved.
+    """
+
+  def eval_sums(self, model: nnx.Module, batch: Batch, carry: Any) -> tuple[dict[str, jax.Array], Any]:
+    """Sums over the (masked) batch, e.g. {'loss_sum', 'correct', 'count'}, and the new carry."""
+
+  def summarize(self, sums: dict[str, float]) -> dict[str, float]:
+    """The evaluation metrics from the sums over the whole split."""
+
+  def zero_carry(self, model: nnx.Module, global_batch_size: int) -> Any:
+    """The carried state at the start of a row of batches (host arrays), or None."""
+
+
+class Hook(Protocol):
+  """Something done around the training steps (`lbjax.train.hooks`): called after every step."""
+
+  def after_step(self, run: Any, metrics: dict[str, jax.Array]) -> None:
+    """`run`: the `lbjax.train.run.Run` that took the step; `metrics`: the step's, still on the device."""

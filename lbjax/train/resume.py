@@ -1,0 +1,250 @@
+"""Saving and resuming a run in its workdir: `Checkpoints`.
+
+A run with a workdir resumes from the newest checkpoint that passes its checksum, skipping (and
+setting aside in `<workdir>/skipped_checkpoints`) each newer one that cannot be read or fails it; a
+checkpoint of another recipe (`config.check_resumable`) or of other data (its fingerprint) is refused.
+Without a checkpoint of its own, `config.init_from` starts the run from another checkpoint's
+parameters. Each start is recorded in `<workdir>/history.jsonl`. Saves run in the background; a
+failed one (a full disk) is reported as `CheckpointSaveError` at the next step, save or close.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import socket
+import time
+from typing import Any, Callable
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+
+from lbjax.train import config as config_lib
+from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.datasets import Dataset
+from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
+                                DataMismatchError)
+from lbjax.train.resolved import ResolvedRun
+from lbjax.train.state import TrainState
+from lbjax.train.step import per_device_compression_state
+from lbjax.train.workdir_lock import WorkdirLock
+
+HISTORY_FILE = "history.jsonl"
+
+
+@dataclasses.dataclass
+class Start:
+  """Where a run starts: its state and, on a resume, the position and controller state it saved.
+
+  Attributes:
+    state: the `TrainState` to start from.
+    resumed_from: the step of the checkpoint resumed, or None.
+    meta: the resumed checkpoint's meta (stream position, examples seen, carry, batch policy), or {}.
+    changes: the optimizer settings changed on purpose (`config.resume_with_changed_optimizer`).
+    initialized_from: (workdir, step) of the `config.init_from` checkpoint, or None.
+  """
+  state: TrainState
+  resumed_from: int | None = None
+  meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+  changes: dict[str, list] = dataclasses.field(default_factory=dict)
+  initialized_from: tuple[pathlib.Path, int] | None = None
+
+  @property
+  def saved_data_parallel_size(self) -> int | None:
+    return self.meta.get("data_parallel_size")
+
+
+class Checkpoints:
+  """The checkpoints of a run in its workdir: resume, save in the background, report failures.
+
+  Attributes:
+    checkpointer: the workdir's `Checkpointer`.
+    directory: where the checkpoints are.
+    skipped: (step, reason) of each newer checkpoint that failed its checksum or could not be read.
+    save_failed: whether a save failed (reported by `CheckpointSaveError`).
+  """
+
+  def __init__(self, workdir: pathlib.Path, run: ResolvedRun, dataset: Dataset, data_parallel_size: int,
+               replicated: jax.sharding.Sharding, lock: WorkdirLock | None):
+    self.workdir, self._run, self._dataset, self._lock = workdir, run, dataset, lock
+    self._replicated = replicated
+    self._data_parallel_size = data_parallel_size
+    self.checkpointer = Checkpointer(workdir, max_to_keep=run.watch.keep_checkpoints)
+    self.directory = self.checkpointer.directory
+    self.skipped: list[tuple[int, str]] = []
+    self.save_failed = False
+    self._save_in_flight: int | None = None  # the step of a background save not yet known to be written
+
+  def start(self, initial: TrainState, carry_for: Callable[[int, int | None], Any],
+            model_description: str) -> Start:
+    """The state to start from: the newest good checkpoint's, else `init_from`'s parameters, else
+    `initial`; records the start in the history. `carry_for(batch_size, micro_batches)`: the zero
+    carry a checkpoint's carry is restored into."""
+    start = self._restore_latest(initial, carry_for)
+    if start.resumed_from is None and self._run.init_from:
+      start = self._start_from(self._run.init_from, initial, model_description)
+    self._record_history(start)
+    return start
+
+  def _restore_latest(self, initial: TrainState, carry_for: Callable[[int, int | None], Any]) -> Start:
+    steps = self.checkpointer.all_steps()
+    for step in steps:
+      try:
+        meta = self.checkpointer.read_meta_verified(step)
+        changes = config_lib.check_resumable(meta["config"], self._run.source_config, str(self.workdir))
+        self._check_same_data(meta)
+        carry_batch_size = meta["carry_batch_size"]
+        state = initial._replace(carry=carry_for(carry_batch_size, meta.get("carry_micro_batches"))
+                                 if carry_batch_size else None)
+        self._check_compression_state(meta, state)
+        state = self.checkpointer.restore_verified(step, meta, abstract_like(state), self._replicated)
+      except CheckpointCorruptError as e:
+        self._skip(step, str(e))
+        continue
+      return Start(state, step, meta, changes)
+    if steps:
+      raise CheckpointCorruptError(
+          f"No checkpoint in {self.directory} can be restored: "
+          + "; ".join(f"step {step}: {reason}" for step, reason in self.skipped)
+          + f". They are kept in {self.workdir / 'skipped_checkpoints'}; use a new --workdir, or start from "
+          "one's parameters with --config.init_from=<its folder> if you trust it.")
+    return Start(initial)
+
+  def _skip(self, step: int, reason: str) -> None:
+    self.skipped.append((step, reason))
+    process_index, process_count = jax.process_index(), jax.process_count()
+    if process_count > 1:  # every process has read it before process 0 moves it
+      multihost_utils.sync_global_devices(f"lbjax_skip_checkpoint_{step}")
+    where = self.checkpointer.set_aside(step, reason) if process_index == 0 else None
+    if process_count > 1:
+      multihost_utils.sync_global_devices(f"lbjax_skipped_checkpoint_{step}")
+      self.checkpointer.reload()
+    logging.warning("Skipped checkpoint %d in %s: %s. Moved it to %s; trying the one before it.", step,
+                    self.directory, reason, where)
+    if self._run.watch.progress and process_index == 0:
+      print(f"Warning: skipped checkpoint {step}: {reason}. Moved it to {where}.", flush=True)
+
+  def _check_same_data(self, meta: dict[str, Any]) -> None:
+    saved = meta.get("data_fingerprint")
+    if saved is None or not self._dataset.fingerprint or self._run.resume_with_changed_data:
+      return
+    now = self._dataset.fingerprint_like(saved)  # taken again in the checkpoint's kind where it differs
+    if saved == now:
+      return
+    differing = "; ".join(f"{split}: checkpoint {saved.get(split)} vs now {now.get(split)}"
+                          for split in sorted(set(saved) | set(now)) if saved.get(split) != now.get(split))
+    raise DataMismatchError(
+        f"The checkpoint in {self.directory} was trained on other data ({differing}). Point "
+        "config.data_dir at the data it was trained on, or pass --config.resume_with_changed_data=True to resume "
+        "on this data anyway.")
+
+  def _check_compression_state(self, meta: dict[str, Any], state: TrainState) -> None:
+    """Refuses a per-device compression state saved on another device count."""
+    saved, now = meta.get("data_parallel_size"), self._data_parallel_size
+    if saved is None or saved == now or not per_device_compression_state(state.compression_state):
+      return
+    raise CheckpointMismatchError(
+        f"config.compression.name={self._run.compressor.resolved.name!r} keeps an error-feedback residual per device; "
+        f"the checkpoint in {self.directory} holds {saved} of them, this run has {now} data-parallel "
+        f"devices. Resume on {saved} devices (config.mesh.num_devices={saved}), or start a new run from its "
+        f"parameters: --config.init_from={self.workdir} --workdir=<a new workdir>.")
+
+  def _start_from(self, source: str, initial: TrainState, model_description: str) -> Start:
+    """The parameters and BatchNorm statistics of the checkpoint `source` (a workdir, its
+    `checkpoints/` folder or one step folder); optimizer, step and data start afresh."""
+    path = pathlib.Path(source).expanduser().absolute()
+    step = None
+    if path.name.isdigit() and path.parent.name == "checkpoints":
+      path, step = path.parent.parent, int(path.name)
+    elif path.name == "checkpoints":
+      path = path.parent
+    if not (path / "checkpoints").is_dir():
+      raise ConfigError(f"config.init_from={source!r}: no checkpoints/ folder there; give a workdir, its "
+                        "checkpoints/ folder or one step folder in it.")
+    source_checkpointer = Checkpointer(path, max_to_keep=None)
+    try:
+      steps = [step] if step is not None else source_checkpointer.all_steps()
+      if not steps:
+        raise ConfigError(f"config.init_from={source!r}: {path / 'checkpoints'} holds no complete checkpoint.")
+      fields = abstract_like({"params": initial.params, "model_state": initial.model_state})
+      try:
+        restored = source_checkpointer.restore_fields(steps[0], fields)
+      except Exception as e:  # pylint: disable=broad-except  (shapes differ, files unreadable, ...)
+        raise ConfigError(f"config.init_from={source!r}: the parameters of checkpoint {steps[0]} do not fit this "
+                          f"run's model {model_description}: {str(e).strip().splitlines()[-1][:300]}") from e
+    finally:
+      source_checkpointer.close()
+    state = initial._replace(params=restored["params"], model_state=restored["model_state"])
+    return Start(state, initialized_from=(path, steps[0]))
+
+  def _record_history(self, start: Start) -> None:
+    """Appends this start to `<workdir>/history.jsonl`: resumed or new, from where, what changed."""
+    if jax.process_index() != 0:
+      return
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
+              "pid": os.getpid(), "event": "resume" if start.resumed_from is not None else "start",
+              "step": start.resumed_from or 0, "data_parallel_size": self._data_parallel_size}
+    if start.changes:
+      record["changed_optimizer"] = start.changes
+    if self.skipped:
+      record["skipped_checkpoints"] = [{"step": step, "reason": reason} for step, reason in self.skipped]
+    if start.initialized_from:
+      record["init_from"] = {"workdir": str(start.initialized_from[0]), "step": start.initialized_from[1]}
+    if start.saved_data_parallel_size not in (None, record["data_parallel_size"]):
+      record["saved_data_parallel_size"] = start.saved_data_parallel_size
+    if self._lock is not None and self._lock.stale_holder is not None:
+      record["stale_lock"] = self._lock.stale_holder
+    with open(self.workdir / HISTORY_FILE, "a") as f:
+      f.write(json.dumps(record) + "\n")
+
+  def latest_step(self) -> int | None:
+    return self.checkpointer.latest_step()
+
+  def needs_save(self, step: int) -> bool:
+    """Whether step `step` is neither saved nor being saved."""
+    return self.checkpointer.latest_step() != step and self._save_in_flight != step
+
+  def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
+    """Starts the background save of `state` at `step` (once the previous one is written)."""
+    self.wait_for_save()
+    self._save_in_flight = step
+    try:
+      self.checkpointer.save(step, state, meta)
+    except Exception as e:  # pylint: disable=broad-except  (written synchronously: directories, meta)
+      raise self._save_error(e) from e
+
+  def check_background_save(self) -> None:
+    """Raises `CheckpointSaveError` if the background save has failed (no waiting when it is running)."""
+    if self._save_in_flight is None:
+      return
+    try:
+      self.checkpointer.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+    if not self.checkpointer.is_saving():
+      self.wait_for_save()  # finished: joins the writer at once and raises what it left
+
+  def wait_for_save(self) -> None:
+    """Blocks until the save in flight is on disk; raises `CheckpointSaveError` if it failed."""
+    if self._save_in_flight is None:
+      return
+    try:
+      self.checkpointer.wait()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(e) from e
+    self._save_in_flight = None
+
+  def _save_error(self, error: Exception) -> CheckpointSaveError:
+    step, self._save_in_flight = self._save_in_flight, None
+    self.save_failed = True
+    return CheckpointSaveError(self.checkpointer.failed_save_message(step, error))
+
+  def close(self) -> None:
+    """Waits for the save in flight and closes the checkpointer. After a failed save (already reported as
+    `CheckpointSaveError`), what else Orbax raises on closing is dropped."""
+    try:
+      self.checkpointer.close()
+    except Exception as e:  # pylint: disable=broad-except
+      if not self.save_failed:
+        raise self._save_error(e) from e
