@@ -36,6 +36,7 @@ from experiments import config_spec
 from experiments import run_records
 from experiments import variant_fields
 from lbjax import train
+from lbjax.train import config as config_lib
 from lbjax.train import config_files
 from lbjax.train import names
 from lbjax.train import tasks
@@ -103,8 +104,10 @@ def check_spec(spec: LipschitzSpec) -> None:
 
 def _dataset_argument(config: ml_collections.ConfigDict, name: str):
   """An argument of the config's dataset function: its `data_options` field, else the default."""
-  resolved, arguments = tasks.resolve_dataset(config)
-  return arguments[name] if name in arguments else names.parameters(resolved.function)[name].default
+  dataset = tasks.resolve_dataset(config_lib.FieldReads(config))
+  if name in dataset.arguments:
+    return dataset.arguments[name]
+  return names.parameters(dataset.resolved.function)[name].default
 
 
 def train_set_size(config: ml_collections.ConfigDict) -> int:

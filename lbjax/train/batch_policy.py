@@ -180,16 +180,16 @@ class BatchPolicy:
 class RecordBatchDecisions:
   """A hook: writes the policy's queued `batch` records (noise scale, decision, goodput)."""
 
-  def __init__(self, writer):
-    self.writer = writer
+  def __init__(self, writer, policy: BatchPolicy):
+    self.writer, self.policy = writer, policy
 
   def after_step(self, run, metrics) -> None:
-    del metrics
-    for step, record in run.batch_policy.records:
+    del run, metrics
+    for step, record in self.policy.records:
       self.writer.write("batch", step, record)
-    run.batch_policy.records.clear()
+    self.policy.records.clear()
 
-  def flush(self, run) -> None:
+  def flush(self) -> None:
     """Completes the record still awaiting its step's results and writes it (at the end of the loop)."""
-    run.batch_policy.complete_records()
-    self.after_step(run, None)
+    self.policy.complete_records()
+    self.after_step(None, None)

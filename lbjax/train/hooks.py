@@ -34,7 +34,7 @@ import numpy as np
 from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train.metrics import MetricsWriter, ProgressLine
-from lbjax.train.run import Run
+from lbjax.train.protocols import RunView
 
 Metrics = dict[str, jax.Array]
 
@@ -50,13 +50,12 @@ def _flatten(tree: Any) -> dict[str, float]:
   return flat
 
 
-def write_compression_bits(run: Run, writer: MetricsWriter) -> None:
-  """The `compression` record: bits one device sends per step, compressed and not."""
-  if run.resolved.compressor is None:
-    return
-  bits = optim.compression.bits_per_step(run.state.params, run.parts.compressor)
-  writer.write("compression", run.step_count, {
-      "name": run.resolved.compressor.resolved.name, "bits_per_device_step": bits.compressed,
+def write_compression_bits(writer: MetricsWriter, step: int, params: Any, name: str,
+                           compressor: optim.compression.GradientCompressor) -> None:
+  """The `compression` record of compressor `name`: bits one device sends per step, compressed and not."""
+  bits = optim.compression.bits_per_step(params, compressor)
+  writer.write("compression", step, {
+      "name": name, "bits_per_device_step": bits.compressed,
       "uncompressed_bits": bits.uncompressed, "ratio": bits.ratio})
 
 
@@ -67,7 +66,7 @@ class RecordCompiles:
   def __init__(self, writer: MetricsWriter, progress: ProgressLine):
     self.writer, self.progress = writer, progress
 
-  def after_step(self, run: Run, metrics: Metrics) -> None:
+  def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
     if run.new_compile is None:
       return
@@ -81,13 +80,13 @@ class RecordCompiles:
 class _Window:
   """The steps of one closed log window, still on the device, and the run's clock at its end."""
 
-  def __init__(self, run: Run, metrics: list[Metrics], progress_time: float):
+  def __init__(self, run: RunView, metrics: list[Metrics], progress_time: float, layerwise_rates: bool):
     self.metrics, self.progress_time = metrics, progress_time
     self.step, self.epoch, self.examples_seen, self.batch_size = (run.step_count, run.epoch, run.examples_seen,
                                                                   run.batch_size)
     # A copy: the next step donates the optimizer state the ratios live in.
     self.trust_ratios = (jax.tree.map(jnp.copy, optim.trust_ratios(run.state.opt_state))
-                         if run.parts.has_layerwise_rates else None)
+                         if layerwise_rates else None)
 
 
 class WriteMetrics:
@@ -103,12 +102,13 @@ class WriteMetrics:
   window is written. `flush` fetches every step not yet written (waiting for the device).
   """
 
-  def __init__(self, writer: MetricsWriter, progress: ProgressLine, log_every: int):
-    self.writer, self.progress, self.log_every = writer, progress, log_every
+  def __init__(self, writer: MetricsWriter, progress: ProgressLine, log_every: int, *, layerwise_rates: bool):
+    """`layerwise_rates`: the optimizer state holds layer-wise trust ratios (`StepParts.has_layerwise_rates`)."""
+    self.writer, self.progress, self.log_every, self.layerwise_rates = writer, progress, log_every, layerwise_rates
     self._pending: list[Metrics] = []  # the open window
     self._closed: _Window | None = None  # closed at the previous step, not yet fetched
 
-  def after_step(self, run: Run, metrics: Metrics) -> None:
+  def after_step(self, run: RunView, metrics: Metrics) -> None:
     if self._closed is not None:
       self._write(run, self._closed)
       self._closed = None
@@ -116,7 +116,7 @@ class WriteMetrics:
     if run.step_count % self.log_every == 0:
       self._closed = self._close(run)
 
-  def flush(self, run: Run) -> None:
+  def flush(self, run: RunView) -> None:
     """Writes the steps not yet written (raises `NonFiniteError` if one of them went bad)."""
     if self._closed is not None:
       self._write(run, self._closed)
@@ -124,12 +124,12 @@ class WriteMetrics:
     if self._pending:
       self._write(run, self._close(run))
 
-  def _close(self, run: Run) -> _Window:
-    window = _Window(run, self._pending, time.perf_counter())
+  def _close(self, run: RunView) -> _Window:
+    window = _Window(run, self._pending, time.perf_counter(), self.layerwise_rates)
     self._pending = []
     return window
 
-  def _write(self, run: Run, window: _Window) -> None:
+  def _write(self, run: RunView, window: _Window) -> None:
     values, trust_ratios = jax.device_get((window.metrics, window.trust_ratios))
     if not all(np.isfinite(v["loss"]) and np.isfinite(v["update_norm"]) for v in values):
       run.check_health()  # raises NonFiniteError, naming the first non-finite quantity
@@ -156,7 +156,7 @@ class Lipschitz:
   def __init__(self, writer: MetricsWriter, every: int):
     self.writer, self.every = writer, every
 
-  def after_step(self, run: Run, metrics: Metrics) -> None:
+  def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
     if self.every and run.step_count % self.every == 0:
       self.writer.write("lipschitz", run.step_count, {"lipschitz": run.lipschitz(), "epoch": run.epoch,
@@ -167,9 +167,12 @@ class EvaluateAndSave:
   """At each multiple of `every_epochs` before the end: the metrics so far, an evaluation (record,
   console line, best so far) and a checkpoint, so an interrupted run loses at most that much."""
 
-  def __init__(self, writer: MetricsWriter, progress: ProgressLine, flush: Callable[[Run], None],
-               every_epochs: float, start_epoch: float):
+  def __init__(self, writer: MetricsWriter, progress: ProgressLine, flush: Callable[[RunView], None],
+               every_epochs: float, start_epoch: float, *, num_epochs: float, eval_split: str):
+    """`num_epochs`: the run's length (no evaluation at its end: the loop evaluates then);
+    `eval_split`: the split evaluated, for the console."""
     self.writer, self.progress, self.flush, self.every_epochs = writer, progress, flush, every_epochs
+    self.num_epochs, self.eval_split = num_epochs, eval_split
     self.next_epoch = self._boundary_after(start_epoch)
     self.last: dict[str, float] = {}  # the latest evaluation
     self.best: dict[str, float] = {}  # the best (accuracy, else loss) so far
@@ -177,20 +180,20 @@ class EvaluateAndSave:
   def _boundary_after(self, epoch: float) -> float:
     return (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
 
-  def after_step(self, run: Run, metrics: Metrics) -> None:
+  def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
-    if run.epoch >= self.next_epoch and run.batch_policy.progress(run.epoch) < run.resolved.num_epochs:
+    if run.epoch >= self.next_epoch and run.trained_epochs < self.num_epochs:
       self.flush(run)
       self.evaluate(run)
       self.next_epoch = self._boundary_after(run.epoch)
       run.save()
       self.progress.reset_window(run.examples_seen, run.epoch, run.step_count)
 
-  def evaluate(self, run: Run, **extra) -> dict[str, float]:
+  def evaluate(self, run: RunView, **extra) -> dict[str, float]:
     """Evaluates the run now and records it: metrics file, console line, best so far."""
     metrics = run.evaluate()
     self.writer.write("eval", run.step_count, dict(metrics, epoch=run.epoch, **extra))
-    self.progress.evaluation(run.step_count, run.epoch, metrics, run.task.dataset.eval_split)
+    self.progress.evaluation(run.step_count, run.epoch, metrics, self.eval_split)
     key, better = ("accuracy", max) if "accuracy" in metrics else ("loss", min)
     if not self.best or better(metrics[key], self.best[key]) == metrics[key]:
       self.best = dict(metrics)
@@ -204,7 +207,7 @@ class Checkpoint:
   def __init__(self, every_steps: int):
     self.every_steps = every_steps
 
-  def after_step(self, run: Run, metrics: Metrics) -> None:
+  def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
     if self.every_steps and run.step_count % self.every_steps == 0:
       run.save()
@@ -268,21 +271,23 @@ class SaveOnPreemption:
   checkpoint, logged as saved once it is on disk; then `stopped` is True and the loop ends.
   Construction installs the handlers; `restore` removes them (after the run has closed)."""
 
-  def __init__(self, flush: Callable[[Run], None]):
-    self.flush = flush
+  def __init__(self, flush: Callable[[RunView], None], *, checkpoint_directory: Any, announce: bool):
+    """`checkpoint_directory`: where the run's checkpoints go (None without a workdir); `announce`:
+    print the exit on the console (process 0, with `config.progress`)."""
+    self.flush, self.checkpoint_directory, self.announce = flush, checkpoint_directory, announce
     self.stopped = False
     self._flag = PreemptionFlag()
 
-  def after_step(self, run: Run, metrics: Metrics) -> None:
+  def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
     if self._flag.should_stop(run.step_count):
       self.flush(run)
       run.save(durable=True)
       self.stopped = True
-      where = f" in {run.checkpoints.directory}" if run.checkpoints is not None else ""
+      where = f" in {self.checkpoint_directory}" if self.checkpoint_directory is not None else ""
       logging.warning("%s: saved checkpoint %d%s (written to disk); exiting.", self._flag.signal_name,
                       run.step_count, where)
-      if run.resolved.watch.progress and run.process_index == 0:
+      if self.announce:
         print(f"{self._flag.signal_name}: saved checkpoint {run.step_count}{where}; exiting.", flush=True)
 
   def restore(self) -> None:

@@ -120,21 +120,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
   progress = ProgressLine(resolved.num_epochs, resolved.num_steps, enabled=run.process_index == 0 and watch.progress)
   progress.reset_window(run.examples_seen, run.epoch, run.step_count)
   start_examples = run.examples_seen
-  metrics = hooks.WriteMetrics(writer, progress, watch.log_every)
-  evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, watch.eval_every_epochs, run.epoch)
-  preemption = hooks.SaveOnPreemption(metrics.flush)
-  decisions = batch_policy.RecordBatchDecisions(writer)
+  metrics = hooks.WriteMetrics(writer, progress, watch.log_every, layerwise_rates=run.parts.has_layerwise_rates)
+  evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, watch.eval_every_epochs, run.epoch,
+                                     num_epochs=resolved.num_epochs, eval_split=run.task.dataset.eval_split)
+  preemption = hooks.SaveOnPreemption(
+      metrics.flush, checkpoint_directory=run.checkpoints.directory if run.checkpoints is not None else None,
+      announce=watch.progress and run.process_index == 0)
+  decisions = batch_policy.RecordBatchDecisions(writer, run.batch_policy)
   around_steps: list[protocols.Hook] = [
       metrics, hooks.RecordCompiles(writer, progress), hooks.Lipschitz(writer, watch.lipschitz_every), evaluation,
       hooks.Checkpoint(watch.checkpoint_every_steps), decisions, preemption]
   try:
-    hooks.write_compression_bits(run, writer)
+    if resolved.compressor is not None:
+      hooks.write_compression_bits(writer, run.step_count, run.state.params, resolved.compressor.resolved.name,
+                                   run.parts.compressor)
     while not run.finished() and not preemption.stopped:
       step_metrics = run.step(run.next_batch())
       for hook in around_steps:
         hook.after_step(run, step_metrics)
     metrics.flush(run)
-    decisions.flush(run)
+    decisions.flush()
     if not preemption.stopped:
       if run.step_count == run.resumed_from and evaluated_before:  # resumed a finished run: nothing new
         evaluation.last = evaluation.best = evaluated_before

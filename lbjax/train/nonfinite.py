@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.train import protocols
 from lbjax.train.any_batch import whole_batch
 
 
@@ -41,7 +42,7 @@ def first_nonfinite(state, batch, *, graphdef: nnx.GraphDef, task, optimizer: op
   if batch is None:
     return "no step was taken", "Check the data."
   arrays, carry = whole_batch(batch.arrays, state.carry)
-  arrays = {k: v for k, v in arrays.items() if k != "mask"}
+  arrays = protocols.model_inputs(arrays)
 
   def loss_fn(params, arrays, carry):  # the batch an argument, so the model sees it traced as in the step
     model = nnx.merge(graphdef, params, state.model_state)

@@ -86,8 +86,39 @@ class Task(Protocol):
     """The carried state at the start of a row of batches (host arrays), or None."""
 
 
+class RunView(Protocol):
+  """What the hooks see of a run (`lbjax.train.run.Run`): its clock, its state and what they may ask
+  of it; whatever else a hook needs it gets when it is made."""
+  step_count: int  # steps taken
+  examples_seen: int  # training examples consumed, over all processes
+  batch_size: int  # the global batch of the latest step
+  state: Any  # the `TrainState`
+  new_compile: tuple[int, float] | None  # (batch size, loss variant) the latest step compiled, or None
+  compile_seconds: dict[tuple[int, float], float]
+
+  @property
+  def epoch(self) -> float:
+    """The run's clock: the training stream's position in epochs."""
+
+  @property
+  def trained_epochs(self) -> float:
+    """Training done in the epochs `num_epochs` counts (`BatchPolicy.progress`)."""
+
+  def evaluate(self) -> dict[str, float]:
+    """The task's metrics of the current state on the evaluation split."""
+
+  def lipschitz(self) -> float:
+    """The curvature along the gradient on the first evaluation examples (papers/001 §4)."""
+
+  def check_health(self) -> None:
+    """Raises `NonFiniteError` naming the first non-finite quantity, if a step went non-finite."""
+
+  def save(self, *, durable: bool = False) -> None:
+    """Checks the health and checkpoints the current step (on disk before returning with `durable`)."""
+
+
 class Hook(Protocol):
   """Something done around the training steps (`lbjax.train.hooks`): called after every step."""
 
-  def after_step(self, run: Any, metrics: dict[str, jax.Array]) -> None:
-    """`run`: the `lbjax.train.run.Run` that took the step; `metrics`: the step's, still on the device."""
+  def after_step(self, run: RunView, metrics: dict[str, jax.Array]) -> None:
+    """`run`: the run that took the step; `metrics`: the step's, still on the device."""

@@ -1,23 +1,21 @@
 """The resolved run: a config validated and turned, once, into the typed parts a run is built from.
 
 `lbjax.train.validation.validate(config)` checks the config's values and, here (`resolve_parts`,
-`assemble`), resolves every name the config uses to
-the function it imports, binds each section to that function's signature, and reads every other field
-into a typed value, all before any compute:
+`assemble`), resolves every name the config uses to the function it imports, binds each section to
+that function's signature, and reads every other field into a typed value, all before any compute:
 
-  model, model_options        lbjax.models constructor, options checked   `model` (`tasks.ModelChoice`)
-  dataset, data_options       lbjax.train.datasets function, bound        `dataset` (`names.Call`)
-  optimizer.*                 lbjax.optim / optax, bound                  `optimizer` (`names.Call`)
-  lr.*, scaling.*             decay, warm-up, rule: the LR of (epoch, B)  `learning_rate` (`optimizer.LearningRate`)
-  compression.*               lbjax.optim.compression, bound              `compressor` (`names.Call` or None)
-  batch*, max_device_batch    the batch-size plan                         `batch` (`batch_plan.BatchPlan`)
-  mesh.*, pipeline.*          the mesh and the pipeline                   `mesh`, `pipeline`
+  model, model_options      a lbjax.models constructor, options checked   `model` (`tasks.ModelChoice`)
+  dataset, data_options     a lbjax.train.datasets function, bound         `dataset` (`names.Call`)
+  optimizer.*               lbjax.optim or optax, bound                    `optimizer` (`names.Call`)
+  lr.*, scaling.*           rule, decay, warm-up: the LR of (epoch, B)     `learning_rate` (`optimizer.LearningRate`)
+  compression.*             lbjax.optim.compression, bound                 `compressor` (`names.Call` or None)
+  batch*, max_device_batch  the batch-size plan                            `batch` (`batch_plan.BatchPlan`)
+  mesh.*, pipeline.*        the mesh and the pipeline                      `mesh` (`MeshPlan`)
 
-`Run`, `BatchPolicy`, the summary (`--dry-run`, the console, `config.json`) and `--compile-only` read
-the `ResolvedRun`; nothing resolves a name again. `consumed_fields` lists the config fields the
-resolution read: every field of the config must be among them
-(tests/train/test_every_field_is_consumed.py).
-"""
+`Run`, `BatchPolicy`, the summary (`--dry-run`, the console, `config.json`) and `--compile-only`
+(`lbjax.train.build.StepParts`) read the `ResolvedRun`; nothing resolves a name again.
+`consumed_fields` lists the config fields the resolution read: every field of the config must be
+among them (tests/train/test_every_field_is_consumed.py)."""
 
 import copy
 import dataclasses

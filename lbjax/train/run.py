@@ -179,11 +179,15 @@ class Run:
     """The run's clock: the training stream's position in epochs."""
     return self.stream.epoch()
 
+  @property
+  def trained_epochs(self) -> float:
+    """Training done in the epochs `num_epochs` counts: scale-invariant epochs under AdaScale
+    (`BatchPolicy.progress`), else `epoch`."""
+    return self.batch_policy.progress(self.epoch)
+
   def finished(self) -> bool:
-    """Whether training is over: `num_epochs` reached (scale-invariant epochs under AdaScale,
-    `BatchPolicy.progress`), or `num_steps` (when > 0) taken."""
-    return (self.batch_policy.progress(self.epoch) >= self.resolved.num_epochs
-            or 0 < self.resolved.num_steps <= self.step_count)
+    """Whether training is over: `num_epochs` reached (`trained_epochs`), or `num_steps` (when > 0) taken."""
+    return self.trained_epochs >= self.resolved.num_epochs or 0 < self.resolved.num_steps <= self.step_count
 
   def train_carry(self, global_batch_size: int, num_microbatches: int | None) -> Any:
     """The zero carry of a training step: one [B, ...] carry (`num_microbatches` None), or one

@@ -29,6 +29,7 @@ from lbjax import models
 from lbjax.train import config as config_lib
 from lbjax.train import datasets
 from lbjax.train import names
+from lbjax.train import protocols
 from lbjax.train.errors import ConfigError
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -68,7 +69,7 @@ class ClassificationTask:
 
   def eval_sums(self, model, batch, carry):
     logits = model(self.images(batch), train=False)
-    mask, labels = batch["mask"], batch["labels"]
+    mask, labels = batch[protocols.MASK], batch["labels"]
     cross_entropy = models.per_example_cross_entropy(logits, labels)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     sums = {"loss_sum": jnp.sum(cross_entropy * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
@@ -110,7 +111,7 @@ class LanguageModelTask:
   def eval_sums(self, model, batch, carry):
     logits, carry = model(batch["inputs"], carry, train=False)
     cross_entropy = models.per_example_cross_entropy(logits, batch["targets"])
-    mask = batch["mask"]  # [N, T]: 0 where a window runs past the end of its row
+    mask = batch[protocols.MASK]  # [N, T]: 0 where a window runs past the end of its row
     return {"loss_sum": jnp.sum(cross_entropy * mask), "count": jnp.sum(mask)}, carry
 
   def summarize(self, sums):

@@ -101,7 +101,8 @@ def test_metrics_reach_the_host_once_per_window_one_step_late(tmp_path, monkeypa
     return device_get(tree)
 
   writer = MetricsWriter(tmp_path)
-  window = hooks.WriteMetrics(writer, ProgressLine(2.0, 12, enabled=False), log_every=4)
+  window = hooks.WriteMetrics(writer, ProgressLine(2.0, 12, enabled=False), log_every=4,
+                              layerwise_rates=run.parts.has_layerwise_rates)
   try:
     monkeypatch.setattr(jax, "device_get", counting_device_get)
     with jax.transfer_guard_device_to_host("disallow"):  # refuses implicit transfers (float(x), np.asarray)
