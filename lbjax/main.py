@@ -33,13 +33,14 @@ except ImportError as error:
   sys.exit(f"lbjax-train: {error}")
 
 from lbjax import config_files
+from lbjax.data import UndecodableRecordError
 from lbjax.train import summary
 from lbjax.train import validation
 from lbjax.train.errors import TRACEBACK_ENV, USER_ERRORS, CheckpointSaveError, ConfigError, print_error
 
-# Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step) or
-# SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
-STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
+# Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step, a record
+# that cannot be decoded) or SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
+STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError, UndecodableRecordError)
 SAVE_FAILED = 3
 
 
