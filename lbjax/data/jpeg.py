@@ -134,7 +134,9 @@ def header(encoded: bytes) -> Header:
   try:
     width, height = _pil().open(io.BytesIO(encoded)).size
   except (OSError, SyntaxError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError.
-    raise DecodeError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
+    reason = ("no JPEG, nor another format Pillow reads" if type(err).__name__ == "UnidentifiedImageError"
+              else str(err))
+    raise DecodeError(f"cannot read an image from {len(encoded)} encoded bytes: {reason}") from err
   return Header(height, width, False)
 
 

@@ -72,9 +72,11 @@ class UndecodableExample(ValueError):
     super().__init__("; ".join(f"row {row}: {reason}" for row, reason in sorted(self.reasons.items())))
 
 
-class UndecodableRecordError(ValueError):
+class UndecodableRecordError(Exception):
   """A record of the dataset cannot be decoded: the message names the dataset and split (`source`),
-  the example's index and why, and how to go on."""
+  the example's index and why, and how to go on. Not a `ValueError`: nothing about the arguments is
+  wrong, the data is (a trainer stops on it, keeping its checkpoints, rather than taking it for a
+  config error)."""
 
   def __init__(self, source: str, index: int, reason: str):
     self.source, self.index, self.reason = source, index, reason
