@@ -27,7 +27,11 @@ and lbjax's train path on 1 and 2 grain worker processes (`lbjax.data.workers`).
 224x224 is not run on this CPU; the table gives the cores needed for --imagenet-target images/s
 (default 3,000, about one H100 on ResNet-50 in bfloat16; an assumption, not a measurement).
 
-    python -m benchmarks.input_pipeline [--part all|host|imagenet] [--rounds 5] [--no-readme]
+Part `decoders` (README section input-pipeline-decoders): each JPEG decoder (Pillow, simplejpeg, OpenCV,
+libturbojpeg's region decode) alone and inside lbjax's train and eval transforms, ratios to simplejpeg: whether
+each decode path earns its place. Short: run it under `nice` with `--rounds 5 --seconds 0.3 --imagenet-images 32`.
+
+    python -m benchmarks.input_pipeline [--part all|host|imagenet|decoders] [--rounds 5] [--no-readme]
 """
 
 import argparse
@@ -647,7 +651,7 @@ def decoder_part(args) -> None:
         rows.append([row, decoder, spread(values), ratio_text(ratios)])
   table = report.markdown_table(["what is timed", "decoder", f"images/s at side {image_size}, median (min-max)",
                                  "ratio to simplejpeg, median (min-max)"], rows)
-  notes = (f"{len(jpegs)} JPEGs of `lbjax.data.synthetic_jpeg` (as in the next section), one thread, images per "
+  notes = (f"{len(jpegs)} JPEGs of `lbjax.data.synthetic_jpeg` (as in section input-pipeline-imagenet), one thread, images per "
            f"CPU second of the process in {args.rounds} interleaved rounds of about {args.seconds:g} CPU s, run "
            f"under `nice`; ratios taken round by round. 1-min load average {load_before} at the start and "
            f"{load_average()} at the end on {os.cpu_count()} cores (other jobs shared them: CPU time, not wall "
@@ -656,6 +660,20 @@ def decoder_part(args) -> None:
            "what they can skip: OpenCV decodes to BGR (converted here), Pillow's draft mode and OpenCV's "
            "IMREAD_REDUCED reach the same DCT scales as simplejpeg, only libturbojpeg's TurboJPEG 3 API decodes "
            "a region.")
+
+  def median_ratio(row: str, decoder: str) -> str:
+    return ratio_text([v / b for v, b in zip(rates[(row, decoder)], rates[(row, "simplejpeg")])])
+
+  train_row, eval_row = (f"{mode} transform (decode + crop + resize, uint8 out)" for mode in ("train", "eval"))
+  verdict = (
+      "Which paths stay: simplejpeg is the fastest whole-image decoder here, so it decodes (`decode='reduced'`); "
+      f"libturbojpeg's region decode makes the train transform {median_ratio(train_row, 'libturbojpeg')} as fast "
+      f"(the eval transform {median_ratio(eval_row, 'libturbojpeg')}: its window is most of the image), so it stays "
+      "where its library is found; OpenCV's decoder is slower than simplejpeg at both scales "
+      f"({median_ratio('decode, full size', 'OpenCV imdecode')} full size), so OpenCV only resizes; Pillow "
+      f"({median_ratio('decode, full size', 'Pillow')}) decodes only what TFDS decodes (`decode='full'`) and the "
+      "images libjpeg-turbo does not (CMYK, PNG). The DALI (GPU) path was removed: it had never been measured.")
+  notes += " " + verdict
   print(table + "\n\n" + notes)
   if not args.no_readme:
     report.write_section("input-pipeline-decoders", "JPEG decode paths: does each earn its place?",

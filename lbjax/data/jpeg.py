@@ -43,7 +43,8 @@ benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates th
 transform. simplejpeg (libjpeg-turbo bundled in its wheel) decodes 1.3-1.5x faster than Pillow,
 and OpenCV's bilinear resize of the numpy window costs a fraction of Pillow's antialiased resize.
 Region decoding then saves the inverse DCT, upsampling and colour conversion outside the crop and
-the entropy decoding below it (the train transform about 1.1x faster than with simplejpeg), not
+the entropy decoding below it (the train transform 1.2x as fast as with simplejpeg, the eval
+transform 1.04x: benchmarks/README.md, section input-pipeline-decoders), not
 the entropy decoding of the rows above the crop, which the benchmark's last-row-only decode shows
 to be most of a decode of these photographs. Of the decoders installable from PyPI, only a
 TurboJPEG 3 library decodes a region: simplejpeg, Pillow (draft mode), OpenCV (`IMREAD_REDUCED_*`)
@@ -53,8 +54,8 @@ takes no region; Debian's and Ubuntu's libturbojpeg0 (2.1) has only the TurboJPE
 cannot crop a decode; the libjpeg API of their libjpeg62-turbo can (`jpeg_crop_scanline`,
 `jpeg_skip_scanlines`), but its errors `longjmp` out of C, which ctypes cannot catch. The
 `turbojpeg` wheel (pybind11 bindings without cropping) bundles a libturbojpeg 3.0, which
-`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`) was slower than simplejpeg's
-when tried and is not in the benchmark. Other formats and CMYK JPEGs (rare in ImageNet; TFDS
+`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`, `IMREAD_REDUCED_*`) is slower
+than simplejpeg's (section input-pipeline-decoders), so OpenCV only resizes. Other formats and CMYK JPEGs (rare in ImageNet; TFDS
 re-encodes them) are decoded in full by Pillow.
 
 References:
