@@ -16,6 +16,7 @@ Content is 1/f noise (natural-image spectrum), the hard case for aliasing.
 """
 
 import ctypes.util
+import importlib.util
 import io
 import sys
 
@@ -370,6 +371,25 @@ def test_without_a_turbojpeg3_library_the_transforms_decode_with_simplejpeg(monk
       assert len(logged) == 1 and reason in logged[0] and "simplejpeg" in logged[0], logged
       np.testing.assert_array_equal(
           jpeg.decode_resized_crop(encoded, crops.Box(10, 20, 90, 100), (56, 56)), expected)
+  finally:
+    monkeypatch.undo()
+    libturbojpeg.decoder.cache_clear()
+
+
+def test_the_turbojpeg_wheel_is_found_by_its_import_name_not_its_files(monkeypatch):
+  """Without a system libturbojpeg, the `turbojpeg` wheel's extension module is loaded by ctypes (it links
+  libturbojpeg, where the dynamic linker finds the tj3 functions), wherever the wheel keeps the library."""
+  spec = importlib.util.find_spec("turbojpeg")
+  if spec is None:
+    pytest.skip("the turbojpeg wheel (lbjax[turbojpeg]) is not installed")
+  monkeypatch.delenv(libturbojpeg.ENVIRONMENT_VARIABLE, raising=False)
+  monkeypatch.setattr(libturbojpeg.ctypes.util, "find_library", lambda name: None)
+  libturbojpeg.decoder.cache_clear()
+  try:
+    region_decoder = libturbojpeg.decoder()
+    assert region_decoder is not None and region_decoder.path == spec.origin
+    encoded = _jpeg(np.random.default_rng(11), 40, 48)
+    np.testing.assert_array_equal(region_decoder.decode(encoded, 8, (0, 40), (0, 48)), _decode_full(encoded))
   finally:
     monkeypatch.undo()
     libturbojpeg.decoder.cache_clear()
