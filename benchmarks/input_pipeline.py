@@ -651,10 +651,10 @@ def decoder_part(args) -> None:
         rows.append([row, decoder, spread(values), ratio_text(ratios)])
   table = report.markdown_table(["what is timed", "decoder", f"images/s at side {image_size}, median (min-max)",
                                  "ratio to simplejpeg, median (min-max)"], rows)
-  notes = (f"{len(jpegs)} JPEGs of `lbjax.data.synthetic_jpeg` (as in section input-pipeline-imagenet), one thread, images per "
-           f"CPU second of the process in {args.rounds} interleaved rounds of about {args.seconds:g} CPU s, run "
-           f"under `nice`; ratios taken round by round. 1-min load average {load_before} at the start and "
-           f"{load_average()} at the end on {os.cpu_count()} cores (other jobs shared them: CPU time, not wall "
+  notes = (f"{len(jpegs)} JPEGs of `lbjax.data.synthetic_jpeg` (as in section input-pipeline-imagenet), one "
+           f"thread, images per CPU second of the process in {args.rounds} interleaved rounds of about "
+           f"{args.seconds:g} CPU s, run under `nice`; ratios taken round by round. 1-min load average "
+           f"{load_before} at the start and {load_average()} at the end on {os.cpu_count()} cores (other jobs shared them: CPU time, not wall "
            "time, is what is compared). Every decoder is libjpeg-turbo underneath (Pillow's, simplejpeg's, "
            "OpenCV's and the `turbojpeg` wheel's builds); they differ in the build, the colour conversion and "
            "what they can skip: OpenCV decodes to BGR (converted here), Pillow's draft mode and OpenCV's "

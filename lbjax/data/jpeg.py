@@ -55,8 +55,8 @@ cannot crop a decode; the libjpeg API of their libjpeg62-turbo can (`jpeg_crop_s
 `jpeg_skip_scanlines`), but its errors `longjmp` out of C, which ctypes cannot catch. The
 `turbojpeg` wheel (pybind11 bindings without cropping) bundles a libturbojpeg 3.0, which
 `lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`, `IMREAD_REDUCED_*`) is slower
-than simplejpeg's (section input-pipeline-decoders), so OpenCV only resizes. Other formats and CMYK JPEGs (rare in ImageNet; TFDS
-re-encodes them) are decoded in full by Pillow.
+than simplejpeg's (section input-pipeline-decoders), so OpenCV only resizes. Other formats and CMYK
+JPEGs (rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
 
 References:
   libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
@@ -299,9 +299,9 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
 
   With a libturbojpeg that has the TurboJPEG 3 API (`libturbojpeg.decoder()`) only the pixels the
   resize reads are decoded (`libturbojpeg.RegionDecoder.decode`); otherwise simplejpeg decodes the
-  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
-  and resizing it with `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when
-  `dct_scale` is 1).
+  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale
+  resampling error, to decoding the whole image, cropping `box` and resizing it with
+  `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when `dct_scale` is 1).
 
   Args:
     encoded: the image file's bytes (JPEG; other formats Pillow reads are decoded in full).
