@@ -655,11 +655,11 @@ def decoder_part(args) -> None:
            f"thread, images per CPU second of the process in {args.rounds} interleaved rounds of about "
            f"{args.seconds:g} CPU s, run under `nice`; ratios taken round by round. 1-min load average "
            f"{load_before} at the start and {load_average()} at the end on {os.cpu_count()} cores (other jobs "
-           "shared them: CPU time, not wall time, is what is compared). Every decoder is libjpeg-turbo underneath (Pillow's, simplejpeg's, "
-           "OpenCV's and the `turbojpeg` wheel's builds); they differ in the build, the colour conversion and "
-           "what they can skip: OpenCV decodes to BGR (converted here), Pillow's draft mode and OpenCV's "
-           "IMREAD_REDUCED reach the same DCT scales as simplejpeg, only libturbojpeg's TurboJPEG 3 API decodes "
-           "a region.")
+           "shared them: CPU time, not wall time, is what is compared). Every decoder is libjpeg-turbo "
+           "underneath (Pillow's, simplejpeg's, OpenCV's and the `turbojpeg` wheel's builds); they differ in the "
+           "build, the colour conversion and what they can skip: OpenCV decodes to BGR (converted here), "
+           "Pillow's draft mode and OpenCV's IMREAD_REDUCED reach the same DCT scales as simplejpeg, only "
+           "libturbojpeg's TurboJPEG 3 API decodes a region.")
 
   def median_ratio(row: str, decoder: str) -> str:
     return ratio_text([v / b for v, b in zip(rates[(row, decoder)], rates[(row, "simplejpeg")])])
