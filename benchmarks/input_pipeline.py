@@ -27,7 +27,11 @@ and lbjax's train path on 1 and 2 grain worker processes (`lbjax.data.workers`).
 224x224 is not run on this CPU; the table gives the cores needed for --imagenet-target images/s
 (default 3,000, about one H100 on ResNet-50 in bfloat16; an assumption, not a measurement).
 
-    python -m benchmarks.input_pipeline [--part all|host|imagenet] [--rounds 5] [--no-readme]
+Part `decoders` (README section input-pipeline-decoders): each JPEG decoder (Pillow, simplejpeg, OpenCV,
+libturbojpeg's region decode) alone and inside lbjax's train and eval transforms, ratios to simplejpeg: whether
+each decode path earns its place. Short: run it under `nice` with `--rounds 5 --seconds 0.3 --imagenet-images 32`.
+
+    python -m benchmarks.input_pipeline [--part all|host|imagenet|decoders] [--rounds 5] [--no-readme]
 """
 
 import argparse
@@ -42,6 +46,7 @@ from benchmarks import report
 from benchmarks import workloads
 from lbjax import data as lbdata
 from lbjax.data import cifar
+from lbjax.data import crops
 from lbjax.data import imagenet
 from lbjax.data import jpeg
 from lbjax.data import libturbojpeg
@@ -194,7 +199,7 @@ def _normalize_into(out: np.ndarray, image: np.ndarray, normalizer: tuple[np.nda
 
 def reference_transforms(image_size: int):
   """Train and eval transforms of JPEG bytes as the variants to compare compute them, one thread:
-  the same windows (`imagenet.train_window`, `imagenet.eval_window`) and flips as `imagenet`'s
+  the same windows (`crops.train_window`, `crops.eval_window`) and flips as `imagenet`'s
   transforms, only the decode and the resize differ, and these normalise on the host to float32
   as the ImageNet path did before its batches became uint8 (the `uint8 out` baselines do not).
 
@@ -211,24 +216,24 @@ def reference_transforms(image_size: int):
 
   def full_train(encoded, rng):
     array = decode_in_full(encoded)
-    window, flip = imagenet.train_window(array.shape[0], array.shape[1], rng)
+    window, flip = crops.train_window(array.shape[0], array.shape[1], rng)
     crop = pil_resize(Image.fromarray(array), window, image_size)
     return crop[:, ::-1] if flip else crop
 
   def draft_train(encoded, rng):
-    window, flip = imagenet.train_window(*jpeg.image_size(encoded), rng)
+    window, flip = crops.train_window(*jpeg.image_size(encoded), rng)
     crop = pil_draft_decode(encoded, window, image_size)
     return crop[:, ::-1] if flip else crop
 
   def full_eval(encoded, rng):
     del rng
     array = decode_in_full(encoded)
-    return pil_resize(Image.fromarray(array), imagenet.eval_window(*array.shape[:2], image_size),
+    return pil_resize(Image.fromarray(array), crops.eval_window(*array.shape[:2], image_size),
                       image_size)
 
   def draft_eval(encoded, rng):
     del rng
-    return pil_draft_decode(encoded, imagenet.eval_window(*jpeg.image_size(encoded), image_size),
+    return pil_draft_decode(encoded, crops.eval_window(*jpeg.image_size(encoded), image_size),
                             image_size)
 
   def transform_of(crop, normalise=True):
@@ -283,20 +288,20 @@ def without_region_decoding(function):
 def train_regions(jpegs: list[bytes], image_size: int,
                   eighths: bool = False) -> list[tuple[int, tuple, tuple]]:
   """(DCT numerator, rows, columns) that the train transform decodes of each JPEG at position = its
-  index (the windows of `imagenet.train_window`, as `jpeg.decode_resized_crop` maps them); with
+  index (the windows of `crops.train_window`, as `jpeg.decode_resized_crop` maps them); with
   `eighths`, at the smallest M/8 (any M in 1..8, not only 8, 4, 2, 1) that leaves the crop at
   least `image_size` on both sides."""
   regions = []
   for position, encoded in enumerate(jpegs):
     height, width = jpeg.image_size(encoded)
-    box, _ = imagenet.train_window(height, width, stream_lib.example_rngs(0, [position])[0])
+    box, _ = crops.train_window(height, width, stream_lib.example_rngs(0, [position])[0])
     if eighths:
       numerator = next(m for m in range(1, 9)
                        if min(box.height, box.width) * m >= 8 * image_size or m == 8)
     else:
       numerator = jpeg.scaling_numerator(
           height, width, jpeg.dct_scale(box.height, box.width, image_size, image_size))
-    window = jpeg.Box(*(edge / (8 / numerator) for edge in box))
+    window = crops.Box(*(edge / (8 / numerator) for edge in box))
     regions.append((numerator, *jpeg._support(  # pylint: disable=protected-access
         window, -(-height * numerator // 8), -(-width * numerator // 8))))
   return regions
@@ -467,8 +472,8 @@ def imagenet_part(args) -> None:
   for index, (height, width) in enumerate(sizes):
     for position in range(8):
       rng = stream_lib.example_rngs(0, [index * 8 + position])[0]
-      box = imagenet.sample_crop_box(rng, height, width)
-      fractions.append(jpeg.decoded_pixel_fraction(height, width, jpeg.Box(*box),
+      box = crops.sample_crop_box(rng, height, width)
+      fractions.append(jpeg.decoded_pixel_fraction(height, width, crops.Box(*box),
                                                    (image_size, image_size)))
   scaled = np.mean(np.array(fractions) < 1)
   load_between = load_average()
@@ -522,7 +527,7 @@ def imagenet_part(args) -> None:
         "colour conversion free (decoding only the last row, which entropy-decodes all rows "
         f"above it), {bound(DECODE_ENTROPY):.2f}x: the Huffman decoding of the rows above the crop, "
         "which no libjpeg-turbo API skips in a JPEG without restart markers, bounds every CPU "
-        "path that reads the stored JPEGs; beyond it: the GPU (`decoder='dali'`) or files stored "
+        "path that reads the stored JPEGs; beyond it: decoding on the GPU or files stored "
         "smaller. ")
   else:
     verdict = (
@@ -578,9 +583,106 @@ def imagenet_part(args) -> None:
                          report.header_lines() + "\n" + table + "\n\n" + notes)
 
 
+DECODER_ROWS = (
+    ("decode, full size", "Pillow", "simplejpeg", "OpenCV imdecode", "libturbojpeg"),
+    ("decode, the train crops' DCT scale (whole image; libturbojpeg: the crop's region)", "Pillow draft",
+     "simplejpeg", "OpenCV IMREAD_REDUCED", "libturbojpeg"),
+)
+
+
+def opencv_decode(encoded: bytes, scale: int = 1) -> np.ndarray:
+  """OpenCV's decoder (`cv2.imdecode`, libjpeg-turbo inside OpenCV's wheel) at DCT scale 1/`scale`, RGB."""
+  cv2 = jpeg.codecs()[1]
+  flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+           8: cv2.IMREAD_REDUCED_COLOR_8}[scale]
+  return cv2.cvtColor(cv2.imdecode(np.frombuffer(encoded, np.uint8), flags), cv2.COLOR_BGR2RGB)
+
+
+def pil_draft(encoded: bytes, scale: int) -> np.ndarray:
+  """Pillow's decoder at DCT scale 1/`scale` (draft mode), RGB."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  image = Image.open(io.BytesIO(encoded))
+  image.draft("RGB", (-(-image.width // scale), -(-image.height // scale)))
+  return np.asarray(image.convert("RGB"))
+
+
+def decoder_part(args) -> None:
+  """Each decode path on one core, alone and inside the train and eval transforms (short: for the
+  question whether a path earns its place)."""
+  import simplejpeg  # pylint: disable=g-import-not-at-top
+  load_before = load_average()
+  image_size = args.imagenet_sizes[0]
+  jpegs = synthetic_jpeg.imagenet_like_jpegs(args.imagenet_images, seed=0)
+  scales = [jpeg.dct_scale(box.height, box.width, image_size, image_size)
+            for box, _ in (crops.train_window(*jpeg.image_size(j), stream_lib.example_rngs(0, [i])[0])
+                           for i, j in enumerate(jpegs))]
+  region_decoder = libturbojpeg.decoder()
+  if region_decoder is None:
+    raise SystemExit("the decoders part compares libturbojpeg too: pip install 'lbjax[turbojpeg]'.")
+  regions = train_regions(jpegs, image_size)
+  whole = [(8, (0, h), (0, w)) for h, w in map(jpeg.image_size, jpegs)]
+  pairs = list(zip(jpegs, scales))
+  functions = {
+      ("decode, full size", "Pillow"): lambda: [decode_in_full(j) for j in jpegs],
+      ("decode, full size", "simplejpeg"): lambda: [simplejpeg.decode_jpeg(j, "RGB") for j in jpegs],
+      ("decode, full size", "OpenCV imdecode"): lambda: [opencv_decode(j) for j in jpegs],
+      ("decode, full size", "libturbojpeg"): lambda: [region_decoder.decode(j, *r) for j, r in zip(jpegs, whole)],
+      (DECODER_ROWS[1][0], "Pillow draft"): lambda: [pil_draft(j, s) for j, s in pairs],
+      (DECODER_ROWS[1][0], "simplejpeg"): lambda: [jpeg.decode(j, s) for j, s in pairs],
+      (DECODER_ROWS[1][0], "OpenCV IMREAD_REDUCED"): lambda: [opencv_decode(j, s) for j, s in pairs],
+      (DECODER_ROWS[1][0], "libturbojpeg"): lambda: [region_decoder.decode(j, *r) for j, r in zip(jpegs, regions)],
+  }
+  batch = {"label": np.zeros(len(jpegs), np.int64), "image": objects(jpegs)}
+  positions = np.arange(len(jpegs))
+  for mode, transform in (("train", imagenet.imagenet_train_transform(seed=0, image_size=image_size,
+                                                                      num_threads=1)),
+                          ("eval", imagenet.imagenet_eval_transform(image_size=image_size, num_threads=1))):
+    row = f"{mode} transform (decode + crop + resize, uint8 out)"
+    functions[(row, "simplejpeg")] = without_region_decoding(lambda t=transform: t(batch, positions))
+    functions[(row, "libturbojpeg")] = lambda t=transform: t(batch, positions)
+  rates = cpu_rates(functions, len(jpegs), args.rounds, args.seconds)
+  decoders = ("Pillow", "Pillow draft", "simplejpeg", "OpenCV imdecode", "OpenCV IMREAD_REDUCED", "libturbojpeg")
+  rows = []
+  for row in dict.fromkeys(row for row, _ in rates):
+    for decoder in decoders:
+      if (row, decoder) in rates:
+        values = rates[(row, decoder)]
+        ratios = [v / s for v, s in zip(values, rates[(row, "simplejpeg")])]
+        rows.append([row, decoder, spread(values), ratio_text(ratios)])
+  table = report.markdown_table(["what is timed", "decoder", f"images/s at side {image_size}, median (min-max)",
+                                 "ratio to simplejpeg, median (min-max)"], rows)
+  notes = (f"{len(jpegs)} JPEGs of `lbjax.data.synthetic_jpeg` (as in section input-pipeline-imagenet), one "
+           f"thread, images per CPU second of the process in {args.rounds} interleaved rounds of about "
+           f"{args.seconds:g} CPU s, run under `nice`; ratios taken round by round. 1-min load average "
+           f"{load_before} at the start and {load_average()} at the end on {os.cpu_count()} cores (other jobs "
+           "shared them: CPU time, not wall time, is what is compared). Every decoder is libjpeg-turbo "
+           "underneath (Pillow's, simplejpeg's, OpenCV's and the `turbojpeg` wheel's builds); they differ in the "
+           "build, the colour conversion and what they can skip: OpenCV decodes to BGR (converted here), "
+           "Pillow's draft mode and OpenCV's IMREAD_REDUCED reach the same DCT scales as simplejpeg, only "
+           "libturbojpeg's TurboJPEG 3 API decodes a region.")
+
+  def median_ratio(row: str, decoder: str) -> str:
+    return ratio_text([v / b for v, b in zip(rates[(row, decoder)], rates[(row, "simplejpeg")])])
+
+  train_row, eval_row = (f"{mode} transform (decode + crop + resize, uint8 out)" for mode in ("train", "eval"))
+  verdict = (
+      "Which paths stay: simplejpeg is the fastest whole-image decoder here, so it decodes (`decode='reduced'`); "
+      f"libturbojpeg's region decode makes the train transform {median_ratio(train_row, 'libturbojpeg')} as fast "
+      f"(the eval transform {median_ratio(eval_row, 'libturbojpeg')}: its window is most of the image), so it stays "
+      "where its library is found; OpenCV's decoder is slower than simplejpeg at both scales "
+      f"({median_ratio('decode, full size', 'OpenCV imdecode')} full size), so OpenCV only resizes; Pillow "
+      f"({median_ratio('decode, full size', 'Pillow')}) decodes only what TFDS decodes (`decode='full'`) and the "
+      "images libjpeg-turbo does not (CMYK, PNG). The DALI (GPU) path was removed: it had never been measured.")
+  notes += " " + verdict
+  print(table + "\n\n" + notes)
+  if not args.no_readme:
+    report.write_section("input-pipeline-decoders", "JPEG decode paths: does each earn its place?",
+                         report.header_lines() + "\n" + table + "\n\n" + notes)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--part", choices=("all", "host", "imagenet"), default="all")
+  parser.add_argument("--part", choices=("all", "host", "imagenet", "decoders"), default="all")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--seconds", type=float, default=0.5, help="per timed round")
   parser.add_argument("--imagenet-target", type=float, default=3000.0)
@@ -595,6 +697,8 @@ def main() -> None:
     host_part(args)
   if args.part in ("all", "imagenet"):
     imagenet_part(args)
+  if args.part in ("all", "decoders"):
+    decoder_part(args)
 
 
 if __name__ == "__main__":

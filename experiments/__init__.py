@@ -11,10 +11,10 @@ file) with the public lbjax API.
 
 Every script takes `--config` as `lbjax-train` does: a packaged config (`mnist_lstm`) or a config file
 (`path/to/my_config.py`), either optionally with `:variant` keys; configs are loaded with
-`lbjax.train.config_files.load`.
+`lbjax.config_files.load`.
 """
 
-from lbjax.train import config_files
+from lbjax import config_files
 
 
 def config_spec(config: str, *variants: str) -> str:

@@ -34,10 +34,10 @@ from experiments import config_spec
 from experiments import run_records
 from experiments import sweep_table
 from experiments.sweep import METRIC_KEYS
-from lbjax import main as lbjax_main
+from lbjax import config_files
 from lbjax import train
 from lbjax.configs import _adaptive_batch
-from lbjax.train import config_files
+from lbjax.train.errors import exit_on_user_errors
 
 RUNS = _adaptive_batch.RUNS
 DIVERGED = "diverged.txt"  # in a run's directory: the error that stopped it
@@ -290,5 +290,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.adaptive_batch"):
+  with exit_on_user_errors("python -m experiments.adaptive_batch"):
     main(sys.argv[1:])

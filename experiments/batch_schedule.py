@@ -20,9 +20,9 @@ from typing import Any, Sequence
 
 from experiments import config_spec
 from experiments import run_records
-from lbjax import main as lbjax_main
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
+from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
 LABELS = {"decay_lr": "decaying learning rate", "grow_batch": "increasing batch size",
@@ -140,5 +140,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.batch_schedule"):
+  with exit_on_user_errors("python -m experiments.batch_schedule"):
     main(sys.argv[1:])

@@ -46,8 +46,8 @@ from typing import Any, Sequence
 import jax
 
 from experiments import run_records, simulated_devices
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,9 +35,9 @@ import numpy as np
 from experiments import config_spec
 from experiments import run_records
 from experiments import variant_fields
+from lbjax import config_files
 from lbjax import train
 from lbjax.train import config as config_lib
-from lbjax.train import config_files
 from lbjax.train import names
 from lbjax.train import tasks
 

@@ -19,9 +19,9 @@ from typing import Sequence
 
 from experiments import config_spec
 from experiments import run_records
-from lbjax import main as lbjax_main
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
+from lbjax.train.errors import exit_on_user_errors
 
 
 def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
@@ -101,5 +101,5 @@ def main(argv: Sequence[str] | None = None) -> float:
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.lr_grid"):
+  with exit_on_user_errors("python -m experiments.lr_grid"):
     main(sys.argv[1:])

@@ -36,8 +36,8 @@ from typing import Any, Sequence
 import ml_collections
 
 from experiments import run_records
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
 
 OPTIMIZERS = ("lars", "mclr")
 CSV_COLUMNS = ("optimizer", "learning_rate", "selected", "split", "step", "epoch", "loss", "accuracy")

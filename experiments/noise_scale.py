@@ -30,8 +30,8 @@ import numpy as np
 
 from experiments import config_spec
 from experiments import run_records
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
 
 CSV_COLUMNS = ("step", "epoch", "batch_size", "learning_rate", "loss", "accuracy", "grad_norm_sq", "trace_sigma",
                "gradient_noise_scale")

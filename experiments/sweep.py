@@ -40,10 +40,10 @@ from experiments import config_spec
 from experiments import run_records
 from experiments import sweep_table
 from experiments import variant_fields
-from lbjax import main as lbjax_main
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train.errors import exit_on_user_errors
 
 RULES = ("none", "linear", "sqrt", "legw", "goyal")
 _FINGERPRINT_SAMPLES = 4001
@@ -291,5 +291,5 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.sweep"):
+  with exit_on_user_errors("python -m experiments.sweep"):
     main(sys.argv[1:])

@@ -48,10 +48,10 @@ import ml_collections
 
 from experiments import config_spec
 from experiments import run_records
-from lbjax import main as lbjax_main
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.errors import WorkdirInUseError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -471,5 +471,5 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.variant_table"):
+  with exit_on_user_errors("python -m experiments.variant_table"):
     main(sys.argv[1:])

@@ -20,7 +20,6 @@ variables), or give `--coordinator_address`, `--num_processes` and `--process_id
 """
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -33,38 +32,16 @@ try:  # before lbjax.train imports flax: a short message, not an import tracebac
 except ImportError as error:
   sys.exit(f"lbjax-train: {error}")
 
-from lbjax.train import config_files
+from lbjax import config_files
+from lbjax.data import UndecodableRecordError
 from lbjax.train import summary
 from lbjax.train import validation
-from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
-                                DataMismatchError, WorkdirInUseError)
+from lbjax.train.errors import TRACEBACK_ENV, USER_ERRORS, CheckpointSaveError, ConfigError, print_error
 
-# Errors whose message says what to change: printed without a traceback, exit status 2.
-USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, CheckpointCorruptError, WorkdirInUseError,
-               FileNotFoundError)
-# Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step) or
-# SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
-STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError)
+# Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step, a record
+# that cannot be decoded) or SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
+STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError, UndecodableRecordError)
 SAVE_FAILED = 3
-TRACEBACK_ENV = "LBJAX_TRACEBACK"
-
-
-@contextlib.contextmanager
-def exit_on_user_errors(prog: str):
-  """Ends a command-line program (the experiment scripts) on an error of `USER_ERRORS`, such as a missing
-  data folder, with its message and exit status 2 instead of a traceback (kept with LBJAX_TRACEBACK=1)."""
-  try:
-    yield
-  except USER_ERRORS as e:
-    if os.environ.get(TRACEBACK_ENV):
-      raise
-    _print_error(prog, e)
-    sys.exit(2)
-
-
-def _print_error(prog: str, error: BaseException) -> None:
-  """The error's message, prefixed by the program, and how to see the traceback."""
-  print(f"{prog}: {error}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
 
 
 class _OneLineOrbaxErrors(logging.Filter):
@@ -159,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise
-    _print_error("lbjax-train", e)
+    print_error("lbjax-train", e)
     if isinstance(e, CheckpointSaveError):
       return SAVE_FAILED
     return 2 if isinstance(e, USER_ERRORS) else 1

@@ -13,7 +13,7 @@ five batch policies on the any-batch step (`lbjax.train.any_batch`):
 """
 
 from lbjax import schedules
-from lbjax.train.config_files import Variant
+from lbjax.configs import Variant
 
 RUNS = ("baseline", "legw", "grow_batch", "adaptive", "adascale")
 ADAPTIVE_RUNS = ("adaptive", "adascale")

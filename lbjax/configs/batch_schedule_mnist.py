@@ -17,7 +17,7 @@ is identical at every epoch:
 
 from lbjax import schedules
 from lbjax.configs import mnist_lstm
-from lbjax.train.config_files import Variant
+from lbjax.configs import Variant
 
 NOISE_DECAY_FACTOR = 0.2  # papers/002: the noise scale falls by a factor of 5 at each step
 STEP_FRACTIONS = (0.4, 0.6, 0.8)  # three steps, equally spaced in epochs after the first

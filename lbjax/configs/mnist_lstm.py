@@ -10,9 +10,9 @@ warm-up of `BASE_WARMUP_EPOCHS` (so `--config.scaling.rule=legw` is the same run
 Choose learning rates with `eval_split=validation` (10k examples held out of the 60k training set).
 """
 
+from lbjax.configs import Variant
 from lbjax.configs._warmup import complete_baseline_warmup
 from lbjax.train import default_config
-from lbjax.train.config_files import Variant
 
 # Chosen on the validation split (10k held out of the training set), 25 epochs at B=128 inside
 # papers/001's effective range [0.01, 0.16]: 0.04 98.69%, 0.08 98.94%, 0.16 98.64%

@@ -21,9 +21,9 @@ Evaluation is on the test split (`eval_split=valid` for validation, to choose hy
   lbjax-train --config ptb_lstm:recipe=zaremba --workdir runs/ptb_b20_zaremba
 """
 
+from lbjax.configs import Variant
 from lbjax.configs._warmup import complete_baseline_warmup
 from lbjax.train import default_config
-from lbjax.train.config_files import Variant
 
 BASE_BATCH_SIZE = 20
 # LEGW warm-up of the baseline: 1/32 epoch at B=20 (~73 steps), i.e. one epoch at B=640. papers/001

@@ -23,8 +23,8 @@ Needs ImageNet prepared for TFDS (`imagenet2012`, see lbjax.data) and a GPU/TPU:
 few steps (`lbjax-train --config resnet50_imagenet:smoke=1 --workdir /tmp/smoke`).
 """
 
+from lbjax.configs import Variant
 from lbjax.train import default_config
-from lbjax.train.config_files import Variant
 from lbjax.train.errors import ConfigError
 
 LEGW_BASE_BATCH = 1024

@@ -15,8 +15,8 @@ The eval split is the generator's held-out test draws; `--config.data_options.ev
 evaluates on independent validation draws instead (choose hyper-parameters there).
 """
 
+from lbjax.configs import Variant
 from lbjax.train import default_config
-from lbjax.train.config_files import Variant
 
 VARIANTS = {
     "batch": Variant("global batch size", field="batch_size"),

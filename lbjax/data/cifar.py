@@ -4,24 +4,24 @@ Training: zero-pad each 32x32 image by 4 pixels, take a random 32x32 crop and fl
 with probability 1/2 (He et al. 2016, Sec. 4.2); evaluation: the image unchanged. Both give uint8
 NHWC images and int32 labels; the training step normalises them on the device by the CIFAR-10
 training-set mean and standard deviation (`CIFAR10_NORMALIZATION`, as ImageNet's, see
-`lbjax.data.imagenet`). The whole batch is cropped and flipped with one gather; randomness
+`lbjax.data.normalization`). The whole batch is cropped and flipped with one gather; randomness
 comes from `example_rngs(seed, stream position)`, so a batch is the same for any number of
 processes and after a resume.
 """
 
-import numbers
 import os
 
 import numpy as np
 
-from lbjax.data import imagenet
 from lbjax.data import stream
 from lbjax.data import workers
+from lbjax.data.normalization import Normalization
+from lbjax.data.tfds_source import TfdsSource
 
 # Per-channel statistics of the CIFAR-10 training images, RGB on the 0-255 scale.
 CIFAR10_MEAN_RGB = (0.4914 * 255, 0.4822 * 255, 0.4465 * 255)
 CIFAR10_STDDEV_RGB = (0.2470 * 255, 0.2435 * 255, 0.2616 * 255)
-CIFAR10_NORMALIZATION = imagenet.Normalization(CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB)
+CIFAR10_NORMALIZATION = Normalization(CIFAR10_MEAN_RGB, CIFAR10_STDDEV_RGB)
 
 DEFAULT_PADDING = 4
 
@@ -107,8 +107,7 @@ def cifar10_train_transform(*, seed: int, padding: int = DEFAULT_PADDING) -> str
   Returns:
     `transform(examples, positions) -> {"images": uint8 [b, 32, 32, 3], "labels": int32 [b]}`.
   """
-  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-    raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+  stream.check_seed(seed)
   if padding < 0:
     raise ValueError(f"padding must be >= 0, got {padding}.")
 
@@ -139,8 +138,8 @@ def cifar10_eval_transform() -> stream.Transform:
 
 def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[str] | None = None,
                          seed: int, process_index: int = 0, process_count: int = 1,
-                         num_threads: int | None = None,
-                         num_workers: int = 0) -> stream.TrainStream | workers.WorkerTrainStream:
+                         num_threads: int | None = None, num_workers: int = 0,
+                         skip_undecodable: bool = False) -> stream.TrainStream | workers.WorkerTrainStream:
   """Shuffled, augmented CIFAR-10 training stream (`cifar10` from TFDS).
 
   Args:
@@ -149,9 +148,10 @@ def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[st
     seed: shuffling and augmentation seed.
     process_index: this process's index.
     process_count: number of processes reading the stream.
-    num_threads: decoding threads (None: `imagenet.default_num_threads()`; 1 with workers).
+    num_threads: decoding threads (None: `threads.default_num_threads()`; 1 with workers).
     num_workers: grain worker processes computing batches ahead (`workers.WorkerTrainStream`);
       0 computes them in this process.
+    skip_undecodable: read the next record in place of one TFDS cannot decode (`stream.TrainStream`).
 
   Returns:
     A `TrainStream` (or, with workers, a `WorkerTrainStream`: the same batches and state) whose
@@ -161,16 +161,17 @@ def cifar10_train_stream(*, split: str = "train", data_dir: str | os.PathLike[st
   num_workers = workers.check_num_workers(num_workers)
   num_threads = 1 if num_workers and num_threads is None else num_threads
   transform = cifar10_train_transform(seed=seed)
-  source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
+  source = TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
   train = stream.TrainStream(source, seed=seed, process_index=process_index,
-                             process_count=process_count, transform=transform)
+                             process_count=process_count, transform=transform,
+                             skip_undecodable=skip_undecodable)
   return workers.WorkerTrainStream(train, num_workers=num_workers) if num_workers else train
 
 
 def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
                          data_dir: str | os.PathLike[str] | None = None, process_index: int = 0,
                          process_count: int = 1, num_threads: int | None = None,
-                         num_workers: int = 0):
+                         num_workers: int = 0, skip_undecodable: bool = False):
   """Every CIFAR-10 test example once, in padded batches (`eval_batches`).
 
   Args:
@@ -179,15 +180,16 @@ def cifar10_eval_batches(global_batch_size: int, *, split: str = "test",
     data_dir: TFDS data folder (None: TFDS default).
     process_index: this process's index.
     process_count: number of processes.
-    num_threads: decoding threads (None: `imagenet.default_num_threads()`; 1 with workers).
+    num_threads: decoding threads (None: `threads.default_num_threads()`; 1 with workers).
     num_workers: grain worker processes (0: this process).
+    skip_undecodable: mask out (`mask` 0) an example TFDS cannot decode.
 
   Returns:
     Iterator of `{"images": uint8 [b, 32, 32, 3], "labels": int32 [b], "mask": float32 [b]}`.
   """
   num_workers = workers.check_num_workers(num_workers)
   num_threads = 1 if num_workers and num_threads is None else num_threads
-  source = imagenet.TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
+  source = TfdsSource("cifar10", split=split, data_dir=data_dir, num_threads=num_threads)
   return workers.worker_eval_batches(source, global_batch_size, num_workers=num_workers,
                                      process_index=process_index, process_count=process_count,
-                                     transform=cifar10_eval_transform())
+                                     transform=cifar10_eval_transform(), skip_undecodable=skip_undecodable)

@@ -43,7 +43,8 @@ benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates th
 transform. simplejpeg (libjpeg-turbo bundled in its wheel) decodes 1.3-1.5x faster than Pillow,
 and OpenCV's bilinear resize of the numpy window costs a fraction of Pillow's antialiased resize.
 Region decoding then saves the inverse DCT, upsampling and colour conversion outside the crop and
-the entropy decoding below it (the train transform about 1.1x faster than with simplejpeg), not
+the entropy decoding below it (the train transform 1.2x as fast as with simplejpeg, the eval
+transform 1.04x: benchmarks/README.md, section input-pipeline-decoders), not
 the entropy decoding of the rows above the crop, which the benchmark's last-row-only decode shows
 to be most of a decode of these photographs. Of the decoders installable from PyPI, only a
 TurboJPEG 3 library decodes a region: simplejpeg, Pillow (draft mode), OpenCV (`IMREAD_REDUCED_*`)
@@ -53,9 +54,9 @@ takes no region; Debian's and Ubuntu's libturbojpeg0 (2.1) has only the TurboJPE
 cannot crop a decode; the libjpeg API of their libjpeg62-turbo can (`jpeg_crop_scanline`,
 `jpeg_skip_scanlines`), but its errors `longjmp` out of C, which ctypes cannot catch. The
 `turbojpeg` wheel (pybind11 bindings without cropping) bundles a libturbojpeg 3.0, which
-`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`) was slower than simplejpeg's
-when tried and is not in the benchmark. Other formats and CMYK JPEGs (rare in ImageNet; TFDS
-re-encodes them) are decoded in full by Pillow.
+`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`, `IMREAD_REDUCED_*`) is slower
+than simplejpeg's (section input-pipeline-decoders), so OpenCV only resizes. Other formats and CMYK
+JPEGs (rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
 
 References:
   libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
@@ -71,6 +72,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lbjax.data import libturbojpeg
+from lbjax.data.crops import Box
 
 DCT_SCALES = (8, 4, 2, 1)
 INSTALL_HINT = "pip install 'lbjax[imagenet]' (simplejpeg and opencv-python-headless)"
@@ -79,12 +81,8 @@ INSTALL_HINT = "pip install 'lbjax[imagenet]' (simplejpeg and opencv-python-head
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")
 
 
-class Box(NamedTuple):
-  """A window in pixel coordinates (floats allowed): `[top, top + height)` x `[left, left + width)`."""
-  top: float
-  left: float
-  height: float
-  width: float
+class DecodeError(ValueError):
+  """Encoded bytes that cannot be decoded: a truncated or corrupt JPEG, or bytes that are no image."""
 
 
 def codecs():
@@ -131,13 +129,15 @@ def header(encoded: bytes) -> Header:
     try:
       height, width, colorspace, _ = simplejpeg.decode_jpeg_header(encoded)
     except ValueError as err:
-      raise ValueError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
+      raise DecodeError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
     if colorspace in _RGB_CONVERTIBLE:
       return Header(height, width, True)
   try:
     width, height = _pil().open(io.BytesIO(encoded)).size
   except (OSError, SyntaxError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError.
-    raise ValueError(f"cannot read an image from {len(encoded)} encoded bytes: {err}") from err
+    reason = ("no JPEG, nor another format Pillow reads" if type(err).__name__ == "UnidentifiedImageError"
+              else str(err))
+    raise DecodeError(f"cannot read an image from {len(encoded)} encoded bytes: {reason}") from err
   return Header(height, width, False)
 
 
@@ -175,15 +175,21 @@ def decode(encoded: bytes, scale: int = 1) -> tuple[np.ndarray, float]:
   Returns:
     uint8 [h, w, 3] RGB and the full-size pixels per decoded pixel (`8 / M`, see
     `scaling_numerator`; 1 for a full decode).
+
+  Raises:
+    DecodeError: the bytes are no image, or a truncated or corrupt one.
   """
   height, width, libjpeg_rgb = header(encoded)
-  if libjpeg_rgb:
-    simplejpeg, _ = codecs()
-    numerator = scaling_numerator(height, width, scale)
-    sizes = {} if numerator == 8 else {"min_height": -(-height * numerator // 8),
-                                       "min_width": -(-width * numerator // 8)}
-    return simplejpeg.decode_jpeg(encoded, "RGB", **sizes), 8 / numerator
-  return np.asarray(_pil().open(io.BytesIO(encoded)).convert("RGB")), 1.0
+  try:
+    if libjpeg_rgb:
+      simplejpeg, _ = codecs()
+      numerator = scaling_numerator(height, width, scale)
+      sizes = {} if numerator == 8 else {"min_height": -(-height * numerator // 8),
+                                         "min_width": -(-width * numerator // 8)}
+      return simplejpeg.decode_jpeg(encoded, "RGB", **sizes), 8 / numerator
+    return np.asarray(_pil().open(io.BytesIO(encoded)).convert("RGB")), 1.0
+  except (OSError, SyntaxError, ValueError) as err:  # simplejpeg: ValueError; Pillow: OSError (truncated)
+    raise DecodeError(f"cannot decode an image from {len(encoded)} encoded bytes: {err}") from err
 
 
 def _check_window(window: Box, height: int, width: int) -> None:
@@ -265,7 +271,7 @@ def _steps_to_window(window: Box, size: tuple[int, int]) -> tuple[int, int] | No
   """(k, l) where `resize_window` resamples from the origin: the window has fractional edges, is
   less than twice the output in some direction, and its top and left edges are k and l whole
   steps (window side / output side) from the origin within a relative 1e-9 (the evaluation
-  window, `center_crop_box`); None otherwise."""
+  window, `crops.eval_window`); None otherwise."""
   if (all(float(edge).is_integer() for edge in window)
       or min(window.height / size[0], window.width / size[1]) >= 2):
     return None
@@ -293,9 +299,9 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
 
   With a libturbojpeg that has the TurboJPEG 3 API (`libturbojpeg.decoder()`) only the pixels the
   resize reads are decoded (`libturbojpeg.RegionDecoder.decode`); otherwise simplejpeg decodes the
-  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale resampling error, to decoding the whole image, cropping `box`
-  and resizing it with `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when
-  `dct_scale` is 1).
+  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale
+  resampling error, to decoding the whole image, cropping `box` and resizing it with
+  `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when `dct_scale` is 1).
 
   Args:
     encoded: the image file's bytes (JPEG; other formats Pillow reads are decoded in full).
@@ -307,6 +313,9 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
 
   Returns:
     uint8 [height, width, 3] RGB: `out` when given.
+
+  Raises:
+    DecodeError: the bytes are no image, or a truncated or corrupt one.
   """
   height, width, libjpeg_rgb = header(encoded) if image_header is None else image_header
   _check_window(Box(*box), height, width)
@@ -323,28 +332,14 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
     rows, columns = _support(window, -(-height * numerator // 8), -(-width * numerator // 8))
     if _steps_to_window(window, size) is not None:  # `resize_window` reads from the origin.
       rows, columns = (0, rows[1]), (0, columns[1])
-    pixels = region_decoder.decode(encoded, numerator, rows, columns)
+    try:
+      pixels = region_decoder.decode(encoded, numerator, rows, columns)
+    except ValueError as err:
+      raise DecodeError(str(err)) from err
     window = window._replace(top=window.top - rows[0], left=window.left - columns[0])
   out = np.empty((*size, 3), np.uint8) if out is None else out
   resize_window(pixels, window, size, out)
   return codecs()[1].flip(out, 1, dst=out) if flip else out  # In place.
-
-
-def center_crop_box(height: int, width: int, image_size: int, resize_size: int) -> Box:
-  """The window of the original image that becomes the evaluation crop.
-
-  Evaluation resizes the shorter side to `resize_size` (the other to `round(side * scale)`) and
-  takes the central `image_size` square; this is that square mapped back to original pixels, so
-  resizing the window straight to `image_size` samples the same points.
-  """
-  scale = resize_size / min(height, width)
-  new_height = max(resize_size, int(round(height * scale)))
-  new_width = max(resize_size, int(round(width * scale)))
-  top = (new_height - image_size) // 2
-  left = (new_width - image_size) // 2
-  row_scale, column_scale = height / new_height, width / new_width
-  return Box(top * row_scale, left * column_scale, image_size * row_scale,
-             image_size * column_scale)
 
 
 def decoded_pixel_fraction(height: int, width: int, box: Box, size: tuple[int, int]) -> float:

@@ -17,10 +17,13 @@ adds the margin and returns exactly the columns asked for (tested in tests/data/
 The TurboJPEG 3 API is in libjpeg-turbo 3.0 and later. Where the library comes from, in this order:
 the file named by `$LBJAX_LIBTURBOJPEG` (and nothing else when it is set); the system's
 `libturbojpeg` (conda-forge and Homebrew ship 3.x; Debian 12 and 13 ship 2.1, whose TurboJPEG 2 API
-cannot crop, so apt does not help there); the copy bundled in the `turbojpeg` wheel on PyPI
-(`pip install 'lbjax[turbojpeg]'`, libjpeg-turbo 3.0; found through the wheel's file list, its
-Python module is never imported). Without one, `decoder()` returns None, says so once in the log,
-and `lbjax.data.jpeg` decodes the whole image with simplejpeg (the same pixels, slower).
+cannot crop, so apt does not help there); the `turbojpeg` wheel on PyPI (`pip install
+'lbjax[turbojpeg]'`, libjpeg-turbo 3.0): its extension module, found by import name
+(`importlib.util.find_spec`) and loaded by ctypes without running it, links libturbojpeg, and the
+dynamic linker looks the `tj3*` functions up in its dependencies, wherever the wheel keeps the
+library. Without one, `decoder()` returns None, says so once in the log, and `lbjax.data.jpeg`
+decodes the whole image with simplejpeg (the same pixels, slower: benchmarks/README.md, section
+input-pipeline-decoders, measures what the region decoding is worth).
 
 References: libjpeg-turbo `turbojpeg.h` (tj3Init, tj3DecompressHeader, tj3Get, tj3SetScalingFactor,
 tj3SetCroppingRegion, tj3Decompress8), libjpeg.txt "Partial image decompression".
@@ -29,7 +32,7 @@ tj3SetCroppingRegion, tj3Decompress8), libjpeg.txt "Partial image decompression"
 import ctypes
 import ctypes.util
 import functools
-import importlib.metadata
+import importlib.util
 import math
 import os
 import threading
@@ -145,22 +148,16 @@ class RegionDecoder:
     return pixels
 
 
-def _bundled_library() -> str | None:
-  """Path of the libturbojpeg in the `turbojpeg` wheel (auditwheel puts it in `turbojpeg.libs/`)."""
-  try:
-    distribution = importlib.metadata.distribution("turbojpeg")
-  except importlib.metadata.PackageNotFoundError:
-    return None
-  for file in distribution.files or []:
-    if file.name.startswith("libturbojpeg"):
-      return str(distribution.locate_file(file))
-  return None
+def _turbojpeg_extension() -> str | None:
+  """The `turbojpeg` wheel's extension module (which links libturbojpeg), by import name; None without it."""
+  spec = importlib.util.find_spec("turbojpeg")
+  return spec.origin if spec is not None and spec.origin not in (None, "built-in", "frozen") else None
 
 
 def _candidates() -> list[str]:
   if os.environ.get(ENVIRONMENT_VARIABLE):
     return [os.environ[ENVIRONMENT_VARIABLE]]
-  return [path for path in (ctypes.util.find_library("turbojpeg"), _bundled_library()) if path]
+  return [path for path in (ctypes.util.find_library("turbojpeg"), _turbojpeg_extension()) if path]
 
 
 @functools.cache

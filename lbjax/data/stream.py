@@ -15,6 +15,15 @@ in-memory numpy arrays. Per-example randomness (augmentation) is seeded from
 `(seed, stream position)` with `example_rngs`, so it is independent of the number of processes
 and of resumption.
 
+A record that cannot be decoded (a truncated JPEG, bytes that are no image) makes the source's
+`take` or the transform raise `UndecodableExample` with its row; the stream turns it into
+`UndecodableRecordError`, which names the source (dataset and split) and the example's index. With
+`skip_undecodable=True` the stream instead reads the next record of the dataset (index + 1, wrapping)
+in its place, with the same stream position and so the same augmentation draws: which records are
+skipped depends on the data alone, so it is the same on every host, for any process count and on a
+resume. It warns once per record and counts them (`TrainStream.undecodable_skipped`); evaluation
+masks such a row out instead (`mask` 0).
+
 lbjax does not use grain's samplers here: a batch size that changes between steps (and mid-epoch)
 with an exact one-integer resume point is simpler to state and test directly. Batches are computed
 on worker processes by `lbjax.data.workers`, which runs `TrainStream.batch_at` in grain's
@@ -26,6 +35,7 @@ import math
 import numbers
 from typing import Any, Protocol, runtime_checkable
 
+from absl import logging
 import numpy as np
 
 from lbjax.data.sharding import check_process
@@ -51,6 +61,30 @@ class RandomAccessSource(Protocol):
 
   def take(self, indices: np.ndarray) -> Batch:
     ...
+
+
+class UndecodableExample(ValueError):
+  """Raised by a source's `take` or a transform: rows of the batch it was given whose record cannot be
+  decoded, with the reason for each (`reasons`: row -> text)."""
+
+  def __init__(self, reasons: Mapping[int, str]):
+    self.reasons = dict(reasons)
+    super().__init__("; ".join(f"row {row}: {reason}" for row, reason in sorted(self.reasons.items())))
+
+
+class UndecodableRecordError(Exception):
+  """A record of the dataset cannot be decoded: the message names the dataset and split (`source`),
+  the example's index and why, and how to go on. Not a `ValueError`: nothing about the arguments is
+  wrong, the data is (a trainer stops on it, keeping its checkpoints, rather than taking it for a
+  config error)."""
+
+  def __init__(self, source: str, index: int, reason: str):
+    self.source, self.index, self.reason = source, index, reason
+    super().__init__(
+        f"{source}: example {index} cannot be decoded ({reason}). To skip such records, pass "
+        "skip_undecodable=True (lbjax-train: --config.data_options.skip_undecodable=True; training stops here "
+        "with its checkpoints kept, and the same command with that option resumes from the newest one, "
+        "skipping the same records on every host and counting them in the metrics), or repair the dataset.")
 
 
 def check_indices(indices: Any, num_examples: int, source: str = "") -> np.ndarray:
@@ -141,16 +175,18 @@ def example_rngs(seed: int, positions: np.ndarray) -> list[np.random.Generator]:
   Returns:
     A list of `np.random.Generator`, one per position, in order.
   """
-  _check_seed(seed)
+  check_seed(seed)
   positions = np.asarray(positions)
   if positions.ndim != 1:
     raise ValueError(f"positions must be a 1-D array, got shape {positions.shape}.")
   return [np.random.default_rng([seed, _EXAMPLE_RNG_TAG, int(p)]) for p in positions]
 
 
-def _check_seed(seed: Any) -> None:
+def check_seed(seed: Any) -> int:
+  """`seed` as an int; raises unless it is a non-negative integer."""
   if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
     raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+  return int(seed)
 
 
 def _check_source(source: Any) -> int:
@@ -190,7 +226,8 @@ class TrainStream:
   """
 
   def __init__(self, source: RandomAccessSource, *, seed: int, process_index: int = 0,
-               process_count: int = 1, shuffle: bool = True, transform: Transform | None = None):
+               process_count: int = 1, shuffle: bool = True, transform: Transform | None = None,
+               skip_undecodable: bool = False):
     """Creates the stream at position 0.
 
     Args:
@@ -201,9 +238,11 @@ class TrainStream:
       shuffle: permute each epoch (True) or read examples in order (False).
       transform: optional `transform(examples, stream_positions) -> examples`, applied to this
         process's share of each batch; seed per-example randomness with `example_rngs`.
+      skip_undecodable: read the next record in place of one that cannot be decoded (module
+        docstring) instead of raising `UndecodableRecordError`.
     """
     self.num_examples: int = _check_source(source)
-    _check_seed(seed)
+    check_seed(seed)
     check_process(process_index, process_count)
     if transform is not None and not callable(transform):
       raise TypeError(f"transform must be callable or None, got {type(transform).__name__}.")
@@ -213,8 +252,11 @@ class TrainStream:
     self._process_count = int(process_count)
     self._shuffle = bool(shuffle)
     self._transform = transform
+    self._skip_undecodable = check_skip_undecodable(skip_undecodable)
+    self._warned: set[int] = set()
     self._examples_consumed = 0
     self._permutations: dict[int, np.ndarray] = {}
+    self.undecodable_skipped = 0  # records this process skipped since the stream was made
 
   @property
   def seed(self) -> int:
@@ -268,18 +310,24 @@ class TrainStream:
       Dict of host-local numpy arrays with leading dimension B / process_count, ready for
       `jax.make_array_from_process_local_data`.
     """
-    examples = self.batch_at(self._examples_consumed, global_batch_size)
+    examples, skipped = self.batch_and_skipped(self._examples_consumed, global_batch_size)
     self._examples_consumed += int(global_batch_size)
+    self.undecodable_skipped += skipped
     return examples
 
   def batch_at(self, examples_consumed: int, global_batch_size: int) -> Batch:
     """This process's share of the global batch of `global_batch_size` positions starting at
     `examples_consumed`, without changing the stream's state (what `next_batch` returns there)."""
+    return self.batch_and_skipped(examples_consumed, global_batch_size)[0]
+
+  def batch_and_skipped(self, examples_consumed: int, global_batch_size: int) -> tuple[Batch, int]:
+    """`batch_at` and the number of records that could not be decoded and were skipped for it."""
     mine = process_slice(global_batch_size, self._process_index, self._process_count)
     positions = np.arange(examples_consumed + mine.start, examples_consumed + mine.stop,
                           dtype=np.int64)
-    examples = self._source.take(self.example_indices(positions))
-    return _apply_transform(self._transform, examples, positions)
+    examples, skipped = take_decodable(self._source, self.example_indices(positions), positions,
+                                       self._transform, self._skip_undecodable, self._warned)
+    return examples, int(skipped.sum())
 
   def get_state(self) -> dict[str, int]:
     """JSON-serialisable state: examples consumed plus what the positions depend on."""
@@ -310,8 +358,45 @@ class TrainStream:
     self._examples_consumed = int(consumed)
 
 
+def check_skip_undecodable(skip_undecodable: Any) -> bool:
+  if not isinstance(skip_undecodable, (bool, np.bool_)):
+    raise ValueError(f"skip_undecodable must be True or False, got {skip_undecodable!r}.")
+  return bool(skip_undecodable)
+
+
+def take_decodable(source: RandomAccessSource, indices: np.ndarray, positions: np.ndarray,
+                   transform: Transform | None, skip_undecodable: bool,
+                   warned: set[int]) -> tuple[Batch, np.ndarray]:
+  """`transform(source.take(indices), positions)`, and per row the number of records skipped for it.
+
+  A row whose record cannot be decoded (`UndecodableExample`) raises `UndecodableRecordError`, or with
+  `skip_undecodable` is read again from the next index (wrapping), until a record decodes; `warned`
+  holds the indices already warned about (each is warned once).
+  """
+  indices = np.array(indices, dtype=np.int64)
+  skipped = np.zeros(len(indices), np.int64)
+  num_examples = len(source)
+  while True:
+    try:
+      return _apply_transform(transform, source.take(indices), positions), skipped
+    except UndecodableExample as bad:
+      for row, reason in sorted(bad.reasons.items()):
+        index = int(indices[row])
+        if not skip_undecodable:
+          raise UndecodableRecordError(str(source), index, reason) from None
+        if skipped[row] >= num_examples - 1:
+          raise UndecodableRecordError(str(source), index, f"{reason}; and so is every other record") from None
+        if index not in warned:
+          warned.add(index)
+          logging.warning("Skipping %s example %d, which cannot be decoded (%s); reading example %d in its "
+                          "place.", source, index, reason, (index + 1) % num_examples)
+        indices[row] = (index + 1) % num_examples
+        skipped[row] += 1
+
+
 def eval_batches(source: RandomAccessSource, global_batch_size: int, *, process_index: int = 0,
-                 process_count: int = 1, transform: Transform | None = None) -> Iterator[Batch]:
+                 process_count: int = 1, transform: Transform | None = None,
+                 skip_undecodable: bool = False) -> Iterator[Batch]:
   """Every example of `source` exactly once, in order, in padded fixed-size batches.
 
   Global batch `i` covers dataset indices `[i*B, (i+1)*B)`; this process gets `[p*B/P, (p+1)*B/P)`
@@ -324,6 +409,8 @@ def eval_batches(source: RandomAccessSource, global_batch_size: int, *, process_
     process_index: this process's index p.
     process_count: number of processes P.
     transform: optional `transform(examples, indices) -> examples` (deterministic preprocessing).
+    skip_undecodable: mask out (`mask` 0) an example whose record cannot be decoded instead of raising
+      `UndecodableRecordError` (module docstring).
 
   Yields:
     This process's share of each batch plus `mask`, float32 [B/P] (1 real, 0 padding).
@@ -332,26 +419,27 @@ def eval_batches(source: RandomAccessSource, global_batch_size: int, *, process_
   mine = process_slice(global_batch_size, process_index, process_count)
   if transform is not None and not callable(transform):
     raise TypeError(f"transform must be callable or None, got {type(transform).__name__}.")
-  return _eval_batches(source, num_examples, global_batch_size, mine, transform)
+  skip_undecodable = check_skip_undecodable(skip_undecodable)
+  return _eval_batches(source, num_examples, global_batch_size, mine, transform, skip_undecodable)
 
 
 def _eval_batches(source: RandomAccessSource, num_examples: int, global_batch_size: int,
-                  mine: slice, transform: Transform | None) -> Iterator[Batch]:
+                  mine: slice, transform: Transform | None, skip_undecodable: bool) -> Iterator[Batch]:
   for batch in range(math.ceil(num_examples / global_batch_size)):
-    yield eval_batch(source, batch, global_batch_size, mine, transform)
+    yield eval_batch(source, batch, global_batch_size, mine, transform, skip_undecodable)
 
 
 def eval_batch(source: RandomAccessSource, batch: int, global_batch_size: int, mine: slice,
-               transform: Transform | None) -> Batch:
+               transform: Transform | None, skip_undecodable: bool = False) -> Batch:
   """Evaluation batch number `batch` of `eval_batches` (this process's rows `mine` of it)."""
   num_examples = len(source)
   offset = batch * global_batch_size
   indices = np.arange(offset + mine.start, offset + mine.stop, dtype=np.int64)
   real = indices < num_examples
   indices = np.minimum(indices, num_examples - 1)
-  examples = _apply_transform(transform, source.take(indices), indices)
+  examples, skipped = take_decodable(source, indices, indices, transform, skip_undecodable, set())
   if "mask" in examples:
     raise ValueError("eval_batches adds a 'mask' field, but the examples already have one; "
                      "rename the source's 'mask' field.")
-  examples["mask"] = real.astype(np.float32)
+  examples["mask"] = (real & (skipped == 0)).astype(np.float32)
   return examples

@@ -59,8 +59,8 @@ def _grain():
 
 
 def _batch_at(stream: stream_lib.TrainStream, start: int, global_batch_size: int,
-              batch: int) -> stream_lib.Batch:
-  return stream.batch_at(start + batch * global_batch_size, global_batch_size)
+              batch: int) -> tuple[stream_lib.Batch, int]:
+  return stream.batch_and_skipped(start + batch * global_batch_size, global_batch_size)
 
 
 def _prefetch_on_workers(dataset, num_workers: int, buffer_size: int) -> Iterator[Any]:
@@ -114,8 +114,9 @@ class WorkerTrainStream:
     self._stream = stream
     self._num_workers = int(num_workers)
     self._buffer_size = int(buffer_size)
-    self._iterator: Iterator[stream_lib.Batch] | None = None
+    self._iterator: Iterator[tuple[stream_lib.Batch, int]] | None = None
     self._pipeline_key: tuple[int, int] | None = None  # (next position, batch size) it yields
+    self.undecodable_skipped = 0  # records the workers skipped for this process's batches
 
   @property
   def num_examples(self) -> int:
@@ -151,7 +152,9 @@ class WorkerTrainStream:
       dataset = _grain().MapDataset.range(_MAX_BATCHES).map(
           functools.partial(_batch_at, self._stream, start, global_batch_size))
       self._iterator = _prefetch_on_workers(dataset, self._num_workers, self._buffer_size)
-    batch = _plain_arrays(next(self._iterator))
+    batch, skipped = next(self._iterator)
+    batch = _plain_arrays(batch)
+    self.undecodable_skipped += int(skipped)
     self._stream.set_state({**self._stream.get_state(),
                             "examples_consumed": start + global_batch_size})
     self._pipeline_key = (start + global_batch_size, global_batch_size)
@@ -177,14 +180,14 @@ class WorkerTrainStream:
     return f"WorkerTrainStream(num_workers={self._num_workers}, stream={self._stream!r})"
 
 
-def _eval_batch(source, global_batch_size: int, mine: slice, transform, batch: int):
-  return stream_lib.eval_batch(source, batch, global_batch_size, mine, transform)
+def _eval_batch(source, global_batch_size: int, mine: slice, transform, skip_undecodable: bool, batch: int):
+  return stream_lib.eval_batch(source, batch, global_batch_size, mine, transform, skip_undecodable)
 
 
 def worker_eval_batches(source: stream_lib.RandomAccessSource, global_batch_size: int, *,
                         num_workers: int, process_index: int = 0, process_count: int = 1,
-                        transform: stream_lib.Transform | None = None,
-                        buffer_size: int = 2) -> Iterator[stream_lib.Batch]:
+                        transform: stream_lib.Transform | None = None, buffer_size: int = 2,
+                        skip_undecodable: bool = False) -> Iterator[stream_lib.Batch]:
   """`stream.eval_batches`, the same batches in the same order, computed on grain worker processes.
 
   Args:
@@ -195,12 +198,15 @@ def worker_eval_batches(source: stream_lib.RandomAccessSource, global_batch_size
     process_count: number of processes P.
     transform: deterministic preprocessing, picklable by cloudpickle.
     buffer_size: batches each worker computes ahead.
+    skip_undecodable: mask out examples whose record cannot be decoded (`stream.eval_batches`).
   """
   if check_num_workers(num_workers) == 0:
     return stream_lib.eval_batches(source, global_batch_size, process_index=process_index,
-                                   process_count=process_count, transform=transform)
+                                   process_count=process_count, transform=transform,
+                                   skip_undecodable=skip_undecodable)
+  skip_undecodable = stream_lib.check_skip_undecodable(skip_undecodable)
   mine = process_slice(global_batch_size, process_index, process_count)
   num_batches = -(-len(source) // int(global_batch_size))
   dataset = _grain().MapDataset.range(num_batches).map(
-      functools.partial(_eval_batch, source, int(global_batch_size), mine, transform))
+      functools.partial(_eval_batch, source, int(global_batch_size), mine, transform, skip_undecodable))
   return map(_plain_arrays, _prefetch_on_workers(dataset, int(num_workers), buffer_size))

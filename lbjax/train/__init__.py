@@ -1,7 +1,7 @@
 """The sharded trainer: config -> mesh, task, compiled steps, checkpoints, metrics.
 
 `train_and_evaluate(config, workdir)` is what the CLI (`lbjax-train`), notebooks, experiments and tests
-call; `config_files.load("mnist_lstm:batch=8192")` gives the config of a packaged experiment.
+call; `lbjax.config_files.load("mnist_lstm:batch=8192")` gives the config of a packaged experiment.
 """
 
 from lbjax import dependencies

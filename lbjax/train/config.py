@@ -233,6 +233,8 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   defaults = json.loads(default_config().to_json())
   saved = _with_defaults(json.loads(saved_json), defaults)
   current = _with_defaults(json.loads(config.to_json()), defaults)
+  for fields in (saved, current):  # a run stopped by a record that cannot be decoded resumes skipping such records
+    (fields.get("data_options") or {}).pop("skip_undecodable", None)
   differing = sorted(k for k in set(saved) | set(current)
                      if k not in OPERATIONAL_FIELDS and saved.get(k) != current.get(k))
   allowed = {}

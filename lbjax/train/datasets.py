@@ -6,6 +6,12 @@ the process layout, what kind of task it is, and the model arguments that follow
 (`num_classes`, `vocab_size`, ...). `config.data_options` are the function's keyword arguments;
 `data_dir` and `seed` come from the config's top-level fields. A user's dataset is any function of
 this shape, named `"package.module:function"`.
+
+Every dataset `<name>` has a synthetic twin `synthetic_<name>` that takes the same options (and a few
+of its own: sizes), so `--config.dataset=synthetic_<name>` runs any config without its data: the
+options that shape the batches (`eval_split`, `seq_len`, `carry_state`, `image_size`) act on the twin
+as on the data, those about where and how the data is read (`data_dir`, `source`, `download`,
+`decode`, `num_workers`, `skip_undecodable`, `num_validation_examples`) have nothing to act on.
 """
 
 from collections.abc import Callable, Iterator
@@ -175,12 +181,28 @@ def mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
                         model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1})
 
 
-def synthetic_mnist(*, seed: int = 0, num_train_examples: int = 2048, num_eval_examples: int = 512) -> Dataset:
-  """Class-prototype digits shaped like MNIST (tests, benchmarks)."""
+def synthetic_mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
+                    source: Literal["idx", "tfds", "auto"] = "idx", download: bool = False,
+                    eval_split: Literal["test", "validation"] = "test", num_validation_examples: int = 10000,
+                    num_train_examples: int = 2048, num_eval_examples: int = 512) -> Dataset:
+  """Class-prototype digits shaped like MNIST (tests, benchmarks): `mnist`'s twin. `eval_split`
+  "validation" evaluates on the generator's validation draws; `data_dir`, `source`, `download` and
+  `num_validation_examples` are `mnist`'s and change nothing here."""
+  del data_dir, download, num_validation_examples
+  if source not in ("idx", "tfds", "auto"):
+    raise ValueError(f"synthetic_mnist: source must be 'idx', 'tfds' or 'auto', got {source!r}.")
+  evaluation_split = _synthetic_eval_split("synthetic_mnist", eval_split, {"test": "test", "validation": "valid"})
   train = lbdata.synthetic_mnist(num_train_examples, seed=seed, split="train")
-  test = lbdata.synthetic_mnist(num_eval_examples, seed=seed, split="test")
-  return _array_dataset(train, test, seed=seed, eval_split="test",
+  test = lbdata.synthetic_mnist(num_eval_examples, seed=seed, split=evaluation_split)
+  return _array_dataset(train, test, seed=seed, eval_split=eval_split,
                         model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1})
+
+
+def _synthetic_eval_split(function: str, eval_split: str, splits: dict[str, str]) -> str:
+  """The generator's split standing in for the data's `eval_split`."""
+  if eval_split not in splits:
+    raise ValueError(f"{function}: eval_split must be {' or '.join(map(repr, splits))}, got {eval_split!r}.")
+  return splits[eval_split]
 
 
 def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_examples: int = 512,
@@ -203,29 +225,10 @@ def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_
                                          "input_channels": 3})
 
 
-_TFDS_BUILD_COMMANDS = {
-    "imagenet2012": ("download ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org "
-                     "into a folder MANUAL_DIR, then run `tfds build imagenet2012 --manual_dir=MANUAL_DIR "
-                     "--file_format=array_record --data_dir={data_dir}`"),
-    "cifar10": "run `tfds build cifar10 --file_format=array_record --data_dir={data_dir}`",
-}
-
-
 def _tfds_fingerprint(name: str, data_dir, splits: tuple[str, str]) -> dict[str, str]:
   """Checks that TFDS `name` is prepared (else the "not prepared, here is how" message, before any
   compute) and returns its fingerprint: name, version and each split's size."""
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ImportError(f"Reading {name!r} needs tensorflow-datasets and pillow: pip install 'lbjax[tfds]'.") from e
-  data_dir = None if data_dir in (None, "") else os.fspath(data_dir)
-  builder = tfds.builder(name, data_dir=data_dir)
-  if not builder.is_prepared():
-    root = os.path.dirname(os.path.dirname(builder.data_dir))
-    raise FileNotFoundError(
-        f"TFDS dataset {name!r} is not prepared in data_dir={root!r} (searched {builder.data_dir}). lbjax never "
-        f"downloads data; to prepare it, {_TFDS_BUILD_COMMANDS[name].format(data_dir=root)}. Or set "
-        "config.data_dir (or TFDS_DATA_DIR) to the folder that holds it.")
+  builder = lbdata.prepared_builder(name, data_dir)
   fingerprint = {}
   for role, split in zip(("train", "eval"), splits):
     if split not in builder.info.splits:
@@ -255,26 +258,52 @@ def _tfds_vision(train_stream, eval_batches, *, tfds_name: str, data_dir, seed: 
 
 def imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, image_size: int = 224,
              eval_split: str = "validation", decode: Literal["reduced", "full"] = "reduced",
-             num_workers: int = 0, decoder: Literal["cpu", "dali"] = "cpu") -> Dataset:
+             num_workers: int = 0, skip_undecodable: bool = False) -> Dataset:
   """ImageNet-1k (`imagenet2012` prepared for TFDS): Inception crops + flips for training, centre crops
   for evaluation, uint8 batches normalised in the step; top-1 and top-5 accuracy. `decode`, `num_workers` and
-  `decoder`: see `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker processes; DALI on
-  the GPU)."""
+  `skip_undecodable`: see `lbjax.data.imagenet_train_stream` (reduced-size JPEG decoding; grain worker
+  processes; skipping the records that cannot be decoded, counted as `undecodable_skipped` in the metrics)."""
   return _tfds_vision(lbdata.imagenet_train_stream, lbdata.imagenet_eval_batches, tfds_name="imagenet2012",
                       data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=1000, small_inputs=image_size <= 64,
                       normalization=lbdata.IMAGENET_NORMALIZATION,
-                      image_size=image_size, decode=decode, num_workers=num_workers, decoder=decoder)
+                      image_size=image_size, decode=decode, num_workers=num_workers,
+                      skip_undecodable=skip_undecodable)
+
+
+def synthetic_imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, image_size: int = 224,
+                       eval_split: str = "validation", decode: Literal["reduced", "full"] = "reduced",
+                       num_workers: int = 0, skip_undecodable: bool = False, num_classes: int = 1000,
+                       num_train_examples: int = 256, num_eval_examples: int = 128) -> Dataset:
+  """Class-prototype images shaped like `imagenet`'s batches (its twin): `image_size` and `eval_split`
+  ("validation": the generator's validation draws; "train" or "test": its test draws) as there, top-5
+  accuracy. The prototypes take `num_classes * image_size**2 * 12` bytes (600 MB at 1000 x 224)."""
+  del data_dir, decode, num_workers, skip_undecodable
+  return synthetic_images(seed=seed, num_train_examples=num_train_examples, num_eval_examples=num_eval_examples,
+                          image_size=image_size, num_classes=num_classes,
+                          eval_split="validation" if eval_split == "validation" else "test")
 
 
 def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
-            num_workers: int = 0) -> Dataset:
+            num_workers: int = 0, skip_undecodable: bool = False) -> Dataset:
   """CIFAR-10 (TFDS `cifar10`): pad-crop-flip for training, uint8 batches normalised in the step; top-1 and
-  top-5 accuracy. `num_workers`: grain worker processes computing batches (0: the training process)."""
+  top-5 accuracy. `num_workers`: grain worker processes computing batches (0: the training process);
+  `skip_undecodable`: skip the records TFDS cannot decode (`lbjax.data.cifar10_train_stream`)."""
   return _tfds_vision(lbdata.cifar10_train_stream, lbdata.cifar10_eval_batches, tfds_name="cifar10",
                       data_dir=data_dir, seed=seed,
                       eval_split=eval_split, num_classes=10, small_inputs=True,
-                      normalization=lbdata.CIFAR10_NORMALIZATION, num_workers=num_workers)
+                      normalization=lbdata.CIFAR10_NORMALIZATION, num_workers=num_workers,
+                      skip_undecodable=skip_undecodable)
+
+
+def synthetic_cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
+                      num_workers: int = 0, skip_undecodable: bool = False, num_train_examples: int = 2048,
+                      num_eval_examples: int = 512) -> Dataset:
+  """Class-prototype 32x32 images shaped like `cifar10`'s batches (its twin); `eval_split` "test" or
+  "validation" (the generator's test or validation draws)."""
+  del data_dir, num_workers, skip_undecodable
+  return synthetic_images(seed=seed, num_train_examples=num_train_examples, num_eval_examples=num_eval_examples,
+                          image_size=32, num_classes=10, eval_split=eval_split)
 
 
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
@@ -313,10 +342,14 @@ def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,
                          eval_split=eval_split, carry_state=carry_state)
 
 
-def synthetic_ptb(*, seed: int = 0, vocab_size: int = 50, num_train_tokens: int = 20000,
-                  num_eval_tokens: int = 4000, seq_len: int = 20, carry_state: bool = True) -> Dataset:
-  """Tokens of a sparse Markov chain shaped like PTB (tests, benchmarks); `carry_state` as `ptb`'s."""
+def synthetic_ptb(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, seq_len: int = 20,
+                  eval_split: Literal["valid", "test"] = "valid", carry_state: bool = True, vocab_size: int = 50,
+                  num_train_tokens: int = 20000, num_eval_tokens: int = 4000) -> Dataset:
+  """Tokens of a sparse Markov chain shaped like PTB (tests, benchmarks): `ptb`'s twin, `seq_len`,
+  `eval_split` (the chain's valid or test walk) and `carry_state` as there; `data_dir` changes nothing."""
+  del data_dir
+  evaluation_split = _synthetic_eval_split("synthetic_ptb", eval_split, {"valid": "valid", "test": "test"})
   train = lbdata.synthetic_ptb_tokens(num_train_tokens, vocab_size, seed=seed, split="train")
-  evaluation = lbdata.synthetic_ptb_tokens(num_eval_tokens, vocab_size, seed=seed, split="valid")
-  return _language_model(train, evaluation, vocab_size=vocab_size, seq_len=seq_len, eval_split="valid",
+  evaluation = lbdata.synthetic_ptb_tokens(num_eval_tokens, vocab_size, seed=seed, split=evaluation_split)
+  return _language_model(train, evaluation, vocab_size=vocab_size, seq_len=seq_len, eval_split=eval_split,
                          carry_state=carry_state)

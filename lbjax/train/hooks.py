@@ -145,6 +145,8 @@ class WriteMetrics:
                                                        record["loss"], record["learning_rate"], window.batch_size,
                                                        now=window.progress_time)
     record.update(epoch=window.epoch, examples_seen=window.examples_seen, batch_size=window.batch_size)
+    if getattr(run.stream, "undecodable_skipped", 0):  # records skipped so far (data_options.skip_undecodable)
+      record["undecodable_skipped"] = run.stream.undecodable_skipped
     self.writer.write("train", window.step, record)
     if trust_ratios is not None:
       self.writer.write("trust_ratio", window.step, _flatten(trust_ratios))

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from lbjax import config_files
 from lbjax import train
-from lbjax.train import config_files
 
 
 def _config(name, variant=None, overrides=()):

@@ -6,7 +6,7 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from lbjax.data import cifar  # pylint: disable=g-import-not-at-top
-from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
+from lbjax.data import tfds_source  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
 from tests.data import stream_checks  # pylint: disable=g-import-not-at-top
 
@@ -39,7 +39,7 @@ def test_train_and_eval_batches_shapes_under_mock_data(mock_cifar10):
 
 def test_eval_is_the_images_then_normalisation_on_the_device(mock_cifar10):
   del mock_cifar10
-  raw = imagenet.TfdsSource("cifar10", split="test", num_threads=1).take(np.arange(4))
+  raw = tfds_source.TfdsSource("cifar10", split="test", num_threads=1).take(np.arange(4))
   assert raw["image"].dtype == np.uint8 and raw["image"].shape == (4, 32, 32, 3)
   batch = next(cifar.cifar10_eval_batches(4))
   np.testing.assert_array_equal(batch["images"], raw["image"])

@@ -12,8 +12,11 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
 from lbjax.data import cifar  # pylint: disable=g-import-not-at-top
+from lbjax.data import crops  # pylint: disable=g-import-not-at-top
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
+from lbjax.data import normalization as normalization_lib  # pylint: disable=g-import-not-at-top
 from lbjax.data import stream  # pylint: disable=g-import-not-at-top
+from lbjax.data import tfds_source  # pylint: disable=g-import-not-at-top
 from tests.data import stream_checks  # pylint: disable=g-import-not-at-top
 
 _IMAGE_SIZE = 12
@@ -33,7 +36,7 @@ def mock_imagenet():
 
 def test_train_batches_have_fixed_shape_and_dtypes(mock_imagenet):
   del mock_imagenet
-  raw = imagenet.TfdsSource("imagenet2012", split="train", num_threads=2).take(np.arange(10))
+  raw = tfds_source.TfdsSource("imagenet2012", split="train", num_threads=2).take(np.arange(10))
   assert set(raw) == {"image", "label"}
   assert raw["image"].dtype == object  # Ragged: one array per example.
   assert len({image.shape for image in raw["image"]}) > 1  # The mock images differ in size.
@@ -67,7 +70,7 @@ def test_crop_box_sampler_obeys_area_and_aspect_bounds():
   rng = np.random.default_rng(0)
   areas, ratios = [], []
   for _ in range(3000):
-    box = imagenet.sample_crop_box(rng, height, width)
+    box = crops.sample_crop_box(rng, height, width)
     assert 0 <= box.top and box.top + box.height <= height
     assert 0 <= box.left and box.left + box.width <= width
     # Sides are rounded to whole pixels, so each may be off by up to half a pixel.
@@ -86,16 +89,16 @@ def test_crop_box_sampler_obeys_area_and_aspect_bounds():
 
 def test_crop_box_sampler_falls_back_to_central_crop():
   # No window with >= 8% of the area and aspect in [3/4, 4/3] fits an 8x400 strip.
-  box = imagenet.sample_crop_box(np.random.default_rng(0), 8, 400)
-  assert box == imagenet.CropBox(top=0, left=196, height=7, width=7)  # 7 = round(8 * 224 / 256)
-  assert imagenet.sample_crop_box(np.random.default_rng(0), 50, 60, max_attempts=0) == (
-      imagenet.center_crop_box(50, 60, 224 / 256))
+  box = crops.sample_crop_box(np.random.default_rng(0), 8, 400)
+  assert box == crops.Box(top=0, left=196, height=7, width=7)  # 7 = round(8 * 224 / 256)
+  assert crops.sample_crop_box(np.random.default_rng(0), 50, 60, max_attempts=0) == (
+      crops.central_square(50, 60, 224 / 256))
 
 
 def test_random_resized_crop_resizes_the_sampled_box():
   image = np.random.default_rng(1).integers(0, 256, (40, 30, 3), dtype=np.uint8)
   out = imagenet.random_resized_crop(image, np.random.default_rng(5), 16)
-  box = imagenet.sample_crop_box(np.random.default_rng(5), 40, 30)
+  box = crops.sample_crop_box(np.random.default_rng(5), 40, 30)
   assert out.shape == (16, 16, 3) and out.dtype == np.uint8
   np.testing.assert_array_equal(out, imagenet.crop_and_resize(image, box, (16, 16)))
   # The whole image with its own aspect ratio: the crop is the image itself.
@@ -150,7 +153,7 @@ def test_normalization_uses_imagenet_statistics():
   np.testing.assert_allclose(mean, [123.675, 116.28, 103.53])
   np.testing.assert_allclose(std, [58.395, 57.12, 57.375])
   images = (mean + np.array([-1.0, 0.0, 2.0])[:, None] * std).reshape(3, 1, 1, 3)
-  out = imagenet.normalize_images(images)
+  out = normalization_lib.normalize_images(images, imagenet.IMAGENET_MEAN_RGB, imagenet.IMAGENET_STDDEV_RGB)
   assert out.dtype == np.float32
   np.testing.assert_allclose(out[:, 0, 0], np.broadcast_to([[-1.0], [0.0], [2.0]], (3, 3)),
                              atol=1e-6)
@@ -172,7 +175,7 @@ def test_device_normalization_equals_the_host_normalisation(normalization):
                    "cifar10": cifar.CIFAR10_NORMALIZATION}[normalization]
   images = np.random.default_rng(0).integers(0, 256, (4, 16, 12, 3), dtype=np.uint8)
   images[0, 0, 0] = [0, 255, 128]
-  host = imagenet.normalize_images(images, normalization.mean, normalization.stddev)
+  host = normalization_lib.normalize_images(images, normalization.mean, normalization.stddev)
   device = np.asarray(jax.jit(normalization)(jnp.asarray(images)))
   assert device.dtype == np.float32
   np.testing.assert_allclose(device, host, rtol=1e-6, atol=1e-6)
@@ -181,9 +184,9 @@ def test_device_normalization_equals_the_host_normalisation(normalization):
 
 def test_normalization_refuses_bad_statistics_and_channel_counts():
   with pytest.raises(ValueError, match="one mean and one stddev per channel"):
-    imagenet.Normalization((1.0, 2.0), (1.0,))
+    normalization_lib.Normalization((1.0, 2.0), (1.0,))
   with pytest.raises(ValueError, match="stddev must be positive"):
-    imagenet.Normalization((1.0,), (0.0,))
+    normalization_lib.Normalization((1.0,), (0.0,))
   with pytest.raises(ValueError, match="images have 1 channels"):
     imagenet.IMAGENET_NORMALIZATION(np.zeros((2, 2, 1), np.uint8))
 
@@ -223,7 +226,7 @@ def test_bad_arguments_are_rejected_before_reading():
   with pytest.raises(ValueError, match="num_threads"):
     imagenet.imagenet_eval_transform(num_threads=0)
   with pytest.raises(ValueError, match="area_range"):
-    imagenet.sample_crop_box(np.random.default_rng(0), 10, 10, area_range=(0.5, 0.1))
+    crops.sample_crop_box(np.random.default_rng(0), 10, 10, area_range=(0.5, 0.1))
   with pytest.raises(ValueError, match="resize_size"):
     imagenet.center_crop_eval(np.zeros((8, 8, 3), np.uint8), 8, resize_size=4)
   with pytest.raises(ValueError, match="uint8"):

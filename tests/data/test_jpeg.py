@@ -16,6 +16,7 @@ Content is 1/f noise (natural-image spectrum), the hard case for aliasing.
 """
 
 import ctypes.util
+import importlib.util
 import io
 import sys
 
@@ -27,6 +28,7 @@ cv2 = pytest.importorskip("cv2")
 pytest.importorskip("simplejpeg")
 from PIL import Image  # pylint: disable=g-import-not-at-top
 
+from lbjax.data import crops  # pylint: disable=g-import-not-at-top
 from lbjax.data import imagenet  # pylint: disable=g-import-not-at-top
 from lbjax.data import jpeg  # pylint: disable=g-import-not-at-top
 from lbjax.data import libturbojpeg  # pylint: disable=g-import-not-at-top
@@ -73,9 +75,9 @@ def test_scale_one_is_bit_identical_to_the_full_decode_path(jpeg_decoder):
   encoded = _jpeg(rng, 300, 260)
   full = _decode_full(encoded)
   for _ in range(5):
-    box = imagenet.sample_crop_box(rng, 300, 260)
+    box = crops.sample_crop_box(rng, 300, 260)
     np.testing.assert_array_equal(
-        jpeg.decode_resized_crop(encoded, jpeg.Box(*box), (224, 224)),
+        jpeg.decode_resized_crop(encoded, crops.Box(*box), (224, 224)),
         imagenet.crop_and_resize(full, box, (224, 224)))
 
 
@@ -94,9 +96,9 @@ def test_reduced_decode_differs_from_full_decode_by_resampling_error_only(jpeg_d
     encoded = _jpeg(rng, height, width)
     full = _decode_full(encoded)
     for size in (224, 112):
-      box = imagenet.sample_crop_box(rng, height, width)
+      box = crops.sample_crop_box(rng, height, width)
       scale = jpeg.dct_scale(box.height, box.width, size, size)
-      reduced = jpeg.decode_resized_crop(encoded, jpeg.Box(*box), (size, size)).astype(float)
+      reduced = jpeg.decode_resized_crop(encoded, crops.Box(*box), (size, size)).astype(float)
       original = _original_resize(full, box, size)
       crop = full[box.top:box.top + box.height, box.left:box.left + box.width]
       tf_like = cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR).astype(float)
@@ -128,15 +130,15 @@ def test_resize_window_samples_bilinearly_at_fractional_edges():
   # `left` with `step` input pixels per output pixel reads 2 * (left + (j + 0.5) * step - 0.5).
   image = np.zeros((60, 120, 3), np.uint8)
   image[..., 0] = 2 * np.arange(120)[None, :]
-  window = jpeg.Box(10.25, 20.6, 30.5, 61.3)
+  window = crops.Box(10.25, 20.6, 30.5, 61.3)
   out = jpeg.resize_window(image, window, (20, 40))
   step = window.width / 40
   expected = 2 * (window.left + (np.arange(40) + 0.5) * step - 0.5)
   np.testing.assert_allclose(out[..., 0], np.broadcast_to(expected, (20, 40)), atol=1.0)
   # Whole-pixel edges: OpenCV's resize of the window; the output's size: the window itself.
-  np.testing.assert_array_equal(jpeg.resize_window(image, jpeg.Box(5, 7, 30, 50), (20, 40)),
+  np.testing.assert_array_equal(jpeg.resize_window(image, crops.Box(5, 7, 30, 50), (20, 40)),
                                 cv2.resize(image[5:35, 7:57], (40, 20)))
-  np.testing.assert_array_equal(jpeg.resize_window(image, jpeg.Box(5, 7, 20, 40), (20, 40)),
+  np.testing.assert_array_equal(jpeg.resize_window(image, crops.Box(5, 7, 20, 40), (20, 40)),
                                 image[5:25, 7:47])
 
 
@@ -164,14 +166,14 @@ def test_eval_windows_resample_as_the_resized_image_cropped_within_a_level_of_ex
     for _ in range(8):
       height, width = (int(n) for n in rng.integers(size + 1, 3 * size, 2))
       image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)  # worst case: noise
-      window = imagenet.eval_window(height, width, size)
+      window = crops.eval_window(height, width, size)
       if (all(float(edge).is_integer() for edge in window)
           or min(window.height, window.width) >= 2 * size):  # Whole pixels; area averaging.
         continue
       tested += 1
       out = jpeg.resize_window(image, window, (size, size))
       assert out.shape == (size, size, 3) and out.dtype == np.uint8
-      resize = round(size * imagenet.EVAL_RESIZE_RATIO)
+      resize = round(size * crops.EVAL_RESIZE_RATIO)
       scale = resize / min(height, width)
       new_height, new_width = max(resize, round(height * scale)), max(resize, round(width * scale))
       top, left = (new_height - size) // 2, (new_width - size) // 2
@@ -190,7 +192,6 @@ def test_eval_windows_resample_as_the_resized_image_cropped_within_a_level_of_ex
 def test_train_crops_of_bytes_and_arrays_have_the_same_windows_and_flips(jpeg_decoder):
   # Channel 0 encodes the column, channel 1 the row (smooth, so JPEG keeps them): a crop's corner
   # values locate its window, and the column gradient's sign tells whether it was flipped.
-  rng = np.random.default_rng(3)
   reduced_corners, full_corners = [], []
   for height, width in ((300, 380), (900, 1000), (1100, 700)):
     image = np.zeros((height, width, 3), np.uint8)
@@ -230,7 +231,7 @@ def test_transforms_write_into_the_batch_what_the_single_crops_return(jpeg_decod
         batch, [imagenet.train_crop(image, rng, 64) for image, rng in zip(images, rngs)])
     sizes = [jpeg.image_size(image) if isinstance(image, bytes) else image.shape[:2]
              for image in images]
-    flips = [imagenet.train_window(*size, rng)[1]
+    flips = [crops.train_window(*size, rng)[1]
              for size, rng in zip(sizes, stream.example_rngs(5, positions))]
     assert 0 < sum(flips) < len(flips)  # Both branches taken.
     evaluation = imagenet.imagenet_eval_transform(image_size=64, num_threads=1)
@@ -240,7 +241,7 @@ def test_transforms_write_into_the_batch_what_the_single_crops_return(jpeg_decod
 
 def test_an_output_buffer_of_another_shape_or_layout_is_refused(jpeg_decoder):
   encoded = _jpeg(np.random.default_rng(11), 40, 50)
-  box = jpeg.Box(0, 0, 40, 50)
+  box = crops.Box(0, 0, 40, 50)
   for out in (np.empty((8, 9, 3), np.uint8), np.empty((8, 8, 3), np.float32),
               np.empty((8, 16, 3), np.uint8)[:, ::2], [[0] * 3] * 64):
     with pytest.raises(ValueError, match=r"out must be a writeable C-contiguous uint8 array of "
@@ -255,9 +256,9 @@ def test_crop_windows_from_the_header_match_the_decoded_shape():
   rng = np.random.default_rng(4)
   for height, width in synthetic_jpeg.imagenet_like_sizes(rng, 5, large_fraction=0.5):
     encoded = synthetic_jpeg.encode_jpeg(np.zeros((height, width, 3), np.uint8))
-    boxes = [imagenet.sample_crop_box(np.random.default_rng(seed), *jpeg.image_size(encoded))
+    boxes = [crops.sample_crop_box(np.random.default_rng(seed), *jpeg.image_size(encoded))
              for seed in range(200)]
-    assert boxes == [imagenet.sample_crop_box(np.random.default_rng(seed), height, width)
+    assert boxes == [crops.sample_crop_box(np.random.default_rng(seed), height, width)
                      for seed in range(200)]
 
 
@@ -277,18 +278,18 @@ def test_grayscale_cmyk_and_png_are_decoded_to_rgb(jpeg_decoder):
   gray = np.random.default_rng(6).integers(0, 256, (40, 50), dtype=np.uint8)
   buffer = io.BytesIO()
   Image.fromarray(gray).save(buffer, format="JPEG", quality=95)
-  out = jpeg.decode_resized_crop(buffer.getvalue(), jpeg.Box(0, 0, 40, 50), (8, 8))
+  out = jpeg.decode_resized_crop(buffer.getvalue(), crops.Box(0, 0, 40, 50), (8, 8))
   assert out.shape == (8, 8, 3) and np.array_equal(out[..., 0], out[..., 2])
   cmyk = io.BytesIO()  # libjpeg-turbo does not convert CMYK to RGB; Pillow decodes it.
   Image.fromarray(np.stack([gray] * 3, -1)).convert("CMYK").save(cmyk, format="JPEG", quality=95)
   assert jpeg.image_size(cmyk.getvalue()) == (40, 50)
   np.testing.assert_array_equal(
-      jpeg.decode_resized_crop(cmyk.getvalue(), jpeg.Box(0, 0, 40, 50), (40, 50)),
+      jpeg.decode_resized_crop(cmyk.getvalue(), crops.Box(0, 0, 40, 50), (40, 50)),
       np.asarray(Image.open(io.BytesIO(cmyk.getvalue())).convert("RGB")))
   png = io.BytesIO()
   Image.fromarray(gray).save(png, format="PNG")
   np.testing.assert_array_equal(
-      jpeg.decode_resized_crop(png.getvalue(), jpeg.Box(0, 0, 40, 50), (40, 50)),
+      jpeg.decode_resized_crop(png.getvalue(), crops.Box(0, 0, 40, 50), (40, 50)),
       np.repeat(gray[..., None], 3, axis=-1))
 
 
@@ -299,10 +300,10 @@ def test_bad_input_is_rejected_with_a_clear_message(jpeg_decoder, monkeypatch):
     jpeg.image_size(b"\xff\xd8\xff truncated")
   encoded = _jpeg(np.random.default_rng(7), 20, 30)
   with pytest.raises(ValueError, match="does not lie inside the 20x30 image"):
-    jpeg.decode_resized_crop(encoded, jpeg.Box(0, 0, 21, 30), (8, 8))
+    jpeg.decode_resized_crop(encoded, crops.Box(0, 0, 21, 30), (8, 8))
   truncated = _jpeg(np.random.default_rng(8), 200, 300)[:-2000]
   with pytest.raises(ValueError, match="Premature end of JPEG file"):
-    jpeg.decode_resized_crop(truncated, jpeg.Box(100, 0, 100, 300), (8, 8))
+    jpeg.decode_resized_crop(truncated, crops.Box(100, 0, 100, 300), (8, 8))
   monkeypatch.setitem(sys.modules, "simplejpeg", None)  # As if the [imagenet] extra were missing.
   with pytest.raises(ImportError, match=r"pip install 'lbjax\[imagenet\]'"):
     imagenet.imagenet_train_transform(seed=0)
@@ -355,7 +356,7 @@ def test_region_decode_is_bit_identical_to_the_whole_decode_at_every_scale(subsa
 
 def test_without_a_turbojpeg3_library_the_transforms_decode_with_simplejpeg(monkeypatch, tmp_path):
   encoded = _jpeg(np.random.default_rng(10), 120, 160)
-  expected = imagenet.crop_and_resize(_decode_full(encoded), imagenet.CropBox(10, 20, 90, 100),
+  expected = imagenet.crop_and_resize(_decode_full(encoded), crops.Box(10, 20, 90, 100),
                                       (56, 56))  # DCT scale 1.
   try:
     for library, reason in ((tmp_path / "missing.so", "cannot open shared object file"),
@@ -368,7 +369,26 @@ def test_without_a_turbojpeg3_library_the_transforms_decode_with_simplejpeg(monk
         assert libturbojpeg.decoder() is None and libturbojpeg.decoder() is None
       assert len(logged) == 1 and reason in logged[0] and "simplejpeg" in logged[0], logged
       np.testing.assert_array_equal(
-          jpeg.decode_resized_crop(encoded, jpeg.Box(10, 20, 90, 100), (56, 56)), expected)
+          jpeg.decode_resized_crop(encoded, crops.Box(10, 20, 90, 100), (56, 56)), expected)
+  finally:
+    monkeypatch.undo()
+    libturbojpeg.decoder.cache_clear()
+
+
+def test_the_turbojpeg_wheel_is_found_by_its_import_name_not_its_files(monkeypatch):
+  """Without a system libturbojpeg, the `turbojpeg` wheel's extension module is loaded by ctypes (it links
+  libturbojpeg, where the dynamic linker finds the tj3 functions), wherever the wheel keeps the library."""
+  spec = importlib.util.find_spec("turbojpeg")
+  if spec is None:
+    pytest.skip("the turbojpeg wheel (lbjax[turbojpeg]) is not installed")
+  monkeypatch.delenv(libturbojpeg.ENVIRONMENT_VARIABLE, raising=False)
+  monkeypatch.setattr(libturbojpeg.ctypes.util, "find_library", lambda name: None)
+  libturbojpeg.decoder.cache_clear()
+  try:
+    region_decoder = libturbojpeg.decoder()
+    assert region_decoder is not None and region_decoder.path == spec.origin
+    encoded = _jpeg(np.random.default_rng(11), 40, 48)
+    np.testing.assert_array_equal(region_decoder.decode(encoded, 8, (0, 40), (0, 48)), _decode_full(encoded))
   finally:
     monkeypatch.undo()
     libturbojpeg.decoder.cache_clear()

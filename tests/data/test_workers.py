@@ -81,3 +81,21 @@ def test_bad_worker_arguments_are_rejected_before_any_worker_starts():
   with pytest.raises(ValueError, match="not divisible by process_count"):
     workers.WorkerTrainStream(stream.TrainStream(_jpeg_source(), seed=0, process_count=2),
                               num_workers=1).next_batch(3)
+
+
+def test_records_skipped_on_workers_are_those_skipped_in_process_and_counted_in_the_main_process():
+  source = _jpeg_source()
+  images = source.arrays["image"]
+  images[2] = images[2][:len(images[2]) // 8]  # truncated
+  source = stream.ArraySource(image=images, label=np.arange(len(images)))
+  transform = imagenet.imagenet_train_transform(seed=5, image_size=16, num_threads=1)
+  reference = stream.TrainStream(source, seed=5, transform=transform, skip_undecodable=True)
+  expected = [reference.next_batch(12) for _ in range(2)]
+  on_worker = workers.WorkerTrainStream(
+      stream.TrainStream(source, seed=5, transform=transform, skip_undecodable=True), num_workers=1)
+  try:
+    for batch in expected:
+      np.testing.assert_array_equal(on_worker.next_batch(12)["images"], batch["images"])
+    assert on_worker.undecodable_skipped == reference.undecodable_skipped == 2
+  finally:
+    on_worker.close()

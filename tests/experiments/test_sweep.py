@@ -143,7 +143,7 @@ def test_zoom_panel_only_when_collapsed_runs_flatten_the_good_ones():
 
 
 def test_points_of_a_packaged_config_are_its_variants(tmp_path):
-  from lbjax.train import config_files  # pylint: disable=g-import-not-at-top
+  from lbjax import config_files  # pylint: disable=g-import-not-at-top
   spec = _spec(tmp_path, config="mnist_lstm:epochs=5", variant="seed=3")
   config = sweep.point_config(spec, "legw", 512)
   expected = config_files.load("mnist_lstm:epochs=5,seed=3,batch=512,rule=legw").config

@@ -3,9 +3,9 @@
 Understands the variant keys of lbjax/configs/mnist_lstm.py (batch, rule, lr, epochs).
 """
 
+from lbjax.configs import Variant
 from lbjax.configs._warmup import complete_baseline_warmup
 from lbjax.train import default_config
-from lbjax.train.config_files import Variant
 
 BASE_WARMUP_EPOCHS = 0.125
 

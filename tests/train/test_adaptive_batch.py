@@ -253,7 +253,7 @@ def test_bad_batch_configs_are_refused_before_compute(overrides, message):
     ("baseline", "fixed", (128,)), ("legw", "fixed", (1024,)), ("grow_batch", "schedule", (128, 640, 3200, 16000)),
     ("adaptive", "adaptive", (128,)), ("adascale", "adaptive", (128,))])
 def test_the_experiment_config_sets_each_runs_policy_and_validates(run, policy, sizes):
-  from lbjax.train import config_files  # pylint: disable=g-import-not-at-top
+  from lbjax import config_files  # pylint: disable=g-import-not-at-top
   config = config_files.load(f"adaptive_batch_mnist:run={run},epochs=2").config
   validation.validate(config, data_parallel_size=1)
   assert config.batch.policy == policy and config.batch.micro_batch_size == 64

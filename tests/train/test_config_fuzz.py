@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from lbjax.train import Run, config_files
+from lbjax import config_files
+from lbjax.train import Run
 from lbjax.train import build
 from lbjax.train.errors import ConfigError
 from tests.train import helpers

@@ -124,13 +124,13 @@ def test_fingerprint_like_takes_each_split_in_the_checkpoints_kind():
 
 def test_classification_task_normalises_uint8_images_in_the_step_as_the_host_did():
   pytest.importorskip("cv2")
-  from lbjax.data import cifar, imagenet  # pylint: disable=import-outside-toplevel
+  from lbjax.data import cifar, imagenet, normalization  # pylint: disable=import-outside-toplevel
   dataset = datasets.Dataset("classification", None, None, {}, "test",
                              image_normalization=imagenet.IMAGENET_NORMALIZATION)
   task = ClassificationTask(None, dataset, "ResNet50()")
   images = np.random.default_rng(0).integers(0, 256, (2, 5, 4, 3), dtype=np.uint8)
   batch = {"images": jnp.asarray(images), "labels": jnp.array([0, 1]), "mask": jnp.ones(2)}
-  host = imagenet.normalize_images(images)  # what the host transforms handed over before
+  host = normalization.normalize_images(images, imagenet.IMAGENET_MEAN_RGB, imagenet.IMAGENET_STDDEV_RGB)  # as before
   np.testing.assert_allclose(jax.jit(task.images)(batch), host, rtol=1e-6, atol=1e-6)
   seen = []
 

@@ -20,8 +20,8 @@ import time
 
 import pytest
 
+from lbjax import config_files
 from lbjax.train import CheckpointMismatchError, NonFiniteError, Run, train_and_evaluate
-from lbjax.train import config_files
 from lbjax.train import datasets
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.errors import DataMismatchError

@@ -14,7 +14,8 @@ are applied again after it, so an explicit setting always wins. A variant withou
 preset (e.g. `recipe=zaremba`), handed to `finalize` typed and checked against its choices.
 
 `--config mnist_lstm` is the packaged `lbjax.configs.mnist_lstm`; `--config path/to/file.py` a
-user's file; either may end in `:variant`.
+user's file; either may end in `:variant`. This module belongs to the command line (with `lbjax.main`):
+it imports the configs and the trainer, and neither imports it.
 """
 
 import ast
@@ -30,27 +31,10 @@ from typing import Any
 import ml_collections
 
 from lbjax import configs as packaged_configs
+from lbjax.configs import Variant
 from lbjax.train import names
 from lbjax.train.config import ARGUMENT_SECTIONS
 from lbjax.train.errors import ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-  """A key of a config's variant string.
-
-  Attributes:
-    help: what it sets, for `--list` and messages.
-    field: the config field it is an alias of; None for a preset handled by `finalize`.
-    type: a preset's type (int, float, str, bool).
-    default: a preset's value when not given.
-    choices: a preset's allowed values, if limited.
-  """
-  help: str
-  field: str | None = None
-  type: type = str
-  default: Any = None
-  choices: tuple[Any, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

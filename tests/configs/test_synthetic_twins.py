@@ -1,0 +1,51 @@
+"""Every packaged config runs on its dataset's synthetic twin (`--config.dataset=synthetic_<name>`), which takes
+the dataset's options: a config can be tried without its data."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+from lbjax import config_files
+from lbjax.train import datasets
+from lbjax.train import train_and_evaluate
+
+REAL_DATASETS = ("mnist", "ptb", "imagenet", "cifar10")
+
+# Sizes only, so that each run takes seconds on a CPU: the twins' own size options, the evaluation batch, and for
+# the image configs a smaller batch and ResNetTiny for ResNet-50 (whose compilation alone takes minutes on a CPU).
+SMALL = {
+    "synthetic_mnist": ["--config.data_options.num_eval_examples=32", "--config.eval_batch_size=32"],
+    "synthetic_ptb": ["--config.data_options.num_train_tokens=2000", "--config.data_options.num_eval_tokens=400"],
+    "synthetic_imagenet": ["--config.data_options.image_size=16", "--config.data_options.num_classes=10",
+                           "--config.data_options.num_train_examples=32", "--config.data_options.num_eval_examples=16",
+                           "--config.batch_size=16", "--config.eval_batch_size=16", "--config.model=ResNetTiny",
+                           "--config.model_options.bn_group_size=8", "--config.model_options.dtype=float32"],
+    "synthetic_images": ["--config.data_options.image_size=16", "--config.data_options.num_train_examples=32",
+                         "--config.data_options.num_eval_examples=16", "--config.batch_size=16",
+                         "--config.eval_batch_size=16", "--config.model_options.bn_group_size=8"],
+}
+
+
+def _twin(dataset: str) -> str:
+  return dataset if dataset.startswith("synthetic_") else f"synthetic_{dataset}"
+
+
+@pytest.mark.parametrize("name", REAL_DATASETS)
+def test_every_dataset_has_a_twin_that_takes_its_options_with_the_same_defaults(name):
+  real = inspect.signature(getattr(datasets, name)).parameters
+  twin = inspect.signature(getattr(datasets, f"synthetic_{name}")).parameters
+  assert set(real) <= set(twin), f"synthetic_{name} lacks {sorted(set(real) - set(twin))}"
+  assert {p: twin[p].default for p in real} == {p: real[p].default for p in real}
+
+
+@pytest.mark.parametrize("name", config_files.packaged_names())
+def test_every_packaged_config_runs_two_steps_on_its_synthetic_twin(name, tmp_path):
+  twin = _twin(config_files.load(name).config.dataset)
+  config = config_files.load(name, [
+      f"--config.dataset={twin}", "--config.num_steps=2", "--config.mesh.num_devices=1", "--config.log_every=1",
+      "--config.checkpoint_every_steps=0",
+      "--config.progress=False", *SMALL[twin]]).config
+  result = train_and_evaluate(config, tmp_path)
+  assert result.step == 2
+  assert np.isfinite(result.eval_metrics["loss"])
