@@ -1,0 +1,96 @@
+"""experiments.critical_batch on the tiny adaptive-batch MNIST config: branches restore the reference
+run exactly, a lost branch is trained again to the same loss, the CBS and the warm-up follow their
+definitions, and the warm-up comparison writes its table."""
+
+import csv
+import pathlib
+
+import pytest
+
+from experiments import critical_batch
+from lbjax.train import optimizer as optimizer_lib
+
+TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
+# B0 = 16 on micro-batches of 8, 256 examples, an evaluation every 0.5 epochs (where the reference saves).
+REFERENCE = f"{TINY}:run=legw,large_batch=16,epochs=1"
+
+
+def _measure(tmp_path, *extra):
+  critical_batch.main(["measure", "--config", REFERENCE, "--checkpoints", "0,0.5", "--batch_sizes", "16,32,64",
+                       "--budget_epochs", "0.5", "--tolerance", "0.05", "--out", str(tmp_path / "cbs"),
+                       "--workdir", str(tmp_path / "runs"), *extra])
+  with open(tmp_path / "cbs_branches.csv", newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrained(tmp_path):
+  branches = _measure(tmp_path)
+  assert len(branches) == 6 and {int(b["examples"]) for b in branches} == {128}
+  assert {(int(b["batch_size"]), int(b["updates"])) for b in branches} == {(16, 8), (32, 4), (64, 2)}
+  evals = {round(r["epoch"], 3): r["loss"] for r in critical_batch.run_records.eval_curve(tmp_path / "runs" / "reference")}
+  reference = {float(b["checkpoint_epoch"]): float(b["loss"]) for b in branches if b["batch_size"] == "16"}
+  # The B0 branch of 128 examples from epoch 0 (0.5) is the reference run itself at epoch 0.5 (1.0).
+  assert reference[0.0] == pytest.approx(evals[0.5], rel=1e-5)
+  assert reference[0.5] == pytest.approx(evals[1.0], rel=1e-5)
+  table = (tmp_path / "cbs.md").read_text()
+  assert "| CBS | B_noise |" in table and (tmp_path / "cbs.png").stat().st_size > 0
+  with open(tmp_path / "cbs.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["checkpoint_epoch"] for r in rows] == ["0.0", "0.5"]
+  assert all(int(r["critical_batch_size"]) in (16, 32, 64) and float(r["noise_scale"]) != 0 for r in rows)
+
+  kept = [b for b in branches if not (b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")]
+  with open(tmp_path / "cbs_branches.csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=list(branches[0]))
+    writer.writeheader()
+    writer.writerows(kept)
+  again = _measure(tmp_path)
+  lost = next(b for b in branches if b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")
+  retrained = next(b for b in again if b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")
+  assert float(retrained["loss"]) == pytest.approx(float(lost["loss"]), rel=1e-5)
+  assert [b for b in again if b is not retrained] == [b for b in kept]
+
+
+@pytest.mark.parametrize("losses, critical", [
+    ({16: 1.0, 32: 1.01, 64: 1.5}, 32), ({16: 1.0, 32: 1.5, 64: 1.0}, 16), ({16: 1.0, 32: 0.9, 64: 1.02}, 64),
+    ({16: 1.0, 32: float("inf"), 64: 1.0}, 16)])
+def test_the_cbs_is_the_largest_batch_with_every_smaller_one_within_the_tolerance(losses, critical):
+  assert critical_batch.critical_batch_size(losses, tolerance=0.02) == critical
+
+
+def test_the_warmup_never_shrinks_stays_in_bounds_and_stops_at_the_end_of_training():
+  curve = [(0.0, 8), (0.25, 64), (0.5, 32), (1.0, 512), (2.0, 1024)]
+  assert critical_batch.warmup_schedule(curve, 16, 256, num_epochs=2.0) == ((16, 64, 256), (0.25, 1.0))
+
+
+def test_the_warmup_lr_at_each_batch_is_the_branch_lr_at_that_batch():
+  config = critical_batch.load_config(REFERENCE)
+  schedule = critical_batch.rule_at_batch_in_force(config.lr.base, batch_sizes=(16, 64), boundaries=(0.25,),
+                                                    rule="legw", first_warmup_epochs=config.lr.warmup_epochs)
+  for epoch, batch in ((0.05, 16), (0.2, 16), (0.3, 64), (0.6, 64), (0.9, 64)):
+    branch = optimizer_lib.learning_rate_schedule(critical_batch.at_batch(config, batch))
+    assert schedule(epoch) == pytest.approx(branch(epoch)), (epoch, batch)
+
+
+def test_the_warmup_comparison_trains_every_run_and_reports_validation_and_test(tmp_path):
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,critical_batch_size\n0.0,16\n0.5,32\n")
+  critical_batch.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--seeds", "0",
+                       "--out", str(tmp_path / "warmup"), "--workdir", str(tmp_path / "runs")])
+  page = (tmp_path / "warmup.md").read_text()
+  assert "16 from epoch 0 → 32 from epoch 0.5" in page
+  for run in critical_batch.WARMUP_RUNS:
+    assert f"| {run} | 1/1 |" in page
+  sizes = {r["batch_size"] for r in critical_batch.run_records.read_records(tmp_path / "runs" / "cbs_warmup_seed0",
+                                                                           "train")}
+  assert sizes == {16, 32}
+
+
+def test_a_grid_that_does_not_fit_the_reference_is_refused_before_training():
+  config = critical_batch.load_config(REFERENCE)
+  with pytest.raises(ValueError) as error:
+    critical_batch.make_grid(config, (0.0, 0.3, 2.0), (32, 24), 0.5, -1.0, (1.0,), 256)
+  message = str(error.value)
+  for expected in ("--batch_sizes must be increasing", "--checkpoints must be increasing", "not multiples",
+                   "--tolerance must be >= 0"):
+    assert expected in message
