@@ -564,36 +564,42 @@ def measure(config: ml_collections.ConfigDict, grid: Grid, workdir: pathlib.Path
 # ---------------------------------------------------------------------------------------------- warm-up
 
 def rule_at_batch_in_force(value: float, *, batch_sizes: Sequence[int], boundaries: Sequence[float],
-                           rule: str = "legw", first_warmup_epochs: float = 0.0) -> schedules.Schedule:
-  """The learning rate of a scaling rule at the batch a batch-size schedule has in force (an `lr.decay`).
+                           recipe: str) -> schedules.Schedule:
+  """The learning rate of the scaling rule at the batch a batch-size schedule has in force (an `lr.decay`).
 
-  With batch B_i on [b_{i-1}, b_i) (b_0 = 0) and the first batch's recipe (peak `value`, warm-up
-  `first_warmup_epochs`), the rule gives the recipe at B_i, (eta_i, w_i) =
-  `rule(B_0, value, first_warmup_epochs, B_i)` (LEGW: eta_0 sqrt(B_i/B_0), w_0 B_i/B_0; papers/001 §3), and
+  With batch B_i on [b_{i-1}, b_i) (b_0 = 0), the LR at epoch e is that of a fixed-batch run at B_i
+  at epoch e: the baseline recipe scaled by `config.scaling.rule` to B_i (LEGW: LR x sqrt(B_i/B0),
+  warm-up x B_i/B0; papers/001 §3), with its warm-up and decay on the run's clock,
 
-    v(e) = eta_i min(1, e / w_i)   for e in [b_{i-1}, b_i)   (no ramp when w_i = 0)
+    v(e) = lr_{B_i}(e)   for e in [b_{i-1}, b_i),
 
-  on the run's clock: what `batch.policy="adaptive"` sets at a batch (`BatchPolicy.learning_rate`), and
-  what each branch of `measure` trained at. `batch.policy="schedule"` holds the first batch's LR
-  instead (papers/002); naming this function as `config.lr.decay` makes the schedule follow the rule.
+  which is what `batch.policy="adaptive"` sets at a batch (`BatchPolicy.learning_rate`) and what each
+  branch of `measure` trained at. `batch.policy="schedule"` holds the first batch's LR instead
+  (papers/002); naming this function as `config.lr.decay` makes the schedule follow the rule.
 
   Args:
-    value: the first batch's peak LR (the trainer passes the scaled recipe's).
+    value: the first batch's peak LR, which the trainer passes; each batch's comes from `recipe`.
     batch_sizes: B_0, B_1, ... as in `config.batch_sizes`.
     boundaries: b_1, b_2, ... as in `config.batch_size_boundaries` (epochs).
-    rule: a function of `lbjax.schedules.rules` (none, linear, sqrt, goyal, legw).
-    first_warmup_epochs: the first batch's warm-up w_0 (epochs).
+    recipe: JSON of the run's `lr` and `scaling` sections and `num_epochs` as they were before this
+      function replaced the decay (`recipe_json`).
   """
+  del value
   if len(batch_sizes) != len(boundaries) + 1:
     raise ValueError(f"rule_at_batch_in_force needs one more batch size than boundaries, got {list(batch_sizes)} "
                      f"and {list(boundaries)}.")
-  scale = getattr(rules, rule)
-  pieces = []
-  for size in batch_sizes:
-    peak, warmup = scale(batch_sizes[0], value, first_warmup_epochs, size)
-    constant = schedules.constant(peak)
-    pieces.append(schedules.linear_warmup(constant, warmup) if warmup > 0 else constant)
+  fields = json.loads(recipe)
+  config = train.default_config()
+  config.lr = ml_collections.ConfigDict(fields["lr"])
+  config.scaling = ml_collections.ConfigDict(fields["scaling"])
+  config.num_epochs = fields["num_epochs"]
+  pieces = [optimizer_lib.learning_rate_schedule(at_batch(config, size)) for size in batch_sizes]
   return schedules.join_schedules(pieces, boundaries) if boundaries else pieces[0]
+
+
+def recipe_json(config: ml_collections.ConfigDict) -> str:
+  """The `recipe` argument of `rule_at_batch_in_force`: the LR recipe, its scaling rule and length."""
+  return json.dumps({"lr": config.lr.to_dict(), "scaling": config.scaling.to_dict(), "num_epochs": config.num_epochs})
 
 
 def warmup_schedule(curve: Sequence[tuple[float, int]], base_batch_size: int, max_batch_size: int,
@@ -634,13 +640,15 @@ def warmup_configs(config: str, overrides: Sequence[str], seeds: Sequence[int], 
         if run == "cbs_warmup":
           run_config = load_config(config_spec(config, f"run=legw,large_batch={sizes[0]}", f"seed={seed}"),
                                    overrides)
+          recipe = recipe_json(run_config)
           run_config.batch.policy = "schedule"
           run_config.batch_size, run_config.batch_sizes = sizes[0], tuple(sizes)
           run_config.batch_size_boundaries = tuple(boundaries)
-          warmup = optimizer_lib.scaled_recipe(run_config).warmup_epochs if run_config.lr.warmup != "none" else 0.0
-          run_config.lr.decay = "experiments.critical_batch:rule_at_batch_in_force"
-          run_config.lr.batch_sizes, run_config.lr.boundaries = tuple(sizes), tuple(boundaries)
-          run_config.lr.rule, run_config.lr.first_warmup_epochs = run_config.scaling.rule, warmup
+          # The decay's own arguments go with it into `recipe`; the section keeps the recipe's peak and warm-up.
+          run_config.lr = ml_collections.ConfigDict(
+              {k: run_config.lr[k] for k in optimizer_lib.LR_RECIPE_FIELDS}
+              | {"decay": "experiments.critical_batch:rule_at_batch_in_force", "batch_sizes": tuple(sizes),
+                 "boundaries": tuple(boundaries), "recipe": recipe})
         else:
           run_config = load_config(config_spec(config, variants[run], f"seed={seed}"), overrides)
         train.validate(run_config, data_parallel_size=1)
@@ -763,9 +771,12 @@ def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out
 
 
 def _train_examples(config: ml_collections.ConfigDict) -> int:
-  """The training set's size under `config` (the MNIST training split less a held-out validation)."""
-  task = train.build_task(config)
-  return task.dataset.make_train_stream(0, 1).num_examples
+  """Examples in an epoch of `config`'s training stream, in the units of a batch: images (the MNIST
+  training split less a held-out validation), or PTB's rows of `seq_len` tokens (windows x batch)."""
+  stream = train.build_task(config).dataset.make_train_stream(0, 1)
+  if hasattr(stream, "windows_per_epoch"):
+    return stream.windows_per_epoch(config.batch_size) * config.batch_size
+  return stream.num_examples
 
 
 def _plot_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], metric: str, split: str,

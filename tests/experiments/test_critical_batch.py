@@ -11,6 +11,7 @@ from experiments import critical_batch
 from lbjax.train import optimizer as optimizer_lib
 
 TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
+TINY_PTB = str(pathlib.Path(__file__).with_name("tiny_adaptive_ptb_config.py"))
 # B0 = 16 on micro-batches of 8, 256 examples, an evaluation every 0.5 epochs (where the reference saves).
 REFERENCE = f"{TINY}:run=legw,large_batch=16,epochs=1"
 
@@ -66,7 +67,7 @@ def test_the_warmup_never_shrinks_stays_in_bounds_and_stops_at_the_end_of_traini
 def test_the_warmup_lr_at_each_batch_is_the_branch_lr_at_that_batch():
   config = critical_batch.load_config(REFERENCE)
   schedule = critical_batch.rule_at_batch_in_force(config.lr.base, batch_sizes=(16, 64), boundaries=(0.25,),
-                                                    rule="legw", first_warmup_epochs=config.lr.warmup_epochs)
+                                                    recipe=critical_batch.recipe_json(config))
   for epoch, batch in ((0.05, 16), (0.2, 16), (0.3, 64), (0.6, 64), (0.9, 64)):
     branch = optimizer_lib.learning_rate_schedule(critical_batch.at_batch(config, batch))
     assert schedule(epoch) == pytest.approx(branch(epoch)), (epoch, batch)
@@ -94,3 +95,16 @@ def test_a_grid_that_does_not_fit_the_reference_is_refused_before_training():
   for expected in ("--batch_sizes must be increasing", "--checkpoints must be increasing", "not multiples",
                    "--tolerance must be >= 0"):
     assert expected in message
+
+
+def test_the_ptb_lstm_branches_restore_its_carried_state_and_count_rows_of_windows(tmp_path):
+  critical_batch.main(["measure", "--config", f"{TINY_PTB}:run=legw,large_batch=16,epochs=1", "--checkpoints",
+                       "0,0.5", "--batch_sizes", "16,32", "--budget_epochs", "0.25", "--out", str(tmp_path / "cbs"),
+                       "--workdir", str(tmp_path / "runs")])
+  with open(tmp_path / "cbs_branches.csv", newline="") as f:
+    branches = list(csv.DictReader(f))
+  # 8,000 tokens in windows of 10 at B=16: 49 windows x 16 rows an epoch; a quarter is 6 updates of 32 rows.
+  assert {(b["batch_size"], b["updates"], b["examples"]) for b in branches} == {("16", "12", "192"),
+                                                                               ("32", "6", "192")}
+  assert all(b["split"] == "valid" and float(b["loss"]) < 10 for b in branches)
+  assert "| CBS | B_noise |" in (tmp_path / "cbs.md").read_text()
