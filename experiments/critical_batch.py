@@ -36,7 +36,8 @@ merged under a lock. Outputs: `<out>_branches.csv` (every branch), `<out>.csv` a
 CBS table: per checkpoint the loss ratio of every batch, the CBS and B_noise), `<out>.png` (CBS and
 B_noise over training).
 
-`warmup` trains, with each seed, in `<workdir>/<run>_seed<s>` (resumable, `experiments.adaptive_batch`):
+`warmup` trains, with each seed, in `<workdir>/<run>_seed<s>` (resumable, `experiments.adaptive_batch`;
+several processes may share the runs, each skipping a run another one holds):
   baseline:   the config's run=baseline (its smallest batch throughout);
   legw:       run=legw at the warm-up's final batch (LEGW, papers/001);
   adaptive:   run=adaptive with the warm-up's final batch as its largest (noise-scale policy);
@@ -396,11 +397,19 @@ def cbs_rows(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path
   return rows
 
 
-def read_cbs_curve(path: str | pathlib.Path) -> list[tuple[float, int]]:
-  """(checkpoint epoch, CBS) of a `measure` table `<out>.csv`, for the checkpoints with a CBS."""
+def read_cbs_curve(path: str | pathlib.Path, tolerance: float | None = None) -> list[tuple[float, int]]:
+  """(checkpoint epoch, CBS) of a `measure` table `<out>.csv`, for the checkpoints with a CBS: the
+  table's, or with `tolerance` the CBS at that tolerance from the table's loss ratios."""
   with open(path, newline="") as f:
-    return [(float(r["checkpoint_epoch"]), int(r["critical_batch_size"])) for r in csv.DictReader(f)
-            if r["critical_batch_size"]]
+    rows = [r for r in csv.DictReader(f) if r["critical_batch_size"]]
+  if tolerance is None:
+    return [(float(r["checkpoint_epoch"]), int(r["critical_batch_size"])) for r in rows]
+  curve = []
+  for row in rows:
+    ratios = {int(k[len("loss_ratio_b"):]): float("inf") if v == "diverged" else float(v)
+              for k, v in row.items() if k.startswith("loss_ratio_b")}
+    curve.append((float(row["checkpoint_epoch"]), critical_batch_size(ratios, tolerance)))
+  return curve
 
 
 def write_measurement(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path,
@@ -544,7 +553,7 @@ def measure(config: ml_collections.ConfigDict, grid: Grid, workdir: pathlib.Path
           branch = trainer.train(point, size, multiplier, grid.budget_examples, metric)
         except train.NonFiniteError as error:
           print(f"[critical_batch] {name} diverged: {str(error).splitlines()[0][:200]}", flush=True)
-          branch = Branch(point.epoch, trainer.run.epoch, 0, size, multiplier, math.nan, 0, 0,
+          branch = Branch(point.epoch, math.nan, 0, size, multiplier, math.nan, 0, 0,
                           trainer.run.task.dataset.eval_split, math.inf, metric, math.nan, 0.0,
                           run_records.training_devices())
         branches = record_branch(branch, out, workdir)
@@ -734,7 +743,7 @@ def _spread(values: Sequence[float], fmt: str, scale: float = 1.0) -> str:
 
 
 def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out: pathlib.Path, command: str,
-                 title: str, sizes: Sequence[int], boundaries: Sequence[float]) -> None:
+                 title: str, sizes: Sequence[int], boundaries: Sequence[float], source: str) -> None:
   """Writes `<out>.csv` (every evaluation), `<out>.md` and `<out>.png` from the finished runs."""
   first = next(iter(configs.values()))
   metric = METRIC_KEYS[first.dataset]
@@ -745,7 +754,7 @@ def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out
   unit = "%" if metric == "accuracy" else ""
   schedule = " → ".join(f"{b} from epoch {e:g}" for b, e in zip(sizes, (0.0, *boundaries)))
   lines = [f"# {title}", "", f"Command: `{command}`", "",
-           f"CBS warm-up batch schedule: {schedule}. Seeds {', '.join(map(str, seeds))}; mean ± sample sd over "
+           f"CBS warm-up batch schedule ({source}): {schedule}. Seeds {', '.join(map(str, seeds))}; mean ± sample sd over "
            f"seeds. Target: the baseline's final {split} {metric} (mean over its seeds"
            + (f", {scale * target:.2f}{unit})" if target is not None else ", not yet trained)")
            + f"; 'to target': the first periodic evaluation at least as good. Test {metric}: each run's final "
@@ -844,6 +853,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   warmup_parser.add_argument("--cbs", required=True, help="a `measure` table, e.g. docs/results/critical_batch_mnist.csv")
   warmup_parser.add_argument("--seeds", default="0,1,2")
   warmup_parser.add_argument("--max_batch", type=int, default=0, help="cap of the warm-up's batch (0: none)")
+  warmup_parser.add_argument("--tolerance", type=float, default=None,
+                             help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
   args = parser.parse_args(argv)
   overrides = shlex.split(args.overrides)
   out, workdir = pathlib.Path(args.out), pathlib.Path(args.workdir)
@@ -857,7 +868,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     measure(config, grid, workdir, out, command, args.title or "Critical batch size vs the gradient noise scale")
     return
   seeds = _numbers(args.seeds, int, "--seeds", parser)
-  curve = read_cbs_curve(args.cbs)
+  if args.tolerance is not None and not args.tolerance >= 0:
+    parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+  curve = read_cbs_curve(args.cbs, args.tolerance)
+  source = f"the CBS of {args.cbs}" + ("" if args.tolerance is None else f" at tolerance {args.tolerance:g}")
   if not curve:
     parser.exit(2, f"{args.cbs} holds no measured CBS yet; run `measure` first.\n")
   probe = load_config(config_spec(args.config, "run=baseline"), overrides)
@@ -867,10 +881,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.exit(2, f"the CBS curve of {args.cbs} never exceeds the baseline batch {probe.batch_size} before "
                    f"epoch {probe.num_epochs}: there is no warm-up to compare.\n")
   configs = warmup_configs(args.config, overrides, seeds, sizes, boundaries)
-  adaptive_batch.train_runs(configs, str(workdir))
   out.parent.mkdir(parents=True, exist_ok=True)
-  write_warmup(configs, workdir, seeds, out, command, args.title or "Batch warm-up from the measured CBS",
-               sizes, boundaries)
+  title = args.title or "Batch warm-up from the measured CBS"
+  for key, run_config in configs.items():  # the outputs after each run, from every run finished so far
+    try:
+      adaptive_batch.train_runs({key: run_config}, str(workdir))
+    except WorkdirInUseError:
+      print(f"[critical_batch] {key[0]} seed {key[1]}: another process trains it", flush=True)
+      continue
+    write_warmup(configs, workdir, seeds, out, command, title, sizes, boundaries, source)
 
 
 if __name__ == "__main__":

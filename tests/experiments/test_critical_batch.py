@@ -75,9 +75,11 @@ def test_the_warmup_lr_at_each_batch_is_the_branch_lr_at_that_batch():
 
 def test_the_warmup_comparison_trains_every_run_and_reports_validation_and_test(tmp_path):
   table = tmp_path / "cbs.csv"
-  table.write_text("checkpoint_epoch,critical_batch_size\n0.0,16\n0.5,32\n")
-  critical_batch.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--seeds", "0",
-                       "--out", str(tmp_path / "warmup"), "--workdir", str(tmp_path / "runs")])
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.0,1.0,1.5,16\n"
+                   "0.5,1.0,1.04,16\n")
+  assert critical_batch.read_cbs_curve(table) == [(0.0, 16), (0.5, 16)]
+  critical_batch.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--tolerance", "0.05",
+                       "--seeds", "0", "--out", str(tmp_path / "warmup"), "--workdir", str(tmp_path / "runs")])
   page = (tmp_path / "warmup.md").read_text()
   assert "16 from epoch 0 → 32 from epoch 0.5" in page
   for run in critical_batch.WARMUP_RUNS:
