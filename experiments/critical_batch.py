@@ -734,12 +734,13 @@ def summarize_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int],
   return summaries
 
 
-def _spread(values: Sequence[float], fmt: str, scale: float = 1.0) -> str:
+def _spread(values: Sequence[float], fmt: str, scale: float = 1.0, unit: str = "") -> str:
+  """Mean ± sample sd of `values` (times `scale`), or "–" when there are none."""
   if not values:
     return "–"
   values = [scale * v for v in values]
   mean = fmt.format(statistics.fmean(values))
-  return mean if len(values) == 1 else f"{mean} ± {fmt.format(statistics.stdev(values))}"
+  return (mean if len(values) == 1 else f"{mean} ± {fmt.format(statistics.stdev(values))}") + unit
 
 
 def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out: pathlib.Path, command: str,
@@ -764,8 +765,8 @@ def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out
   summaries = summarize_warmup(configs, workdir, seeds, target, metric, num_examples) if target is not None else []
   for s in summaries:
     reached = f" ({len(s.updates_to_target)} of {s.seeds})" if len(s.updates_to_target) < s.seeds else ""
-    lines.append(f"| {s.run} | {len(s.final)}/{len(seeds)} | {_spread(s.final, '{:.2f}', scale)}{unit} | "
-                 f"{_spread(s.test, '{:.2f}', scale)}{unit} | {_spread(s.updates, '{:.0f}')} | "
+    lines.append(f"| {s.run} | {len(s.final)}/{len(seeds)} | {_spread(s.final, '{:.2f}', scale, unit)} | "
+                 f"{_spread(s.test, '{:.2f}', scale, unit)} | {_spread(s.updates, '{:.0f}')} | "
                  f"{_spread(s.updates_to_target, '{:.0f}')}{reached} | {_spread(s.examples_to_target, '{:.0f}')}"
                  f"{reached} |")
   out.with_suffix(".md").write_text("\n".join(lines) + "\n")
