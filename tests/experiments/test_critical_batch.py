@@ -79,11 +79,14 @@ def test_the_warmup_comparison_trains_every_run_and_reports_validation_and_test(
                    "0.5,1.0,1.04,16\n")
   assert critical_batch.read_cbs_curve(table) == [(0.0, 16), (0.5, 16)]
   critical_batch.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--tolerance", "0.05",
-                       "--seeds", "0", "--out", str(tmp_path / "warmup"), "--workdir", str(tmp_path / "runs")])
+                       "--seeds", "0", "--targets", "0.0", "--out", str(tmp_path / "warmup"),
+                       "--workdir", str(tmp_path / "runs")])
   page = (tmp_path / "warmup.md").read_text()
   assert "16 from epoch 0 → 32 from epoch 0.5" in page
+  assert "## Target: the baseline's final test accuracy" in page and "## Target: a fixed test accuracy, 0.00%" in page
   for run in critical_batch.WARMUP_RUNS:
-    assert f"| {run} | 1/1 |" in page
+    assert page.count(f"| {run} | 1/1 |") == 2
+  assert "| baseline | 1/1 |" in page.split("## Target: a fixed")[1] and "(0 of 1)" not in page.split("a fixed")[1]
   sizes = {r["batch_size"] for r in critical_batch.run_records.read_records(tmp_path / "runs" / "cbs_warmup_seed0",
                                                                            "train")}
   assert sizes == {16, 32}
