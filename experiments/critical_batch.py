@@ -45,9 +45,10 @@ several processes may share the runs, each skipping a run another one holds):
               there (never shrinking, within [B0, final batch]), and the LR of the scaling rule at the
               batch in force (`rule_at_batch_in_force`), as the adaptive policy sets it;
 then writes `<out>.md`/`.csv`/`.png`: per run over seeds, the updates and examples to the first
-evaluation at the baseline's final quality on the evaluation split (its mean over seeds), the final
-quality, and each finished run's final test metric (evaluated once, after training: choices on
-validation, the test split only as the last figure).
+evaluation at the baseline's final quality on the evaluation split (its mean over seeds; `--targets`
+adds fixed ones), the final quality, and each finished run's final test metric (evaluated once, after
+training: choices on validation, the test split only as the last figure). `--tolerance` builds the
+warm-up from the CBS at another tolerance, read from the table's loss ratios.
 """
 
 import argparse
@@ -800,6 +801,7 @@ def _plot_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], met
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
   scale = 100.0 if metric == "accuracy" else 1.0
   figure, (quality, batch) = plt.subplots(1, 2, figsize=(11, 4))
@@ -816,6 +818,7 @@ def _plot_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], met
       batch.plot([r["epoch"] for r in trained], [r["batch_size"] for r in trained], color=f"C{index}", label=label)
   quality.set(xlabel="optimizer updates", ylabel=f"{split} {metric}" + (" (%)" if metric == "accuracy" else ""),
               xscale="log")
+  quality.xaxis.set_minor_formatter(ticker.NullFormatter())  # the minor labels of a short log axis overlap
   batch.set(xlabel="epochs", ylabel="batch size", yscale="log")
   for axes in (quality, batch):
     axes.grid(alpha=0.3)
@@ -865,17 +868,28 @@ def main(argv: Sequence[str] | None = None) -> None:
   warmup_parser.add_argument("--tolerance", type=float, default=None,
                              help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
   args = parser.parse_args(argv)
+  command = "python -m experiments.critical_batch " + shlex.join(argv)
+  try:  # a bad grid, config or table: the message and exit status 2, as lbjax-train does
+    (_measure_command if args.command == "measure" else _warmup_command)(args, parser, command)
+  except ValueError as e:
+    parser.exit(2, f"{e}\n")
+
+
+def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
+  config = load_config(args.config, shlex.split(args.overrides) + [f"keep_checkpoints={KEEP_ALL_CHECKPOINTS}"])
+  train.validate(config, data_parallel_size=1)
+  grid = make_grid(config, _numbers(args.checkpoints, float, "--checkpoints", parser),
+                   _numbers(args.batch_sizes, int, "--batch_sizes", parser), args.budget_epochs, args.tolerance,
+                   _numbers(args.lr_multipliers, float, "--lr_multipliers", parser), _train_examples(config))
+  measure(config, grid, pathlib.Path(args.workdir), pathlib.Path(args.out), command,
+          args.title or "Critical batch size vs the gradient noise scale")
+
+
+def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
   overrides = shlex.split(args.overrides)
   out, workdir = pathlib.Path(args.out), pathlib.Path(args.workdir)
-  command = "python -m experiments.critical_batch " + shlex.join(argv)
-  if args.command == "measure":
-    config = load_config(args.config, overrides + ["keep_checkpoints=%d" % KEEP_ALL_CHECKPOINTS])
-    train.validate(config, data_parallel_size=1)
-    grid = make_grid(config, _numbers(args.checkpoints, float, "--checkpoints", parser),
-                     _numbers(args.batch_sizes, int, "--batch_sizes", parser), args.budget_epochs, args.tolerance,
-                     _numbers(args.lr_multipliers, float, "--lr_multipliers", parser), _train_examples(config))
-    measure(config, grid, workdir, out, command, args.title or "Critical batch size vs the gradient noise scale")
-    return
+  if not pathlib.Path(args.cbs).is_file():
+    raise ValueError(f"--cbs {args.cbs} not found: give the table `measure` wrote (<out>.csv).")
   seeds = _numbers(args.seeds, int, "--seeds", parser)
   extra_targets = _numbers(args.targets, float, "--targets", parser)
   if args.tolerance is not None and not args.tolerance >= 0:

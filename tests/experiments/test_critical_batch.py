@@ -113,3 +113,13 @@ def test_the_ptb_lstm_branches_restore_its_carried_state_and_count_rows_of_windo
                                                                                ("32", "6", "192")}
   assert all(b["split"] == "valid" and float(b["loss"]) < 10 for b in branches)
   assert "| CBS | B_noise |" in (tmp_path / "cbs.md").read_text()
+
+
+def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, capsys):
+  for command in (["measure", "--config", REFERENCE, "--batch_sizes", "32,24"],
+                  ["warmup", "--config", TINY, "--cbs", str(tmp_path / "none.csv")]):
+    with pytest.raises(SystemExit) as exit_info:
+      critical_batch.main([*command, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+  errors = capsys.readouterr().err
+  assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
