@@ -67,7 +67,6 @@ from typing import Any, Sequence
 
 import jax
 import ml_collections
-import numpy as np
 
 from experiments import adaptive_batch
 from experiments import config_spec
@@ -76,7 +75,6 @@ from experiments.sweep import METRIC_KEYS
 from lbjax import main as lbjax_main
 from lbjax import schedules
 from lbjax import train
-from lbjax.schedules import rules
 from lbjax.train import batch_policy as batch_policy_lib
 from lbjax.train import config_files
 from lbjax.train import optimizer as optimizer_lib
@@ -860,7 +858,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   measure_parser.add_argument("--tolerance", type=float, default=0.02,
                               help="relative: B is within the CBS while loss(B) <= (1 + tolerance) loss(B0)")
   measure_parser.add_argument("--lr_multipliers", default="1", help="e.g. 0.5,1,2: the best LR per branch")
-  warmup_parser.add_argument("--cbs", required=True, help="a `measure` table, e.g. docs/results/critical_batch_mnist.csv")
+  warmup_parser.add_argument("--cbs", required=True,
+                             help="a `measure` table, e.g. docs/results/critical_batch_mnist.csv")
   warmup_parser.add_argument("--seeds", default="0,1,2")
   warmup_parser.add_argument("--max_batch", type=int, default=0, help="cap of the warm-up's batch (0: none)")
   warmup_parser.add_argument("--targets", default="", help="more targets besides the baseline's final metric: "

@@ -28,7 +28,8 @@ def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrai
   branches = _measure(tmp_path)
   assert len(branches) == 6 and {int(b["examples"]) for b in branches} == {128}
   assert {(int(b["batch_size"]), int(b["updates"])) for b in branches} == {(16, 8), (32, 4), (64, 2)}
-  evals = {round(r["epoch"], 3): r["loss"] for r in critical_batch.run_records.eval_curve(tmp_path / "runs" / "reference")}
+  curve = critical_batch.run_records.eval_curve(tmp_path / "runs" / "reference")
+  evals = {round(r["epoch"], 3): r["loss"] for r in curve}
   reference = {float(b["checkpoint_epoch"]): float(b["loss"]) for b in branches if b["batch_size"] == "16"}
   # The B0 branch of 128 examples from epoch 0 (0.5) is the reference run itself at epoch 0.5 (1.0).
   assert reference[0.0] == pytest.approx(evals[0.5], rel=1e-5)
@@ -123,3 +124,17 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
     assert exit_info.value.code == 2
   errors = capsys.readouterr().err
   assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
+
+
+def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_path):
+  grid = critical_batch.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05)
+
+  def branch(size, multiplier, loss):
+    return critical_batch.Branch(0.0, 0.0, 0, size, multiplier, 0.1, 64 // size, 64, "test", loss, "accuracy",
+                                 0.9, 1.0, "1x cpu")
+
+  partial = [branch(16, 0.5, 1.2), branch(16, 1.0, 1.0), branch(32, 0.5, 1.04)]
+  row, = critical_batch.cbs_rows(grid, partial, tmp_path, {0.0: None})
+  assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size is None and row.noise_scale is None
+  row, = critical_batch.cbs_rows(grid, partial + [branch(32, 1.0, float("inf"))], tmp_path, {0.0: None})
+  assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size == 32
