@@ -99,7 +99,8 @@ def plan(read) -> BatchPlan:
   """The plan of a validated config; `read(path)` reads (and records) one field."""
   sizes = tuple(read("batch_sizes"))
   return BatchPlan(
-      policy=read("batch.policy"), sizes=sizes or (read("batch_size"),), boundaries=tuple(read("batch_size_boundaries")),
+      policy=read("batch.policy"), sizes=sizes or (read("batch_size"),),
+      boundaries=tuple(read("batch_size_boundaries")),
       max_device_batch=read("max_device_batch"), micro_batch_size=read("batch.micro_batch_size"),
       min_batch_size=read("batch.min_batch_size"), max_batch_size=read("batch.max_batch_size"),
       noise_multiple=read("batch.noise_multiple"), never_shrink=read("batch.never_shrink"),
