@@ -202,9 +202,11 @@ def load_table(path: str | pathlib.Path) -> Table:
   return parse_table(data, str(path))
 
 
-def row_config(table: Table, row: TableRow, seed: int) -> ml_collections.ConfigDict:
-  """The config of `row` at `seed`: the table's config, the row's variant, then every override."""
+def row_config(table: Table, row: TableRow, seed: int, extra: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The config of `row` at `seed`: the table's config, the row's variant, then every override (the table's,
+  the row's, the seed, then `extra`'s `field=value` settings)."""
   overrides = [f"--config.{o}" for o in (*table.overrides, *row.overrides)] + [f"--config.seed={seed}"]
+  overrides += [f"--config.{o}" for o in extra]
   return config_files.load(config_spec(table.config, row.variant), overrides).config
 
 
