@@ -17,7 +17,7 @@ learning-rate grids at a fixed batch size and ablations are all such tables:
 
 The first row is the reference the others are compared with (the `Δ` column). Each run goes to
 `<workdir>/<name>_s<seed>`; after each run the outputs `<out>.csv` (one line per run), `<out>.md` and
-`<out>.png` are rewritten. Runs already in `<out>.csv` are skipped (delete a line to rerun it); an
+`<out>.png` are rewritten (`--replot` rewrites the last two from the CSV alone). Runs already in `<out>.csv` are skipped (delete a line to rerun it); an
 interrupted run resumes from its checkpoint. `--rows a,b` runs only those rows (the table keeps every
 row already recorded). A run stopped by a non-finite loss is recorded as `diverged`. The metric is
 reported on the split each row evaluates on (`data_options.eval_split`): choose on `validation`, then
@@ -202,9 +202,11 @@ def load_table(path: str | pathlib.Path) -> Table:
   return parse_table(data, str(path))
 
 
-def row_config(table: Table, row: TableRow, seed: int) -> ml_collections.ConfigDict:
-  """The config of `row` at `seed`: the table's config, the row's variant, then every override."""
+def row_config(table: Table, row: TableRow, seed: int, extra: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The config of `row` at `seed`: the table's config, the row's variant, then every override (the table's,
+  the row's, the seed, then `extra`'s `field=value` settings)."""
   overrides = [f"--config.{o}" for o in (*table.overrides, *row.overrides)] + [f"--config.seed={seed}"]
+  overrides += [f"--config.{o}" for o in extra]
   return config_files.load(config_spec(table.config, row.variant), overrides).config
 
 
@@ -290,13 +292,28 @@ def markdown(table: Table, results: list[RunResult]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _plain_log_axis(axis) -> None:
+  """A log axis labelled with plain numbers (125, 150, 200 rather than 1.25 x 10^2): several ticks per
+  decade when the axis spans under two decades, one per decade beyond."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  low, high = sorted(axis.get_view_interval())
+  subs = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if high < 100 * low else (1.0,)
+  axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
+  axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:,.10g}"))
+  axis.set_minor_locator(ticker.NullLocator())
+
+
 def _draw_lines(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float, x_label: str):
   for series in dict.fromkeys(row.series for row in rows):
     points = sorted((row.x, mean, std) for row, (mean, std, _) in zip(rows, stats)
                     if row.series == series and not math.isnan(mean))
     axes.errorbar([p[0] for p in points], [scale * p[1] for p in points], marker="o", capsize=3, label=series,
                   yerr=[0.0 if math.isnan(p[2]) else scale * p[2] for p in points])
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   axes.set_xscale("log", base=2)
+  sizes = sorted({row.x for row, (mean, _, _) in zip(rows, stats) if not math.isnan(mean)})
+  axes.set_xticks(sizes, [f"{x:g}" for x in sizes])  # the values run, not 2^5, 2^6, ...
+  axes.xaxis.set_minor_locator(ticker.NullLocator())
   axes.set_xlabel(x_label)
   axes.legend()
   axes.grid(alpha=0.3)
@@ -328,7 +345,7 @@ def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> No
   x-axis, e.g. papers/001 Figure 5), else one horizontal bar per row with the reference as a dashed
   line and each seed's run as a cross; error bars: sample sd over seeds. Perplexity is drawn on a log
   axis (it is exp of the loss, and a diverged run's can be millions)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top  (plots only: matplotlib is an extra)
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
@@ -342,6 +359,7 @@ def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> No
     axes.set_ylabel(label)
     if table.metric == "perplexity":
       axes.set_yscale("log")
+      _plain_log_axis(axes.yaxis)
   else:
     figure, axes = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
     _draw_bars(axes, rows, stats, scale,
@@ -349,7 +367,10 @@ def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> No
     axes.set_xlabel(label)
     if table.metric == "perplexity":
       axes.set_xscale("log")
-  axes.set_title(textwrap.fill(table.title, 80), fontsize=9)
+      _plain_log_axis(axes.xaxis)
+  # Wrapped to the axes' width at 9 pt (about 13 characters per inch), so no title is cut.
+  width = axes.get_position().width * figure.get_figwidth()
+  axes.set_title(textwrap.fill(table.title, int(13 * width)), fontsize=9)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
@@ -432,6 +453,16 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   return results
 
 
+def replot(table: Table, out: str | pathlib.Path) -> list[RunResult]:
+  """Rewrites `<out>.md` and `<out>.png` from the runs recorded in `<out>.csv` (none is trained)."""
+  csv_path = pathlib.Path(out).with_suffix(".csv")
+  results = read_results(csv_path)
+  if not results:
+    raise ValueError(f"{csv_path} records no run: nothing to plot. Run the table first (without --replot).")
+  write_outputs(table, results, out)
+  return results
+
+
 def _record(table: Table, result: RunResult, out: str | pathlib.Path, workdir: str
             ) -> tuple[list[RunResult], bool]:
   """Adds `result` to `<out>.csv` unless a process sharing the table recorded the run already, and
@@ -455,10 +486,19 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
                                    description=__doc__.split("\n")[0])
   parser.add_argument("table", help="a table file (JSON), e.g. experiments/tables/mnist_legw_8k_hypotheses.json")
   parser.add_argument("--out", required=True, help="output prefix, e.g. reproduced/mnist_legw_8k_hypotheses")
-  parser.add_argument("--workdir", required=True, help="directory for the runs")
+  parser.add_argument("--workdir", help="directory for the runs (required unless --replot)")
   parser.add_argument("--seeds", default="", help="comma-separated seeds (default: the table's)")
   parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
+  parser.add_argument("--replot", action="store_true",
+                      help="rewrite <out>.md and <out>.png from <out>.csv, training nothing")
   args = parser.parse_args(argv)
+  if args.replot:
+    try:
+      return replot(load_table(args.table), args.out)
+    except ValueError as e:
+      parser.exit(2, f"{e}\n")
+  if not args.workdir:
+    parser.error("--workdir is required to run a table (only --replot goes without it)")
   try:
     seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
   except ValueError:

@@ -36,7 +36,9 @@ from lbjax.data.normalization import Normalization
 from lbjax.data.ptb import PtbCorpus
 from lbjax.data.ptb import PtbStream
 from lbjax.data.ptb import check_carry_state
+from lbjax.data.ptb import check_stream_window
 from lbjax.data.ptb import ptb_eval_batches
+from lbjax.data.ptb import ptb_stream_eval_batches
 from lbjax.data.sharding import process_slice
 from lbjax.data.stream import ArraySource
 from lbjax.data.stream import Batch

@@ -399,8 +399,57 @@ def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
   return _ptb_eval_windows(rows[mine], seq_len, carry_state)
 
 
-def _ptb_eval_windows(rows: np.ndarray, seq_len: int, carry_state: bool) -> Iterator[Batch]:
+def check_stream_window(window) -> int:
+  """`window` of `ptb_stream_eval_batches` if it is a positive integer, else a ValueError saying so."""
+  if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+    raise ValueError(f"stream_window must be a positive integer (tokens per device call), got {window!r}.")
+  return int(window)
+
+
+def ptb_stream_eval_batches(tokens: np.ndarray, batch_size: int, window: int = 1000, *,
+                            process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+  """The evaluation of TensorFlow's `ptb_word_lm` (papers/001's PTB baseline): one stream, one state.
+
+  `ptb_word_lm` evaluates with batch size 1, carrying the LSTM state from a zero state at the start
+  of the split through all of it, so every token but the first is predicted from all the text before
+  it; the batched windows of `ptb_eval_batches` instead start `batch_size` states at row boundaries.
+  Here the split is one row, cut into windows of `window` tokens (each window is one scanned pass of
+  the model; the carry flows between windows), `len(tokens) - 1` predictions in all. An LSTM is
+  causal, so the window length changes only the number of device calls, not what is computed.
+
+  The batches have `batch_size` rows so that they shard over the data-parallel devices: row 0 holds
+  the stream and the other rows are padding with `mask` 0, which costs nothing on parallel devices
+  but `batch_size` times the work on one: set `eval_batch_size` to the data-parallel size (1 on one
+  device). Process p of P gets rows `[p*B/P, (p+1)*B/P)`, so only process 0 holds the stream.
+
+  Args:
+    tokens: 1-D integer token ids (e.g. `PtbCorpus.split("test")`).
+    batch_size: global number of rows B, divisible by process_count.
+    window: tokens per window (device call); the last window is padded, `mask` 0 past the split.
+    process_index, process_count: this process and the number of processes.
+
+  Yields:
+    `{'inputs': int32 [B/P, window], 'targets': int32 [B/P, window], 'mask': float32 [B/P, window],
+    'reset_carry': np.bool_}` (True on the first window only).
+  """
+  tokens = _check_tokens(tokens)
+  check_stream_window(window)
+  if len(tokens) < 2:
+    raise ValueError(f"{len(tokens)} tokens are too few to evaluate: the stream needs at least 2.")
+  mine = process_slice(batch_size, process_index, process_count)
+  rows = np.zeros((batch_size, len(tokens)), tokens.dtype)
+  rows[0] = tokens
+  scored = np.zeros(batch_size, np.float32)
+  scored[0] = 1.0
+  return _ptb_eval_windows(rows[mine], window, carry_state=True, scored_rows=scored[mine])
+
+
+def _ptb_eval_windows(rows: np.ndarray, seq_len: int, carry_state: bool,
+                      scored_rows: np.ndarray | None = None) -> Iterator[Batch]:
+  """Windows of `seq_len` over `rows` [N, L] (see `ptb_eval_batches`); `scored_rows` [N] (default all
+  ones) multiplies the mask of each row, 0 for padding rows."""
   num_targets = rows.shape[1] - 1
+  row_mask = np.ones(rows.shape[0], np.float32) if scored_rows is None else scored_rows
   for start in range(0, num_targets, seq_len):
     width = min(seq_len, num_targets - start)
     inputs = np.zeros((rows.shape[0], seq_len), np.int32)
@@ -408,6 +457,6 @@ def _ptb_eval_windows(rows: np.ndarray, seq_len: int, carry_state: bool) -> Iter
     mask = np.zeros((rows.shape[0], seq_len), np.float32)
     inputs[:, :width] = rows[:, start:start + width]
     targets[:, :width] = rows[:, start + 1:start + width + 1]
-    mask[:, :width] = 1.0
+    mask[:, :width] = row_mask[:, None]
     yield {"inputs": inputs, "targets": targets, "mask": mask,
            "reset_carry": np.bool_(start == 0 or not carry_state)}

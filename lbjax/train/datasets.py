@@ -306,15 +306,28 @@ def synthetic_cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: i
                           image_size=32, num_classes=10, eval_split=eval_split)
 
 
+EVAL_PROTOCOLS = ("windows", "stream")
+
+
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
-                    eval_split: str, carry_state: bool) -> Dataset:
+                    eval_split: str, carry_state: bool, eval_protocol: str, stream_window: int) -> Dataset:
   lbdata.check_carry_state(carry_state)  # now, as a config error, not when the first stream is made
+  if eval_protocol not in EVAL_PROTOCOLS:
+    raise ValueError(f"eval_protocol must be one of {EVAL_PROTOCOLS} (batched windows, or ptb_word_lm's one "
+                     f"stream), got {eval_protocol!r}.")
+  lbdata.check_stream_window(stream_window)
+  if eval_protocol == "stream" and not carry_state:
+    raise ValueError("eval_protocol='stream' carries the state through the whole split; it contradicts "
+                     "carry_state=False. Use eval_protocol='windows' with carry_state=False.")
 
   def make_train_stream(process_index, process_count):
     return lbdata.PtbStream(train_tokens, seq_len=seq_len, process_index=process_index,
                             process_count=process_count, carry_state=carry_state)
 
   def make_eval_batches(batch_size, process_index, process_count):
+    if eval_protocol == "stream":
+      return lbdata.ptb_stream_eval_batches(eval_tokens, batch_size, stream_window, process_index=process_index,
+                                            process_count=process_count)
     return lbdata.ptb_eval_batches(eval_tokens, batch_size, seq_len=seq_len, process_index=process_index,
                                    process_count=process_count, carry_state=carry_state)
 
@@ -324,7 +337,8 @@ def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_
 
 
 def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,
-        eval_split: Literal["valid", "test"] = "valid", carry_state: bool = True) -> Dataset:
+        eval_split: Literal["valid", "test"] = "valid", carry_state: bool = True,
+        eval_protocol: Literal["windows", "stream"] = "windows", stream_window: int = 1000) -> Dataset:
   """Penn Treebank (Mikolov's `ptb.{train,valid,test}.txt`, 10,000 types) in BPTT windows of `seq_len`.
 
   Args:
@@ -334,22 +348,31 @@ def ptb(data_dir: str | os.PathLike[str] | None = None, *, seq_len: int = 20,
     eval_split: "valid" (choose hyper-parameters here) or "test".
     carry_state: True: the LSTM state flows from window to window (training and evaluation);
       False: every window starts from a zero state (an ablation of the carried state).
+    eval_protocol: "windows": the split in `eval_batch_size` rows of batched windows, each row's state
+      starting at its row boundary (fast; `lbjax.data.ptb_eval_batches`); "stream": TensorFlow
+      `ptb_word_lm`'s test protocol, the papers' baseline (batch 1, one state carried from the start
+      of the split through all of it; `lbjax.data.ptb_stream_eval_batches`): set `eval_batch_size`
+      to the data-parallel size, since rows past the first are padding.
+    stream_window: with "stream", tokens per device call (a scanned pass); changes speed, not results.
   """
   if eval_split not in ("valid", "test"):
     raise ValueError(f"ptb: eval_split must be 'valid' or 'test', got {eval_split!r}.")
   corpus = lbdata.PtbCorpus.from_dir(data_dir or None)
   return _language_model(corpus.train, corpus.split(eval_split), vocab_size=corpus.vocab_size, seq_len=seq_len,
-                         eval_split=eval_split, carry_state=carry_state)
+                         eval_split=eval_split, carry_state=carry_state, eval_protocol=eval_protocol,
+                         stream_window=stream_window)
 
 
 def synthetic_ptb(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, seq_len: int = 20,
-                  eval_split: Literal["valid", "test"] = "valid", carry_state: bool = True, vocab_size: int = 50,
-                  num_train_tokens: int = 20000, num_eval_tokens: int = 4000) -> Dataset:
+                  eval_split: Literal["valid", "test"] = "valid", carry_state: bool = True,
+                  eval_protocol: Literal["windows", "stream"] = "windows", stream_window: int = 1000,
+                  vocab_size: int = 50, num_train_tokens: int = 20000, num_eval_tokens: int = 4000) -> Dataset:
   """Tokens of a sparse Markov chain shaped like PTB (tests, benchmarks): `ptb`'s twin, `seq_len`,
-  `eval_split` (the chain's valid or test walk) and `carry_state` as there; `data_dir` changes nothing."""
+  `eval_split` (the chain's valid or test walk), `carry_state`, `eval_protocol` and `stream_window` as there;
+  `data_dir` changes nothing."""
   del data_dir
   evaluation_split = _synthetic_eval_split("synthetic_ptb", eval_split, {"valid": "valid", "test": "test"})
   train = lbdata.synthetic_ptb_tokens(num_train_tokens, vocab_size, seed=seed, split="train")
   evaluation = lbdata.synthetic_ptb_tokens(num_eval_tokens, vocab_size, seed=seed, split=evaluation_split)
   return _language_model(train, evaluation, vocab_size=vocab_size, seq_len=seq_len, eval_split=eval_split,
-                         carry_state=carry_state)
+                         carry_state=carry_state, eval_protocol=eval_protocol, stream_window=stream_window)

@@ -161,6 +161,35 @@ def test_a_table_with_series_plots_lines_over_x(tmp_path):
   assert {row.series for row in table.rows} == {"legw", "none"}
 
 
+def test_plots_label_the_batch_sizes_run_and_plain_perplexities(tmp_path):
+  matplotlib = pytest.importorskip("matplotlib")
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+  rows = [variant_table.TableRow(f"b{b}", "t", series="legw", x=b) for b in (20, 40, 80, 160, 320, 640)]
+  stats = [(110.0 + b / 10, 1.0, 1) for b in (20, 40, 80, 160, 320, 640)]
+  figure, axes = plt.subplots()
+  variant_table._draw_lines(axes, rows, stats, 1.0, "batch size")
+  axes.set_yscale("log")
+  variant_table._plain_log_axis(axes.yaxis)
+  figure.canvas.draw()
+  assert [t.get_text() for t in axes.get_xticklabels()] == ["20", "40", "80", "160", "320", "640"]
+  y_labels = [t.get_text() for t in axes.get_yticklabels() if t.get_text()]
+  assert y_labels and all(label.replace(",", "").isdigit() for label in y_labels), y_labels
+  plt.close(figure)
+
+
+def test_replot_rewrites_the_page_and_plot_from_the_csv_alone(finished_table, tmp_path):
+  table, out, _, results = finished_table
+  copy = tmp_path / "copy"
+  copy.with_suffix(".csv").write_text(out.with_suffix(".csv").read_text())
+  assert variant_table.replot(table, copy) == results
+  assert copy.with_suffix(".md").read_text() == out.with_suffix(".md").read_text()
+  assert copy.with_suffix(".png").stat().st_size > 0
+  with pytest.raises(SystemExit) as exit_info:  # nothing recorded: a message, exit 2
+    variant_table.main([str(TABLES / "ptb_lstm_headline.json"), "--out", str(tmp_path / "none"), "--replot"])
+  assert exit_info.value.code == 2
+
+
 def test_series_without_x_or_axis_label_is_refused():
   with pytest.raises(ValueError, match="a line plot needs 'series' and 'x' on every row"):
     _table(rows=[{"name": "a", "tests": "t", "series": "s", "x": 32}])

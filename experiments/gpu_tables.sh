@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The PTB runs owed to a GPU session (issue 31), for a lent device machine: several variant-table
+# processes ("lanes") share one GPU, working down the tables in order of priority; a packer writes
+# $OUT/tables.tgz every 30 s, so a call cut off at its limit still returns what finished.
+#
+#   1. ptb_lstm_headline (B=20, LEGW 160, LEGW 640; 3 seeds), trained again, then every run evaluated
+#      under ptb_word_lm's protocol too (experiments.reevaluate -> ptb_lstm_headline_protocols);
+#   2. the rows of ptb_lstm_640_hypotheses not yet run;
+#   3. seeds 1 and 2 of the PTB Figure 5.2, 6.2 and 7.2 tables.
+#
+# Here, once (.whl/, ignored by .gitignore: the ml-collections wheel the device image lacks, and the PTB files):
+#   bash experiments/gpu_tables.sh --prepare
+# On the device (the `run` tool of the device machine), carrying .whl:
+#   run(command="bash experiments/gpu_tables.sh", carry=[".whl"], timeout_s=600)
+# Back here, the tables it finished (CSV, markdown, plot) go over the committed ones:
+#   tar xzf <files_at>/tables.tgz -C docs/results
+# `--dry-run` prints what would run; LANES (default 4) and BUDGET_SECONDS (default 480, the lanes'
+# share of the call) tune it. The mechanics can be tried here (CPU; trains a minute, records nothing):
+#   OUT=/tmp/o PYTHON=.venv/bin/python LANES=2 BUDGET_SECONDS=45 bash experiments/gpu_tables.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+TABLES=experiments/tables
+RESULTS=docs/results
+OUT_DIR=/tmp/gpu_tables/out
+RUNS=/tmp/gpu_tables/runs
+PYTHON=${PYTHON:-python3}  # the device image's; here, for a check of the mechanics, a venv's
+LANES=${LANES:-4}
+BUDGET_SECONDS=${BUDGET_SECONDS:-480}
+# (table, results prefix, seeds): the order is the priority.
+JOBS=(
+  "ptb_lstm_headline ptb_lstm_headline_rerun 0,1,2 baseline_b20,legw_b160,legw_b640"
+  "ptb_lstm_640_hypotheses ptb_lstm_640_hypotheses 0 "
+  "ptb_lstm_fig5_legw_vs_adam ptb_lstm_fig5_legw_vs_adam 1,2 "
+  "ptb_lstm_fig6_lr_grid_640 ptb_lstm_fig6_lr_grid_640 1,2 "
+  "ptb_lstm_fig7_50_epochs ptb_lstm_fig7_50_epochs 1,2 "
+)
+REEVALUATE=("$PYTHON" -m experiments.reevaluate "$TABLES/ptb_lstm_headline.json" --workdir "$RUNS/ptb_lstm_headline"
+            --out "$OUT_DIR/ptb_lstm_headline_protocols" --label stream
+            --set data_options.eval_protocol=stream --set eval_batch_size=1)
+
+if [[ "${1:-}" == "--prepare" ]]; then
+  mkdir -p .whl/data
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    -d .whl "ml-collections==1.1.0"
+  cp -r ../shared/data/ptb .whl/data/
+  du -sh .whl
+  exit 0
+fi
+
+lane_commands() {  # the commands one lane runs, in order
+  local job table out seeds rows
+  for job in "${JOBS[@]}"; do
+    read -r table out seeds rows <<< "$job"
+    echo "$PYTHON -m experiments.variant_table $TABLES/$table.json --out $OUT_DIR/$out --workdir $RUNS/$table" \
+         "--seeds $seeds${rows:+ --rows $rows}"
+  done
+}
+
+if [[ "${1:-}" == "--dry-run" ]]; then
+  echo "each of $LANES lanes, for at most $BUDGET_SECONDS s:"; lane_commands | sed 's/^/  /'
+  echo "then: ${REEVALUATE[*]}"; echo "packed into \$OUT/tables.tgz"
+  exit 0
+fi
+
+: "${OUT:?run this on the device machine, where OUT is set (or use --dry-run / --prepare here)}"
+"$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH="/tmp/site:$PWD" LBJAX_DATA_DIR="$PWD/.whl/data" PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the lanes share the GPU's memory
+mkdir -p "$OUT_DIR" "$RUNS"
+for job in "${JOBS[@]}"; do  # start from the committed tables: only what they lack runs
+  read -r table out _ <<< "$job"
+  [[ -f "$RESULTS/$out.csv" && ! -f "$OUT_DIR/$out.csv" ]] && cp "$RESULTS/$out.csv" "$OUT_DIR/"
+done
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || echo "no nvidia-smi"; } | tee "$OUT_DIR/device.txt"
+
+pack() { tar czf "$OUT/tables.tgz.partial" -C "$OUT_DIR" . && mv "$OUT/tables.tgz.partial" "$OUT/tables.tgz"; }
+( while sleep 30; do pack; done ) & packer=$!
+
+lanes=()
+for lane in $(seq "$LANES"); do  # each lane its own process group, so the budget stops its trainings too
+  setsid bash -c "$(lane_commands | paste -sd';')" > "$OUT_DIR/lane$lane.log" 2>&1 &
+  lanes+=($!)
+done
+# SIGTERM: a training saves a checkpoint at its next step and its table records nothing for it.
+( sleep "$BUDGET_SECONDS"; for pid in "${lanes[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done ) & timer=$!
+wait "${lanes[@]}"
+kill "$timer" 2>/dev/null
+timeout 90 "${REEVALUATE[@]}" > "$OUT_DIR/reevaluate.log" 2>&1
+kill "$packer" 2>/dev/null
+pack
+tail -n 3 "$OUT_DIR"/lane*.log "$OUT_DIR/reevaluate.log"

@@ -1,0 +1,57 @@
+"""`experiments.reevaluate`: a variant table's trained runs evaluated again under other settings (the PTB
+evaluation protocols), from their final parameters, resumably."""
+
+import pathlib
+
+import pytest
+
+from experiments import reevaluate
+from experiments import variant_table
+
+TINY_PTB = str(pathlib.Path(__file__).with_name("tiny_ptb_config.py"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  tmp_path = tmp_path_factory.mktemp("reevaluate")
+  table = variant_table.parse_table({"title": "tiny PTB", "config": TINY_PTB, "metric": "perplexity", "seeds": [0],
+                                     "rows": [{"name": "base", "tests": "the config"}]})
+  variant_table.run_table(table, str(tmp_path / "table"), str(tmp_path / "runs"))
+  return table, tmp_path
+
+
+def test_same_settings_reproduce_the_trained_metric_and_the_stream_protocol_differs(trained):
+  table, tmp_path = trained
+  out = tmp_path / "protocols"
+  same = reevaluate.reevaluate(table, tmp_path / "runs", out, "same", ["eval_batch_size=16"])
+  assert same[0].value == pytest.approx(same[0].trained_value, rel=1e-6)  # the final parameters, loaded
+  both = reevaluate.reevaluate(table, tmp_path / "runs", out, "stream",
+                               ["data_options.eval_protocol=stream", "eval_batch_size=8"])
+  stream = [e for e in both if e.label == "stream"]
+  assert len(both) == 2 and len(stream) == 1
+  assert stream[0].value != pytest.approx(stream[0].trained_value, rel=1e-4)
+  assert reevaluate.read_evaluations(out.with_suffix(".csv")) == both
+  page = out.with_suffix(".md").read_text()
+  assert "`stream`: `data_options.eval_protocol=stream eval_batch_size=8`" in page
+
+
+def test_recorded_runs_are_not_evaluated_again(trained, monkeypatch):
+  table, tmp_path = trained
+  out = tmp_path / "resume"
+  first = reevaluate.reevaluate(table, tmp_path / "runs", out, "stream", ["data_options.eval_protocol=stream"])
+  monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args: pytest.fail("evaluated a recorded run again"))
+  assert reevaluate.reevaluate(table, tmp_path / "runs", out, "stream",
+                               ["data_options.eval_protocol=stream"]) == first
+
+
+def test_no_finished_run_and_missing_settings_exit_2_with_a_message(trained, tmp_path, capsys):
+  table, _ = trained
+  with pytest.raises(SystemExit) as exit_info:
+    reevaluate.main([str(pathlib.Path(variant_table.__file__).with_name("tables") / "ptb_lstm_headline.json"),
+                     "--workdir", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), "--label", "stream",
+                     "--set", "data_options.eval_protocol=stream"])
+  assert exit_info.value.code == 2
+  assert "no finished run of the table" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as exit_info:
+    reevaluate.main(["t.json", "--workdir", "w", "--out", "o", "--label", "stream"])
+  assert exit_info.value.code == 2
