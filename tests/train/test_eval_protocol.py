@@ -24,7 +24,7 @@ def _config(**data_options):
 
 def _token_by_token_perplexity(run):
   """ptb_word_lm's loop: one token at a time from a zero state, the state carried through the split."""
-  model = nnx.merge(run.graphdef, run.state.params, run.state.model_state)
+  model = nnx.merge(run.parts.graphdef, run.state.params, run.state.model_state)
   graphdef, state = nnx.split(model)
 
   @jax.jit
