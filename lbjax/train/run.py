@@ -39,6 +39,7 @@ from lbjax.train import batch_policy as batch_policy_lib
 from lbjax.train import config as config_lib
 from lbjax.train import nonfinite
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train import prefetch
 from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
@@ -154,7 +155,8 @@ class Run:
 
   def _build(self, config: ml_collections.ConfigDict) -> None:
     self.task = build_task(config)
-    self.stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
+    stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
+    self.stream = prefetch.PrefetchingStream(stream, self._prepare_batch)  # the next batch drawn during a step
     self._check_data_sizes()
     self.lr_schedule = optimizer_lib.learning_rate_schedule(config)
     self.batch_size_schedule = optimizer_lib.batch_size_schedule(config)
@@ -416,16 +418,22 @@ class Run:
     of the epoch into the new rows, where the old carries have no meaning)."""
     epoch = self.epoch
     size = self.batch_policy.batch_size(epoch)
-    local = self.stream.next_batch(size)
-    if self.task.take_carry_reset(local) or (self.state.carry is not None and self.carry_batch_size != size):
+    reset_carry, arrays = self.stream.next_prepared(size)  # drawn and placed while the previous step ran
+    self.stream.prefetch(prefetch.decided_next_batch_size(self))
+    if reset_carry or (self.state.carry is not None and self.carry_batch_size != size):
       count = self.any_batch.num_microbatches(size) if self.any_batch else None
       self.state = self.state._replace(carry=self.train_carry(size, count))
       self.carry_batch_size = size
     config = self.config.loss
     discard_fraction = config.discard_fraction if epoch < config.discard_until_epoch else 0.0
-    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.batch_sharding)
     return Batch(size, arrays, self.learning_rate_scalar(self.batch_policy.learning_rate(epoch, size)),
                  discard_fraction)
+
+  def _prepare_batch(self, local: dict[str, np.ndarray], size: int) -> tuple[bool, Any]:
+    """A drawn host batch's carry-reset flag and its arrays placed on the mesh (on the prefetch thread)."""
+    reset_carry = self.task.take_carry_reset(local)
+    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.batch_sharding)
+    return reset_carry, arrays
 
   def learning_rate_scalar(self, value: float) -> jax.Array:
     """`value` as the step's replicated float32 device scalar, placed again only when its float32 bits
@@ -611,6 +619,8 @@ class Run:
     """Waits for checkpoints in flight, closes the checkpointer and releases the workdir lock. After a
     failed save (already reported as `CheckpointSaveError`), what else Orbax raises on closing is dropped."""
     try:
+      if getattr(self, "stream", None) is not None:
+        self.stream.close()  # the prefetch thread ends with the run
       if self.checkpointer is not None:
         try:
           self.checkpointer.close()
