@@ -21,8 +21,9 @@ apply and each has the accelerator's memory to itself:
 Reported: images/s of the step and of the loop, and the loop's fraction of the step's rate. Each
 run appends one JSON line to `--results`; `--table FILE` writes the README section from such a file.
 
-    python -m benchmarks.resnet50_end_to_end [--batch-per-device 256] [--decode-workers 12]
-        [--xla-flags FLAGS] [--max-device-batch 0] [--compare-momentum] [--results FILE]
+    python -m benchmarks.resnet50_end_to_end [--batch-per-device 256] [--decode-workers 14]
+        [--xla-flags FLAGS] [--max-device-batch 0] [--compare-momentum] [--step-only]
+        [--override --config.FIELD=VALUE ...] [--results FILE]
     python -m benchmarks.resnet50_end_to_end --dry-run    # the same path at tiny sizes on a CPU
     python -m benchmarks.resnet50_end_to_end --table FILE [--no-readme]
 
@@ -120,7 +121,7 @@ def run_overrides(args, data_dir: pathlib.Path, *, num_workers: int) -> list[str
                f"--config.eval_batch_size={args.validation_images}", "--config.checkpoint_every_steps=0",
                "--config.eval_every_epochs=1000.0", f"--config.log_every={args.log_every}",
                f"--config.num_steps={args.log_every * (args.warmup_windows + args.windows + 2)}"]
-  return overrides + list(DRY_RUN_OVERRIDES if args.dry_run else ())
+  return overrides + list(DRY_RUN_OVERRIDES if args.dry_run else ()) + args.override
 
 
 def _environment(args) -> dict[str, str]:
@@ -226,17 +227,17 @@ def measure(args) -> dict:
   spec = f"{CONFIG}:batch={args.batch_per_device}"  # one device: the global batch is the device's
   env = _environment(args)
   step = _subprocess_step(args, spec, run_overrides(args, data_dir, num_workers=0), env)
-  workdir = pathlib.Path(tempfile.mkdtemp(prefix="rn50-e2e-", dir=args.work_root))
-  loop = measure_loop(args, spec, run_overrides(args, data_dir, num_workers=args.decode_workers), env, workdir)
   batch = args.batch_per_device
   row = {"device": step["device"], "jax": step["jax"], "batch_per_device": batch,
          "decode_workers": args.decode_workers, "xla_flags": args.xla_flags, "max_device_batch": args.max_device_batch,
-         "image_size": args.image_size, "cpu_count": os.cpu_count(), "dry_run": args.dry_run,
-         "step_images_per_second": batch / step["step_seconds"]["lars"],
-         "step_ms": step["step_seconds_quartiles"]["lars"],
-         "loop_images_per_second": batch / loop["loop_seconds_per_step"],
-         "data_write_seconds": round(write_seconds, 1), **loop}
-  row["fraction_of_step"] = row["loop_images_per_second"] / row["step_images_per_second"]
+         "overrides": args.override, "image_size": args.image_size, "cpu_count": os.cpu_count(),
+         "dry_run": args.dry_run, "step_images_per_second": batch / step["step_seconds"]["lars"],
+         "step_ms": step["step_seconds_quartiles"]["lars"], "data_write_seconds": round(write_seconds, 1)}
+  if not args.step_only:
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="rn50-e2e-", dir=args.work_root))
+    loop = measure_loop(args, spec, run_overrides(args, data_dir, num_workers=args.decode_workers), env, workdir)
+    row.update(loop, loop_images_per_second=batch / loop["loop_seconds_per_step"])
+    row["fraction_of_step"] = row["loop_images_per_second"] / row["step_images_per_second"]
   if args.compare_momentum:
     row["momentum_step_images_per_second"] = batch / step["step_seconds"]["momentum"]
     row["lars_over_momentum"] = step["lars_over_momentum"]
@@ -249,10 +250,12 @@ def measure(args) -> dict:
 def table(rows: list[dict]) -> str:
   from benchmarks import report  # pylint: disable=import-outside-toplevel
   lines = [[r["device"], r["batch_per_device"], r["decode_workers"], r["xla_flags"] or "default",
-            r["max_device_batch"], f"{r['step_images_per_second']:,.0f}", f"{r['loop_images_per_second']:,.0f}",
-            f"{r['fraction_of_step']:.3f}", r.get("lars_over_momentum", "")] for r in rows]
+            r["max_device_batch"], " ".join(r["overrides"]), f"{r['step_images_per_second']:,.0f}",
+            f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
+            f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", "")]
+           for r in rows]
   return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
-                                "step images/s (LARS)", "whole loop images/s", "loop / step rate",
+                                "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
                                 "LARS / momentum step time"], lines)
 
 
@@ -284,6 +287,9 @@ def main() -> None:
   parser.add_argument("--max-device-batch", type=int, default=0,
                       help="config.max_device_batch (0: the whole per-device batch in one pass; the config's is 128)")
   parser.add_argument("--compare-momentum", action="store_true", help="also time the step with momentum SGD")
+  parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
+  parser.add_argument("--override", action="append", default=[],
+                      help="one more --config.<field>=<value> for the step and the trainer (repeatable)")
   parser.add_argument("--image-size", type=int, default=224)
   parser.add_argument("--train-images", type=int, default=16384)
   parser.add_argument("--distinct-images", type=int, default=2048)
@@ -311,6 +317,8 @@ def main() -> None:
     return
   if rest:
     parser.error(f"unexpected arguments {rest}")
+  if any(not o.startswith("--config.") or "=" not in o for o in args.override):
+    parser.error(f"--override takes --config.<field>=<value>, got {args.override}")
   if args.table:
     write_table(pathlib.Path(args.table), args.no_readme)
     return
@@ -326,8 +334,9 @@ def main() -> None:
     parser.error("--train-images must be at least --batch-per-device")
   row = measure(args)
   print(json.dumps(row, indent=1))
-  print(f"step {row['step_images_per_second']:,.0f} images/s, loop {row['loop_images_per_second']:,.0f} images/s: "
-        f"{row['fraction_of_step']:.3f} of the step's rate", flush=True)
+  if not args.step_only:
+    print(f"step {row['step_images_per_second']:,.0f} images/s, loop {row['loop_images_per_second']:,.0f} "
+          f"images/s: {row['fraction_of_step']:.3f} of the step's rate", flush=True)
 
 
 if __name__ == "__main__":
