@@ -102,7 +102,7 @@ class Run:
     batch_policy: who chooses each step's batch size and learning rate (`lbjax.train.batch_policy`).
     any_batch: the any-batch step (`lbjax.train.any_batch`) with `config.batch.micro_batch_size`, else None.
     state: the `TrainState` (restored from the workdir's latest checkpoint when there is one).
-    stream: the training data stream (its position is the run's clock, `epoch`).
+    stream: the training data stream, in a `prefetch.PrefetchingStream` (its consumed position: `epoch`).
     step_count: steps taken (the restored checkpoint's step on resume).
     examples_seen: training examples consumed, over all processes.
     batch_size: the global batch size of the latest step (the schedule's at the start).
