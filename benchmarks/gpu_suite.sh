@@ -77,9 +77,12 @@ prepare() {
       $(printf '%s\n' "${PACKAGES[@]}" | grep -v -E '^(optax|orbax-checkpoint)==') || return 1
   local wheels
   wheels=$(ls "$tmp/dl"/*.whl | grep -v -E "/$(echo "$EXCLUDED" | sed 's/^\^//')")
-  "${pip[@]}" install -q --no-deps --target "$tmp/site" "${platform[@]}" $wheels || return 1
+  "${pip[@]}" install -q --no-deps --no-compile --target "$tmp/site" "${platform[@]}" $wheels || return 1
+  # Not needed to run: scripts, type stubs, and tensorflow-datasets' test data and tests (a third of it).
   rm -rf "$tmp/site/bin"
-  tar -C "$tmp/site" -cf - . | xz -6 -T2 > "$WHEELS/site-cp312.tar.xz" || return 1
+  find "$tmp/site" \( -name dummy_data -o -name testdata \) -type d -prune -exec rm -rf {} +
+  find "$tmp/site" \( -name "*_test.py" -o -name "*.pyi" \) -type f -delete
+  tar -C "$tmp/site" -cf - . | xz -9 -T2 > "$WHEELS/site-cp312.tar.xz" || return 1
   ls "$tmp/dl" > "$WHEELS/wheels.txt"
   rm -rf "$tmp"
   echo "Wrote $WHEELS/site-cp312.tar.xz ($(du -m "$WHEELS/site-cp312.tar.xz" | cut -f1) MiB; carry .whl) from:"

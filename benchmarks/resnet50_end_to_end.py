@@ -34,6 +34,7 @@ every part runs as on the GPU, only smaller.
 import argparse
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -87,7 +88,9 @@ def write_imagenet_like(data_dir: pathlib.Path, *, train_images: int, distinct_i
     return 0.0
   os.makedirs(builder.data_dir, exist_ok=True)
   count = distinct_images + validation_images
-  with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+  processes = min(os.cpu_count() or 1, count)
+  # Spawned, not forked: the caller may hold JAX's threads (a fork of them can deadlock).
+  with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
     jpegs = list(pool.map(_jpeg, [seed] * count, range(count), chunksize=8))
   features, splits = builder.info.features, []
   for split, size, pool_of in (("train", train_images, jpegs[:distinct_images]),
