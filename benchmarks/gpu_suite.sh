@@ -25,7 +25,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
-SITE="/tmp/site"
+SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
 PARTS="install,e2e,loop,optimizer,deterministic"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
