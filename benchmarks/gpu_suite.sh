@@ -231,7 +231,6 @@ mkdir -p "$OUT_DIR"
 RESULTS="$(mktemp -d /tmp/gpu-suite-XXXX)"
 mkdir -p "$RESULTS/work"
 if [ "$MODE" = dry-run ]; then
-  PARTS="install,e2e,loop,optimizer,deterministic"
   SITE="$RESULTS/site-check"  # unpacked and pruned as on the device, but not imported (cp312 wheels)
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 else
