@@ -191,13 +191,13 @@ def measure_loop(args, spec: str, overrides: list[str], env: dict[str, str], wor
         if time.perf_counter() - start > args.loop_timeout:
           break
         time.sleep(0.5)
-      stopped_by_us = process.poll() is None
-      if stopped_by_us:
-        process.send_signal(signal.SIGTERM)
+      if process.poll() is None:
+        process.send_signal(signal.SIGTERM)  # the trainer saves and exits
       process.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-      os.killpg(process.pid, signal.SIGKILL)
-      process.wait()
+    finally:  # a timeout, or this process stopped (SIGTERM from the suite's limit): no trainer left behind
+      if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
   records = _train_records(workdir)
   timed = records[args.warmup_windows:needed]
   if len(timed) < args.windows:
@@ -313,6 +313,7 @@ def main() -> None:
   parser.add_argument("--no-readme", action="store_true", help="with --table: print only")
   parser.add_argument("--measure-step", default=None, help=argparse.SUPPRESS)
   args, rest = parser.parse_known_args()
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the `finally`s stop the children
   if args.measure_step:
     overrides = [a for a in rest if a != "--"]
     result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum)
