@@ -108,17 +108,17 @@ def key(version):
 kept, dropped = [], []
 for info in sorted(site.glob("*.dist-info")):
   ours = importlib.metadata.Distribution.at(info)
-  name = ours.metadata["Name"]
+  name, version = ours.metadata["Name"], ours.version
   theirs = next(importlib.metadata.distributions(name=name, path=others), None)
-  if theirs is None or key(theirs.version) < key(ours.version):
-    kept.append(f"{name} {ours.version}" + (f" (image: {theirs.version})" if theirs else ""))
+  if theirs is None or key(theirs.version) < key(version):
+    kept.append(f"{name} {version}" + (f" (image: {theirs.version})" if theirs else ""))
     continue
   for line in (info / "RECORD").read_text().splitlines():
     path = site / line.split(",")[0]
     if path.is_file():
       path.unlink()
   shutil.rmtree(info, ignore_errors=True)
-  dropped.append(f"{name} {ours.version} (image: {theirs.version})")
+  dropped.append(f"{name} {version} (image: {theirs.version})")
 print("carried, in use:", ", ".join(kept) or "none")
 print("carried, the image's used instead:", ", ".join(dropped) or "none")
 EOF
