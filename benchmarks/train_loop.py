@@ -6,8 +6,9 @@ Three ways to take a training step, timed in interleaved rounds in one process:
                 momentum SGD, donated buffers) called back to back on one batch already on the device
   trainer step  the trainer's own compiled step (`workloads.TrainerStep`), called the same way
   loop          `train_and_evaluate` on the model's synthetic twin for `--steps` steps: input
-                pipeline, host -> device transfer, LR schedule, metrics, hooks; batch t+1 is drawn
-                and placed on a background thread while step t runs (`lbjax.train.prefetch`)
+                pipeline, host -> device transfer, LR schedule, metrics, hooks; on accelerators
+                batch t+1 is drawn and placed on a background thread while step t runs
+                (`lbjax.train.prefetch`; not on CPU devices, where the two loops are the same)
   loop, no prefetch  the same with every batch drawn and placed when its step needs it (the loop
                 before prefetching)
 
@@ -186,10 +187,11 @@ def main() -> None:
       f"[quartiles]; above 1 the loop is slower. A loop run takes {args.steps} steps with metrics "
       f"every {args.log_every} steps (the first window dropped), no checkpoint during the run; "
       f"a bare-step round takes {args.steps - args.log_every} steps. Per step the loop takes the batch "
-      "a background thread drew and placed during the previous step, starts the next one's, dispatches "
-      "the step and waits for the step before the previous one (at most two in flight); metrics reach "
-      "the host once per window, fetched one step after it closed (no wait for the step just "
-      "dispatched). Without prefetching the batch is drawn and placed on the main thread. Host "
+      "a background thread drew and placed during the previous step (on accelerators), starts the next "
+      "one's, dispatches the step and waits for the step before the previous one (at most two in "
+      "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
+      "the step just dispatched). Without prefetching (and on CPU devices, where "
+      "`prefetch.overlaps_placement` is false) the batch is drawn and placed on the main thread. Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "
       "learning rate when its value changed (`Run.learning_rate_scalar`; a constant LR, as here, "

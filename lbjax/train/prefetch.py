@@ -20,6 +20,9 @@ What stays exact:
 - Errors. An error of a prefetched draw (missing file, corrupt JPEG) is raised by the
   `next_prepared` that takes the batch, as the synchronous draw would have raised it; a batch that
   no step takes (the run ended, stopped or failed) is dropped with its error.
+- Where it runs. Only where the batches go to accelerators (`overlaps_placement`): on CPU devices the
+  placement is a copy within the same memory and the step computes on the very cores the thread
+  would use, so there the batch is drawn and placed when its step needs it, as without prefetching.
 - The thread's life. `close()` waits for the batch in flight (one draw at most) and ends the thread;
   `Run.close` calls it, so the thread ends with the run on every path out of the loop (end of data,
   SIGTERM/SIGINT, a non-finite stop, any exception).
@@ -128,9 +131,15 @@ class PrefetchingStream(Generic[Prepared]):
         self._executor = None
 
 
+def overlaps_placement(mesh: Any) -> bool:
+  """Whether placing a batch on `mesh`'s devices can overlap their step: they are accelerators."""
+  return any(device.platform != "cpu" for device in mesh.devices.flat)
+
+
 def decided_next_batch_size(run: Any) -> int | None:
   """The size of the batch after the one just handed out for step `run.step_count + 1`, when it is
-  decided now; None when it is not, or when that step ends the run.
+  decided now and worth prefetching (`overlaps_placement`); None when it is not, or when that step
+  ends the run.
 
   "fixed" and "schedule": the schedule at the consumed position. "adaptive": the batch in force,
   unless step `run.step_count + 1` is a decision step (`config.batch.adapt_every`), whose result
@@ -138,7 +147,7 @@ def decided_next_batch_size(run: Any) -> int | None:
   """
   config, policy = run.config, run.batch_policy
   step = run.step_count + 1
-  if 0 < config.num_steps <= step:
+  if not overlaps_placement(run.mesh) or 0 < config.num_steps <= step:
     return None
   if policy.policy != "adaptive":
     epoch = run.stream.epoch()

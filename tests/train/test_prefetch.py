@@ -8,10 +8,17 @@ import pytest
 from lbjax import data as lbdata
 from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train import hooks
+from lbjax.train import prefetch
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.prefetch import PrefetchingStream
 from lbjax.train.run import Run
 from tests.train import helpers
+
+
+@pytest.fixture(autouse=True)
+def prefetch_on_cpu(monkeypatch):
+  """The trainer prefetches only for accelerators (`overlaps_placement`); these tests check it on CPU."""
+  monkeypatch.setattr(prefetch, "overlaps_placement", lambda mesh: True)
 
 
 def _stream():
@@ -155,8 +162,20 @@ def test_the_thread_ends_with_the_run_on_a_non_finite_stop(tmp_path, monkeypatch
   assert draws[2].startswith("lbjax-prefetch") and not _prefetch_threads()
 
 
+def test_cpu_devices_draw_each_batch_when_its_step_needs_it(tmp_path, monkeypatch):
+  monkeypatch.undo()
+  run = Run(helpers.tiny_classifier_config())
+  try:
+    assert not prefetch.overlaps_placement(run.mesh)
+    run.step(run.next_batch())
+    assert not _prefetch_threads() and run.stream.get_state()["examples_consumed"] == 32
+  finally:
+    run.close()
+
+
 def test_a_preempted_run_saves_the_consumed_position_and_resumes_bit_identically(tmp_path, monkeypatch):
   full = train_and_evaluate(helpers.tiny_language_model_config(), tmp_path / "full")
+  should_stop = hooks.PreemptionFlag.should_stop
   monkeypatch.setattr(hooks.PreemptionFlag, "should_stop", lambda self, step: step == 5)
   preempted = train_and_evaluate(helpers.tiny_language_model_config(), tmp_path / "resumed")
   assert preempted.preempted and not _prefetch_threads()
@@ -168,7 +187,7 @@ def test_a_preempted_run_saves_the_consumed_position_and_resumes_bit_identically
     assert meta["stream"] == run.stream.get_state()
   finally:
     run.close()
-  monkeypatch.undo()
+  monkeypatch.setattr(hooks.PreemptionFlag, "should_stop", should_stop)
   resumed = train_and_evaluate(helpers.tiny_language_model_config(), tmp_path / "resumed")
   assert resumed.step == full.step
   helpers.assert_trees_equal(resumed.state, full.state)
