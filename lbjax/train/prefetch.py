@@ -5,7 +5,7 @@
 carry-reset flag, the host -> device placement) to one background thread, so they overlap step t on
 the device and the hooks on the host instead of following them.
 
-What stays exact:
+Its guarantees:
 - The stream position. `epoch()` and `get_state()` report the position after the batches handed out
   by `next_prepared`/`next_batch` (consumed by steps), never after a batch merely prefetched: a
   checkpoint records where the next step's batch starts, and a resumed run draws the same batches.
