@@ -127,7 +127,8 @@ EOF
 RESULTS=""
 pack() {
   cp "$ROOT/benchmarks/README.md" "$RESULTS/README.md"
-  tar czf "$OUT_DIR/gpu_suite.tgz" -C "$RESULTS" . 2>/dev/null
+  # Not the trainers' checkpoints (written on SIGTERM, after the timed windows) nor the dry run's unpacked site.
+  tar czf "$OUT_DIR/gpu_suite.tgz" --exclude=./site-check --exclude='./work/*/checkpoints' -C "$RESULTS" . 2>/dev/null
 }
 
 # part NAME LIMIT COMMAND...: runs COMMAND under its limit, its output in NAME.log, then packs the archive.
