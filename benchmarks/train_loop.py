@@ -6,14 +6,18 @@ Three ways to take a training step, timed in interleaved rounds in one process:
                 momentum SGD, donated buffers) called back to back on one batch already on the device
   trainer step  the trainer's own compiled step (`workloads.TrainerStep`), called the same way
   loop          `train_and_evaluate` on the model's synthetic twin for `--steps` steps: input
-                pipeline, host -> device transfer, LR schedule, metrics, hooks
+                pipeline, host -> device transfer, LR schedule, metrics, hooks; on accelerators
+                batch t+1 is drawn and placed on a background thread while step t runs
+                (`lbjax.train.prefetch`; not on CPU devices, where the two loops are the same)
+  loop, no prefetch  the same with every batch drawn and placed when its step needs it (the loop
+                before prefetching)
 
 The loop's time per step comes from its `train` records (each covers `--log-every` steps; the first
 window, which holds the first step after compilation, is dropped). Each round gives the ratios
-loop / trainer step and loop / hand step under the same load; the table gives their medians and
-quartiles. Compilation is kept out of every timing, and JAX's persistent compilation cache (in a
-temporary directory) spares the loop runs after the first their compile. The host work of one loop
-iteration is then timed piece by piece:
+loop / trainer step, loop / hand step and loop / loop without prefetching under the same load; the
+table gives their medians and quartiles. Compilation is kept out of every timing, and JAX's
+persistent compilation cache (in a temporary directory) spares the loop runs after the first their
+compile. The host work of one loop iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
   global_batch    host -> device (`run.global_batch`: one `make_array_from_process_local_data` call)
@@ -33,21 +37,24 @@ import pathlib
 import statistics
 import tempfile
 import time
+from unittest import mock
 
 import jax
 
 from benchmarks import report
 from benchmarks import workloads
 from lbjax import train
+from lbjax.train import prefetch
 from lbjax.train import run as run_lib
 
 CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
 
 
 class Loop:
-  """One `train_and_evaluate` run of `steps` steps per call; returns its seconds per step."""
+  """One `train_and_evaluate` run of `steps` steps per call; returns its seconds per step. With
+  `prefetch=False`, every batch is drawn and placed when its step needs it."""
 
-  def __init__(self, config, steps: int, log_every: int):
+  def __init__(self, config, steps: int, log_every: int, prefetch: bool = True):
     config = config.copy_and_resolve_references()
     config.num_steps = steps
     config.num_epochs = 1000.0  # num_steps ends the run
@@ -55,10 +62,17 @@ class Loop:
     config.log_every = log_every
     self.config = config
     self.batch_size = config.batch_size
+    self.prefetch = prefetch
 
   def __call__(self) -> float:
     with tempfile.TemporaryDirectory() as workdir:
-      train.train_and_evaluate(self.config, workdir)
+      if self.prefetch:
+        train.train_and_evaluate(self.config, workdir)
+      else:
+        start_prefetch = prefetch.PrefetchingStream.prefetch
+        with mock.patch.object(prefetch.PrefetchingStream, "prefetch",
+                               lambda stream, size: start_prefetch(stream, None)):
+          train.train_and_evaluate(self.config, workdir)
       records = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").open()]
     rates = [r["examples_per_second"] for r in records if r["kind"] == "train"][1:]
     if not rates:
@@ -80,11 +94,11 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
   config = workloads.trainer_config(model, batch_size, num_train_examples=8192)
   trainer_step = workloads.TrainerStep(config)
   hand_step = workloads.HandStep(trainer_step)
-  loop = Loop(config, args.steps, args.log_every)
   repeats = args.steps - args.log_every  # as many steps as the loop's timed windows hold
   variants = {"hand step": lambda: step_seconds(hand_step, repeats),
               "trainer step": lambda: step_seconds(trainer_step, repeats),
-              "loop": loop}
+              "loop": Loop(config, args.steps, args.log_every),
+              "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False)}
   for function in variants.values():  # compile, warm up, fill the compilation cache
     function()
   names = list(variants)
@@ -149,16 +163,21 @@ def main() -> None:
                               report.paired_ratios(times, "loop", "trainer step"))
     vs_hand = check.record(f"{model}: loop / hand step",
                            report.paired_ratios(times, "loop", "hand step"))
-    rate_rows.append([model, batch_size, spreads["hand step"].format(1e3),
-                      spreads["trainer step"].format(1e3), spreads["loop"].format(1e3),
-                      vs_trainer.format(digits=3), vs_hand.format(digits=3)])
+    vs_plain = check.record(f"{model}: loop / loop without prefetching",
+                            report.paired_ratios(times, "loop", "loop, no prefetch"))
+    plain_vs_trainer = report.paired_ratios(times, "loop, no prefetch", "trainer step")
+    rate_rows.append([model, batch_size, spreads["hand step"].format(1e3), spreads["trainer step"].format(1e3),
+                      spreads["loop"].format(1e3), spreads["loop, no prefetch"].format(1e3),
+                      vs_trainer.format(digits=3), plain_vs_trainer.format(digits=3), vs_hand.format(digits=3),
+                      vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
                      [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "lr_scalar",
                                                        "schedules")])
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
       ["model", "global batch", "hand step ms", "trainer step ms", "loop ms per step",
-       "loop / trainer step", "loop / hand step"], rate_rows)
+       "loop without prefetching ms per step", "loop / trainer step", "loop without prefetching / trainer step",
+       "loop / hand step", "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
        "lr_scalar ms", "schedules ms"], host_rows)
@@ -167,10 +186,12 @@ def main() -> None:
       "interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
       f"[quartiles]; above 1 the loop is slower. A loop run takes {args.steps} steps with metrics "
       f"every {args.log_every} steps (the first window dropped), no checkpoint during the run; "
-      f"a bare-step round takes {args.steps - args.log_every} steps. Per step the loop dispatches "
-      "the step, prepares the next batch while the device works, and waits for the step before "
-      "the previous one (at most two in flight); metrics reach the host once per window, fetched one "
-      "step after it closed (no wait for the step just dispatched). Host "
+      f"a bare-step round takes {args.steps - args.log_every} steps. Per step the loop takes the batch "
+      "a background thread drew and placed during the previous step (on accelerators), starts the next "
+      "one's, dispatches the step and waits for the step before the previous one (at most two in "
+      "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
+      "the step just dispatched). Without prefetching (and on CPU devices, where "
+      "`prefetch.overlaps_placement` is false) the batch is drawn and placed on the main thread. Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "
       "learning rate when its value changed (`Run.learning_rate_scalar`; a constant LR, as here, "

@@ -30,6 +30,7 @@ import numpy as np
 from lbjax.train import batch_plan
 from lbjax.train import config as config_lib
 from lbjax.train import nonfinite
+from lbjax.train import prefetch
 from lbjax.train import protocols
 from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
@@ -62,8 +63,8 @@ class Run:
 
   Attributes:
     resolved: the `ResolvedRun` (every name resolved, every field typed).
-    mesh, task, stream: the device mesh, the task (model and data), the training data stream (its
-      position is the run's clock, `epoch`).
+    mesh, task, stream: the device mesh, the task (model and data), the training data stream in a
+      `prefetch.PrefetchingStream` (its consumed position is the run's clock, `epoch`).
     parts: what the compiled steps need (`StepParts`: graph, optimizer, compressor, shardings).
     batch_policy: who chooses each step's batch size and learning rate (`lbjax.train.batch_policy`).
     any_batch: the any-batch step (`lbjax.train.any_batch`) with `batch.micro_batch_size`, else None.
@@ -105,6 +106,7 @@ class Run:
     self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
     self.lock = WorkdirLock(workdir) if workdir is not None and self.process_index == 0 else None
     self.checkpoints: Checkpoints | None = None
+    self.stream: prefetch.PrefetchingStream | None = None
     self.compiled: dict[tuple[int, float], Any] = {}
     self.compile_seconds: dict[tuple[int, float], float] = {}
     self.new_compile: tuple[int, float] | None = None
@@ -118,7 +120,8 @@ class Run:
       self.lock.acquire()
     try:
       self.task = resolved.open_task()
-      self.stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
+      stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
+      self.stream = prefetch.PrefetchingStream(stream, self._prepare_batch)  # batch t+1 drawn during step t
       self._check_data_sizes()
       self.parts = StepParts.create(resolved, self.task, self.mesh)
       self.batch_policy = BatchPolicy(resolved.batch, resolved.learning_rate)
@@ -203,14 +206,20 @@ class Run:
     the old carries have no meaning)."""
     epoch = self.epoch
     size = self.batch_policy.batch_size(epoch)
-    local = self.stream.next_batch(size)
-    if protocols.take_carry_reset(local) or (self.state.carry is not None and self.carry_batch_size != size):
+    reset_carry, arrays = self.stream.next_prepared(size)  # drawn and placed while the previous step ran
+    self.stream.prefetch(prefetch.decided_next_batch_size(self))
+    if reset_carry or (self.state.carry is not None and self.carry_batch_size != size):
       count = self.any_batch.num_microbatches(size) if self.any_batch else None
       self.state = self.state._replace(carry=self.train_carry(size, count))
       self.carry_batch_size = size
-    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.parts.batch_sharding)
     return Batch(size, arrays, self.learning_rate_scalar(self.batch_policy.learning_rate(epoch, size)),
                  self.resolved.discard_fraction_at(epoch))
+
+  def _prepare_batch(self, local: dict[str, np.ndarray], size: int) -> tuple[bool, Any]:
+    """A drawn host batch's carry-reset flag and its arrays placed on the mesh (on the prefetch thread)."""
+    reset_carry = protocols.take_carry_reset(local)
+    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.parts.batch_sharding)
+    return reset_carry, arrays
 
   def learning_rate_scalar(self, value: float) -> jax.Array:
     """`value` as the step's replicated float32 device scalar, placed again only when its float32 bits
@@ -332,6 +341,8 @@ class Run:
     """Waits for checkpoints in flight, closes the checkpointer and releases the workdir lock. After a
     failed save (already reported as `CheckpointSaveError`), what else Orbax raises on closing is dropped."""
     try:
+      if self.stream is not None:
+        self.stream.close()  # the prefetch thread ends with the run
       if self.checkpoints is not None:
         self.checkpoints.close()
     finally:

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Every GPU measurement of issue 29, each under its own time limit, packed into one archive.
+#
+#   bash benchmarks/gpu_suite.sh --prepare                 # here: build .whl/ (git-ignored, < 64 MiB) to carry
+#   bash benchmarks/gpu_suite.sh [--parts LIST] [--out DIR] # on the device machine (default --out: $OUT)
+#   bash benchmarks/gpu_suite.sh --dry-run [--out DIR]     # here: every part at tiny sizes on the CPU
+#   bash benchmarks/gpu_suite.sh --unpack ARCHIVE          # here: the archive's tables into benchmarks/README.md
+#
+# Parts (in this order; --parts takes a comma-separated subset):
+#   install        unpack .whl/site-cp312.tar.xz into /tmp/site and drop every package the image already
+#                  has at the same or a newer version (the image's jax, flax and their stack are never
+#                  shadowed); records the versions in use
+#   e2e            benchmarks/resnet50_end_to_end.py: the grid below (each point its own limit); the first
+#                  point also times the step with momentum SGD (ResNet-50 step, LARS / momentum)
+#   e2e_more       the rest of the grid (a second device call)
+#   loop           benchmarks/train_loop.py: whole loop vs bare step, MNIST LSTM (B=128) and ResNet-tiny
+#   optimizer      benchmarks/optimizer.py on the ResNet-50 tree (owned by the optimizer work; called as is)
+#   deterministic  the ResNet-50 step with --config.deterministic=True and False (issue 30), only where the
+#                  config has that field
+# Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
+# packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+WHEELS="$ROOT/.whl"
+SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
+MODE=run
+PARTS="install,e2e,loop,optimizer,deterministic"
+OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
+ARCHIVE_IN=""
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) MODE=prepare ;;
+    --dry-run) MODE=dry-run ;;
+    --unpack) MODE=unpack; ARCHIVE_IN="${2:?--unpack needs the archive}"; shift ;;
+    --parts) PARTS="${2:?--parts needs a list}"; shift ;;
+    --out) OUT_DIR="${2:?--out needs a folder}"; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# Time limits of the parts, in seconds (a device call runs at most 600 s; a session has about 900 s).
+LIMIT_INSTALL=60
+LIMIT_E2E_POINT=170
+LIMIT_LOOP=150
+LIMIT_OPTIMIZER=120
+LIMIT_DETERMINISTIC=150
+if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
+  LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_DETERMINISTIC=900
+fi
+# The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py).
+E2E_FIRST=("256 14 default")
+E2E_MORE=("256 14 latency_hiding" "384 14 default")  # more: "256 14 no_command_buffers" "256 8 default"
+
+# The packages lbjax needs beyond the device image (jax 0.11.2, flax 0.12.10 and their stack), pinned to
+# the versions the project's newest test environment runs. optax and orbax are fallbacks: the image's are
+# used when they are at least these.
+PACKAGES=(ml-collections==1.1.0 optax==0.2.8 orbax-checkpoint==0.12.8 tensorflow-datasets==4.9.10 grain==0.2.18
+          array-record==0.8.6 pillow==13.0.0 simplejpeg==1.9.0 opencv-python-headless==5.0.0.93 turbojpeg==0.0.2)
+# Never carried: the image's stack (and pyarrow, 52 MB, which tensorflow-datasets' data_source does not import).
+EXCLUDED='^(jax|jaxlib|jax_cuda|jax_plugins|nvidia|numpy|scipy|ml_dtypes|opt_einsum|flax|tensorstore|pyarrow)[-_]'
+
+prepare() {
+  local tmp
+  tmp="$(mktemp -d)"
+  local pip=("$PYTHON" -m pip)
+  local platform=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+                  --python-version 3.12 --only-binary=:all:)
+  mkdir -p "$tmp/dl" "$tmp/site" "$WHEELS"
+  # promise (a tensorflow-datasets dependency) is published as a source archive only: build its wheel here.
+  "${pip[@]}" wheel -q --no-deps -w "$tmp/dl" promise || return 1
+  "${pip[@]}" download -q -d "$tmp/dl" --find-links "$tmp/dl" "${platform[@]}" --no-deps optax==0.2.8 \
+      orbax-checkpoint==0.12.8 || return 1
+  "${pip[@]}" download -q -d "$tmp/dl" --find-links "$tmp/dl" "${platform[@]}" \
+      $(printf '%s\n' "${PACKAGES[@]}" | grep -v -E '^(optax|orbax-checkpoint)==') || return 1
+  local wheels
+  wheels=$(ls "$tmp/dl"/*.whl | grep -v -E "/$(echo "$EXCLUDED" | sed 's/^\^//')")
+  "${pip[@]}" install -q --no-deps --no-compile --target "$tmp/site" "${platform[@]}" $wheels || return 1
+  # Not needed to run: scripts, type stubs, and tensorflow-datasets' test data and tests (a third of it).
+  rm -rf "$tmp/site/bin"
+  find "$tmp/site" \( -name dummy_data -o -name testdata \) -type d -prune -exec rm -rf {} +
+  find "$tmp/site" \( -name "*_test.py" -o -name "*.pyi" \) -type f -delete
+  tar -C "$tmp/site" -cf - . | xz -9 -T2 > "$WHEELS/site-cp312.tar.xz" || return 1
+  ls "$tmp/dl" > "$WHEELS/wheels.txt"
+  rm -rf "$tmp"
+  echo "Wrote $WHEELS/site-cp312.tar.xz ($(du -m "$WHEELS/site-cp312.tar.xz" | cut -f1) MiB; carry .whl) from:"
+  cat "$WHEELS/wheels.txt"
+}
+
+# Drops from $1 (a --target site folder) every distribution the interpreter already has at the same or a
+# newer version, so that the carried packages only fill gaps.
+prune_site() {
+  "$PYTHON" - "$1" <<'EOF'
+import importlib.metadata, pathlib, shutil, sys
+site = pathlib.Path(sys.argv[1])
+others = [p for p in sys.path if p and pathlib.Path(p).resolve() != site.resolve()]
+def key(version):
+  parts = []
+  for piece in version.replace("-", ".").split("."):
+    digits = "".join(c for c in piece if c.isdigit())
+    parts.append(int(digits) if digits else 0)
+  return parts
+kept, dropped = [], []
+for info in sorted(site.glob("*.dist-info")):
+  ours = importlib.metadata.Distribution.at(info)
+  name, version = ours.metadata["Name"], ours.version
+  theirs = next(importlib.metadata.distributions(name=name, path=others), None)
+  if theirs is None or key(theirs.version) < key(version):
+    kept.append(f"{name} {version}" + (f" (image: {theirs.version})" if theirs else ""))
+    continue
+  for line in (info / "RECORD").read_text().splitlines():
+    path = site / line.split(",")[0]
+    if path.is_file():
+      path.unlink()
+  shutil.rmtree(info, ignore_errors=True)
+  dropped.append(f"{name} {version} (image: {theirs.version})")
+print("carried, in use:", ", ".join(kept) or "none")
+print("carried, the image's used instead:", ", ".join(dropped) or "none")
+EOF
+}
+
+RESULTS=""
+pack() {
+  cp "$ROOT/benchmarks/README.md" "$RESULTS/README.md"
+  # Not the trainers' checkpoints (written on SIGTERM, after the timed windows) nor the dry run's unpacked site.
+  tar czf "$OUT_DIR/gpu_suite.tgz" --exclude=./site-check --exclude='./work/*/checkpoints' -C "$RESULTS" . 2>/dev/null
+}
+
+# part NAME LIMIT COMMAND...: runs COMMAND under its limit, its output in NAME.log, then packs the archive.
+part() {
+  local name="$1" limit="$2"
+  shift 2
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s): $*" | tee -a "$RESULTS/suite.log"
+  timeout --signal=TERM --kill-after=20 "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+  local status=$?
+  echo "== $name: exit $status after $((SECONDS - start))s" | tee -a "$RESULTS/suite.log"
+  tail -n 4 "$RESULTS/$name.log"
+  pack
+  return 0
+}
+
+install_part() {
+  if [ ! -f "$WHEELS/site-cp312.tar.xz" ]; then
+    echo "no $WHEELS/site-cp312.tar.xz: nothing to install (run --prepare here and carry .whl)"
+  else
+    rm -rf "$SITE" && mkdir -p "$SITE" && tar -C "$SITE" -xJf "$WHEELS/site-cp312.tar.xz" || return 1
+    prune_site "$SITE"
+  fi
+  "$PYTHON" -c "import sys, jax, flax; print(sys.version.split()[0], jax.__version__, flax.__version__, jax.devices())"
+  local modules="lbjax.train, lbjax.data.imagenet, tensorflow_datasets, grain, cv2, simplejpeg"
+  "$PYTHON" -c "import $modules; print('imports ok')"
+  nvidia-smi 2>/dev/null || true
+}
+
+# e2e_points COMPARE POINT...: one part per point; COMPARE=yes times momentum SGD's step at the first point.
+e2e_points() {
+  local compare="$1" point batch workers flags
+  shift
+  for point in "$@"; do
+    read -r batch workers flags <<< "$point"
+    local extra=()
+    [ "$compare" = yes ] && extra=(--compare-momentum)
+    compare=no
+    if [ "$MODE" = dry-run ]; then
+      part "e2e_dry_run" "$LIMIT_E2E_POINT" "$PYTHON" -m benchmarks.resnet50_end_to_end --dry-run "${extra[@]}" \
+          --xla-flags "$flags" --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work"
+      return
+    fi
+    part "e2e_b${batch}_w${workers}_${flags}" "$LIMIT_E2E_POINT" "$PYTHON" -m benchmarks.resnet50_end_to_end \
+        --batch-per-device "$batch" --decode-workers "$workers" --xla-flags "$flags" "${extra[@]}" \
+        --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work"
+  done
+}
+
+e2e_table() {
+  [ -s "$RESULTS/e2e.jsonl" ] || return 0
+  if [ "$MODE" = dry-run ]; then
+    "$PYTHON" -c "import json, sys; [print(json.loads(l)['xla_flags'], 'ok') for l in open(sys.argv[1])]" \
+        "$RESULTS/e2e.jsonl"
+  else
+    "$PYTHON" -m benchmarks.resnet50_end_to_end --table "$RESULTS/e2e.jsonl" > "$RESULTS/e2e_table.log" 2>&1
+  fi
+  pack
+}
+
+deterministic_part() {
+  local has_field="import sys; from lbjax.train import default_config as c; sys.exit('deterministic' not in c())"
+  if ! "$PYTHON" -c "$has_field"; then
+    echo "no config.deterministic in this lbjax: skipped"
+    return 0
+  fi
+  local size=() value
+  [ "$MODE" = dry-run ] && size=(--dry-run)
+  for value in False True; do
+    "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only --override "--config.deterministic=$value" \
+        --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work" || return 1
+  done
+}
+
+unpack() {
+  local tmp
+  tmp="$(mktemp -d)"
+  tar xzf "$ARCHIVE_IN" -C "$tmp" || exit 1
+  "$PYTHON" - "$tmp/README.md" "$ROOT/benchmarks/README.md" <<'EOF'
+import re, sys
+device, local = (open(p).read() for p in sys.argv[1:])
+pattern = re.compile(r"<!-- BEGIN (\S+) -->\n## (.*?)\n\n(.*?)\n<!-- END \1 -->", re.DOTALL)
+ours = {m.group(1): m.group(0) for m in pattern.finditer(local)}
+for match in pattern.finditer(device):
+  name = match.group(1)
+  if not (name.endswith(("-gpu", "-tpu")) or name == "resnet50-end-to-end") or ours.get(name) == match.group(0):
+    continue
+  if name in ours:
+    local = local.replace(ours[name], match.group(0))
+  else:
+    local = local.rstrip("\n") + "\n\n" + match.group(0) + "\n"
+  print("section", name, "taken from the device's README")
+open(sys.argv[2], "w").write(local)
+EOF
+  echo "Logs and results (e2e.jsonl, env.log, one log per part) are in $tmp"
+}
+
+case "$MODE" in
+  prepare) prepare; exit $? ;;
+  unpack) unpack; exit $? ;;
+esac
+
+mkdir -p "$OUT_DIR"
+RESULTS="$(mktemp -d /tmp/gpu-suite-XXXX)"
+mkdir -p "$RESULTS/work"
+if [ "$MODE" = dry-run ]; then
+  SITE="$RESULTS/site-check"  # unpacked and pruned as on the device, but not imported (cp312 wheels)
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+else
+  export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export WHEELS SITE MODE RESULTS PYTHON
+export -f install_part prune_site deterministic_part
+echo "gpu_suite.sh $MODE, parts $PARTS, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)" \
+    | tee "$RESULTS/suite.log"
+
+for name in ${PARTS//,/ }; do
+  case "$name" in
+    install) part env "$LIMIT_INSTALL" bash -c install_part ;;
+    e2e) e2e_points yes "${E2E_FIRST[@]}"; e2e_table ;;
+    e2e_more) e2e_points no "${E2E_MORE[@]}"; e2e_table ;;
+    loop)
+      if [ "$MODE" = dry-run ]; then
+        part loop "$LIMIT_LOOP" "$PYTHON" -m benchmarks.train_loop --rounds 2 --steps 4 --log-every 2 \
+            --models resnet_tiny --no-readme --max-spread 1000
+      else
+        part loop "$LIMIT_LOOP" "$PYTHON" -m benchmarks.train_loop --rounds 7 --write-noisy
+      fi ;;
+    optimizer)
+      if [ "$MODE" = dry-run ]; then
+        part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees ptb_lstm --rounds 2 \
+            --seconds-per-round 0.01 --no-readme --max-spread 1000
+      else
+        part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees resnet50 --rounds 21 --write-noisy
+      fi ;;
+    deterministic) part deterministic "$LIMIT_DETERMINISTIC" bash -c deterministic_part; e2e_table ;;
+    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, deterministic)" >&2; exit 2 ;;
+  esac
+done
+pack
+echo "Archive: $OUT_DIR/gpu_suite.tgz ($(du -k "$OUT_DIR/gpu_suite.tgz" | cut -f1) KiB)"

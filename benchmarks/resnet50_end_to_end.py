@@ -1,0 +1,347 @@
+"""ResNet-50 end to end: the trainer fed by JPEG decoding on worker processes, against its bare step.
+
+One measurement (one point of a grid) in three parts, each in its own process so that the XLA flags
+apply and each has the accelerator's memory to itself:
+
+  data   ImageNet-like JPEGs (`lbjax.data.synthetic_jpeg`: 1/f content, quality 90, ImageNet's spread
+         of sizes) written as a TFDS `imagenet2012` in array_record files, as `tfds build` leaves
+         it: `--train-images` records cycling through `--distinct-images` distinct JPEGs, and a
+         small validation split. Written once per folder (kept for the next points).
+  step   the trainer's compiled step for the run's config (`workloads.TrainerStep`, built on the
+         `Run` the trainer drives) called back to back on one batch already on the device, in
+         `--rounds` rounds of `--step-repeats` steps; with `--compare-momentum` the same step with
+         momentum SGD in the same rounds (the LARS / momentum ratio of issue 29).
+  loop   the real trainer, `python -m lbjax.main --config resnet50_imagenet:batch=B` (LARS, bf16,
+         LEGW recipe) on that data, decoded by `--decode-workers` grain worker processes: the
+         whole loop (stream, placement, metrics, hooks), no checkpoint and no evaluation in the
+         timed window. Its rate is read from its `train` records (one per `--log-every` steps)
+         after the first `--warmup-windows`; once `--windows` more are written it gets a SIGTERM
+         (it saves and exits, outside the timed window).
+
+Reported: images/s of the step and of the loop, and the loop's fraction of the step's rate. Each
+run appends one JSON line to `--results`; `--table FILE` writes the README section from such a file.
+
+    python -m benchmarks.resnet50_end_to_end [--batch-per-device 256] [--decode-workers 14]
+        [--xla-flags FLAGS] [--max-device-batch 0] [--compare-momentum] [--step-only]
+        [--override --config.FIELD=VALUE ...] [--results FILE]
+    python -m benchmarks.resnet50_end_to_end --dry-run    # the same path at tiny sizes on a CPU
+    python -m benchmarks.resnet50_end_to_end --table FILE [--no-readme]
+
+`--dry-run` trains ResNetTiny on 32x32 crops of 64 JPEGs (float32, batch 8, one decode worker):
+every part runs as on the GPU, only smaller.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from lbjax.data import synthetic_jpeg
+
+CONFIG = "resnet50_imagenet"
+STEP_RESULT = "STEP_RESULT "
+TITLE = "ResNet-50 end to end: the trainer fed by JPEG decoding, vs its bare step"
+# XLA GPU flag sets the grid names (`--xla-flags` also takes a literal flag string).
+XLA_FLAG_SETS = {
+    "default": "",
+    "latency_hiding": "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "no_command_buffers": "--xla_gpu_enable_command_buffer=",
+    "latency_hiding_no_command_buffers": ("--xla_gpu_enable_latency_hiding_scheduler=true "
+                                          "--xla_gpu_enable_command_buffer="),
+}
+DRY_RUN = {"batch_per_device": 8, "decode_workers": 1, "train_images": 64, "distinct_images": 16,
+           "validation_images": 8, "image_size": 32, "log_every": 2, "warmup_windows": 1, "windows": 2,
+           "rounds": 2, "step_repeats": 2}
+DRY_RUN_OVERRIDES = ("--config.model=ResNetTiny", "--config.model_options.bn_group_size=8",
+                     "--config.model_options.dtype=float32")
+
+
+def _jpeg(seed: int, index: int) -> bytes:
+  """Distinct JPEG `index` (its own generator: the same bytes whatever the number of processes)."""
+  rng = np.random.default_rng([seed, index])
+  (height, width), = synthetic_jpeg.imagenet_like_sizes(rng, 1)
+  return synthetic_jpeg.encode_jpeg(synthetic_jpeg.pink_noise_image(rng, height, width))
+
+
+def write_imagenet_like(data_dir: pathlib.Path, *, train_images: int, distinct_images: int,
+                        validation_images: int, seed: int = 0) -> float:
+  """Writes the TFDS `imagenet2012` folder under `data_dir` (skipped when it holds the same); returns
+  the seconds it took."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+  start = time.perf_counter()
+  recipe = {"train_images": train_images, "distinct_images": distinct_images,
+            "validation_images": validation_images, "seed": seed}
+  builder = tfds.builder("imagenet2012", data_dir=os.fspath(data_dir), file_format="array_record")
+  marker = pathlib.Path(builder.data_dir) / "lbjax_benchmark.json"
+  if marker.exists() and json.loads(marker.read_text()) == recipe:
+    return 0.0
+  os.makedirs(builder.data_dir, exist_ok=True)
+  count = distinct_images + validation_images
+  processes = min(os.cpu_count() or 1, count)
+  # Spawned, not forked: the caller may hold JAX's threads (a fork of them can deadlock).
+  with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    jpegs = list(pool.map(_jpeg, [seed] * count, range(count), chunksize=8))
+  features, splits = builder.info.features, []
+  for split, size, pool_of in (("train", train_images, jpegs[:distinct_images]),
+                               ("validation", validation_images, jpegs[distinct_images:])):
+    template = tfds.core.ShardedFileTemplate(
+        data_dir=builder.data_dir, template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+        dataset_name="imagenet2012", split=split, filetype_suffix="array_record")
+    path = template.sharded_filepath(shard_index=0, num_shards=1)
+    writer = array_record_module.ArrayRecordWriter(os.fspath(path), "group_size:1")
+    num_bytes = 0
+    for index in range(size):
+      record = features.serialize_example({"image": pool_of[index % len(pool_of)], "label": index % 1000,
+                                           "file_name": f"{split}_{index}.JPEG"})
+      writer.write(record)
+      num_bytes += len(record)
+    writer.close()
+    splits.append(tfds.core.SplitInfo(name=split, shard_lengths=[size], num_bytes=num_bytes,
+                                      filename_template=template))
+  builder.info.set_splits(tfds.core.SplitDict(splits))
+  builder.info.set_file_format("array_record")
+  builder.info.write_to_directory(builder.data_dir)
+  marker.write_text(json.dumps(recipe))
+  return time.perf_counter() - start
+
+
+def run_overrides(args, data_dir: pathlib.Path, *, num_workers: int) -> list[str]:
+  """The `--config.` overrides of one point (the trainer's command line and the step's config)."""
+  overrides = [f"--config.data_dir={data_dir}", f"--config.data_options.image_size={args.image_size}",
+               f"--config.data_options.num_workers={num_workers}",
+               f"--config.max_device_batch={args.max_device_batch}",
+               f"--config.eval_batch_size={args.validation_images}", "--config.checkpoint_every_steps=0",
+               "--config.eval_every_epochs=1000.0", f"--config.log_every={args.log_every}",
+               f"--config.num_steps={args.log_every * (args.warmup_windows + args.windows + 2)}"]
+  return overrides + list(DRY_RUN_OVERRIDES if args.dry_run else ()) + args.override
+
+
+def _environment(args) -> dict[str, str]:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = " ".join(filter(None, (env.get("XLA_FLAGS", ""), XLA_FLAG_SETS.get(args.xla_flags,
+                                                                                       args.xla_flags))))
+  env["JAX_COMPILATION_CACHE_DIR"] = args.compilation_cache  # the loop may reuse the step's compile
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  return env
+
+
+def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, momentum: bool) -> dict:
+  """Runs in the step process: the trainer's compiled step (and momentum SGD's) on a placed batch."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from benchmarks import report  # pylint: disable=import-outside-toplevel
+  from benchmarks import workloads  # pylint: disable=import-outside-toplevel
+  from lbjax.train import config_files  # pylint: disable=import-outside-toplevel
+  config = config_files.load(spec, overrides).config
+  steps = {"lars": workloads.TrainerStep(config)}
+  if momentum:
+    sgd = ml_collections.ConfigDict(config.to_dict())
+    sgd.optimizer = {"name": "momentum", "momentum": 0.9}
+    steps["momentum"] = workloads.TrainerStep(sgd)
+  try:
+    times = report.round_seconds(steps, rounds=rounds, repeats=repeats)
+  finally:
+    for step in steps.values():
+      step.close()
+  result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+            "step_seconds": {name: statistics.median(values) for name, values in times.items()},
+            "step_seconds_quartiles": {name: report.Spread.of(values).format(1e3) for name, values in times.items()}}
+  if momentum:
+    result["lars_over_momentum"] = report.paired_ratios(times, "lars", "momentum").format(digits=3)
+  return result
+
+
+def _train_records(workdir: pathlib.Path) -> list[dict]:
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  records = []
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError:  # a line being written
+      continue
+    if record.get("kind") == "train":
+      records.append(record)
+  return records
+
+
+def measure_loop(args, spec: str, overrides: list[str], env: dict[str, str], workdir: pathlib.Path) -> dict:
+  """Runs the trainer until `--windows` timed windows are recorded (then SIGTERM); its images/s."""
+  command = [sys.executable, "-m", "lbjax.main", "--config", spec, f"--workdir={workdir}", *overrides,
+             "--config.progress=False"]
+  needed = args.warmup_windows + args.windows
+  log = workdir.with_suffix(".log")
+  start = time.perf_counter()
+  with open(log, "w") as output:
+    process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+      while process.poll() is None and len(_train_records(workdir)) < needed:
+        if time.perf_counter() - start > args.loop_timeout:
+          break
+        time.sleep(0.5)
+      if process.poll() is None:
+        process.send_signal(signal.SIGTERM)  # the trainer saves and exits
+      process.wait(timeout=120)
+    finally:  # a timeout, or this process stopped (SIGTERM from the suite's limit): no trainer left behind
+      if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+  records = _train_records(workdir)
+  timed = records[args.warmup_windows:needed]
+  if len(timed) < args.windows:
+    tail = "\n".join(log.read_text().splitlines()[-15:])
+    raise RuntimeError(f"The trainer wrote {len(records)} train records ({needed} needed) before it ended "
+                       f"(exit status {process.returncode}, {time.perf_counter() - start:.0f} s); "
+                       f"its log {log} ends:\n{tail}")
+  seconds_per_step = statistics.fmean(r["batch_size"] / r["examples_per_second"] for r in timed)
+  return {"command": " ".join(command), "loop_seconds_per_step": seconds_per_step,
+          "loop_windows": [round(r["examples_per_second"], 1) for r in timed],
+          "loop_exit_status": process.returncode, "loop_wall_seconds": time.perf_counter() - start}
+
+
+def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str]) -> dict:
+  command = [sys.executable, "-m", "benchmarks.resnet50_end_to_end", "--measure-step", spec,
+             f"--rounds={args.rounds}", f"--step-repeats={args.step_repeats}"]
+  command += ["--compare-momentum"] * args.compare_momentum + ["--", *overrides]
+  done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.step_timeout, check=False)
+  lines = [line for line in done.stdout.splitlines() if line.startswith(STEP_RESULT)]
+  if done.returncode or not lines:
+    raise RuntimeError(f"The step process failed (status {done.returncode}):\n{done.stderr[-3000:]}")
+  return json.loads(lines[-1][len(STEP_RESULT):])
+
+
+def measure(args) -> dict:
+  """One point: data, step, loop; the result row (also appended to `--results`)."""
+  data_dir = pathlib.Path(args.data_dir)
+  write_seconds = write_imagenet_like(data_dir, train_images=args.train_images, distinct_images=args.distinct_images,
+                                      validation_images=args.validation_images)
+  spec = f"{CONFIG}:batch={args.batch_per_device}"  # one device: the global batch is the device's
+  env = _environment(args)
+  step = _subprocess_step(args, spec, run_overrides(args, data_dir, num_workers=0), env)
+  batch = args.batch_per_device
+  row = {"device": step["device"], "jax": step["jax"], "batch_per_device": batch,
+         "decode_workers": args.decode_workers, "xla_flags": args.xla_flags, "max_device_batch": args.max_device_batch,
+         "overrides": args.override, "image_size": args.image_size, "cpu_count": os.cpu_count(),
+         "dry_run": args.dry_run, "step_images_per_second": batch / step["step_seconds"]["lars"],
+         "step_ms": step["step_seconds_quartiles"]["lars"], "data_write_seconds": round(write_seconds, 1)}
+  if not args.step_only:
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="rn50-e2e-", dir=args.work_root))
+    loop = measure_loop(args, spec, run_overrides(args, data_dir, num_workers=args.decode_workers), env, workdir)
+    row.update(loop, loop_images_per_second=batch / loop["loop_seconds_per_step"])
+    row["fraction_of_step"] = row["loop_images_per_second"] / row["step_images_per_second"]
+  if args.compare_momentum:
+    row["momentum_step_images_per_second"] = batch / step["step_seconds"]["momentum"]
+    row["lars_over_momentum"] = step["lars_over_momentum"]
+  if args.results:
+    with open(args.results, "a") as f:
+      f.write(json.dumps(row) + "\n")
+  return row
+
+
+def table(rows: list[dict]) -> str:
+  from benchmarks import report  # pylint: disable=import-outside-toplevel
+  lines = [[r["device"], r["batch_per_device"], r["decode_workers"], r["xla_flags"] or "default",
+            r["max_device_batch"], " ".join(r["overrides"]), f"{r['step_images_per_second']:,.0f}",
+            f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
+            f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", "")]
+           for r in rows]
+  return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
+                                "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
+                                "LARS / momentum step time"], lines)
+
+
+def write_table(results: pathlib.Path, no_readme: bool) -> None:
+  from benchmarks import report  # pylint: disable=import-outside-toplevel
+  rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+  rows = [r for r in rows if not r["dry_run"]]
+  if not rows:
+    raise SystemExit(f"{results} holds no measured (non dry-run) rows.")
+  notes = (f"{rows[0]['cpu_count']} CPU cores. Step: the trainer's compiled step (`resnet50_imagenet`: LARS, "
+           "bfloat16 compute, ghost BN 32) on one batch on the device, median [quartiles] of its rounds. Loop: "
+           "`python -m lbjax.main --config resnet50_imagenet:batch=B` on ImageNet-like JPEGs (TFDS imagenet2012 "
+           "written on the machine), decoded at reduced DCT scale by grain worker processes; the rate is the mean "
+           "over the timed windows after the warm-up windows, no checkpoint or evaluation among them. LARS / "
+           "momentum: per-round ratio of step times, median [quartiles]. Each row's command and windows are in "
+           "the results file.")
+  body = report.header_lines() + "\n" + table(rows) + "\n\n" + notes
+  print(body)
+  if not no_readme:
+    report.write_section("resnet50-end-to-end", TITLE, body, per_platform=False)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch-per-device", type=int, default=256)
+  parser.add_argument("--decode-workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+  parser.add_argument("--xla-flags", default="default",
+                      help=f"one of {', '.join(XLA_FLAG_SETS)}, or literal XLA flags")
+  parser.add_argument("--max-device-batch", type=int, default=0,
+                      help="config.max_device_batch (0: the whole per-device batch in one pass; the config's is 128)")
+  parser.add_argument("--compare-momentum", action="store_true", help="also time the step with momentum SGD")
+  parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
+  parser.add_argument("--override", action="append", default=[],
+                      help="one more --config.<field>=<value> for the step and the trainer (repeatable)")
+  parser.add_argument("--image-size", type=int, default=224)
+  parser.add_argument("--train-images", type=int, default=16384)
+  parser.add_argument("--distinct-images", type=int, default=2048)
+  parser.add_argument("--validation-images", type=int, default=64)
+  parser.add_argument("--log-every", type=int, default=20)
+  parser.add_argument("--warmup-windows", type=int, default=2)
+  parser.add_argument("--windows", type=int, default=5, help="timed windows of the loop")
+  parser.add_argument("--rounds", type=int, default=5, help="rounds of the step measurement")
+  parser.add_argument("--step-repeats", type=int, default=20, help="steps per round of the step measurement")
+  parser.add_argument("--step-timeout", type=float, default=400.0, help="seconds for the step process")
+  parser.add_argument("--loop-timeout", type=float, default=400.0, help="seconds for the trainer process")
+  parser.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "lbjax-imagenet-like"))
+  parser.add_argument("--work-root", default=None, help="where the trainer's workdirs go (default: a temp dir)")
+  parser.add_argument("--compilation-cache", default=os.path.join(tempfile.gettempdir(), "lbjax-e2e-jax-cache"))
+  parser.add_argument("--results", default=None, help="append the row as one JSON line to this file")
+  parser.add_argument("--dry-run", action="store_true", help="tiny sizes, ResNetTiny: checks the path on a CPU")
+  parser.add_argument("--table", default=None, help="write the README section from this results file and exit")
+  parser.add_argument("--no-readme", action="store_true", help="with --table: print only")
+  parser.add_argument("--measure-step", default=None, help=argparse.SUPPRESS)
+  args, rest = parser.parse_known_args()
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the `finally`s stop the children
+  if args.measure_step:
+    overrides = [a for a in rest if a != "--"]
+    result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum)
+    print(STEP_RESULT + json.dumps(result), flush=True)
+    return
+  if rest:
+    parser.error(f"unexpected arguments {rest}")
+  if any(not o.startswith("--config.") or "=" not in o for o in args.override):
+    parser.error(f"--override takes --config.<field>=<value>, got {args.override}")
+  if args.table:
+    write_table(pathlib.Path(args.table), args.no_readme)
+    return
+  if args.dry_run:
+    for name, value in DRY_RUN.items():
+      setattr(args, name, value)
+    if args.data_dir == parser.get_default("data_dir"):
+      args.data_dir += "-dry-run"
+  if min(args.batch_per_device, args.decode_workers, args.train_images, args.distinct_images,
+         args.validation_images, args.log_every, args.windows, args.rounds, args.step_repeats) < 1:
+    parser.error("sizes, counts and --decode-workers must be >= 1")
+  if args.train_images < args.batch_per_device:
+    parser.error("--train-images must be at least --batch-per-device")
+  row = measure(args)
+  print(json.dumps(row, indent=1))
+  if not args.step_only:
+    print(f"step {row['step_images_per_second']:,.0f} images/s, loop {row['loop_images_per_second']:,.0f} "
+          f"images/s: {row['fraction_of_step']:.3f} of the step's rate", flush=True)
+
+
+if __name__ == "__main__":
+  main()
