@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import pathlib
 import sys
 
 from lbjax import dependencies
@@ -119,6 +120,18 @@ def _train(args, loaded: config_files.LoadedConfig) -> None:
   loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
 
 
+def _check_workdir(workdir: str) -> None:
+  """A workdir is a directory, new or holding a run: a file at its path, or above it, is a user error."""
+  path = pathlib.Path(workdir)
+  for candidate in (path, *path.parents):
+    if candidate.exists() and not candidate.is_dir():
+      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
+      raise ConfigError(f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to "
+                        "resume.")
+    if candidate.exists():
+      return
+
+
 def _env_int(name: str) -> int | None:
   """An integer from the environment (JAX reads JAX_COORDINATOR_ADDRESS itself, not these two)."""
   value = os.environ.get(name)
@@ -155,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
       return 0
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
+    _check_workdir(args.workdir)
     _train(args, loaded)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
