@@ -21,7 +21,6 @@ variables), or give `--coordinator_address`, `--num_processes` and `--process_id
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import pathlib
@@ -115,7 +114,8 @@ def _train(args, loaded: config_files.LoadedConfig) -> None:
   if args.coordinator_address is not None or args.distributed:
     jax.distributed.initialize(coordinator_address=args.coordinator_address,
                                num_processes=args.num_processes or _env_int("JAX_NUM_PROCESSES"),
-                               process_id=args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID"))
+                               process_id=(args.process_id if args.process_id is not None
+                                           else _env_int("JAX_PROCESS_ID")))
   from lbjax.train import loop  # pylint: disable=import-outside-toplevel
   loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
 

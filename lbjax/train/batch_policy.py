@@ -255,7 +255,8 @@ class BatchPolicy:
     efficiency = adaptive_batch.statistical_efficiency(noise_scale, batch_size, self.base_batch_size)
     examples_per_second = examples / (now - start) if now > start else math.nan
     self.records.append((step, {
-        "epoch": epoch, "batch_size": batch_size, "next_batch_size": self.current if self.policy == "adaptive" else None,
+        "epoch": epoch, "batch_size": batch_size,
+        "next_batch_size": self.current if self.policy == "adaptive" else None,
         "noise_scale": noise_scale, "grad_norm_sq": grad_norm_sq, "trace_sigma": trace_sigma,
         "statistical_efficiency": efficiency,
         "adascale_gain": adaptive_batch.adascale_gain(noise_scale, batch_size, self.base_batch_size),

@@ -198,7 +198,7 @@ def _replace_section(config: ml_collections.ConfigDict, section: str, text: str,
   """`--config.optimizer=adamw`: the section becomes the given fields, keeping its own fields (and, for a
   dict without it, its name) from before."""
   fields = _section_replacement(section, text.strip(), where)
-  kept = [*SECTION_OWN_FIELDS.get(section, ()), *([SECTION_NAME_FIELDS[section]] if section in SECTION_NAME_FIELDS else [])]
+  kept = [*SECTION_OWN_FIELDS.get(section, ()), *filter(None, [SECTION_NAME_FIELDS.get(section)])]
   old = config[section]
   new = {k: old[k] for k in kept if k in old and k not in fields}
   new.update(fields)

@@ -21,7 +21,7 @@ from lbjax.train import hooks
 from lbjax.train import summary
 from lbjax.train.mesh import data_parallel_size
 from lbjax.train.metrics import MetricsWriter, ProgressLine
-from lbjax.train.run import NonFiniteError, Run, global_batch  # pylint: disable=unused-import
+from lbjax.train.run import Run
 from lbjax.train.state import TrainState
 
 

@@ -155,8 +155,9 @@ def batch_size_schedule(config: ml_collections.ConfigDict) -> schedules.BatchSiz
 def build_compressor(config: ml_collections.ConfigDict) -> compression.GradientCompressor | None:
   """The compressor of the per-device gradient reduction, or None for the GSPMD step.
 
-  `config.compression` (papers/004) names 1-bit SGD, QSGD or PowerSGD (`compression.rank`); `config.mesh.per_device_gradients`
-  without compression sends the raw gradients (`no_compression`: the reduction is one `pmean`).
+  `config.compression` (papers/004) names 1-bit SGD, QSGD or PowerSGD (`compression.rank`);
+  `config.mesh.per_device_gradients` without compression sends the raw gradients (`no_compression`: the
+  reduction is one `pmean`).
   """
   choice = resolve_compressor(config)
   if choice is None:

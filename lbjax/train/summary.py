@@ -30,7 +30,8 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "model": f"{model.qualified_name}({_options(config.model_options)})",
       "dataset": names.describe(dataset, {k: v for k, v in dataset_arguments.items() if v is not None}),
       "optimizer": optimizer_lib.resolve_optimizer(config).describe()
-                   + (f", gradients clipped to global norm {config.clip_global_norm:g}" if config.clip_global_norm else ""),
+                   + (f", gradients clipped to global norm {config.clip_global_norm:g}"
+                      if config.clip_global_norm else ""),
       "batch_size": list(sizes) if len(sizes) > 1 else sizes[0],
       "batch_size_boundaries": list(config.batch_size_boundaries),
       "scaling_rule": f"{config.scaling.rule} from batch {config.scaling.base_batch_size} "
@@ -49,7 +50,8 @@ def resolved_run(config: ml_collections.ConfigDict) -> dict[str, Any]:
       "diagnostics": _options(config.diagnostics),
       "eval_batch_size": config.eval_batch_size,
       "seed": config.seed,
-      "initial_parameters": f"from the checkpoint {config.init_from}" if config.init_from else f"drawn with seed {config.seed}",
+      "initial_parameters": (f"from the checkpoint {config.init_from}" if config.init_from
+                             else f"drawn with seed {config.seed}"),
   }
 
 

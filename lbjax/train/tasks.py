@@ -13,7 +13,6 @@ task it is; one class per kind implements the `Task` protocol the step and the l
   (truncated BPTT), reset where the stream says; perplexity.
 """
 
-from collections.abc import Iterator
 import dataclasses
 import re
 from typing import Any, Protocol

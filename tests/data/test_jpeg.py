@@ -190,7 +190,6 @@ def test_eval_windows_resample_as_the_resized_image_cropped_within_a_level_of_ex
 def test_train_crops_of_bytes_and_arrays_have_the_same_windows_and_flips(jpeg_decoder):
   # Channel 0 encodes the column, channel 1 the row (smooth, so JPEG keeps them): a crop's corner
   # values locate its window, and the column gradient's sign tells whether it was flipped.
-  rng = np.random.default_rng(3)
   reduced_corners, full_corners = [], []
   for height, width in ((300, 380), (900, 1000), (1100, 700)):
     image = np.zeros((height, width, 3), np.uint8)

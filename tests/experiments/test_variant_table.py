@@ -71,7 +71,7 @@ def test_markdown_compares_rows_with_the_reference(finished_table):
   base = [r.value for r in results if r.name == "base"]
   larger = [r.value for r in results if r.name == "lr_0.2"]
   delta = 100 * (sum(larger) / 2 - sum(base) / 2)
-  line = next(l for l in page.splitlines() if l.startswith("| `lr_0.2` |"))
+  line = next(row for row in page.splitlines() if row.startswith("| `lr_0.2` |"))
   assert f"{delta:+.2f}" in line and "`lr=0.2`" in line and "| 2/2 |" in line
   assert "`rule=legw, lr.decay=polynomial_decay`" in page
   assert out.with_suffix(".png").stat().st_size > 0

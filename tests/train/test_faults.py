@@ -175,9 +175,11 @@ def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_
     newest.write_bytes(newest.read_bytes()[:64])
   else:
     other = tmp_path.parent / f"{tmp_path.name}_other_seed"
-    train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0, seed=1), other)
+    train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0, seed=1),
+                       other)
     _replace_arrays_with_readable_other_ones(tmp_path, 8, other)
-  resumed = train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=12, num_epochs=2.0), tmp_path)
+  resumed = train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=12, num_epochs=2.0),
+                               tmp_path)
   warnings = [r.getMessage() for r in caplog.records if "Skipped checkpoint 8" in r.getMessage()]
   assert warnings, caplog.text[-2000:]
   assert ("the checksum of" if damage == "other readable arrays" else "its arrays cannot be read") in warnings[0]
@@ -283,7 +285,8 @@ def test_resuming_on_other_data_is_refused_unless_asked_for(tmp_path):
                                                           data_dir=str(tmp_path / "data"), **o)
   train_and_evaluate(config(num_steps=4), tmp_path / "run")
   (data / "ptb.train.txt").write_text(" a b c <unk> d f e \n" * 100)
-  with pytest.raises(DataMismatchError, match="trained on other data .*train: checkpoint sha256:.*resume_with_changed_data=True"):
+  with pytest.raises(DataMismatchError,
+                     match="trained on other data .*train: checkpoint sha256:.*resume_with_changed_data=True"):
     train_and_evaluate(config(num_steps=8), tmp_path / "run")
   assert train_and_evaluate(config(num_steps=8, resume_with_changed_data=True), tmp_path / "run").step == 8
 
