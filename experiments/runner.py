@@ -67,8 +67,9 @@ def finished(run_dir: str | pathlib.Path) -> bool:
 
 
 def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
-             metric: str = "accuracy", seconds: float = 0.0) -> RunRow | None:
-  """The row of the run of `config` in `run_dir`; None while it has not ended."""
+             metric: str | None = None, seconds: float = 0.0) -> RunRow | None:
+  """The row of the run of `config` in `run_dir`; None while it has not ended. `metric` None: the final
+  evaluation's accuracy or perplexity, whichever the task reports."""
   run_dir = pathlib.Path(run_dir)
   if not finished(run_dir):
     return None
@@ -77,6 +78,7 @@ def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
   logged = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []
   final = None if (run_dir / DIVERGED_NOTE).is_file() else run_records.final_eval(run_dir)
   last = final or (logged[-1] if logged else {"epoch": 0.0, "step": 0})
+  metric = metric or next((m for m in ("accuracy", "perplexity") if final and m in final), "accuracy")
   return RunRow(name, config.seed, config.data_options.get("eval_split", "test"), metric,
                 float(final[metric]) if final else math.nan, "done" if final else "diverged", recipe.learning_rate,
                 recipe.warmup_epochs if has_warmup else 0.0, last["epoch"], last["step"], seconds,
@@ -84,7 +86,7 @@ def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
 
 
 def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
-             metric: str = "accuracy", prefix: str = "[experiment]") -> RunRow:
+             metric: str | None = None, prefix: str = "[experiment]") -> RunRow:
   """Trains `config` in `run_dir` unless the run ended there before, and returns its row.
 
   A non-finite step leaves `DIVERGED_NOTE` with the trainer's message (the row's status is "diverged")

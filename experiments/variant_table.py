@@ -241,7 +241,8 @@ def markdown(table: Table, results: list[RunRow]) -> str:
     lines.append(f"| `{row.name}` | {row.tests} | `{_describe(row)}` | {runs[0].split} | {cell} | {delta} | "
                  f"{finished}/{len(runs)} | {runs[0].steps} |")
   lines += ["", "Runs (peak LR and warm-up as trained):", "",
-            f"| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | device | {table.metric} | status |",
+            "| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | device | "
+            f"{table.metric} | status |",
             "|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
   order = {row.name: i for i, row in enumerate(table.rows)}
   for r in sorted(results, key=lambda r: (order.get(r.name, len(order)), r.seed)):

@@ -11,6 +11,7 @@ import pytest
 from experiments import sweep
 from experiments import sweep_table
 from experiments.runner import RunRow
+from lbjax import train
 
 TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_sweep_config.py"))
 
@@ -130,7 +131,7 @@ def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
   assert f"| {best:g} (best) |" in (tmp_path / "grid.md").read_text()
   assert lr_grid.eval_split("mnist_lstm", "eval_split=validation") == "validation"
   assert lr_grid.eval_split(TINY_CONFIG) == "test"
-  monkeypatch.setattr(lr_grid.train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
   assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs")) == finals
   with pytest.raises(ValueError, match="positive numbers"):
     lr_grid.run_grid(TINY_CONFIG, [0.0], str(tmp_path / "runs"))
