@@ -109,8 +109,8 @@ def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
     (run_dir / DIVERGED_NOTE).write_text(f"{error}\n")
     preempted = False
   if preempted:
-    raise KeyboardInterrupt(f"{name} (seed {config.seed}) was preempted; its checkpoint in {run_dir} resumes when "
-                            "the experiment runs again.")
+    raise KeyboardInterrupt(f"{name} seed {config.seed} was preempted (SIGTERM); its checkpoint in {run_dir} "
+                            "resumes when the experiment runs again.")
   return read_row(config, run_dir, name=name, metric=metric, seconds=time.time() - start)
 
 

@@ -1,4 +1,4 @@
-"""Fault injection: what a run survives (README, "What survives what").
+"""Fault injection: what a run survives (docs/faults.md).
 
 Real subprocesses of `lbjax-train` and real signals on a tiny synthetic run (tests/experiments/
 tiny_sweep_config.py: a 16-unit MNIST LSTM, 8 steps of 32 per epoch): a second run on a workdir in
@@ -273,6 +273,47 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
       process.kill()
       process.finish(timeout=60)
     subprocess.run(["umount", "--lazy", str(disk)], check=False)  # even while a killed child holds a file
+
+
+# Over this size a file cannot grow once the limit is set: under the tiny run's largest checkpoint file
+# (about 11 KiB), above what its metrics.jsonl reaches before the run stops (under 4 KiB).
+_FILE_SIZE_LIMIT = 8 * 1024
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "prlimit"), reason="needs resource.prlimit (Linux)")
+def test_a_failed_save_without_mount_rights_stops_with_a_short_message_and_keeps_the_previous_checkpoint(tmp_path):
+  """The full-disk fault without a tmpfs: once checkpoint 4 is on disk, the running `lbjax-train` gets an
+  RLIMIT_FSIZE (`prlimit`, no privilege needed), so the writers of checkpoint 8 fail with EFBIG ("File too
+  large") as they would with ENOSPC on a full disk. Its output goes to pipes, which the limit spares."""
+  import resource  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  command = [sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir),
+             "--config.num_epochs=500", "--config.checkpoint_every_steps=4", "--config.keep_checkpoints=1",
+             "--config.log_every=1", "--config.eval_every_epochs=1000", "--config.progress=False"]
+  process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 300
+    while 4 not in _committed_steps(workdir):
+      assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+      time.sleep(0.02)
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (_FILE_SIZE_LIMIT, _FILE_SIZE_LIMIT))
+    _, stderr = process.communicate(timeout=300)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.communicate(timeout=60)
+  assert process.returncode == 3, stderr[-3000:]
+  start = "lbjax-train: Saving checkpoint"
+  message = [line[line.index(start):] for line in stderr.splitlines() if start in line]
+  assert message and "the last good checkpoint is step 4" in message[0] and "MiB are free" in message[0], \
+      stderr[-3000:]
+  failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
+  assert failed == 8 and max(r["step"] for r in _records(workdir) if r["kind"] == "train") <= failed + 4
+  assert Checkpointer(workdir).latest_step() == 4
+  resumed = Run(_tiny("--config.keep_checkpoints=1"), workdir)
+  assert resumed.resumed_from == 4 and not resumed.skipped_checkpoints
+  resumed.close()
 
 
 def test_resuming_on_other_data_is_refused_unless_asked_for(tmp_path):
