@@ -81,7 +81,9 @@ class _OneLineOrbaxErrors(logging.Filter):
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="lbjax-train", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5.\n\n"
+      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5.\n"
+             "A whole argument section swaps its function, dropping the arguments set for the one before:\n"
+             "--config.optimizer=adamw, --config.lr=cosine_decay, --config.model_options={}.\n\n"
              "Examples:\n" + __doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a packaged config (see --list) or a .py file, with an optional "
