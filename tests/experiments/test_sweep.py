@@ -166,8 +166,11 @@ def test_config_spec_appends_variant_keys():
 def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
   from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
   trained = {}
-  monkeypatch.setattr(batch_schedule.train, "train_and_evaluate",
-                      lambda config, workdir: trained.setdefault(pathlib.Path(workdir).name, config))
+  def run_once(config, run_dir, *, name, prefix):
+    trained[pathlib.Path(run_dir).name] = config
+    return RunRow(name, config.seed, "test", "accuracy", 0.9, "done", 0.1, 0.0, 5.0, 10, 1.0)
+
+  monkeypatch.setattr(batch_schedule.runner, "run_once", run_once)
   batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), variant="epochs=5", max_device_batch=128)
   assert set(trained) == set(batch_schedule.SCHEDULES)
   assert trained["decay_lr"].lr.decay == "multistep_decay" and trained["decay_lr"].lr.boundaries == (2.0, 3.0, 4.0)
