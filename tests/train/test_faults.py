@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -284,25 +285,30 @@ _FILE_SIZE_LIMIT = 8 * 1024
 def test_a_failed_save_without_mount_rights_stops_with_a_short_message_and_keeps_the_previous_checkpoint(tmp_path):
   """The full-disk fault without a tmpfs: once checkpoint 4 is on disk, the running `lbjax-train` gets an
   RLIMIT_FSIZE (`prlimit`, no privilege needed), so the writers of checkpoint 8 fail with EFBIG ("File too
-  large") as they would with ENOSPC on a full disk. Its output goes to pipes, which the limit spares."""
+  large") as they would with ENOSPC on a full disk. Its output goes to a pipe, which the limit spares."""
   import resource  # pylint: disable=import-outside-toplevel
   workdir = tmp_path / "run"
   command = [sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir),
              "--config.num_epochs=500", "--config.checkpoint_every_steps=4", "--config.keep_checkpoints=1",
              "--config.log_every=1", "--config.eval_every_epochs=1000", "--config.progress=False"]
   process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines = []  # read as it comes: XLA's warnings alone can fill a pipe nobody reads and block the run
+  reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+  reader.start()
   try:
     deadline = time.monotonic() + 300
     while 4 not in _committed_steps(workdir):
-      assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+      assert process.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
       time.sleep(0.02)
     resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (_FILE_SIZE_LIMIT, _FILE_SIZE_LIMIT))
-    _, stderr = process.communicate(timeout=300)
+    process.wait(timeout=300)
   finally:
     if process.poll() is None:
       process.kill()
-      process.communicate(timeout=60)
+      process.wait(timeout=60)
+    reader.join(timeout=60)
+  stderr = "".join(lines)
   assert process.returncode == 3, stderr[-3000:]
   start = "lbjax-train: Saving checkpoint"
   message = [line[line.index(start):] for line in stderr.splitlines() if start in line]
