@@ -182,8 +182,8 @@ def main() -> None:
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
        "lr_scalar ms", "schedules ms"], host_rows)
   notes = (
-      f"One {jax.devices()[0].device_kind} device, momentum SGD, synthetic twins. Times per step: median over {args.rounds} "
-      "interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
+      f"One {jax.devices()[0].device_kind} device, momentum SGD, synthetic twins. Times per step: median over "
+      f"{args.rounds} interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
       f"[quartiles]; above 1 the loop is slower. A loop run takes {args.steps} steps with metrics "
       f"every {args.log_every} steps (the first window dropped), no checkpoint during the run; "
       f"a bare-step round takes {args.steps - args.log_every} steps. Per step the loop takes the batch "

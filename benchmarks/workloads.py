@@ -2,8 +2,9 @@
 
 `trainer_config(model, batch_size)` is a `lbjax.train.default_config()` on that model's synthetic
 twin (no files needed); `TrainerStep` is the trainer's own compiled step (built on
-`lbjax.train.run.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and `HandStep` the minimal `jax.jit` step a user
-would write for the same model, loss and optimizer (nnx.split/merge + optax, donated buffers).
+`lbjax.train.run.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and
+`HandStep` the minimal `jax.jit` step a user would write for the same model, loss and optimizer
+(nnx.split/merge + optax, donated buffers).
 """
 
 from typing import Any

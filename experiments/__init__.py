@@ -9,6 +9,10 @@ file) with the public lbjax API.
   with seeds -> table and plot; the tables live in `experiments/tables/*.json`.
 * `lr_grid`, `mclr_vs_lars`, `lipschitz`, `noise_scale`, `by_epoch`: see their docstrings.
 
+Every script that trains runs does so through `runner.run_once` (a run is trained once: a finished or
+diverged run is read back, an interrupted one resumes), whose outcome is a `runner.RunRow`; list
+arguments are read with `runner.ints` and `runner.floats`.
+
 Every script takes `--config` as `lbjax-train` does: a packaged config (`mnist_lstm`) or a config file
 (`path/to/my_config.py`), either optionally with `:variant` keys; configs are loaded with
 `lbjax.config_files.load`.

@@ -27,11 +27,11 @@ import pathlib
 import shlex
 import statistics
 import sys
-import time
 from typing import Any, Sequence
 
 from experiments import config_spec
 from experiments import run_records
+from experiments import runner
 from experiments import sweep_table
 from experiments.sweep import METRIC_KEYS
 from lbjax import config_files
@@ -40,7 +40,6 @@ from lbjax.configs import _adaptive_batch
 from lbjax.train.errors import exit_on_user_errors
 
 RUNS = _adaptive_batch.RUNS
-DIVERGED = "diverged.txt"  # in a run's directory: the error that stopped it
 LABELS = {"baseline": "baseline B={batch}", "legw": "LEGW, fixed B={batch}",
           "grow_batch": "increase the batch (papers/002)", "adaptive": "adaptive batch, LEGW LR",
           "adascale": "adaptive batch, AdaScale LR"}
@@ -102,22 +101,9 @@ def train_runs(configs: dict, workdir: str) -> None:
   """Trains every (run, seed) of `configs` (`load_configs`) neither finished nor diverged in `workdir`;
   stops at a preempted run (KeyboardInterrupt), which resumes from its checkpoint on the next call."""
   for (run, seed), run_config in configs.items():
-    directory = run_dir(workdir, run, seed)
-    if (directory / DIVERGED).is_file() or _final(directory) is not None:
-      continue
-    print(f"[adaptive_batch] {run} seed {seed} -> {directory}", flush=True)
-    start = time.time()
-    try:
-      preempted = train.train_and_evaluate(run_config, directory).preempted
-    except train.NonFiniteError as error:
-      directory.mkdir(parents=True, exist_ok=True)
-      (directory / DIVERGED).write_text(f"{error}\n")
-      print(f"[adaptive_batch] {run} seed {seed} diverged: {error}", flush=True)
-      continue
-    if preempted:
-      raise KeyboardInterrupt(f"{run} seed {seed} was preempted (SIGTERM); its checkpoint in {directory} "
-                              "resumes when the experiment runs again.")
-    print(f"[adaptive_batch] {run} seed {seed}: {time.time() - start:.0f} s", flush=True)
+    row = runner.run_once(run_config, run_dir(workdir, run, seed), name=run, prefix="[adaptive_batch]")
+    if row.seconds:
+      print(f"[adaptive_batch] {run} seed {seed}: {row.status}, {row.seconds:.0f} s", flush=True)
 
 
 def meets(value: float, target: float, metric: str) -> bool:
@@ -228,7 +214,8 @@ def _table_rows(rows: list[dict[str, Any]], metric: str, run_labels: dict[str, s
         f" ({row['diverged']} of {seeds} seeds diverged)" if row["diverged"] else "")
     lines.append(f"| {run_labels[row['run']]} | {shown} | {final} | "
                  f"{_cell(row['updates'], '{:.0f}')} | {_cell(row['wall'], '{:.0f}')} | "
-                 f"{_cell(row['updates_to_target'], '{:.0f}')}{partly} | {_cell(row['wall_to_target'], '{:.0f}')}{partly} |")
+                 f"{_cell(row['updates_to_target'], '{:.0f}')}{partly} | "
+                 f"{_cell(row['wall_to_target'], '{:.0f}')}{partly} |")
   return lines
 
 

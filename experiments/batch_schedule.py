@@ -15,13 +15,12 @@ import argparse
 import csv
 import pathlib
 import sys
-import time
 from typing import Any, Sequence
 
 from experiments import config_spec
 from experiments import run_records
+from experiments import runner
 from lbjax import config_files
-from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
@@ -54,14 +53,8 @@ def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULE
   for schedule, run_config in configs.items():
     if max_device_batch:
       run_config.max_device_batch = max_device_batch
-    run_dir = pathlib.Path(workdir) / schedule
-    if (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None:
-      seconds[schedule] = 0.0
-      continue
-    print(f"[batch_schedule] {schedule} -> {run_dir}", flush=True)
-    start = time.time()
-    train.train_and_evaluate(run_config, run_dir)
-    seconds[schedule] = time.time() - start
+    row = runner.run_once(run_config, pathlib.Path(workdir) / schedule, name=schedule, prefix="[batch_schedule]")
+    seconds[schedule] = row.seconds
   return seconds
 
 

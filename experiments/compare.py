@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from experiments import sweep_table
+from experiments.runner import RunRow
 
 
 def verdict(new: sweep_table.PointSummary, reference: sweep_table.PointSummary, tolerance: float) -> str:
@@ -31,7 +32,7 @@ def verdict(new: sweep_table.PointSummary, reference: sweep_table.PointSummary, 
   return "1 seed"
 
 
-def comparison_table(new_rows: list[sweep_table.SweepRow], reference_rows: list[sweep_table.SweepRow],
+def comparison_table(new_rows: list[RunRow], reference_rows: list[RunRow],
                      metric: str, tolerance: float = 0.0) -> str:
   """A markdown table: rule, batch, new, reference, difference, verdict."""
   new, reference = sweep_table.summarize(new_rows), sweep_table.summarize(reference_rows)

@@ -45,9 +45,8 @@ from typing import Any, Sequence
 
 import jax
 
-from experiments import run_records, simulated_devices
+from experiments import run_records, runner, simulated_devices
 from lbjax import config_files
-from lbjax import train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +79,7 @@ def variants(ranks: Sequence[int], qsgd_levels: int) -> list[Variant]:
 
 
 VALIDATION_SPLIT = "--config.data_options.eval_split=validation"
-DIVERGED_MARKER = "diverged.txt"
+PREFIX = "[compression_bytes]"
 
 
 def run_config(config_name: str, variant: Variant, batch_size: int, epochs: float, overrides: Sequence[str] = ()):
@@ -104,23 +103,6 @@ def read_result(run_dir: pathlib.Path, variant: str) -> Result | None:
                 train_records[-1]["loss"], final["accuracy"])
 
 
-def finished(run_dir: pathlib.Path) -> bool:
-  return (run_dir / DIVERGED_MARKER).is_file() or (
-      (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None)
-
-
-def train_once(config, run_dir: pathlib.Path) -> None:
-  """Trains `config` in `run_dir` unless it finished (or diverged) there before; a run that goes
-  non-finite leaves a marker with the trainer's message instead of stopping the experiment."""
-  if finished(run_dir):
-    return
-  print(f"training {run_dir}", flush=True)
-  try:
-    train.train_and_evaluate(config, run_dir)
-  except train.NonFiniteError as e:
-    (run_dir / DIVERGED_MARKER).write_text(f"{e}\n")
-
-
 def variant_result(variant: Variant, args: argparse.Namespace, common: Sequence[str]) -> Result:
   """The variant's reported run: at the config's LR, or at the LR that is best on the validation split."""
   def config(overrides=()):
@@ -128,22 +110,23 @@ def variant_result(variant: Variant, args: argparse.Namespace, common: Sequence[
 
   if not args.lrs:
     run_dir = pathlib.Path(args.workdir) / variant.name
-    train_once(config(), run_dir)
+    runner.run_once(config(), run_dir, name=variant.name, prefix=PREFIX)
     return dataclasses.replace(read_result(run_dir, variant.name), learning_rate=config().lr.base)
   validation = {}
   for lr in args.lrs:
     run_dir = pathlib.Path(args.workdir) / variant.name / f"validation_lr_{lr:g}"
-    train_once(config([f"--config.lr.base={lr!r}", VALIDATION_SPLIT]), run_dir)
+    runner.run_once(config([f"--config.lr.base={lr!r}", VALIDATION_SPLIT]), run_dir, name=variant.name, prefix=PREFIX)
     result = read_result(run_dir, variant.name)
     validation[lr] = math.nan if result is None else result.final_test_accuracy
   if all(math.isnan(a) for a in validation.values()):
     raise SystemExit(f"{variant.name}: every learning rate of {list(args.lrs)} diverged; try smaller ones.")
   best = max((lr for lr in args.lrs if not math.isnan(validation[lr])), key=lambda lr: validation[lr])
   run_dir = pathlib.Path(args.workdir) / variant.name / f"test_lr_{best:g}"
-  train_once(config([f"--config.lr.base={best!r}"]), run_dir)
+  runner.run_once(config([f"--config.lr.base={best!r}"]), run_dir, name=variant.name, prefix=PREFIX)
   result = read_result(run_dir, variant.name)
   if result is None:
-    raise SystemExit(f"{variant.name}: the test run at the chosen LR {best:g} diverged ({run_dir / DIVERGED_MARKER}).")
+    raise SystemExit(f"{variant.name}: the test run at the chosen LR {best:g} diverged "
+                     f"({run_dir / runner.DIVERGED_NOTE}).")
   return dataclasses.replace(result, learning_rate=best, validation_accuracy=validation)
 
 
@@ -219,22 +202,14 @@ def plot(results: list[Result], path: str, title: str) -> None:
   plt.close(fig)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-  return tuple(int(x) for x in text.split(",") if x)
-
-
-def _floats(text: str) -> tuple[float, ...]:
-  return tuple(float(x) for x in text.split(",") if x)
-
-
 def main(argv: Sequence[str] | None = None) -> list[Result]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="mnist_lstm", help="a packaged config or a config file")
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--epochs", type=float, default=1.0)
-  parser.add_argument("--ranks", type=_ints, default=(1, 2, 4))
+  parser.add_argument("--ranks", type=runner.ints, default=(1, 2, 4))
   parser.add_argument("--qsgd_levels", type=int, default=4)
-  parser.add_argument("--lrs", type=_floats, default=(),
+  parser.add_argument("--lrs", type=runner.floats, default=(),
                       help="learning rates to choose from on the validation split, per variant (none: the config's)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", required=True)

@@ -34,6 +34,7 @@ import numpy as np
 
 from experiments import config_spec
 from experiments import run_records
+from experiments import runner
 from experiments import variant_fields
 from lbjax import config_files
 from lbjax import train
@@ -245,19 +246,12 @@ def run_experiment(spec: LipschitzSpec) -> dict[int, list[dict[str, float]]]:
   curves = {}
   for batch_size, config in configs.items():
     run_dir = pathlib.Path(spec.workdir) / f"b{batch_size}"
-    if not ((run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir)):
-      print(f"[lipschitz] batch={batch_size}: {spec.steps} steps -> {run_dir}", flush=True)
-      train.train_and_evaluate(config, run_dir)
+    if runner.run_once(config, run_dir, name=f"batch={batch_size}", prefix="[lipschitz]").status == "diverged":
+      raise train.NonFiniteError(f"batch {batch_size} diverged ({run_dir / runner.DIVERGED_NOTE}): L is not defined "
+                                 "past a non-finite step; lower the learning rate.")
     curves[batch_size] = curve(run_dir)
     write_outputs(curves, spec)
   return curves
-
-
-def _ints(text: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(t) for t in text.split(",") if t.strip())
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 128,512, got {text!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]:
@@ -265,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]
   parser = argparse.ArgumentParser(prog="python -m experiments.lipschitz", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True,
                       help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
-  parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
+  parser.add_argument("--batch_sizes", required=True, type=runner.ints, help="comma-separated batch sizes")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/lipschitz")
   parser.add_argument("--workdir", required=True, help="directory for the runs")
   parser.add_argument("--steps", type=int, default=100)

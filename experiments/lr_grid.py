@@ -13,20 +13,21 @@ then report the chosen one's test metric once.
 
 import argparse
 import csv
+import math
 import pathlib
 import sys
 from typing import Sequence
 
 from experiments import config_spec
 from experiments import run_records
+from experiments import runner
 from lbjax import config_files
-from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 
 def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
              metric: str = "accuracy") -> dict[float, dict]:
-  """Trains each LR not yet finished and returns {lr: final eval record}.
+  """Trains each LR not yet finished and returns {lr: final eval record} (NaN for a run that diverged).
 
   Args:
     config: a packaged config (`mnist_lstm`) or a config file, optionally with `:variant`.
@@ -45,11 +46,9 @@ def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant
   finals = {}
   for lr in learning_rates:
     run_dir = pathlib.Path(workdir) / f"lr_{lr:g}"
-    if not ((run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir)):
-      run_config = config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
-      print(f"[lr_grid] lr={lr:g} -> {run_dir}", flush=True)
-      train.train_and_evaluate(run_config, run_dir)
-    finals[lr] = run_records.final_eval(run_dir)
+    run_config = config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
+    row = runner.run_once(run_config, run_dir, name=f"lr={lr:g}", metric=metric, prefix="[lr_grid]")
+    finals[lr] = run_records.final_eval(run_dir) if row.status == "done" else {metric: math.nan, "step": row.steps}
   return finals
 
 
@@ -64,7 +63,8 @@ def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str, 
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   pick = max if metric == "accuracy" else min
-  best = pick(finals, key=lambda lr: finals[lr][metric])
+  best = pick((lr for lr in finals if not math.isnan(finals[lr][metric])), key=lambda lr: finals[lr][metric],
+              default=math.nan)
   with open(out_path.with_suffix(".csv"), "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("learning_rate", f"{split}_{metric}", "steps"))
@@ -83,18 +83,14 @@ def main(argv: Sequence[str] | None = None) -> float:
   parser = argparse.ArgumentParser(prog="python -m experiments.lr_grid", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True,
                       help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
-  parser.add_argument("--lrs", required=True, help="comma-separated learning rates")
+  parser.add_argument("--lrs", required=True, type=runner.floats, help="comma-separated learning rates")
   parser.add_argument("--out", required=True)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=5")
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
   parser.add_argument("--title", default="Baseline learning-rate grid")
   args = parser.parse_args(argv)
-  try:
-    lrs = [float(t) for t in args.lrs.split(",") if t.strip()]
-  except ValueError:
-    parser.error(f"--lrs must be comma-separated numbers such as 0.01,0.02, got {args.lrs!r}")
-  finals = run_grid(args.config, lrs, args.workdir, args.variant, args.metric)
+  finals = run_grid(args.config, args.lrs, args.workdir, args.variant, args.metric)
   best = write_outputs(finals, args.out, args.metric, args.title, eval_split(args.config, args.variant))
   print(f"[lr_grid] best learning rate {best:g}", flush=True)
   return best

@@ -30,18 +30,17 @@ import dataclasses
 import math
 import pathlib
 import sys
-import time
 from typing import Any, Sequence
 
 import ml_collections
 
 from experiments import run_records
+from experiments import runner
 from lbjax import config_files
 from lbjax import train
 
 OPTIMIZERS = ("lars", "mclr")
 CSV_COLUMNS = ("optimizer", "learning_rate", "selected", "split", "step", "epoch", "loss", "accuracy")
-DIVERGED_NOTE = "diverged.txt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,25 +174,13 @@ def run_directory(spec: ComparisonSpec, optimizer: str, learning_rate: float) ->
 
 
 def _read_result(run_dir: pathlib.Path, optimizer: str, learning_rate: float) -> RunResult | None:
-  """The result recorded in `run_dir`, or None if the run has not finished."""
-  if (run_dir / DIVERGED_NOTE).is_file():
-    return RunResult(optimizer, learning_rate, "diverged", (), ())
-  if not (run_dir / "metrics.jsonl").is_file() or run_records.final_eval(run_dir) is None:
+  """The result recorded in `run_dir`, or None if the run has not ended."""
+  if not runner.finished(run_dir):
     return None
+  if (run_dir / runner.DIVERGED_NOTE).is_file():
+    return RunResult(optimizer, learning_rate, "diverged", (), ())
   return RunResult(optimizer, learning_rate, "done", tuple(run_records.read_records(run_dir, "train")),
                    tuple(run_records.eval_curve(run_dir)))
-
-
-def _train(config: ml_collections.ConfigDict, run_dir: pathlib.Path) -> None:
-  try:
-    result = train.train_and_evaluate(config, run_dir)
-  except train.NonFiniteError as error:
-    print(f"  diverged: {error}", flush=True)
-    (run_dir / DIVERGED_NOTE).write_text(f"{error}\n")
-    return
-  if result.preempted:
-    raise KeyboardInterrupt(f"run {run_dir} was preempted (SIGTERM); it resumes from its checkpoint "
-                            "on the next invocation.")
 
 
 def select(results: list[RunResult]) -> dict[str, RunResult]:
@@ -305,26 +292,16 @@ def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
   results = []
   for point in points:
     run_dir = run_directory(spec, *point)
+    trained_now = not runner.finished(run_dir)
+    row = runner.run_once(configs[point], run_dir, name=f"{point[0]} lr={point[1]:g}", prefix="[mclr_vs_lars]")
     result = _read_result(run_dir, *point)
-    if result is None:
-      print(f"[mclr_vs_lars] {point[0]} lr={point[1]:g} -> {run_dir}", flush=True)
-      start = time.time()
-      run_dir.mkdir(parents=True, exist_ok=True)
-      _train(configs[point], run_dir)
-      result = _read_result(run_dir, *point)
+    if trained_now:
       print(f"[mclr_vs_lars] {point[0]} lr={point[1]:g}: {result.status}, train loss "
             f"{result.final_train_loss:.4f}, test accuracy {result.final_test_accuracy:.4f} "
-            f"({time.time() - start:.0f} s)", flush=True)
+            f"({row.seconds:.0f} s)", flush=True)
     results.append(result)
     write_outputs(results, spec)
   return results
-
-
-def _floats(text: str) -> tuple[float, ...]:
-  try:
-    return tuple(float(t) for t in text.split(",") if t.strip())
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0.1,0.3, got {text!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> list[RunResult]:
@@ -332,8 +309,8 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   parser = argparse.ArgumentParser(prog="python -m experiments.mclr_vs_lars", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True,
                       help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
-  parser.add_argument("--lars_lrs", required=True, type=_floats, help="LARS global LRs, e.g. 1,3,10")
-  parser.add_argument("--mclr_lrs", required=True, type=_floats, help="MCLR global LRs, e.g. 0.001,0.003")
+  parser.add_argument("--lars_lrs", required=True, type=runner.floats, help="LARS global LRs, e.g. 1,3,10")
+  parser.add_argument("--mclr_lrs", required=True, type=runner.floats, help="MCLR global LRs, e.g. 0.001,0.003")
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/mclr_vs_lars")
   parser.add_argument("--workdir", required=True, help="directory for the runs")
   parser.add_argument("--batch_size", type=int, default=1024)

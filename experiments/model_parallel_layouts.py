@@ -90,7 +90,8 @@ def measure(steps: int, repeats: int, batch_size: int, seq_len: int, vocab: int 
     params = jax.device_get(run.state.params)
     difference = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
                      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference)))
-    rows.append({"layout": name, "loss": losses[name], "max_rel_diff": difference, "ms": 1e3 * statistics.median(times[name]),
+    rows.append({"layout": name, "loss": losses[name], "max_rel_diff": difference,
+                 "ms": 1e3 * statistics.median(times[name]),
                  "ms_min": 1e3 * min(times[name]), "ms_max": 1e3 * max(times[name]), "sent_mb": sent[name] / 1e6,
                  "parameters_per_device": _parameters_per_device(run)})
   return rows

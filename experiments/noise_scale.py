@@ -30,6 +30,7 @@ import numpy as np
 
 from experiments import config_spec
 from experiments import run_records
+from experiments import runner
 from lbjax import config_files
 from lbjax import train
 
@@ -185,9 +186,8 @@ def run_experiment(spec: NoiseScaleSpec) -> list[dict[str, Any]]:
   check_spec(spec, config)
   train.validate(config, data_parallel_size=1)
   workdir = pathlib.Path(spec.workdir)
-  if not ((workdir / "metrics.jsonl").is_file() and run_records.final_eval(workdir)):
-    print(f"[noise_scale] training -> {workdir}", flush=True)
-    train.train_and_evaluate(config, workdir)
+  if runner.run_once(config, workdir, name="accumulating run", prefix="[noise_scale]").status == "diverged":
+    raise train.NonFiniteError(f"the run diverged ({workdir / runner.DIVERGED_NOTE}); lower the learning rate.")
   records = noise_scale_records(workdir)
   write_outputs(records, spec)
   return records

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
+from experiments import runner
 from experiments import simulated_devices
 from lbjax.parallel import pipeline, stacks
 
@@ -124,14 +125,10 @@ def plot(rows, path: str) -> None:
   plt.close(fig)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-  return tuple(int(x) for x in text.split(",") if x)
-
-
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--stages", type=_ints, default=(2, 4))
-  parser.add_argument("--microbatches", type=_ints, default=(1, 2, 4, 8, 16))
+  parser.add_argument("--stages", type=runner.ints, default=(2, 4))
+  parser.add_argument("--microbatches", type=runner.ints, default=(1, 2, 4, 8, 16))
   parser.add_argument("--num_layers", type=int, default=8)
   parser.add_argument("--width", type=int, default=256)
   parser.add_argument("--batch_size", type=int, default=512)

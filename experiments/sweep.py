@@ -29,7 +29,6 @@ import dataclasses
 import json
 import pathlib
 import sys
-import time
 from typing import Sequence
 
 import ml_collections
@@ -37,12 +36,12 @@ import numpy as np
 
 from experiments import compare
 from experiments import config_spec
-from experiments import run_records
+from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
+from experiments.runner import RunRow
 from lbjax import config_files
 from lbjax import train
-from lbjax.train import optimizer as optimizer_lib
 from lbjax.train.errors import exit_on_user_errors
 
 RULES = ("none", "linear", "sqrt", "legw", "goyal")
@@ -144,38 +143,13 @@ def recipe_fingerprint(config: ml_collections.ConfigDict) -> str:
   return json.dumps(fields, sort_keys=True)
 
 
-def _run_point(config: ml_collections.ConfigDict, workdir: pathlib.Path, rule: str, batch_size: int,
-               metric: str) -> sweep_table.SweepRow:
-  seed = config.seed
-  recipe = optimizer_lib.scaled_recipe(config)
-  warmup = recipe.warmup_epochs if (config.lr.warmup != "none" or rule == "goyal") else 0.0
-  start = time.time()
-  try:
-    result = train.train_and_evaluate(config, workdir)
-  except train.NonFiniteError as error:
-    print(f"  diverged: {error}", flush=True)
-    records = run_records.read_records(workdir, "train")
-    steps = records[-1]["step"] if records else 0
-    epochs = records[-1]["epoch"] if records else 0.0
-    return sweep_table.SweepRow(rule, batch_size, float("nan"), "diverged", recipe.learning_rate, warmup,
-                                epochs, steps, time.time() - start, seed=seed,
-                                device=run_records.training_devices())
-  if result.preempted:
-    raise KeyboardInterrupt(f"point rule={rule}, batch={batch_size} was preempted (SIGTERM); its "
-                            f"checkpoint in {workdir} resumes on the next sweep.")
-  final = run_records.final_eval(workdir)
-  return sweep_table.SweepRow(rule, batch_size, float(final[metric]), "done",
-                              recipe.learning_rate, warmup, result.epoch, result.step, time.time() - start,
-                              seed=seed, device=run_records.training_devices())
-
-
 # The test metric of the packaged datasets (lbjax.train.datasets); a user's dataset is taken at --metric.
 METRIC_KEYS = {"mnist": "accuracy", "synthetic_mnist": "accuracy", "imagenet": "accuracy",
                "cifar10": "accuracy", "synthetic_images": "accuracy", "ptb": "perplexity",
                "synthetic_ptb": "perplexity"}
 
 
-def write_outputs(rows: list[sweep_table.SweepRow], spec: SweepSpec) -> None:
+def write_outputs(rows: list[RunRow], spec: SweepSpec) -> None:
   """Writes `<out>.csv`, `<out>.md` and `<out>.png` from `rows`."""
   out = pathlib.Path(spec.out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +162,7 @@ def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, refer
   """What the sweep will run, what it skips, and the time each point took in the reference run."""
   seconds = {}
   for r in reference:
-    seconds.setdefault((r.rule, r.batch_size), []).append(r.seconds)
+    seconds.setdefault((r.name, r.batch_size), []).append(r.seconds)
   to_run = [p for p in points if p not in done]
   lines = [f"[sweep] {len(points)} runs ({len(spec.rules)} rules x {len(spec.batch_sizes)} batch sizes x "
            f"{max(1, len(spec.seeds))} seeds): {len(points) - len(to_run)} recorded in "
@@ -205,7 +179,7 @@ def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, refer
   return "\n".join(lines)
 
 
-def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
+def run_sweep(spec: SweepSpec) -> list[RunRow]:
   """Runs every point of `spec` not yet recorded in `<out>.csv`, writing the outputs after each.
 
   Returns:
@@ -219,7 +193,7 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
   csv_path = pathlib.Path(spec.out).with_suffix(".csv")
   rows = sweep_table.read_csv(csv_path, spec.metric)
   reference = sweep_table.read_csv(spec.reference, spec.metric) if spec.reference else []
-  done = {(r.rule, r.batch_size, r.seed): r for r in rows}
+  done = {(r.name, r.batch_size, r.seed): r for r in rows}
   seeds = spec.seeds or (None,)
   configs = {(rule, b, seed): point_config(spec, rule, b, seed)
              for rule in spec.rules for b in spec.batch_sizes for seed in seeds}
@@ -242,12 +216,12 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
                  and (other, b, seed) in fingerprints
                  and fingerprints[(other, b, seed)] == fingerprints[(rule, b, seed)]), None)
     if twin is not None:
-      row = dataclasses.replace(twin, rule=rule, same_as=twin.rule)
+      row = dataclasses.replace(twin, name=rule, same_as=twin.name)
     else:
       name = f"{rule}_b{b}" + (f"_s{seed}" if spec.seeds else "")
-      print(f"[sweep] rule={rule} batch={b} seed={seed} -> {spec.workdir}/{name}", flush=True)
-      row = _run_point(configs[(rule, b, seed)], pathlib.Path(spec.workdir) / name, rule, b, spec.metric)
-      print(f"[sweep] rule={rule} batch={b} seed={seed}: {spec.metric}={row.metric:.4f} ({row.status}, "
+      row = runner.run_once(configs[(rule, b, seed)], pathlib.Path(spec.workdir) / name, name=rule,
+                            metric=spec.metric, prefix=f"[sweep] batch={b}")
+      print(f"[sweep] rule={rule} batch={b} seed={seed}: {spec.metric}={row.value:.4f} ({row.status}, "
             f"{row.seconds:.0f} s)", flush=True)
     done[(rule, b, seed)] = row
     write_outputs(list(done.values()), spec)
@@ -256,20 +230,13 @@ def run_sweep(spec: SweepSpec) -> list[sweep_table.SweepRow]:
   return list(done.values())
 
 
-def _ints(text: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(t) for t in text.split(",") if t.strip())
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 128,512, got {text!r}")
-
-
-def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
+def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True,
                       help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
   parser.add_argument("--rules", required=True, help="comma-separated scaling rules: " + ",".join(RULES))
-  parser.add_argument("--batch_sizes", required=True, type=_ints, help="comma-separated batch sizes")
+  parser.add_argument("--batch_sizes", required=True, type=runner.ints, help="comma-separated batch sizes")
   parser.add_argument("--out", required=True, help="output prefix, e.g. reproduced/mnist_lstm_legw")
   parser.add_argument("--workdir", required=True, help="directory for the runs, e.g. runs/sweeps/mnist")
   parser.add_argument("--variant", default="", help="extra variant keys for every point, e.g. epochs=5")
@@ -277,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> list[sweep_table.SweepRow]:
   parser.add_argument("--title", default="Batch-size sweep")
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
-  parser.add_argument("--seeds", type=_ints, default=(),
+  parser.add_argument("--seeds", type=runner.ints, default=(),
                       help="comma-separated seeds, one run per seed and point (default: the config's seed)")
   parser.add_argument("--reference", default="",
                       help="a committed CSV (e.g. docs/results/mnist_lstm_headline.csv): its times for the plan, "

@@ -1,4 +1,5 @@
-"""The results of a batch-size sweep: rows, the CSV file that records them, markdown table and plot.
+"""The results of a batch-size sweep: the CSV file that records its rows (`runner.RunRow`, whose `name` is
+the scaling rule and `value` the final test metric), markdown table and plot.
 
 A point (rule, batch size) may have several rows, one per seed; the table and the plot show their mean
 and sample standard deviation.
@@ -10,6 +11,8 @@ import math
 import pathlib
 import statistics
 
+from experiments.runner import RunRow
+
 FIELDS = ("rule", "batch_size", "status", "learning_rate", "warmup_epochs", "epochs", "steps", "seconds",
           "same_as", "seed", "device")
 # Columns a CSV written before they existed may lack (read with their defaults).
@@ -18,57 +21,24 @@ LATER_FIELDS = {"seed", "device"}
 DEFAULT_SEED = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepRow:
-  """One finished point of a sweep.
-
-  Attributes:
-    rule: the scaling rule (none, linear, sqrt, legw, goyal).
-    batch_size: the global batch size.
-    metric: the final test metric (accuracy in [0, 1] or perplexity); NaN if the run diverged.
-    status: "done" or "diverged" (a non-finite loss or update stopped it).
-    learning_rate: peak learning rate after scaling.
-    warmup_epochs: warm-up length in epochs after scaling (0 if none).
-    epochs: epochs trained.
-    steps: parameter updates made.
-    seconds: wall-clock seconds of the run (of its last session if it was resumed).
-    same_as: if not empty, the rule whose run at this batch size had the identical recipe and whose
-      result this row repeats (e.g. every rule but LEGW at the baseline batch size).
-    seed: the run's `config.seed` (initialisation and shuffling).
-    device: the devices that trained it, e.g. "1x cpu" ("" in CSVs written before the column).
-  """
-  rule: str
-  batch_size: int
-  metric: float
-  status: str
-  learning_rate: float
-  warmup_epochs: float
-  epochs: float
-  steps: int
-  seconds: float
-  same_as: str = ""
-  seed: int = DEFAULT_SEED
-  device: str = ""
-
-
 def metric_column(metric: str) -> str:
   """The CSV column of a metric: `test_accuracy` or `test_perplexity`."""
   return f"test_{metric}"
 
 
-def write_csv(rows: list[SweepRow], path: str | pathlib.Path, metric: str) -> None:
+def write_csv(rows: list[RunRow], path: str | pathlib.Path, metric: str) -> None:
   """Writes `rule,batch_size,test_<metric>,status,...`, one line per row, sorted by rule and batch."""
   column = metric_column(metric)
   with open(path, "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("rule", "batch_size", column) + FIELDS[2:])
-    for r in sorted(rows, key=lambda r: (r.rule, r.batch_size, r.seed)):
-      writer.writerow((r.rule, r.batch_size, f"{r.metric:.6g}", r.status, f"{r.learning_rate:.6g}",
+    for r in sorted(rows, key=lambda r: (r.name, r.batch_size, r.seed)):
+      writer.writerow((r.name, r.batch_size, f"{r.value:.6g}", r.status, f"{r.learning_rate:.6g}",
                        f"{r.warmup_epochs:.6g}", f"{r.epochs:.6g}", r.steps, f"{r.seconds:.1f}", r.same_as,
                        r.seed, r.device))
 
 
-def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
+def read_csv(path: str | pathlib.Path, metric: str) -> list[RunRow]:
   """The rows of a CSV written by `write_csv`; [] if the file does not exist.
 
   Raises:
@@ -84,11 +54,11 @@ def read_csv(path: str | pathlib.Path, metric: str) -> list[SweepRow]:
     if missing:
       raise ValueError(f"{path} lacks the column(s) {sorted(missing)}: it was not written by a sweep "
                        f"measuring {metric!r}; move it away or choose another --out.")
-    return [SweepRow(rule=d["rule"], batch_size=int(d["batch_size"]), metric=float(d[column]),
-                     status=d["status"], learning_rate=float(d["learning_rate"]),
-                     warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),
-                     steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"],
-                     seed=int(d.get("seed") or DEFAULT_SEED), device=d.get("device") or "")
+    return [RunRow(name=d["rule"], batch_size=int(d["batch_size"]), split="test", metric=metric, value=float(d[column]),
+                   status=d["status"], learning_rate=float(d["learning_rate"]),
+                   warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),
+                   steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"],
+                   seed=int(d.get("seed") or DEFAULT_SEED), device=d.get("device") or "")
             for d in reader]
 
 
@@ -108,18 +78,18 @@ class PointSummary:
   failed: tuple[str, ...]
 
 
-def summarize(rows: list[SweepRow]) -> dict[tuple[str, int], PointSummary]:
+def summarize(rows: list[RunRow]) -> dict[tuple[str, int], PointSummary]:
   """{(rule, batch size): PointSummary} over the seeds of each point."""
-  points: dict[tuple[str, int], list[SweepRow]] = {}
+  points: dict[tuple[str, int], list[RunRow]] = {}
   for r in rows:
-    points.setdefault((r.rule, r.batch_size), []).append(r)
+    points.setdefault((r.name, r.batch_size), []).append(r)
   summaries = {}
   for key, seeds in points.items():
-    values = [r.metric for r in seeds if r.status == "done" and not math.isnan(r.metric)]
+    values = [r.value for r in seeds if r.status == "done" and not math.isnan(r.value)]
     summaries[key] = PointSummary(
         mean=statistics.fmean(values) if values else math.nan,
         std=statistics.stdev(values) if len(values) > 1 else math.nan,
-        finished=len(values), failed=tuple(r.status for r in seeds if r.status != "done" or math.isnan(r.metric)))
+        finished=len(values), failed=tuple(r.status for r in seeds if r.status != "done" or math.isnan(r.value)))
   return summaries
 
 
@@ -143,9 +113,9 @@ def format_summary(point: PointSummary | None, metric: str) -> str:
   return text
 
 
-def markdown_table(rows: list[SweepRow], metric: str, title: str) -> str:
+def markdown_table(rows: list[RunRow], metric: str, title: str) -> str:
   """A markdown page: the metric by batch size (rows) and rule (columns), then every run's recipe."""
-  rules = list(dict.fromkeys(r.rule for r in rows))
+  rules = list(dict.fromkeys(r.name for r in rows))
   sizes = sorted({r.batch_size for r in rows})
   cell = summarize(rows)
   spread = " (mean ± sample standard deviation over seeds)" if any(p.finished > 1 for p in cell.values()) else ""
@@ -158,10 +128,10 @@ def markdown_table(rows: list[SweepRow], metric: str, title: str) -> str:
             f"| rule | batch | seed | peak LR | warm-up epochs | epochs | steps | seconds | device | test {metric} "
             "| status | same as |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
-  for r in sorted(rows, key=lambda r: (rules.index(r.rule), r.batch_size, r.seed)):
-    lines.append(f"| {r.rule} | {r.batch_size} | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | "
+  for r in sorted(rows, key=lambda r: (rules.index(r.name), r.batch_size, r.seed)):
+    lines.append(f"| {r.name} | {r.batch_size} | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | "
                  f"{r.epochs:g} | {r.steps} | {r.seconds:.0f} | {r.device or 'not recorded'} | "
-                 f"{format_value(r.metric, metric)} | {r.status} | {r.same_as} |")
+                 f"{format_value(r.value, metric)} | {r.status} | {r.same_as} |")
   return "\n".join(lines) + "\n"
 
 
@@ -179,7 +149,7 @@ def _zoom_limits(values: list[float], metric: str) -> tuple[float, float] | None
   return (best * 0.97, best * 1.5) if max(values) > 2.0 * best else None
 
 
-def plot(rows: list[SweepRow], metric: str, title: str, path: str | pathlib.Path) -> None:
+def plot(rows: list[RunRow], metric: str, title: str, path: str | pathlib.Path) -> None:
   """Final test metric vs batch size (log2 x-axis), one line per rule, like papers/001 Figure 1.
 
   A point with several seeds is drawn at their mean with a bar of one standard deviation. Points none
@@ -197,7 +167,7 @@ def plot(rows: list[SweepRow], metric: str, title: str, path: str | pathlib.Path
   figure, panels = plt.subplots(1, 2 if zoom else 1, figsize=(11 if zoom else 6, 4), squeeze=False)
   sizes = sorted({r.batch_size for r in rows})
   for index, axes in enumerate(panels[0]):
-    for number, rule in enumerate(dict.fromkeys(r.rule for r in rows)):
+    for number, rule in enumerate(dict.fromkeys(r.name for r in rows)):
       points = sorted(size for (other, size) in summaries if other == rule)
       done = [size for size in points if (rule, size) in finished]
       line = axes.errorbar(done, [scale * finished[(rule, s)].mean for s in done],

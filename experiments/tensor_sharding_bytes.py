@@ -67,7 +67,8 @@ def step_bytes(data: int, model: int, vocab: int, width: int, batch_size: int, s
   loss = lambda e, s: jnp.mean(cross_entropy(jnp.tanh(embed(e, tokens)), s, tokens))
   hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(embedding, softmax).compile().as_text()
   return {"data": data, "model": model, **_totals(hlo),
-          "model_floats": sum(tensor.vocab_parallel_floats(batch_size * seq_len // data, width, width).values()) * (model > 1),
+          "model_floats": (sum(tensor.vocab_parallel_floats(batch_size * seq_len // data, width, width).values())
+                           * (model > 1)),
           "parameter_floats": (2 * vocab * width + vocab) // model}
 
 

@@ -17,11 +17,11 @@ learning-rate grids at a fixed batch size and ablations are all such tables:
 
 The first row is the reference the others are compared with (the `Δ` column). Each run goes to
 `<workdir>/<name>_s<seed>`; after each run the outputs `<out>.csv` (one line per run), `<out>.md` and
-`<out>.png` are rewritten (`--replot` rewrites the last two from the CSV alone). Runs already in `<out>.csv` are skipped (delete a line to rerun it); an
-interrupted run resumes from its checkpoint. `--rows a,b` runs only those rows (the table keeps every
-row already recorded). A run stopped by a non-finite loss is recorded as `diverged`. The metric is
-reported on the split each row evaluates on (`data_options.eval_split`): choose on `validation`, then
-report the chosen recipe's `test` metric once.
+`<out>.png` are rewritten (`--replot` rewrites the last two from the CSV alone). Runs already in `<out>.csv`
+are skipped (delete a line to rerun it); an interrupted run resumes from its checkpoint. `--rows a,b` runs
+only those rows (the table keeps every row already recorded). A run stopped by a non-finite loss is recorded
+as `diverged`. The metric is reported on the split each row evaluates on (`data_options.eval_split`): choose
+on `validation`, then report the chosen recipe's `test` metric once.
 
 Several processes may work on one table at once (the same command started N times, e.g. several small
 runs sharing one GPU, or one process per GPU): each takes the next run that is neither recorded nor
@@ -41,16 +41,15 @@ import re
 import statistics
 import sys
 import textwrap
-import time
 from typing import Sequence
 
 import ml_collections
 
 from experiments import config_spec
-from experiments import run_records
+from experiments import runner
+from experiments.runner import RunRow
 from lbjax import config_files
 from lbjax import train
-from lbjax.train import optimizer as optimizer_lib
 from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.errors import WorkdirInUseError
 
@@ -60,7 +59,7 @@ _ROW_KEYS = {"name", "tests", "variant", "overrides", "series", "x"}
 # In the workdir: held while a process rewrites the table's outputs (see `_record`).
 _TABLE_LOCK = "table.lock"
 CSV_FIELDS = ("name", "seed", "split", "metric", "value", "status", "learning_rate", "warmup_epochs",
-              "epochs", "steps", "seconds", "device")
+              "epochs", "steps", "seconds", "device", "batch_size")  # the last two absent from older CSVs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,23 +104,6 @@ class Table:
   notes: str = ""
   metric: str = "accuracy"
   x_label: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-  """One finished run: a row at a seed (a line of `<out>.csv`)."""
-  name: str
-  seed: int
-  split: str
-  metric: str
-  value: float
-  status: str
-  learning_rate: float
-  warmup_epochs: float
-  epochs: float
-  steps: int
-  seconds: float
-  device: str = ""  # what trained it, e.g. "1x cpu" or "1x NVIDIA H200" ("" in CSVs written before the column)
 
 
 def _strings(value, where: str, errors: list[str]) -> tuple[str, ...]:
@@ -210,44 +192,23 @@ def row_config(table: Table, row: TableRow, seed: int, extra: Sequence[str] = ()
   return config_files.load(config_spec(table.config, row.variant), overrides).config
 
 
-def read_results(path: str | pathlib.Path) -> list[RunResult]:
+def read_results(path: str | pathlib.Path) -> list[RunRow]:
   """The runs recorded in `<out>.csv` (none if it does not exist)."""
   path = pathlib.Path(path)
   if not path.is_file():
     return []
   with open(path, newline="") as f:
-    return [RunResult(r["name"], int(r["seed"]), r["split"], r["metric"], float(r["value"]), r["status"],
-                      float(r["learning_rate"]), float(r["warmup_epochs"]), float(r["epochs"]),
-                      int(r["steps"]), float(r["seconds"]), r.get("device") or "")
+    return [RunRow(r["name"], int(r["seed"]), r["split"], r["metric"], float(r["value"]), r["status"],
+                   float(r["learning_rate"]), float(r["warmup_epochs"]), float(r["epochs"]),
+                   int(r["steps"]), float(r["seconds"]), r.get("device") or "", int(r.get("batch_size") or 0))
             for r in csv.DictReader(f)]
-
-
-def _run(config: ml_collections.ConfigDict, run_dir: pathlib.Path, name: str, metric: str) -> RunResult:
-  recipe = optimizer_lib.scaled_recipe(config)
-  warmup = recipe.warmup_epochs if config.lr.warmup != "none" else 0.0
-  split = config.data_options.get("eval_split", "test")
-  start = time.time()
-  try:
-    result = train.train_and_evaluate(config, run_dir)
-  except train.NonFiniteError as error:
-    print(f"  diverged: {error}", flush=True)
-    records = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []
-    return RunResult(name, config.seed, split, metric, math.nan, "diverged", recipe.learning_rate, warmup,
-                     records[-1]["epoch"] if records else 0.0, records[-1]["step"] if records else 0,
-                     time.time() - start, run_records.training_devices())
-  if result.preempted:
-    raise KeyboardInterrupt(f"row {name} (seed {config.seed}) was preempted; its checkpoint in {run_dir} "
-                            "resumes on the next run of the table.")
-  final = run_records.final_eval(run_dir)
-  return RunResult(name, config.seed, split, metric, float(final[metric]), "done", recipe.learning_rate, warmup,
-                   result.epoch, result.step, time.time() - start, run_records.training_devices())
 
 
 def _format(value: float, metric: str) -> str:
   return "–" if math.isnan(value) else (f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.2f}")
 
 
-def _summary(results: list[RunResult]) -> tuple[float, float, int]:
+def _summary(results: list[RunRow]) -> tuple[float, float, int]:
   values = [r.value for r in results if r.status == "done"]
   mean = statistics.fmean(values) if values else math.nan
   return mean, statistics.stdev(values) if len(values) > 1 else math.nan, len(values)
@@ -257,7 +218,7 @@ def _describe(row: TableRow) -> str:
   return ", ".join(p for p in (row.variant, *row.overrides) if p) or "(the table's config)"
 
 
-def markdown(table: Table, results: list[RunResult]) -> str:
+def markdown(table: Table, results: list[RunRow]) -> str:
   """The page: one line per row (mean ± sample sd over seeds, difference to the reference), then runs."""
   by_row = {row.name: [r for r in results if r.name == row.name] for row in table.rows}
   scale = 100.0 if table.metric == "accuracy" else 1.0
@@ -282,7 +243,8 @@ def markdown(table: Table, results: list[RunResult]) -> str:
     lines.append(f"| `{row.name}` | {row.tests} | `{_describe(row)}` | {runs[0].split} | {cell} | {delta} | "
                  f"{finished}/{len(runs)} | {runs[0].steps} |")
   lines += ["", "Runs (peak LR and warm-up as trained):", "",
-            f"| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | device | {table.metric} | status |",
+            "| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | device | "
+            f"{table.metric} | status |",
             "|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
   order = {row.name: i for i, row in enumerate(table.rows)}
   for r in sorted(results, key=lambda r: (order.get(r.name, len(order)), r.seed)):
@@ -340,7 +302,7 @@ def _draw_bars(axes, rows: list[TableRow], stats: list[tuple[float, float, int]]
   axes.grid(axis="x", alpha=0.3)
 
 
-def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> None:
+def plot(table: Table, results: list[RunRow], path: str | pathlib.Path) -> None:
   """The table as a figure: lines of the metric vs `x` per series when the table has `x_label` (log2
   x-axis, e.g. papers/001 Figure 5), else one horizontal bar per row with the reference as a dashed
   line and each seed's run as a cross; error bars: sample sd over seeds. Perplexity is drawn on a log
@@ -376,7 +338,7 @@ def plot(table: Table, results: list[RunResult], path: str | pathlib.Path) -> No
   plt.close(figure)
 
 
-def write_outputs(table: Table, results: list[RunResult], out: str | pathlib.Path) -> None:
+def write_outputs(table: Table, results: list[RunRow], out: str | pathlib.Path) -> None:
   """Writes `<out>.csv`, `<out>.md` and `<out>.png`."""
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -392,7 +354,7 @@ def write_outputs(table: Table, results: list[RunResult], out: str | pathlib.Pat
 
 
 def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
-              only: Sequence[str] = ()) -> list[RunResult]:
+              only: Sequence[str] = ()) -> list[RunRow]:
   """Runs every (row, seed) not yet in `<out>.csv`; returns all recorded runs.
 
   Args:
@@ -438,7 +400,8 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
     run_dir = pathlib.Path(workdir) / f"{name}_s{seed}"
     print(f"[variant_table] {name} seed={seed} -> {run_dir}", flush=True)
     try:
-      result = _run(configs[(name, seed)], run_dir, name, table.metric)
+      result = runner.run_once(configs[(name, seed)], run_dir, name=name, metric=table.metric,
+                               prefix="[variant_table]")
     except WorkdirInUseError as e:
       print(f"[variant_table] {name} seed={seed}: skipped, another process is training it ({e})", flush=True)
       continue
@@ -453,7 +416,7 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   return results
 
 
-def replot(table: Table, out: str | pathlib.Path) -> list[RunResult]:
+def replot(table: Table, out: str | pathlib.Path) -> list[RunRow]:
   """Rewrites `<out>.md` and `<out>.png` from the runs recorded in `<out>.csv` (none is trained)."""
   csv_path = pathlib.Path(out).with_suffix(".csv")
   results = read_results(csv_path)
@@ -463,8 +426,8 @@ def replot(table: Table, out: str | pathlib.Path) -> list[RunResult]:
   return results
 
 
-def _record(table: Table, result: RunResult, out: str | pathlib.Path, workdir: str
-            ) -> tuple[list[RunResult], bool]:
+def _record(table: Table, result: RunRow, out: str | pathlib.Path, workdir: str
+            ) -> tuple[list[RunRow], bool]:
   """Adds `result` to `<out>.csv` unless a process sharing the table recorded the run already, and
   rewrites the outputs; the CSV is re-read and written under an exclusive lock of the workdir, so
   processes working on one table never lose each other's lines. Returns every recorded run and
@@ -480,14 +443,14 @@ def _record(table: Table, result: RunResult, out: str | pathlib.Path, workdir: s
   return results, added
 
 
-def main(argv: Sequence[str] | None = None) -> list[RunResult]:
+def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.variant_table",
                                    description=__doc__.split("\n")[0])
   parser.add_argument("table", help="a table file (JSON), e.g. experiments/tables/mnist_legw_8k_hypotheses.json")
   parser.add_argument("--out", required=True, help="output prefix, e.g. reproduced/mnist_legw_8k_hypotheses")
   parser.add_argument("--workdir", help="directory for the runs (required unless --replot)")
-  parser.add_argument("--seeds", default="", help="comma-separated seeds (default: the table's)")
+  parser.add_argument("--seeds", type=runner.ints, default=(), help="comma-separated seeds (default: the table's)")
   parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
   parser.add_argument("--replot", action="store_true",
                       help="rewrite <out>.md and <out>.png from <out>.csv, training nothing")
@@ -500,12 +463,8 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   if not args.workdir:
     parser.error("--workdir is required to run a table (only --replot goes without it)")
   try:
-    seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-  except ValueError:
-    parser.error(f"--seeds must be comma-separated integers such as 0,1,2, got {args.seeds!r}")
-  try:
     table = load_table(args.table)
-    return run_table(table, args.out, args.workdir, seeds, [n for n in args.rows.split(",") if n.strip()])
+    return run_table(table, args.out, args.workdir, args.seeds, [n for n in args.rows.split(",") if n.strip()])
   except ValueError as e:
     parser.exit(2, f"{e}\n")
 

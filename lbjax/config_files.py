@@ -7,6 +7,12 @@ A config is a module with
   finalize(config, presets)       optional: settings that follow from others (e.g. LEGW's baseline
                                   warm-up when `scaling.rule` is "legw"), and the presets.
 
+An override of a whole argument section swaps the function it names: `--config.optimizer=adamw` makes the
+section `{name: "adamw"}`, dropping the arguments the config set for the old optimizer; a dict literal,
+`--config.optimizer={'name': 'adamw', 'weight_decay': 0.01}` or `--config.model_options={}`, gives the
+new arguments. The section's recipe fields (`scaling.base_batch_size`; `lr.base`, `lr.warmup`,
+`lr.warmup_epochs`) are kept unless the dict gives them, and a dict without the name keeps the name.
+
 A `Variant` with a `field` is an alias: `:batch=8192` is exactly `--config.batch_size=8192`. Both are
 typed by the field (a bad value names the key and the type it wants), and both are applied before
 `finalize`, which therefore sees the same config whichever way a field was set; fields set explicitly
@@ -127,8 +133,9 @@ def _field_type(config: ml_collections.ConfigDict, path: str, where: str) -> typ
     node = node[part]
   if leaf in node:
     if isinstance(node[leaf], ml_collections.ConfigDict):
-      example = "name" if "name" in node[leaf] else next(iter(node[leaf]), "x")
-      raise ConfigError(f"{where}: {path!r} is a section; set one of its fields, e.g. --config.{path}.{example}=...")
+      example = next(iter(node[leaf]), "x")
+      raise ConfigError(f"{where}: {path!r} is a section; set one of its fields, e.g. --config.{path}.{example}=...; "
+                        f"only the argument sections ({', '.join(ARGUMENT_SECTIONS)}) can be replaced whole.")
     value = node[leaf]
     return None if value is None else type(value)
   if parents and parents[0] in ARGUMENT_SECTIONS and len(parents) == 1:
@@ -139,7 +146,54 @@ def _field_type(config: ml_collections.ConfigDict, path: str, where: str) -> typ
                     f"argument sections ({', '.join(ARGUMENT_SECTIONS)}), whose fields are a function's arguments.")
 
 
+# The field of an argument section that names its function, and the fields that are the section's own
+# (the recipe, lbjax.train.optimizer) rather than the function's arguments. model_options and
+# data_options have no name field: the function is config.model or config.dataset.
+SECTION_NAME_FIELDS = {"optimizer": "name", "compression": "name", "scaling": "rule", "lr": "decay"}
+SECTION_OWN_FIELDS = {"scaling": ("base_batch_size",), "lr": ("base", "warmup", "warmup_epochs")}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _section_replacement(section: str, text: str, where: str) -> dict[str, Any]:
+  """The fields an override of a whole argument section gives: `{name_field: text}` for a name, or the
+  dict literal `text` (scalar or tuple values)."""
+  name_field = SECTION_NAME_FIELDS.get(section)
+  if not text.startswith("{"):
+    if name_field is None:
+      function = "config.model" if section == "model_options" else "config.dataset"
+      raise ConfigError(f"{where}={text!r}: config.{section} holds the keyword arguments of {function}, so it takes "
+                        f"a dict: --config.{section}={{}} drops them all, --config.{section}=\"{{'x': 1}}\" sets "
+                        f"them; the function itself is --config.{function.split('.')[1]}=NAME.")
+    return {name_field: text}
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    value = None
+  fields_ok = isinstance(value, dict) and all(
+      isinstance(k, str) and k.isidentifier() and isinstance(v, (*_SCALARS, tuple)) for k, v in value.items())
+  if not fields_ok:
+    example = "{'name': 'adamw', 'weight_decay': 0.01}" if name_field == "name" else "{}"
+    raise ConfigError(f"{where}={text!r}: expected a name or a Python dict literal of the section's fields with "
+                      f"plain values, e.g. --config.{section}=\"{example}\" (quoted for the shell).")
+  return value
+
+
+def _replace_section(config: ml_collections.ConfigDict, section: str, text: str, where: str) -> None:
+  """`--config.optimizer=adamw`: the section becomes the given fields, keeping its own fields (and, for a
+  dict without it, its name) from before."""
+  fields = _section_replacement(section, text.strip(), where)
+  kept = [*SECTION_OWN_FIELDS.get(section, ()), *filter(None, [SECTION_NAME_FIELDS.get(section)])]
+  old = config[section]
+  new = {k: old[k] for k in kept if k in old and k not in fields}
+  new.update(fields)
+  with config.ignore_type():
+    config[section] = ml_collections.ConfigDict(new)
+
+
 def _assign(config: ml_collections.ConfigDict, path: str, text: str, where: str) -> None:
+  if path in ARGUMENT_SECTIONS and isinstance(config.get(path), ml_collections.ConfigDict):
+    _replace_section(config, path, text, where)
+    return
   kind = _field_type(config, path, where)
   value = _literal(text) if kind is None else _parse_typed(text, kind, where)
   if kind is float and isinstance(value, int):

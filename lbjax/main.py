@@ -20,9 +20,9 @@ variables), or give `--coordinator_address`, `--num_processes` and `--process_id
 """
 
 import argparse
-import json
 import logging
 import os
+import pathlib
 import sys
 
 from lbjax import dependencies
@@ -58,7 +58,9 @@ class _OneLineOrbaxErrors(logging.Filter):
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="lbjax-train", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5.\n\n"
+      epilog="Overrides: --config.<field>=<value>, e.g. --config.optimizer.name=lars --config.lr.base=0.5.\n"
+             "A whole argument section swaps its function, dropping the arguments set for the one before:\n"
+             "--config.optimizer=adamw, --config.lr=cosine_decay, --config.model_options={}.\n\n"
              "Examples:\n" + __doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a packaged config (see --list) or a .py file, with an optional "
@@ -91,9 +93,22 @@ def _train(args, loaded: config_files.LoadedConfig, resolved) -> None:
   if args.coordinator_address is not None or args.distributed:
     jax.distributed.initialize(coordinator_address=args.coordinator_address,
                                num_processes=args.num_processes or _env_int("JAX_NUM_PROCESSES"),
-                               process_id=args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID"))
+                               process_id=(args.process_id if args.process_id is not None
+                                           else _env_int("JAX_PROCESS_ID")))
   from lbjax.train import loop  # pylint: disable=import-outside-toplevel
   loop.train_and_evaluate(resolved, args.workdir, origin=_origin(loaded))
+
+
+def _check_workdir(workdir: str) -> None:
+  """A workdir is a directory, new or holding a run: a file at its path, or above it, is a user error."""
+  path = pathlib.Path(workdir)
+  for candidate in (path, *path.parents):
+    if candidate.exists() and not candidate.is_dir():
+      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
+      raise ConfigError(f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to "
+                        "resume.")
+    if candidate.exists():
+      return
 
 
 def _env_int(name: str) -> int | None:
@@ -132,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
       return 0
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
+    _check_workdir(args.workdir)
     _train(args, loaded, resolved)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):

@@ -1,68 +1,11 @@
 """JPEG decoding of a crop's region at the smallest DCT scale covering it (libjpeg-turbo), bilinear
 resize (OpenCV).
 
-A baseline JPEG stores 8x8 blocks of DCT coefficients. libjpeg-turbo can run its inverse DCT at
-M/8 of the size (M = 1..8), giving the image downscaled by 8/M for a fraction of the inverse-DCT,
-upsampling and colour-conversion work (the entropy decoding is the same). Reduced pixel `j`
-covers full-size pixels `[8j/M, 8(j+1)/M)`, so a crop window `[y0, y1)` of the full image is the
-window `[y0 M/8, y1 M/8)` of the reduced one.
-
-`dct_scale` picks the largest `a` in (8, 4, 2, 1) for which the crop still has at least as many
-decoded pixels as the output in each direction, so the final resize never enlarges what a full-size
-decode would have shrunk. The other M/8 scales (M = 3, 5, 6, 7) would decode fewer pixels for many
-training crops (those 1.14 to 2 times the output side), but libjpeg-turbo's inverse DCTs at those
-sizes are plain C (its SIMD ones are 8x8, 4x4 and 2x2), so decoding the crops' regions at them is
-slower, not faster (benchmarks/input_pipeline.py, row "at the smallest M/8"). At `a = 1` the decoded
-pixels are bit-identical to Pillow's (both are libjpeg-turbo's accurate integer DCT with fancy
-upsampling), so the two paths differ only where `a > 1`, by the resampling error of the DCT-domain
-downscale (tested in tests/data/test_jpeg.py).
-
-`resize_window` is the one resampler of the ImageNet transforms (decoded arrays too): OpenCV
-bilinear (`INTER_LINEAR`, no antialiasing, as TF's `tf.image.resize(..., antialias=False)` in the
-reference ResNet-50 pipeline), on the exact window: `cv2.resize` of the window when its edges are
-whole pixels; of the image from its origin by exactly 1 / step when the edges are whole steps from
-it (the evaluation window: the centre of the image resized to 256, so the same pixels as resizing
-and cropping, in about half the time of the affine warp); `cv2.warpAffine` for other fractional
-edges (training crops decoded at a DCT scale below 1). After the DCT scale the window is shrunk by
-less than 2x in its shorter direction relative to the output (the other by at most the crop's
-aspect ratio more), so aliasing stays that of a mild bilinear shrink; where even 1/8 leaves the
-window at least twice the output in both directions (crops over 16x the output side), it averages
-areas instead (`INTER_AREA`, antialiased; at fractional factors it costs more than bilinear, so it
-is kept for these) over the window rounded out to whole decoded pixels (under half an output
-pixel).
-
-Region decoding: where a libturbojpeg with the TurboJPEG 3 API is found (`libturbojpeg.decoder()`:
-`pip install 'lbjax[turbojpeg]'`, a system libjpeg-turbo >= 3.0, or `$LBJAX_LIBTURBOJPEG`),
-`decode_resized_crop` decodes only the rows and columns the resize reads (`_support`; from the
-origin for the evaluation window), at the same DCT scale; the pixels are bit-identical to those of
-the whole decode, so everything above holds unchanged. Otherwise simplejpeg decodes the whole
-image at that scale (logged once).
-
-Why these decoders, measured on this machine (`python -m benchmarks.input_pipeline --part imagenet`,
-benchmarks/README.md): the entropy (Huffman) decoding of every JPEG dominates the training
-transform. simplejpeg (libjpeg-turbo bundled in its wheel) decodes 1.3-1.5x faster than Pillow,
-and OpenCV's bilinear resize of the numpy window costs a fraction of Pillow's antialiased resize.
-Region decoding then saves the inverse DCT, upsampling and colour conversion outside the crop and
-the entropy decoding below it (the train transform 1.2x as fast as with simplejpeg, the eval
-transform 1.04x: benchmarks/README.md, section input-pipeline-decoders), not
-the entropy decoding of the rows above the crop, which the benchmark's last-row-only decode shows
-to be most of a decode of these photographs. Of the decoders installable from PyPI, only a
-TurboJPEG 3 library decodes a region: simplejpeg, Pillow (draft mode), OpenCV (`IMREAD_REDUCED_*`)
-and imagecodecs (`jpeg8_decode`) expose no cropping; PyTurboJPEG's `crop` is a lossless
-transform to a new JPEG (entropy-decodes the whole image and re-encodes the crop) and its `decode`
-takes no region; Debian's and Ubuntu's libturbojpeg0 (2.1) has only the TurboJPEG 2 API, which
-cannot crop a decode; the libjpeg API of their libjpeg62-turbo can (`jpeg_crop_scanline`,
-`jpeg_skip_scanlines`), but its errors `longjmp` out of C, which ctypes cannot catch. The
-`turbojpeg` wheel (pybind11 bindings without cropping) bundles a libturbojpeg 3.0, which
-`lbjax.data.libturbojpeg` loads. OpenCV's decoder (`cv2.imdecode`, `IMREAD_REDUCED_*`) is slower
-than simplejpeg's (section input-pipeline-decoders), so OpenCV only resizes. Other formats and CMYK
-JPEGs (rare in ImageNet; TFDS re-encodes them) are decoded in full by Pillow.
-
-References:
-  libjpeg-turbo, `tjGetScalingFactors` / libjpeg `scale_num, scale_denom` (libjpeg.txt,
-  "Decompression parameter selection", "Partial image decompression"); simplejpeg
-  `decode_jpeg(min_height, min_width)`; OpenCV
-  `resize`, `warpAffine`.
+`dct_scale` picks the largest 8/M downscale (M in 8, 4, 2, 1) that leaves the crop at least the output's
+size in each direction; `decode_resized_crop` decodes at that scale only the rows and columns the resize
+reads where a TurboJPEG 3 library is found (`libturbojpeg.decoder()`), else simplejpeg decodes the whole
+image at it; `resize_window` is the one resampler of the ImageNet transforms. Why these scales, this
+resampler and these decoders, with the measurements: docs/design.md, "JPEG decoding".
 """
 
 import io
@@ -299,9 +242,9 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
 
   With a libturbojpeg that has the TurboJPEG 3 API (`libturbojpeg.decoder()`) only the pixels the
   resize reads are decoded (`libturbojpeg.RegionDecoder.decode`); otherwise simplejpeg decodes the
-  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale
-  resampling error, to decoding the whole image, cropping `box` and resizing it with
-  `resize_window`, as `imagenet.crop_and_resize` does (bit-identical when `dct_scale` is 1).
+  whole image at that scale. Both give the same pixels. Equivalent, up to the DCT-downscale resampling
+  error, to decoding the whole image, cropping `box` and resizing it with `resize_window`, as
+  `imagenet.crop_and_resize` does (bit-identical when `dct_scale` is 1).
 
   Args:
     encoded: the image file's bytes (JPEG; other formats Pillow reads are decoded in full).

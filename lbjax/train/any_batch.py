@@ -1,53 +1,11 @@
 """Any global batch that is a multiple of the micro-batch, with no new compile: `AnyBatchStep`.
 
-`config.batch.micro_batch_size = m > 0` turns it on. A step of k micro-batches (global batch k*m) is
-
-    totals = zeros
-    for start in range(0, k, S):            # host loop, ceil(k/S) calls; S = SLOTS, a constant
-      n = min(S, k - start)                 # a traced int32
-      totals = accumulate(totals, state, micro_batch[start:start+S], start, n, k)  # one compiled program
-    state, metrics, zeros = apply(state, totals, k, lr)          # one compiled program, k traced
-
-`accumulate` (`lbjax.train.step.make_accumulate_step`) takes S micro-batch slots [m, ...] and adds
-the terms of the first n of them in a rolled loop with a traced trip count (the slots a call does
-not use hold repeats of its first micro-batch: the same device arrays, no padding placed);
-`apply` (`make_apply_step`) takes k as a traced int32 scalar; so the whole run compiles each once
-(per loss variant) however often the batch size changes, and each update equals the true batch of
-k*m examples, as the in-step `lax.scan` of `make_train_step` does.
-
-Why a host loop over a fixed-shape program, not one program with the whole batch: a loop over all
-k micro-batches needs its input at a fixed shape, i.e. the batch padded to the largest count,
-[k_max, m, ...]. Feeding that moves and stores k_max/k times the data (64x at B=128 with a max of
-8192): the host copy and the transfer alone would cost more than the 5% the any-batch step may
-lose, and the device holds k_max micro-batches instead of the k in use. The host loop moves
-exactly the batch, one micro-batch at a time, holds one micro-batch's activations (memory 1/k,
-like the rolled scan), and dispatches asynchronously: the host prepares the next call while the
-device computes.
-
-Why S slots per call, not one micro-batch per call: a call allocates the program's temporaries (the
-activations kept for the backward pass) afresh, and on CPU an allocation above glibc's 32 MiB
-mmap limit comes as new pages, each faulting in and zeroed by the kernel on first touch. The MNIST
-LSTM at m = 512 has 120 MiB of temporaries: with one call per micro-batch an update of k = 4 took
-123k minor page faults and 263 ms of system time against the scan step's 31k and 70 ms (user
-time equal), and took 1.28x the scan step's CPU time (benchmarks/README.md, Findings 9). A call
-of up to S micro-batches pays that once, as the scan step does once per update. On CPU a model with
-convolutions keeps one micro-batch per call (S = 1, no loop): XLA:CPU runs convolutions in a loop
-body on a slow path (`lbjax.train.step.loops_slow_down_convolutions`).
-
-Data sharding: each micro-batch is a global [m, ...] array split over the data axes like any batch
-(m must be a multiple of the data-parallel size). Micro-batch j holds the j-th slice of every
-device's share of the global batch (`step.micro_batch_split`, the split `make_train_step` makes on
-the device), cut on the host from each process's local rows; so no example changes device and
-ghost-BatchNorm groups (a divisor of the per-device micro share) are those of the true batch. `accumulate` gets j and
-k, from which it knows the global rows micro-batch j holds (`step.micro_batch_rows`), and draws their
-dropout masks from their keys (`step.dropout_keys`): the masks of the per-size step's batch.
-
-Recurrent carry (PTB's LSTM): one carry per micro-batch, [m, H] each (micro-batch j's rows of the
-[B, H] carry of `make_train_step`, split as its batch is), so `accumulate` keeps one shape. They form
-`state.carry`, a tuple of k carries, kept from update to update and checkpointed with their count
-(`Run.save`'s "carry_micro_batches"). The carry is reset to zeros where the stream starts new rows,
-and at every batch change: `PtbStream` then re-lays the rest of the epoch into the new number of
-rows, where the carry of row i has no meaning.
+`config.batch.micro_batch_size = m > 0` turns it on. A step of k micro-batches runs two programs compiled
+once per run: `accumulate` (`step.make_accumulate_step`) adds the gradients of up to S = SLOTS
+micro-batches per call in a host loop, and `apply` (`step.make_apply_step`) takes k traced; each update
+equals the true batch of k*m examples. The step, why a host loop of fixed-shape calls and why S slots per
+call (with the measurements), the data sharding and the PTB carry per micro-batch: docs/design.md, "Any
+batch, one compile".
 """
 
 import time

@@ -1,37 +1,11 @@
 """Who chooses the batch size: `config.batch.policy` = "fixed" | "schedule" | "adaptive".
 
-* "schedule" (the default): `config.batch_sizes` at `config.batch_size_boundaries` (papers/002), or
-  `config.batch_size` throughout when they are empty; the LR is the scaled recipe of the first size.
-* "fixed": `config.batch_size` throughout (a schedule is refused).
-* "adaptive": the batch follows the gradient noise scale B_noise = tr(Sigma)/|G|^2, measured from the
-  micro-batch gradients every step (McCandlish et al. 2018, appendix A.1: two batch sizes, the
-  micro-batch and the whole batch). Every `batch.adapt_every` steps the controller folds the steps'
-  estimates into exponential moving averages (numerator and denominator apart, `batch.ema_decay`) and
-  sets the next batch to `batch.noise_multiple * B_noise`, rounded to whole micro-batches, within
-  [`batch.min_batch_size`, `batch.max_batch_size`], never shrinking with `batch.never_shrink`
-  (`lbjax.schedules.adaptive_batch.noise_proportional_batch_size`). The learning rate follows
-  - `batch.learning_rate = "scaling_rule"`: `config.scaling.rule` (linear, sqrt, legw, ...) applied to
-    the baseline recipe at the batch in force, as for a fixed batch of that size; or
-  - `"adascale"`: AdaScale (Johnson et al. 2020, Algorithm 1): LR = r * lr0(tau), with r the gain of
-    the batch in force and lr0 the baseline recipe at `config.scaling.base_batch_size` evaluated at
-    the scale-invariant progress tau (in base-batch epochs: each step adds r * B0/B of its epochs,
-    i.e. r base-batch iterations); the run ends when tau reaches `config.num_epochs`, not the data
-    epochs (`progress`), so a batch that buys less than S = B/B0 base steps trains on more data.
-
-Every policy also reports what a batch buys, in a `batch` record every `batch.adapt_every` steps
-(when the step accumulates, so the noise scale is measured): the noise scale, the statistical
-efficiency E = (B_noise + B0)/(B_noise + B) (Pollux), examples/s over the window, and goodput =
-examples/s * E (examples/s worth as much as examples at the base batch B0).
-
-Only the adaptive policy's decision needs the device results of the step it follows, so only it
-waits for them. Under "fixed" and "schedule" the record of step n is completed at step n + 1, whose
-`after_step` comes once the trainer has dispatched step n + 1 and waited for step n (`Run.step` keeps
-two steps in flight): the host never waits for the step it has just dispatched, and the record holds
-the same values (the estimates of steps <= n) as if it had.
-
-The controller's state (moving averages, batch in force, scale-invariant progress) is host floats,
-saved in each checkpoint's JSON meta; the estimates of steps since the last decision are folded in
-before a save, so a resumed run makes the same decisions (and the same updates) as an unbroken one.
+"schedule" (the default) follows `config.batch_sizes` at `config.batch_size_boundaries` (papers/002), or
+`config.batch_size`; "fixed" keeps `config.batch_size`; "adaptive" sets the batch from the gradient noise
+scale B_noise = tr(Sigma)/|G|^2 (McCandlish et al. 2018, appendix A.1), with the learning rate from the
+scaling rule or AdaScale (Johnson et al. 2020). Every policy logs a `batch` record (noise scale,
+statistical efficiency, goodput). The rules, when the host waits for the device, and what a checkpoint
+keeps so a resumed run decides as an unbroken one: docs/design.md, "Who chooses the batch".
 """
 
 import math
@@ -147,7 +121,8 @@ class BatchPolicy:
     efficiency = adaptive_batch.statistical_efficiency(noise_scale, batch_size, self.base_batch_size)
     examples_per_second = examples / (now - start) if now > start else math.nan
     self.records.append((step, {
-        "epoch": epoch, "batch_size": batch_size, "next_batch_size": self.current if self.policy == "adaptive" else None,
+        "epoch": epoch, "batch_size": batch_size,
+        "next_batch_size": self.current if self.policy == "adaptive" else None,
         "noise_scale": noise_scale, "grad_norm_sq": grad_norm_sq, "trace_sigma": trace_sigma,
         "statistical_efficiency": efficiency,
         "adascale_gain": adaptive_batch.adascale_gain(noise_scale, batch_size, self.base_batch_size),

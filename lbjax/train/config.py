@@ -14,9 +14,9 @@ from lbjax.train.errors import CheckpointMismatchError
 
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
 # watched or where it runs, not what it computes.
-OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard", "mesh",
-                      "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps", "progress",
-                      "resume_with_changed_optimizer", "resume_with_changed_data", "init_from")
+OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
+                      "mesh", "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps",
+                      "progress", "resume_with_changed_optimizer", "resume_with_changed_data", "init_from")
 
 # What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
 # a non-finite step): the optimizer's settings but not which optimizer (its state would not fit).

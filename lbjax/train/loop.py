@@ -21,7 +21,7 @@ from lbjax.train import protocols
 from lbjax.train import summary
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train.resolved import ResolvedRun
-from lbjax.train.run import NonFiniteError, Run, global_batch  # pylint: disable=unused-import
+from lbjax.train.run import Run  # pylint: disable=unused-import
 from lbjax.train.state import TrainState
 
 

@@ -60,7 +60,8 @@ def build_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | No
                         f"{len(devices)} devices; choose sizes whose product divides it.")
     data = len(devices) // others
   if data < 1:
-    raise ConfigError(f"config.mesh.data must be -1 (the devices left after fsdp, stage and model) or >= 1, got {data}.")
+    raise ConfigError(f"config.mesh.data must be -1 (the devices left after fsdp, stage and model) or >= 1, "
+                      f"got {data}.")
   if data * others != len(devices):
     factors = [("data", data), ("fsdp", fsdp)] + [(n, v) for n, v in (("stage", stage), ("model", model)) if v > 1]
     raise ConfigError(
@@ -156,7 +157,8 @@ def model_parallel_problems(config: ml_collections.ConfigDict, data_parallel_siz
     what = (f"config.compression.name={config.compression.name!r}" if config.compression.name != "none"
             else "config.mesh.per_device_gradients=True")
     problems.append(f"{what} computes whole per-device gradients in shard_map, which {parallel} splits over "
-                    f"devices; set compression.name='none' and mesh.per_device_gradients=False, or {parallel.split('=')[0]}=1.")
+                    f"devices; set compression.name='none' and mesh.per_device_gradients=False, or "
+                    f"{parallel.split('=')[0]}=1.")
   if config.batch.micro_batch_size:
     problems.append(f"config.batch.micro_batch_size={config.batch.micro_batch_size} (the any-batch step) is not "
                     f"model-parallel; set it to 0 (batch.policy 'schedule' or 'fixed') or {parallel.split('=')[0]}=1.")

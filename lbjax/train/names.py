@@ -148,7 +148,7 @@ def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
              + (f" (did you mean {' or '.join(map(repr, suggestions(k, settable)))}?)"
                 if suggestions(k, settable) else "") for k in unknown]
     raise ConfigError("\n".join(lines) + f".\nIts arguments are: {', '.join(settable) or 'none'}. Remove the "
-                      "field, or choose a function that takes it.")
+                      "field, or choose a function that takes it;\n" + _replace_hint(section, resolved))
   arguments = {k: v for k, v in supplied.items() if k in accepted and k not in options}
   arguments.update(options)
   unset = [name for name, p in accepted.items() if p.default is p.empty and name not in arguments]
@@ -156,6 +156,14 @@ def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
     raise ConfigError(f"config.{section}: {resolved.qualified_name} needs {', '.join(unset)}; set "
                       + ", ".join(f"config.{section}.{u}" for u in unset) + ".")
   return arguments
+
+
+def _replace_hint(section: str, resolved: Resolved) -> str:
+  """How to drop a section's arguments from the command line (lbjax.train.config_files)."""
+  if section in ("model_options", "data_options"):
+    return f"on the command line, --config.{section}={{}} drops all of the section's arguments."
+  return (f"on the command line, --config.{section}={resolved.name} names it and drops the arguments set for the "
+          "function before.")
 
 
 def describe(resolved: Resolved, arguments: Mapping[str, Any]) -> str:

@@ -25,7 +25,6 @@ one part of a config; a run resolves the whole config once and reads its `Resolv
 """
 
 import dataclasses
-from typing import Any
 
 import ml_collections
 import optax

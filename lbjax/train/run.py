@@ -303,12 +303,12 @@ class Run:
       quantity, advice = (f"the first non-finite quantity could not be found ({type(e).__name__})",
                           "Lower config.lr.base or lengthen the warm-up, and check the data.")
     if last is None:
-      raise NonFiniteError(f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped; no checkpoint was "
-                           f"written. {advice}")
+      raise NonFiniteError(f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped; no "
+                           f"checkpoint was written. {advice}")
     workdir = self.workdir
     raise NonFiniteError(
-        f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped and the state was not updated from "
-        f"that step on; the last good checkpoint (step {last}) in {self.checkpoints.directory} is unharmed. "
+        f"Non-finite loss or update at step {bad_step}: {quantity}. Training stopped and the state was not updated "
+        f"from that step on; the last good checkpoint (step {last}) in {self.checkpoints.directory} is unharmed. "
         f"{advice} Then either resume it with the changed settings, --config.resume_with_changed_optimizer=True "
         f"(recorded in {workdir / HISTORY_FILE}), or start a new run from its parameters, "
         f"--config.init_from={workdir} --workdir=<a new workdir>.")

@@ -18,7 +18,6 @@ import dataclasses
 import re
 from typing import Any
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections

@@ -1,4 +1,4 @@
-"""lbjax.diagnostics depends on jax, numpy and optax only (docs/design.md: arrows point one way)."""
+"""lbjax.diagnostics depends on jax, numpy and optax only (docs/design.md, "Layers": arrows point one way)."""
 
 import subprocess
 import sys

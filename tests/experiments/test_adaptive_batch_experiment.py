@@ -9,6 +9,7 @@ import pytest
 
 from experiments import adaptive_batch
 from experiments import run_records
+from experiments import runner
 from lbjax.train import batch_policy
 
 TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
@@ -92,7 +93,7 @@ def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeyp
           "--workdir", str(tmp_path / "runs"), "--runs", "baseline,legw,adaptive"]
   adaptive_batch.main(args)
   assert trained == ["baseline_seed0", "legw_seed0", "adaptive_seed0"]
-  assert "step 1" in (tmp_path / "runs" / "legw_seed0" / adaptive_batch.DIVERGED).read_text()
+  assert "step 1" in (tmp_path / "runs" / "legw_seed0" / runner.DIVERGED_NOTE).read_text()
   assert "| LEGW, fixed B=32 |  | diverged | 0 |" in (tmp_path / "out.md").read_text()
   adaptive_batch.main(args)
   assert len(trained) == 3

@@ -10,6 +10,7 @@ import pathlib
 import pytest
 
 from experiments import compression_bytes
+from experiments import runner
 from lbjax import train
 
 TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_image_config.py"))  # 64 synthetic 8x8 images, B=16
@@ -35,7 +36,7 @@ def test_the_lr_is_chosen_on_validation_and_reported_on_test(tuned):
   args, variant, result = tuned
   runs = pathlib.Path(args.workdir) / variant.name
   assert sorted(p.name for p in runs.iterdir()) == ["test_lr_0.05", "validation_lr_0.05", "validation_lr_1e+30"]
-  assert (runs / "validation_lr_1e+30" / compression_bytes.DIVERGED_MARKER).read_text().startswith("Non-finite")
+  assert (runs / "validation_lr_1e+30" / runner.DIVERGED_NOTE).read_text().startswith("Non-finite")
   assert result.learning_rate == 0.05 and math.isnan(result.validation_accuracy[1e30])
   for run, split in (("validation_lr_0.05", "validation"), ("test_lr_0.05", "test")):
     config = json.loads((runs / run / "config.json").read_text())["config"]

@@ -10,6 +10,8 @@ import pytest
 
 from experiments import sweep
 from experiments import sweep_table
+from experiments.runner import RunRow
+from lbjax import train
 
 TINY_CONFIG = str(pathlib.Path(__file__).with_name("tiny_sweep_config.py"))
 
@@ -50,9 +52,9 @@ def test_csv_has_one_row_per_point_with_the_scaled_recipe(finished_sweep):
 
 def test_identical_recipes_run_once(finished_sweep):
   spec, rows = finished_sweep
-  by_point = {(r.rule, r.batch_size): r for r in rows}
+  by_point = {(r.name, r.batch_size): r for r in rows}
   assert by_point[("linear", 32)].same_as == "none"
-  assert by_point[("linear", 32)].metric == by_point[("none", 32)].metric
+  assert by_point[("linear", 32)].value == by_point[("none", 32)].value
   assert not (pathlib.Path(spec.workdir) / "linear_b32").exists()
   assert by_point[("linear", 64)].same_as == ""
 
@@ -63,8 +65,8 @@ def test_markdown_and_plot(finished_sweep):
   table = out.with_suffix(".md").read_text()
   header = [line for line in table.splitlines() if line.startswith("| batch size")]
   assert header == ["| batch size | none | linear |"]
-  by_point = {(r.rule, r.batch_size): r for r in rows}
-  assert f"| 64 | {100 * by_point[('none', 64)].metric:.2f}% | {100 * by_point[('linear', 64)].metric:.2f}% |" \
+  by_point = {(r.name, r.batch_size): r for r in rows}
+  assert f"| 64 | {100 * by_point[('none', 64)].value:.2f}% | {100 * by_point[('linear', 64)].value:.2f}% |" \
       in table
   assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -74,21 +76,21 @@ def test_finished_points_are_skipped(finished_sweep, monkeypatch):
   def no_training(*args, **kwargs):
     raise AssertionError("a finished point was trained again")
   monkeypatch.setattr(sweep.train, "train_and_evaluate", no_training)
-  again = {(r.rule, r.batch_size): r for r in sweep.run_sweep(spec)}
-  assert set(again) == {(r.rule, r.batch_size) for r in rows}
+  again = {(r.name, r.batch_size): r for r in sweep.run_sweep(spec)}
+  assert set(again) == {(r.name, r.batch_size) for r in rows}
   for r in rows:  # the CSV keeps 6 significant digits
-    assert again[(r.rule, r.batch_size)].metric == pytest.approx(r.metric, rel=1e-5)
-    assert again[(r.rule, r.batch_size)].steps == r.steps
+    assert again[(r.name, r.batch_size)].value == pytest.approx(r.value, rel=1e-5)
+    assert again[(r.name, r.batch_size)].steps == r.steps
 
 
 def test_csv_round_trip_keeps_diverged_points(tmp_path):
-  rows = [sweep_table.SweepRow("linear", 8192, float("nan"), "diverged", 5.12, 0.0, 0.4, 3, 1.0),
-          sweep_table.SweepRow("legw", 8192, 0.98, "done", 0.64, 10.0, 25.0, 184, 60.0)]
+  rows = [RunRow("linear", 0, "test", "accuracy", float("nan"), "diverged", 5.12, 0.0, 0.4, 3, 1.0, batch_size=8192),
+          RunRow("legw", 0, "test", "accuracy", 0.98, "done", 0.64, 10.0, 25.0, 184, 60.0, batch_size=8192)]
   path = tmp_path / "rows.csv"
   sweep_table.write_csv(rows, path, "accuracy")
-  back = {r.rule: r for r in sweep_table.read_csv(path, "accuracy")}
-  assert math.isnan(back["linear"].metric) and back["linear"].status == "diverged"
-  assert back["legw"].metric == 0.98 and back["legw"].warmup_epochs == 10.0
+  back = {r.name: r for r in sweep_table.read_csv(path, "accuracy")}
+  assert math.isnan(back["linear"].value) and back["linear"].status == "diverged"
+  assert back["legw"].value == 0.98 and back["legw"].warmup_epochs == 10.0
   assert "| 8192 | diverged | 98.00% |" in sweep_table.markdown_table(rows, "accuracy", "t")
   sweep_table.plot(rows, "accuracy", "t", tmp_path / "rows.png")
 
@@ -129,7 +131,7 @@ def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
   assert f"| {best:g} (best) |" in (tmp_path / "grid.md").read_text()
   assert lr_grid.eval_split("mnist_lstm", "eval_split=validation") == "validation"
   assert lr_grid.eval_split(TINY_CONFIG) == "test"
-  monkeypatch.setattr(lr_grid.train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
   assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs")) == finals
   with pytest.raises(ValueError, match="positive numbers"):
     lr_grid.run_grid(TINY_CONFIG, [0.0], str(tmp_path / "runs"))
@@ -164,8 +166,11 @@ def test_config_spec_appends_variant_keys():
 def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
   from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
   trained = {}
-  monkeypatch.setattr(batch_schedule.train, "train_and_evaluate",
-                      lambda config, workdir: trained.setdefault(pathlib.Path(workdir).name, config))
+  def run_once(config, run_dir, *, name, prefix):
+    trained[pathlib.Path(run_dir).name] = config
+    return RunRow(name, config.seed, "test", "accuracy", 0.9, "done", 0.1, 0.0, 5.0, 10, 1.0)
+
+  monkeypatch.setattr(batch_schedule.runner, "run_once", run_once)
   batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), variant="epochs=5", max_device_batch=128)
   assert set(trained) == set(batch_schedule.SCHEDULES)
   assert trained["decay_lr"].lr.decay == "multistep_decay" and trained["decay_lr"].lr.boundaries == (2.0, 3.0, 4.0)
@@ -181,7 +186,7 @@ def test_seeds_run_each_point_once_per_seed_and_report_mean_and_spread(tmp_path,
   assert sorted((r.seed, r.status) for r in rows) == [(0, "done"), (1, "done")]
   assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["none_b64_s0", "none_b64_s1"]
   assert "2 to run" in capsys.readouterr().out
-  metrics = [r.metric for r in rows]
+  metrics = [r.value for r in rows]
   point = sweep_table.summarize(rows)[("none", 64)]
   assert point.finished == 2 and point.mean == pytest.approx(sum(metrics) / 2)
   assert point.std == pytest.approx(abs(metrics[0] - metrics[1]) / 2 ** 0.5)
@@ -205,7 +210,7 @@ def test_seeds_given_twice_are_refused(tmp_path):
 def test_compare_verdicts(tmp_path):
   from experiments import compare  # pylint: disable=g-import-not-at-top
   def rows(rule, values):
-    return [sweep_table.SweepRow(rule, 128, v, "done", 0.08, 0.0, 25.0, 10, 1.0, seed=s)
+    return [RunRow(rule, s, "test", "accuracy", v, "done", 0.08, 0.0, 25.0, 10, 1.0, batch_size=128)
             for s, v in enumerate(values)]
   reference = rows("legw", [0.988, 0.989, 0.990]) + rows("none", [0.9887])
   sweep_table.write_csv(reference, tmp_path / "ref.csv", "accuracy")
@@ -226,5 +231,5 @@ def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):
   path.write_text("rule,batch_size,test_accuracy,status,learning_rate,warmup_epochs,epochs,steps,seconds,same_as\n"
                   "legw,128,0.9896,done,0.08,0.15625,25,11719,379,\n")
   [row] = sweep_table.read_csv(path, "accuracy")
-  assert row.seed == sweep_table.DEFAULT_SEED and row.metric == 0.9896
+  assert row.seed == sweep_table.DEFAULT_SEED and row.value == 0.9896
   assert row.device == "" and "| not recorded |" in sweep_table.markdown_table([row], "accuracy", "t")

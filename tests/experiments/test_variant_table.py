@@ -10,6 +10,7 @@ import sys
 import jax
 import pytest
 
+from experiments import runner
 from experiments import variant_table
 from lbjax import train
 from lbjax.train.workdir_lock import WorkdirLock
@@ -71,7 +72,7 @@ def test_markdown_compares_rows_with_the_reference(finished_table):
   base = [r.value for r in results if r.name == "base"]
   larger = [r.value for r in results if r.name == "lr_0.2"]
   delta = 100 * (sum(larger) / 2 - sum(base) / 2)
-  line = next(l for l in page.splitlines() if l.startswith("| `lr_0.2` |"))
+  line = next(row for row in page.splitlines() if row.startswith("| `lr_0.2` |"))
   assert f"{delta:+.2f}" in line and "`lr=0.2`" in line and "| 2/2 |" in line
   assert "`rule=legw, lr.decay=polynomial_decay`" in page
   assert out.with_suffix(".png").stat().st_size > 0
@@ -85,9 +86,8 @@ def test_recorded_runs_are_skipped_and_rows_can_be_chosen(finished_table, monkey
   extended = _table(rows=[*json.loads(json.dumps([{"name": "base", "tests": "t"}])),
                           {"name": "new", "variant": "lr=0.01", "tests": "t"}])
   trained = []
-  monkeypatch.setattr(variant_table, "_run", lambda config, run_dir, name, metric: trained.append(name)
-                      or variant_table.RunResult(name, config.seed, "test", metric, 0.5, "done", 0.01, 0.0,
-                                                 1.0, 4, 1.0))
+  monkeypatch.setattr(runner, "run_once", lambda config, run_dir, name, metric, prefix: trained.append(name)
+                      or runner.RunRow(name, config.seed, "test", metric, 0.5, "done", 0.01, 0.0, 1.0, 4, 1.0))
   variant_table.run_table(extended, str(out), str(runs), seeds=(0,), only=("new",))
   assert trained == ["new"]
 
@@ -154,8 +154,8 @@ def test_a_table_with_series_plots_lines_over_x(tmp_path):
   table = _table(x_label="batch size", rows=[
       {"name": f"{s}_b{b}", "variant": f"batch={b}" + (",rule=legw" if s == "legw" else ""), "series": s, "x": b,
        "tests": "t"} for s in ("legw", "none") for b in (32, 64)])
-  results = [variant_table.RunResult(row.name, 0, "test", "accuracy", 0.5 + row.x / 1000, "done", 0.05, 0.0, 1.0, 4,
-                                     1.0) for row in table.rows]
+  results = [runner.RunRow(row.name, 0, "test", "accuracy", 0.5 + row.x / 1000, "done", 0.05, 0.0, 1.0, 4, 1.0)
+             for row in table.rows]
   variant_table.write_outputs(table, results, tmp_path / "lines")
   assert (tmp_path / "lines.png").stat().st_size > 0
   assert {row.series for row in table.rows} == {"legw", "none"}

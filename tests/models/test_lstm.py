@@ -266,7 +266,8 @@ def test_ptb_lstm_validation():
     model(_tokens(), carry, train=True)
   with pytest.raises(ValueError, match="expects a PRNG key as dropout_key .* got float32"):
     model(_tokens(), carry, train=True, dropout_key=jnp.zeros((), jnp.float32))
-  with pytest.raises(ValueError, match=r"raw uint32 key data of shape \[2\] \(one key\) or \[2, 2\] .* got shape \[3\]"):
+  with pytest.raises(ValueError,
+                     match=r"raw uint32 key data of shape \[2\] \(one key\) or \[2, 2\] .* got shape \[3\]"):
     model(_tokens(), carry, train=True, dropout_key=jnp.zeros(3, jnp.uint32))
   with pytest.raises(ValueError, match=r"one key or one key per row, shape \[\] or \[2\], got shape \[3\]"):
     model(_tokens(), carry, train=True, dropout_key=jax.random.split(jax.random.key(0), 3))

@@ -1,4 +1,4 @@
-"""lbjax.schedules depends on jax, numpy and optax only (docs/design.md: arrows point one way)."""
+"""lbjax.schedules depends on jax, numpy and optax only (docs/design.md, "Layers": arrows point one way)."""
 
 import subprocess
 import sys

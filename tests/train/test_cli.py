@@ -1,5 +1,6 @@
 """`lbjax-train`: --list, --dry-run, overrides, and errors that are messages (exit 2, no traceback)."""
 
+import json
 import subprocess
 import sys
 
@@ -59,3 +60,71 @@ def test_help_shows_usage(capsys):
   assert "--config" in out and "--dry-run" in out and "--list" in out and "--config.<field>=<value>" in out
   # the examples of lbjax/main.py's docstring keep one command per line
   assert "\n  lbjax-train --list\n  lbjax-train --config mnist_lstm --workdir runs/mnist_lstm\n" in out
+
+
+def test_a_whole_argument_section_on_the_command_line_swaps_its_function(capsys):
+  """`--config.optimizer=adamw` drops the arguments set for the config's optimizer (issue 27: mnist_lstm's
+  momentum=0.9 made `--config.optimizer.name=adamw` fail); a dict literal gives the new arguments."""
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--config.optimizer=adamw", "--dry-run")
+  assert status == 0 and "optimizer optax.adamw()\n" in out
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--config.optimizer={'name': 'adamw', 'b1': 0.8}",
+                        "--config.optimizer.weight_decay=0.01", "--dry-run")
+  assert status == 0 and "optax.adamw(b1=0.8, weight_decay=0.01)" in out
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--config.optimizer={}", "--dry-run")
+  assert status == 0 and "lbjax.optim.momentum()" in out  # the name kept, its arguments dropped
+  # lr and scaling keep their recipe fields (the peak LR 0.08, the base batch 128) and swap the function.
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--config.lr.decay=multistep_decay",
+                        "--config.lr.boundaries_epochs=(1,)", "--config.lr.decay_factors=(0.1,)",
+                        "--config.lr=cosine_decay", "--config.scaling=sqrt", "--dry-run")
+  assert status == 0 and "decay lbjax.schedules.decay.cosine_decay()" in out
+  assert "scaling sqrt from batch 128 (LR 0.08" in out
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--config.compression=qsgd",
+                        "--config.compression.num_levels=4", "--dry-run")
+  assert status == 0 and "lbjax.optim.compression.qsgd(" in out and "num_levels=4)" in out
+
+
+def test_a_refused_argument_says_how_to_swap_the_function(capsys):
+  status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.optimizer.name=adamw", "--dry-run")
+  assert status == 2 and "optax.adamw takes no argument 'momentum'" in err
+  assert "--config.optimizer=adamw names it and drops the arguments set for the function before" in err
+  status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.model_options.depth=3", "--dry-run")
+  assert status == 2 and "--config.model_options={} drops all of the section's arguments" in err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model_options=ResNet18", "config.model_options holds the keyword arguments of config.model, so it "
+                                        "takes a dict: --config.model_options={} drops them all"),
+    ("--config.optimizer={'name': {}}", "expected a name or a Python dict literal of the section's fields"),
+    ("--config.optimizer={'name': 'adamw'", "expected a name or a Python dict literal of the section's fields"),
+    ("--config.mesh=2", "'mesh' is a section; set one of its fields, e.g. --config.mesh.data=...; only the "
+                        "argument sections"),
+])
+def test_a_bad_section_override_is_refused_naming_what_it_takes(capsys, override, message):
+  status, _, err = _run(capsys, "--config", "mnist_lstm", override, "--dry-run")
+  assert status == 2 and message in err and "Traceback" not in err
+
+
+def test_mnist_lstm_trains_with_adamw_from_the_command_line_alone(capsys, tmp_path):
+  status, _, _ = _run(capsys, "--config", "mnist_lstm", "--config.optimizer=adamw", "--config.lr.base=0.001",
+                        "--config.dataset=synthetic_mnist", "--config.num_steps=2", "--config.progress=False",
+                        "--workdir", str(tmp_path / "run"))
+  assert status == 0
+  assert '"optimizer": "optax.adamw()"' in (tmp_path / "run" / "config.json").read_text()
+  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if r["kind"] == "train"] == [2]
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_workdir_that_is_a_file_is_a_two_line_message(tmp_path, under):
+  existing = tmp_path / "notes.txt"
+  existing.write_text("not a run")
+  workdir = existing / "run" if under else existing
+  result = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", "mnist_lstm", "--workdir", str(workdir)],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.splitlines() == [
+      f"lbjax-train: --workdir {str(workdir)!r} "
+      + (f"lies under {str(existing)!r}, which is a file" if under else "is a file")
+      + ", not a directory: name a new directory or one holding a run to resume.",
+      "(Set LBJAX_TRACEBACK=1 for the traceback.)"]
+  assert existing.read_text() == "not a run"

@@ -1,4 +1,4 @@
-"""Fault injection: what a run survives (README, "What survives what").
+"""Fault injection: what a run survives (docs/faults.md).
 
 Real subprocesses of `lbjax-train` and real signals on a tiny synthetic run (tests/experiments/
 tiny_sweep_config.py: a 16-unit MNIST LSTM, 8 steps of 32 per epoch): a second run on a workdir in
@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -175,9 +176,11 @@ def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_
     newest.write_bytes(newest.read_bytes()[:64])
   else:
     other = tmp_path.parent / f"{tmp_path.name}_other_seed"
-    train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0, seed=1), other)
+    train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0, seed=1),
+                       other)
     _replace_arrays_with_readable_other_ones(tmp_path, 8, other)
-  resumed = train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=12, num_epochs=2.0), tmp_path)
+  resumed = train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=12, num_epochs=2.0),
+                               tmp_path)
   warnings = [r.getMessage() for r in caplog.records if "Skipped checkpoint 8" in r.getMessage()]
   assert warnings, caplog.text[-2000:]
   assert ("the checksum of" if damage == "other readable arrays" else "its arrays cannot be read") in warnings[0]
@@ -273,6 +276,52 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
     subprocess.run(["umount", "--lazy", str(disk)], check=False)  # even while a killed child holds a file
 
 
+# Over this size a file cannot grow once the limit is set: under the tiny run's largest checkpoint file
+# (about 11 KiB), above what its metrics.jsonl reaches before the run stops (under 4 KiB).
+_FILE_SIZE_LIMIT = 8 * 1024
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "prlimit"), reason="needs resource.prlimit (Linux)")
+def test_a_failed_save_without_mount_rights_stops_with_a_short_message_and_keeps_the_previous_checkpoint(tmp_path):
+  """The full-disk fault without a tmpfs: once checkpoint 4 is on disk, the running `lbjax-train` gets an
+  RLIMIT_FSIZE (`prlimit`, no privilege needed), so the writers of checkpoint 8 fail with EFBIG ("File too
+  large") as they would with ENOSPC on a full disk. Its output goes to a pipe, which the limit spares."""
+  import resource  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  command = [sys.executable, "-m", "lbjax.main", "--config", TINY, "--workdir", str(workdir),
+             "--config.num_epochs=500", "--config.checkpoint_every_steps=4", "--config.keep_checkpoints=1",
+             "--config.log_every=1", "--config.eval_every_epochs=1000", "--config.progress=False"]
+  process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lines = []  # read as it comes: XLA's warnings alone can fill a pipe nobody reads and block the run
+  reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+  reader.start()
+  try:
+    deadline = time.monotonic() + 300
+    while 4 not in _committed_steps(workdir):
+      assert process.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+      time.sleep(0.02)
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (_FILE_SIZE_LIMIT, _FILE_SIZE_LIMIT))
+    process.wait(timeout=300)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait(timeout=60)
+    reader.join(timeout=60)
+  stderr = "".join(lines)
+  assert process.returncode == 3, stderr[-3000:]
+  start = "lbjax-train: Saving checkpoint"
+  message = [line[line.index(start):] for line in stderr.splitlines() if start in line]
+  assert message and "the last good checkpoint is step 4" in message[0] and "MiB are free" in message[0], \
+      stderr[-3000:]
+  failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
+  assert failed == 8 and max(r["step"] for r in _records(workdir) if r["kind"] == "train") <= failed + 4
+  assert Checkpointer(workdir).latest_step() == 4
+  resumed = Run(_tiny("--config.keep_checkpoints=1"), workdir)
+  assert resumed.resumed_from == 4 and not resumed.skipped_checkpoints
+  resumed.close()
+
+
 def test_resuming_on_other_data_is_refused_unless_asked_for(tmp_path):
   """The same recipe on other files: PTB from a data_dir whose training text changed after the checkpoint."""
   data = tmp_path / "data" / "ptb"
@@ -283,7 +332,8 @@ def test_resuming_on_other_data_is_refused_unless_asked_for(tmp_path):
                                                           data_dir=str(tmp_path / "data"), **o)
   train_and_evaluate(config(num_steps=4), tmp_path / "run")
   (data / "ptb.train.txt").write_text(" a b c <unk> d f e \n" * 100)
-  with pytest.raises(DataMismatchError, match="trained on other data .*train: checkpoint sha256:.*resume_with_changed_data=True"):
+  with pytest.raises(DataMismatchError,
+                     match="trained on other data .*train: checkpoint sha256:.*resume_with_changed_data=True"):
     train_and_evaluate(config(num_steps=8), tmp_path / "run")
   assert train_and_evaluate(config(num_steps=8, resume_with_changed_data=True), tmp_path / "run").step == 8
 

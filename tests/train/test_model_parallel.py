@@ -75,8 +75,8 @@ def test_sharded_parameters_and_their_optimizer_state_are_split_over_model(tmp_p
 
 @pytest.mark.parametrize("overrides, message", [
     ({"mesh.stage": 3}, r"config.mesh.stage=3 does not divide the 8 devices"),
-    ({"mesh.stage": 2, "mesh.data": 2}, r"config.mesh.data \* config.mesh.fsdp \* config.mesh.stage = 2 \* 1 \* 2 = 4 but "
-                                        r"there are 8 devices"),
+    ({"mesh.stage": 2, "mesh.data": 2},
+     r"config.mesh.data \* config.mesh.fsdp \* config.mesh.stage = 2 \* 1 \* 2 = 4 but there are 8 devices"),
     ({"mesh.stage": 4}, r"config.mesh.stage=4 does not divide the 2 layers of PtbLSTM"),
     ({"mesh.stage": 2, "model_options.embed_size": 6},
      r"PtbLSTM's 2 layers are not identical .* set model_options.embed_size equal to hidden_size"),

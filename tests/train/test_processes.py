@@ -10,7 +10,6 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
 from lbjax.train import train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer

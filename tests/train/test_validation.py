@@ -16,8 +16,8 @@ from tests.train import helpers
                                  r"Did you mean 'lars'\?"),
     ({"lr.decay": "step"}, r"config.lr.decay='step' is not a function of lbjax.schedules.decay"),
     ({"scaling.rule": "cubic"}, r"config.scaling.rule='cubic' is not a function of lbjax.schedules.rules"),
-    ({"model": "PtbLSTM", "model_options": {}}, r"lbjax.models.PtbLSTM is a language model; config.dataset='synthetic_mnist' is a "
-                           r"classification dataset"),
+    ({"model": "PtbLSTM", "model_options": {}},
+     r"lbjax.models.PtbLSTM is a language model; config.dataset='synthetic_mnist' is a classification dataset"),
     ({"model": "mnist_lstm"}, r"config.model='mnist_lstm' is now 'MnistLSTM'"),
     ({"lr.decay": "poly"}, r"config.lr.decay='poly' is now 'polynomial_decay'"),
     ({"optimizer.clip_global_norm": 1.0}, r"config.optimizer.clip_global_norm is now config.clip_global_norm"),

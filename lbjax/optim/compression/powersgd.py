@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from lbjax.optim.compression.base import FLOAT_BITS
 from lbjax.optim.compression.base import AxisName

@@ -1,0 +1,129 @@
+"""One run of an experiment, trained at most once, and the row it leaves: what every script shares.
+
+`run_once(config, run_dir, name=...)` trains `config` in `run_dir` unless the run finished there (its
+final evaluation is in `metrics.jsonl`) or diverged there (`diverged.txt` holds the trainer's message);
+an interrupted run resumes from its checkpoint, a preempted one stops the experiment (KeyboardInterrupt)
+so that running it again resumes. It returns a `RunRow`: the one row type of the experiments' tables.
+`ints` and `floats` are the scripts' comma-separated list arguments.
+"""
+
+import argparse
+import dataclasses
+import math
+import pathlib
+import time
+
+import ml_collections
+
+from experiments import run_records
+from lbjax import train
+from lbjax.train import config as config_lib
+from lbjax.train import optimizer as optimizer_lib
+
+DIVERGED_NOTE = "diverged.txt"  # in a run's directory: the message of the non-finite step that stopped it
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRow:
+  """One run of an experiment and how it ended (a line of the experiment's CSV).
+
+  Attributes:
+    name: what the run is in its experiment: a table's row, a sweep's scaling rule, an optimizer.
+    seed: the run's `config.seed` (initialisation and shuffling).
+    split: the split evaluated (`data_options.eval_split`: "test", "validation", "valid").
+    metric: "accuracy" or "perplexity".
+    value: the final evaluation's `metric` (accuracy in [0, 1] or perplexity); NaN if it diverged.
+    status: "done", or "diverged" (a non-finite loss or update stopped it).
+    learning_rate: the peak learning rate after the scaling rule.
+    warmup_epochs: the warm-up after the scaling rule (0 without one).
+    epochs: epochs trained (to the last record of a diverged run).
+    steps: parameter updates made.
+    seconds: wall-clock seconds of the run's last session (0 for a run read back, not trained now).
+    device: the devices that trained it, e.g. "1x cpu" ("" in CSVs written before the column).
+    batch_size: the run's (first) global batch size.
+    same_as: for a sweep, the rule whose identical recipe this row repeats rather than trains again.
+  """
+  name: str
+  seed: int
+  split: str
+  metric: str
+  value: float
+  status: str
+  learning_rate: float = math.nan
+  warmup_epochs: float = 0.0
+  epochs: float = 0.0
+  steps: int = 0
+  seconds: float = 0.0
+  device: str = ""
+  batch_size: int = 0
+  same_as: str = ""
+
+
+def finished(run_dir: str | pathlib.Path) -> bool:
+  """Whether the run in `run_dir` ended: its final evaluation was written, or it diverged."""
+  run_dir = pathlib.Path(run_dir)
+  return (run_dir / DIVERGED_NOTE).is_file() or (
+      (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None)
+
+
+def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
+             metric: str | None = None, seconds: float = 0.0) -> RunRow | None:
+  """The row of the run of `config` in `run_dir`; None while it has not ended. `metric` None: the final
+  evaluation's accuracy or perplexity, whichever the task reports."""
+  run_dir = pathlib.Path(run_dir)
+  if not finished(run_dir):
+    return None
+  recipe = optimizer_lib.scaled_recipe(config)
+  has_warmup = config.lr.warmup != "none" or config.scaling.rule == "goyal"  # goyal brings its own warm-up
+  logged = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []
+  final = None if (run_dir / DIVERGED_NOTE).is_file() else run_records.final_eval(run_dir)
+  last = final or (logged[-1] if logged else {"epoch": 0.0, "step": 0})
+  metric = metric or next((m for m in ("accuracy", "perplexity") if final and m in final), "accuracy")
+  return RunRow(name, config.seed, config.data_options.get("eval_split", "test"), metric,
+                float(final[metric]) if final else math.nan, "done" if final else "diverged", recipe.learning_rate,
+                recipe.warmup_epochs if has_warmup else 0.0, last["epoch"], last["step"], seconds,
+                run_records.training_devices(), config_lib.batch_sizes(config)[0])
+
+
+def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
+             metric: str | None = None, prefix: str = "[experiment]") -> RunRow:
+  """Trains `config` in `run_dir` unless the run ended there before, and returns its row.
+
+  A non-finite step leaves `DIVERGED_NOTE` with the trainer's message (the row's status is "diverged")
+  instead of stopping the experiment; `prefix` starts the progress lines.
+
+  Raises:
+    KeyboardInterrupt: the run was preempted (SIGTERM); running the experiment again resumes it.
+  """
+  run_dir = pathlib.Path(run_dir)
+  row = read_row(config, run_dir, name=name, metric=metric)
+  if row is not None:
+    return row
+  print(f"{prefix} {name} seed={config.seed} -> {run_dir}", flush=True)
+  start = time.time()
+  try:
+    preempted = train.train_and_evaluate(config, run_dir).preempted
+  except train.NonFiniteError as error:
+    print(f"{prefix}   diverged: {error}", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / DIVERGED_NOTE).write_text(f"{error}\n")
+    preempted = False
+  if preempted:
+    raise KeyboardInterrupt(f"{name} seed {config.seed} was preempted (SIGTERM); its checkpoint in {run_dir} "
+                            "resumes when the experiment runs again.")
+  return read_row(config, run_dir, name=name, metric=metric, seconds=time.time() - start)
+
+
+def _numbers(kind: type, example: str):
+  def parse(text: str) -> tuple:
+    try:
+      return tuple(kind(t) for t in text.split(",") if t.strip())
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s such as {example}, "
+                                       f"got {text!r}") from None
+  parse.__name__ = f"{kind.__name__}s"  # argparse names the type in its messages
+  return parse
+
+
+ints = _numbers(int, "128,512")  # argparse type: "128,512" -> (128, 512)
+floats = _numbers(float, "0.1,0.3")  # argparse type: "0.1,0.3" -> (0.1, 0.3)
