@@ -120,8 +120,8 @@ class Run:
       self.lock.acquire()
     try:
       self.task = resolved.open_task()
-      stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
-      self.stream = prefetch.PrefetchingStream(stream, self._prepare_batch)  # batch t+1 drawn during step t
+      self.stream = prefetch.PrefetchingStream(  # batch t+1 drawn during step t
+          self.task.dataset.make_train_stream(self.process_index, self.process_count), self._prepare_batch)
       self._check_data_sizes()
       self.parts = StepParts.create(resolved, self.task, self.mesh)
       self.batch_policy = BatchPolicy(resolved.batch, resolved.learning_rate)
@@ -204,8 +204,7 @@ class Run:
     policy, the loss variant; resets the carried state where the stream starts a new row of batches
     or the batch size changed (the stream then re-lays the rest of the epoch into the new rows, where
     the old carries have no meaning)."""
-    epoch = self.epoch
-    size = self.batch_policy.batch_size(epoch)
+    epoch, size = self.epoch, self.batch_policy.batch_size(self.epoch)
     reset_carry, arrays = self.stream.next_prepared(size)  # drawn and placed while the previous step ran
     self.stream.prefetch(prefetch.decided_next_batch_size(self))
     if reset_carry or (self.state.carry is not None and self.carry_batch_size != size):
