@@ -2,20 +2,22 @@
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
 from lbjax.optim import validation
 
 
-def lamb_rate() -> layerwise.LayerRate:
-  """The LAMB trust ratio as a `LayerRate`: `||w^l|| / ||u^l + beta * w^l||` (Algorithm 2 of LAMB).
+def lamb_rate() -> layerwise.SummedRate:
+  """The LAMB trust ratio as a `SummedRate`: `||w^l|| / ||u^l + beta * w^l||` (Algorithm 2 of LAMB).
 
   `u` is the incoming (Adam) direction. With the zero-norm rule of `layerwise.safe_quotient` the
   ratio is 1 when either norm is zero, as in optax and the LAMB paper.
 
   Returns:
-    A `layerwise.LayerRate`.
+    A `layerwise.SummedRate` (the sums: `||w||^2` and `||u + beta * w||^2`).
 
   References:
     You, Y., Li, J., Reddi, S., Hseu, J., Kumar, S., Bhojanapalli, S., Song, X., Demmel, J.,
@@ -23,10 +25,15 @@ def lamb_rate() -> layerwise.LayerRate:
       minutes. ICLR 2020. arXiv:1904.00962. (Algorithm 2, LAMB; with phi the identity.)
   """
 
-  def rate(w, u, weight_decay, layer):
-    return layerwise.safe_quotient(layer.norm(w), layer.norm(u + weight_decay * w))
+  def sums(w, u, weight_decay, layer):
+    return layer.sum_of_squares(w), layer.sum_of_squares(u + weight_decay * w)
 
-  return rate
+  def rate(layer_sums, weight_decay):
+    del weight_decay  # inside the second sum already
+    w_squared, d_squared = layer_sums
+    return layerwise.safe_quotient(jnp.sqrt(w_squared), jnp.sqrt(d_squared))
+
+  return layerwise.SummedRate(sums, rate)
 
 
 def scale_by_lamb_trust_ratio(
@@ -62,6 +69,50 @@ def scale_by_lamb_trust_ratio(
   )
 
 
+def scale_by_adam(
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-6,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+) -> optax.GradientTransformation:
+  """`optax.scale_by_adam` with a dtype for each moment (optax's has `mu_dtype` only).
+
+      mu_t = b1 * mu_{t-1} + (1 - b1) * g_t,    nu_t = b2 * nu_{t-1} + (1 - b2) * g_t^2
+      r_t = (mu_t / (1 - b1^t)) / (sqrt(nu_t / (1 - b2^t) + eps_root) + eps)
+
+  optax's update stores the second moment in the dtype it was initialised with, so starting it in
+  `nu_dtype` keeps it there; the arithmetic is optax's.
+
+  Args:
+    b1: first-moment decay, in [0, 1).
+    b2: second-moment decay, in [0, 1).
+    eps: added to the root of the second moment, >= 0.
+    eps_root: added inside the root, >= 0.
+    mu_dtype: dtype of the first moment, or None for the parameters' dtype.
+    nu_dtype: dtype of the second moment, or None for the parameters' dtype.
+
+  Returns:
+    An `optax.GradientTransformation` with `optax.ScaleByAdamState`.
+
+  References:
+    Kingma, D. P. and Ba, J. Adam: A Method for Stochastic Optimization. ICLR 2015. arXiv:1412.6980.
+      (Algorithm 1.)
+  """
+  mu_dtype = validation.state_dtype("mu_dtype", mu_dtype)
+  nu_dtype = validation.state_dtype("nu_dtype", nu_dtype)
+  adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype)
+
+  def init_fn(params):
+    state = adam.init(params)
+    if nu_dtype is None:
+      return state
+    return state._replace(nu=jax.tree.map(lambda nu: nu.astype(nu_dtype), state.nu))
+
+  return optax.GradientTransformation(init_fn, adam.update)
+
+
 def lamb(
     learning_rate: optax.ScalarOrSchedule,
     b1: Any = 0.9,
@@ -72,6 +123,8 @@ def lamb(
     mask: layerwise.MaskOrFn = None,
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """LAMB: Adam direction, decoupled weight decay, layer-wise trust ratio (Algorithm 2 of LAMB).
 
@@ -91,6 +144,10 @@ def lamb(
     mask: which leaves get weight decay and the trust ratio; default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+    mu_dtype: dtype of Adam's first moment (e.g. "bfloat16"), or None for the parameters' dtype.
+    nu_dtype: dtype of Adam's second moment, or None for the parameters' dtype. Each moment is
+      updated in the wider of its dtype and the gradient's, then stored in its own, as in
+      `optax.adam`.
 
   Returns:
     An `optax.GradientTransformation`.
@@ -108,7 +165,7 @@ def lamb(
   validation.check_nonnegative("eps", eps)
   validation.check_nonnegative("eps_root", eps_root)
   return optax.chain(
-      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+      scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nu_dtype),
       scale_by_lamb_trust_ratio(weight_decay, mask, stacked, axis_name),
       optax.scale_by_learning_rate(learning_rate),
   )

@@ -6,6 +6,7 @@ import jax
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import validation
 
 
 def momentum(
@@ -14,6 +15,7 @@ def momentum(
     nesterov: bool = False,
     weight_decay: Any = 0.0,
     mask: layerwise.MaskOrFn = None,
+    accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Heavy-ball SGD with L2 weight decay added to the gradient of the selected leaves.
 
@@ -35,6 +37,8 @@ def momentum(
     weight_decay: beta, >= 0.
     mask: which leaves get weight decay (pytree of bools or callable on params); default
       `ndim >= 2` (kernels; no decay on biases and norm scales).
+    accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
+      dtype, as in `optax.sgd`.
 
   Returns:
     An `optax.GradientTransformation`.
@@ -45,6 +49,7 @@ def momentum(
     You, Gitman, Ginsburg. Large Batch Training of Convolutional Networks. arXiv:1708.03888, 2017
     (papers/000, the momentum baseline of its tables).
   """
+  accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   if mask is None:
     mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   # A literal 0 needs no work (no decay term, no momentum buffer); a traced value (under
@@ -52,4 +57,6 @@ def momentum(
   no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
   no_momentum = isinstance(momentum, (int, float)) and momentum == 0
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
-  return optax.chain(decay, optax.sgd(learning_rate, momentum=None if no_momentum else momentum, nesterov=nesterov))
+  return optax.chain(decay, optax.sgd(
+      learning_rate, momentum=None if no_momentum else momentum, nesterov=nesterov,
+      accumulator_dtype=accumulator_dtype))
