@@ -31,6 +31,8 @@ from lbjax.optim import layerwise
 
 SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
+ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
+FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -83,31 +85,45 @@ def everything(params):
 
 
 def lars_one_reduction(lr, wd, trust_coefficient=1e-3):
-  """An experiment, not in the library: lbjax LARS with ||w|| and ||g|| of each kernel from one variadic
-  `lax.reduce` over (w * w, g * g), so that one kernel reads w and g once for both norms (leaves without
-  stacked layers only). Same numbers as `lbjax lars` up to the order of summation."""
+  """An experiment, not in the library: lbjax LARS with ||w||^2 and ||g||^2 of each kernel from one
+  variadic `lax.reduce` over (w * w, g * g), so that one kernel reads w and g once for both sums
+  (leaves without stacked layers only). Same numbers as `lbjax lars` up to the order of summation."""
+  paper = lars_rate(trust_coefficient)
 
-  def rate(w, g, weight_decay, layer):
-    del layer  # the whole leaf is one layer here
-    w_sq, g_sq = jax.lax.reduce((w * w, g * g), (jnp.float32(0), jnp.float32(0)),
-                                lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(w.ndim)))
-    w_norm = jnp.sqrt(w_sq)
-    return trust_coefficient * layerwise.safe_quotient(w_norm, jnp.sqrt(g_sq) + weight_decay * w_norm)
+  def sums(w, g, weight_decay, layer):
+    del weight_decay, layer  # the whole leaf is one layer here
+    return jax.lax.reduce((w * w, g * g), (jnp.float32(0), jnp.float32(0)),
+                          lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(w.ndim)))
 
+  rate = layerwise.SummedRate(sums, paper.rate)
   return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
 
 
-def lars_rates_not_kept(lr, wd):
-  """An experiment, not in the library: lbjax LARS whose state keeps the previous step's trust ratios
-  instead of this step's, so that the ratios are never written out (only fused into the update).
-  Same parameters as `lbjax lars`; it measures what keeping the ratios for diagnostics costs."""
-  scaling = layerwise.scale_by_layerwise_rate(lars_rate(1e-3), weight_decay=wd)
+def lars_flat_buffer(lr, wd, trust_coefficient=1e-3, block=1024):
+  """An experiment, not in the library: lbjax LARS with the norms taken from one flat buffer of all
+  kernels (each padded to whole blocks of `block` values, so that every block belongs to one layer):
+  one reduction per buffer gives the block sums, `segment_sum` the layer sums, and every layer's
+  rate is one vector, as a multi-tensor LARS on a GPU would compute them. The update is lbjax's, leaf
+  by leaf. Same numbers as `lbjax lars` up to the order of summation."""
+  paper = lars_rate(trust_coefficient)
+
+  def flat(tree, keys):
+    parts = [jnp.pad(tree[k].ravel(), (0, -tree[k].size % block)) for k in keys]
+    return jnp.concatenate(parts).reshape(-1, block)
 
   def update(updates, state, params=None):
-    scaled, _ = scaling.update(updates, state, params)
+    keys = [k for k in params if params[k].ndim >= 2]
+    segments = np.repeat(np.arange(len(keys)), [-(-params[k].size // block) for k in keys])
+    block_sums = [jnp.sum(x * x, axis=1) for x in (flat(params, keys), flat(updates, keys))]
+    layer_sums = [jax.ops.segment_sum(b, segments, len(keys), indices_are_sorted=True) for b in block_sums]
+    rates = paper.rate(tuple(layer_sums), wd)
+    scaled = dict(updates)
+    for i, k in enumerate(keys):
+      scaled[k] = rates[i] * updates[k] + (rates[i] * wd) * params[k]
     return scaled, state
 
-  return layerwise.layerwise_sgd(optax.GradientTransformation(scaling.init, update), lr, 0.9, False)
+  scaling = optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+  return layerwise.layerwise_sgd(scaling, lr, 0.9, False)
 
 
 def optimizers(lr=0.1, wd=1e-4):
@@ -117,11 +133,14 @@ def optimizers(lr=0.1, wd=1e-4):
       "optax.lars": optax.lars(lr, weight_decay=wd, weight_decay_mask=kernels,
                                trust_ratio_mask=kernels),
       "lbjax lars": optim.lars(lr, weight_decay=wd),
+      "lbjax lars, bfloat16 momentum": optim.lars(lr, weight_decay=wd, accumulator_dtype="bfloat16"),
       "lbjax lars, optax denominator": optim.lars(lr, weight_decay=wd, denominator="optax"),
-      "lars, both norms in one reduction (experiment)": lars_one_reduction(lr, wd),
-      "lars without trust ratios in the state (experiment)": lars_rates_not_kept(lr, wd),
+      ONE_REDUCTION: lars_one_reduction(lr, wd),
+      FLAT_BUFFER: lars_flat_buffer(lr, wd),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
+      "lbjax lamb (all leaves), bfloat16 moments": optim.lamb(
+          lr, weight_decay=wd, mask=everything, mu_dtype="bfloat16", nu_dtype="bfloat16"),
       "lbjax percent_delta": optim.percent_delta(lr, weight_decay=wd),
       "lbjax mclr": optim.mclr(lr, weight_decay=wd),
   }
@@ -141,6 +160,8 @@ class Update:
   def __init__(self, opt, shapes, grads):
     self.params = random_tree(shapes, seed=0, scale=0.05)
     self.state = opt.init(self.params)
+    self.state_bytes_per_parameter = (sum(x.nbytes for x in jax.tree.leaves(self.state)) /
+                                      sum(p.size for p in jax.tree.leaves(self.params)))
     self.grads = grads
     self.step = make_step(opt)
     self.compiled = self.step.lower(self.params, self.state, grads).compile()
@@ -203,14 +224,15 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
     rate = moved / spread.median
     rows.append([tree_label, name, spread.format(1e3), ratio.format(digits=2),
                  f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
-                 f"{100 * rate / stream_bytes_per_s:.0f}%", kernel_count(functions[name].compiled)])
+                 f"{100 * rate / stream_bytes_per_s:.0f}%", kernel_count(functions[name].compiled),
+                 f"{functions[name].state_bytes_per_parameter:.2f}"])
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
-               f"{stream_bytes_per_s / 1e9:.1f}", "100%", kernel_count(functions[STREAM].compiled)])
+               f"{stream_bytes_per_s / 1e9:.1f}", "100%", kernel_count(functions[STREAM].compiled), ""])
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
-                         ("lars, both norms in one reduction (experiment)", "lbjax lars"),
-                         ("lars without trust ratios in the state (experiment)", "lbjax lars")):
+                         ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
+                         (FLAT_BUFFER, "lbjax lars")):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -237,8 +259,9 @@ def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
-           ("lars, both norms in one reduction (experiment)", "lbjax lars"),
-           ("lars without trust ratios in the state (experiment)", "lbjax lars"))
+           (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"),
+           ("lbjax lars, bfloat16 momentum", "lbjax lars"),
+           ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
           for a, b in pairs if a in names and b in names}
 
@@ -316,7 +339,8 @@ def main() -> None:
     ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
     diffs[label] = numerics(shapes, names)
   table = report.markdown_table(
-      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels"], rows)
+      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels",
+       "state bytes / parameter"], rows)
   lines = [table, "", "Ratios of time per update (per-round ratios: median [quartiles], and the 95% "
            "confidence interval of the median):", ""]
   for (tree, name, baseline), spread in ratios.items():

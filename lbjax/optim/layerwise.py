@@ -32,6 +32,7 @@ leaf (and the state that keeps them) are float32, or float64 for float64/complex
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -232,29 +233,18 @@ class RatesLayout:
     return sizes
 
 
-@jax.tree_util.register_pytree_with_keys_class
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["vectors"], meta_fields=["layout"])
+@dataclasses.dataclass(frozen=True)
 class LayerRates:
   """The local rates of every selected layer: one vector per dtype, with their static layout.
 
   Attributes:
-    vectors: one 1-D array per dtype of `layout.dtypes`.
+    vectors: a tuple of 1-D arrays, one per dtype of `layout.dtypes`.
     layout: the `RatesLayout` that maps leaves to entries (pytree metadata, not leaves).
   """
 
-  def __init__(self, vectors: tuple[Any, ...], layout: RatesLayout):
-    self.vectors = tuple(vectors)
-    self.layout = layout
-
-  def tree_flatten_with_keys(self):
-    keys = [jax.tree_util.GetAttrKey(f"rates_{dtype}") for dtype in self.layout.dtypes]
-    return list(zip(keys, self.vectors)), self.layout
-
-  def tree_flatten(self):
-    return self.vectors, self.layout
-
-  @classmethod
-  def tree_unflatten(cls, layout: RatesLayout, vectors: Any) -> "LayerRates":
-    return cls(tuple(vectors), layout)
+  vectors: tuple[Any, ...]
+  layout: RatesLayout
 
   def leaves(self) -> list[jax.Array | None]:
     """Each leaf's rates (a scalar, or its stacked-layer shape), None for unselected leaves."""
@@ -409,10 +399,12 @@ def scale_by_layerwise_rate(
     for g, w, slot, k in zip(flat_g, flat_w, rates_layout.slots, ks):
       if slot is not None:
         leaf_sums = rate.sums(w, g, weight_decay, layer_reducer(w, k, None))
-        sums[slot[0]].append(jnp.stack([x.astype(rates_layout.dtypes[slot[0]]).ravel() for x in leaf_sums]))
+        sums[slot[0]].append([x.astype(rates_layout.dtypes[slot[0]]).ravel() for x in leaf_sums])
     vectors = []
     for group in sums:
-      stacked_sums = jnp.concatenate(group, axis=1)  # (number of sums, number of layers)
+      # (number of sums, number of layers); each sum's vector first, so that XLA concatenates the
+      # scalars of all leaves in one op instead of stacking every leaf's sums in a kernel of its own.
+      stacked_sums = jnp.stack([jnp.concatenate(sum_of_each_leaf) for sum_of_each_leaf in zip(*group)])
       if axis_name is not None:
         stacked_sums = jax.lax.psum(stacked_sums, axis_name)
       vectors.append(rate.rate(tuple(stacked_sums), weight_decay))
