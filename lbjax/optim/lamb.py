@@ -2,11 +2,11 @@
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import low_precision
 from lbjax.optim import validation
 
 
@@ -77,21 +77,22 @@ def scale_by_adam(
     mu_dtype: Any = None,
     nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
-  """`optax.scale_by_adam` with a dtype for each moment (optax's has `mu_dtype` only).
+  """`optax.scale_by_adam` with each moment stored in its own dtype and computed in float32.
 
       mu_t = b1 * mu_{t-1} + (1 - b1) * g_t,    nu_t = b2 * nu_{t-1} + (1 - b2) * g_t^2
       r_t = (mu_t / (1 - b1^t)) / (sqrt(nu_t / (1 - b2^t) + eps_root) + eps)
 
-  optax's update stores the second moment in the dtype it was initialised with, so starting it in
-  `nu_dtype` keeps it there; the arithmetic is optax's.
+  optax's own `mu_dtype` also computes `b1 * mu` in that dtype, and has no `nu_dtype`: in bfloat16,
+  b2 = 0.999 rounds to 1.0 and the second moment would never decay. Here both moments are widened
+  before the step and rounded only where stored (`low_precision.stored_in`).
 
   Args:
     b1: first-moment decay, in [0, 1).
     b2: second-moment decay, in [0, 1).
     eps: added to the root of the second moment, >= 0.
     eps_root: added inside the root, >= 0.
-    mu_dtype: dtype of the first moment, or None for the parameters' dtype.
-    nu_dtype: dtype of the second moment, or None for the parameters' dtype.
+    mu_dtype: dtype of the stored first moment, or None for the parameters' dtype.
+    nu_dtype: dtype of the stored second moment, or None for the parameters' dtype.
 
   Returns:
     An `optax.GradientTransformation` with `optax.ScaleByAdamState`.
@@ -100,17 +101,9 @@ def scale_by_adam(
     Kingma, D. P. and Ba, J. Adam: A Method for Stochastic Optimization. ICLR 2015. arXiv:1412.6980.
       (Algorithm 1.)
   """
-  mu_dtype = validation.state_dtype("mu_dtype", mu_dtype)
-  nu_dtype = validation.state_dtype("nu_dtype", nu_dtype)
-  adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype)
-
-  def init_fn(params):
-    state = adam.init(params)
-    if nu_dtype is None:
-      return state
-    return state._replace(nu=jax.tree.map(lambda nu: nu.astype(nu_dtype), state.nu))
-
-  return optax.GradientTransformation(init_fn, adam.update)
+  return low_precision.stored_in(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+      mu=validation.state_dtype("mu_dtype", mu_dtype), nu=validation.state_dtype("nu_dtype", nu_dtype))
 
 
 def lamb(
@@ -146,8 +139,10 @@ def lamb(
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     mu_dtype: dtype of Adam's first moment (e.g. "bfloat16"), or None for the parameters' dtype.
     nu_dtype: dtype of Adam's second moment, or None for the parameters' dtype. Each moment is
-      updated in the wider of its dtype and the gradient's, then stored in its own, as in
-      `optax.adam`.
+      updated in the wider of its dtype and the gradient's and rounded only where stored
+      (`scale_by_adam`). With b2 = 0.999, a bfloat16 `nu` moves by 1 - b2 = 0.1% of itself per
+      step, below bfloat16's half step of 0.2%: it changes only where g^2 is far from it. Keep `nu`
+      in float32 unless b2 <= 0.99.
 
   Returns:
     An `optax.GradientTransformation`.

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.optim import low_precision
 from lbjax.optim import validation
 
 Params = Any
@@ -514,7 +515,7 @@ def layerwise_sgd(
     nesterov: return `-(m * v_{t+1} + gamma_t * u_t)` instead (as `optax.trace`).
     accumulator_dtype: dtype of the momentum `v` (e.g. "bfloat16": 2 bytes per parameter instead
       of 4), or None for the parameters' dtype. `v` is updated in the wider of this dtype and the
-      update's, then stored in this one, as `optax.trace` does.
+      update's and rounded where stored; the weights move by the stored `v` (`low_precision.trace`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -530,5 +531,5 @@ def layerwise_sgd(
   return optax.chain(
       scaling,
       optax.scale_by_learning_rate(learning_rate),
-      optax.trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype),
+      low_precision.trace(momentum, nesterov, accumulator_dtype),
   )

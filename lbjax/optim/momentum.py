@@ -6,6 +6,7 @@ import jax
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import low_precision
 from lbjax.optim import validation
 
 
@@ -38,7 +39,8 @@ def momentum(
     mask: which leaves get weight decay (pytree of bools or callable on params); default
       `ndim >= 2` (kernels; no decay on biases and norm scales).
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
-      dtype, as in `optax.sgd`.
+      dtype; computed in float32 and rounded only where stored (`low_precision.trace`), where
+      `optax.sgd`'s also rounds `momentum` and `momentum * v`.
 
   Returns:
     An `optax.GradientTransformation`.
@@ -57,6 +59,6 @@ def momentum(
   no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
   no_momentum = isinstance(momentum, (int, float)) and momentum == 0
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
-  return optax.chain(decay, optax.sgd(
-      learning_rate, momentum=None if no_momentum else momentum, nesterov=nesterov,
-      accumulator_dtype=accumulator_dtype))
+  # optax.sgd's chain, with its trace computed in float32 when it is stored in a narrower dtype.
+  trace = optax.identity() if no_momentum else low_precision.trace(momentum, nesterov, accumulator_dtype)
+  return optax.chain(decay, optax.chain(trace, optax.scale_by_learning_rate(learning_rate)))
