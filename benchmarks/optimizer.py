@@ -6,7 +6,8 @@ checks that lbjax LARS with the optax denominator gives optax.lars's numbers, an
 into benchmarks/README.md.
 
     python -m benchmarks.optimizer [--rounds 61] [--seconds-per-round 0.05] [--max-spread 0.1]
-        [--trees resnet50,ptb_lstm] [--optimizers NAME,...] [--no-readme]
+        [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--no-readme]
+    python -m benchmarks.optimizer --collectives [--optimizers 'NAME;...'] [--no-readme]
 
 All optimizers of a tree and a STREAM-like scale (`a = s * a`, donated, over as many float32 values
 as the tree has parameters: one read and one write of every value) run in interleaved rounds in one
@@ -15,9 +16,16 @@ per-round ratio to momentum SGD (median [quartiles]), XLA's count of the bytes t
 (`compiled.cost_analysis()`) and the rate at which it moves them, as a fraction of the scale's
 measured bandwidth. The run exits with status 3 (README untouched) if the 95% confidence interval of
 a ratio's median is wider than --max-spread of it.
+
+`--collectives` times nothing: it compiles each update over 8 CPU devices with the ResNet-50 tree
+sharded FSDP-style (every leaf split along its largest axis divisible by 8) and counts the
+collectives of the optimised HLO: what a design adds in communication when parameters are sharded
+under `jit`.
 """
 
 import argparse
+import collections
+import re
 
 import jax
 import jax.numpy as jnp
@@ -300,6 +308,46 @@ and 195 MiB).
 """
 
 
+COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def fsdp_spec(shape, devices):
+  """The leaf split along its largest axis divisible by `devices` (replicated if none is)."""
+  for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+    if shape[axis] % devices == 0:
+      return jax.sharding.PartitionSpec(*(("fsdp" if a == axis else None) for a in range(len(shape))))
+  return jax.sharding.PartitionSpec()
+
+
+def collective_counts(names, devices=8):
+  """Rows: the collectives in the compiled update of each optimizer on the FSDP-sharded ResNet-50 tree."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("fsdp",))
+  shapes = resnet50_shapes()
+
+  def shard(tree):
+    return {k: jax.device_put(v, jax.sharding.NamedSharding(mesh, fsdp_spec(v.shape, devices)))
+            for k, v in tree.items()}
+
+  params, grads = shard(random_tree(shapes, 0, 0.05)), shard(random_tree(shapes, 1, 1e-2))
+  all_optimizers = optimizers()
+  rows = []
+  for name in names:
+    opt = all_optimizers[name]
+    hlo = make_step(opt).lower(params, jax.jit(opt.init)(params), grads).compile().as_text()
+    found = collections.Counter(re.findall(r" (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo))
+    rows.append([name] + [found[c] for c in COLLECTIVES])
+    print(rows[-1], flush=True)
+  return rows
+
+
+COLLECTIVE_NOTES = """\
+Collective operations in the optimised HLO of one update (update + apply_updates, jitted) over 8
+CPU devices, the ResNet-50 tree split FSDP-style (each leaf along its largest axis divisible by 8;
+leaves with none replicated), gradients sharded like the parameters. XLA combines the per-leaf
+norm reductions of lbjax's LARS into one all-reduce; concatenating the sharded leaves into one flat
+buffer (the flat-buffer experiment) makes the SPMD partitioner gather them first."""
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   report.add_spread_arguments(parser, rounds=61)
@@ -308,10 +356,12 @@ def main() -> None:
                            "turns keep the two sides of a ratio close in time")
   parser.add_argument("--trees", default=",".join(TREES), help=f"from {', '.join(TREES)}")
   parser.add_argument("--optimizers", default="",
-                      help="comma-separated names from the table (default: all but lbjax mclr, "
+                      help="semicolon-separated names from the table (default: all but lbjax mclr, "
                            "~50x SGD, whose 31-pass median would set the pace of every round); "
                            "momentum SGD is always included")
   parser.add_argument("--no-readme", action="store_true", help="print only")
+  parser.add_argument("--collectives", action="store_true",
+                      help="count the collectives of each update over 8 CPU devices (FSDP-sharded ResNet-50 tree)")
   args = parser.parse_args()
   if args.rounds < 2 or args.seconds_per_round <= 0:
     parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
@@ -320,12 +370,21 @@ def main() -> None:
     parser.error(f"--trees takes names from {', '.join(TREES)}, got {args.trees!r}")
   names = [name for name in optimizers() if name != "lbjax mclr"]
   if args.optimizers:
-    chosen = [n.strip() for n in args.optimizers.split(",") if n.strip()]
+    chosen = [n.strip() for n in args.optimizers.split(";") if n.strip()]
     known = list(optimizers())
     unknown = [n for n in chosen if n not in known]
     if unknown:
       parser.error(f"unknown optimizers {unknown}; choose from {known}")
     names = [n for n in known if n == SGD or n in chosen]
+  if args.collectives:
+    jax.config.update("jax_num_cpu_devices", 8)
+    rows = collective_counts([n for n in names if n != "lbjax mclr"])
+    body = report.markdown_table(["update"] + list(COLLECTIVES), rows)
+    print(body)
+    if not args.no_readme:
+      report.write_section("optimizer-collectives", "Optimizer update: collectives with FSDP-sharded parameters",
+                           report.header_lines() + "\n" + body + "\n\n" + COLLECTIVE_NOTES)
+    return
   check = report.SpreadCheck(args.max_spread)
   rows, ratios, diffs = [], {}, {}
   for tree in trees:

@@ -375,7 +375,7 @@ def scale_by_layerwise_rate(
   skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
 
   def flat_layout(tree, params):
-    """The leaves of `tree` (MaskedNodes included), whether each is selected, its stacked axes, and
+    """The leaves of `tree` and of `params` (MaskedNodes included), the stacked axes of each, and
     the rates layout."""
     leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_masked)
     stacked_tree = _resolve_stacked(stacked, params)
@@ -383,7 +383,7 @@ def scale_by_layerwise_rate(
         _resolve_mask(mask, params, stacked_tree))]
     ks = treedef.flatten_up_to(stacked_tree)
     weights = treedef.flatten_up_to(params)
-    return leaves, weights, selected, ks, RatesLayout.of(treedef, weights, selected, ks)
+    return leaves, weights, ks, RatesLayout.of(treedef, weights, selected, ks)
 
   def init_fn(params):
     *_, rates_layout = flat_layout(params, params)
@@ -425,7 +425,7 @@ def scale_by_layerwise_rate(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
-    flat_g, flat_w, _, ks, rates_layout = flat_layout(updates, params)
+    flat_g, flat_w, ks, rates_layout = flat_layout(updates, params)
     rates_of = summed_rates if isinstance(rate, SummedRate) else leafwise_rates
     vectors = [v.astype(dtype) for v, dtype in zip(
         rates_of(flat_g, flat_w, ks, rates_layout), rates_layout.dtypes)]
