@@ -53,7 +53,7 @@ def stored_in(inner: optax.GradientTransformation, **dtypes: Any) -> optax.Gradi
         for name, dtype in dtypes.items()})
 
   def update_fn(updates, state, params=None):
-    widen = lambda stored, update: stored.astype(jnp.promote_types(stored.dtype, update.dtype))
+    widen = lambda stored, update: stored.astype(jnp.result_type(stored, update))
     wide = {name: jax.tree.map(widen, getattr(state, name), updates) for name in dtypes}
     new_updates, new_state = inner.update(updates, state._replace(**wide), params)
     stored = {name: jax.tree.map(lambda new, old: new.astype(old.dtype), getattr(new_state, name),
@@ -91,7 +91,7 @@ def trace(decay: Any, nesterov: bool = False, accumulator_dtype: Any = None) -> 
     del params
 
     def step(u, v):
-      wide = jnp.promote_types(u.dtype, v.dtype)
+      wide = jnp.result_type(u, v)
       stored = (u + decay * v.astype(wide)).astype(v.dtype)
       new_v = stored.astype(wide)
       return (u + decay * new_v if nesterov else new_v), stored
