@@ -301,7 +301,8 @@ The flat-buffer row is the design this replaced on paper: all kernels concatenat
 materialised and `segment_sum` is a scatter, and with sharded parameters it needs gathers (see the
 collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in bfloat16,
 computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter instead of
-36, since its weights step along the stored momentum.
+36, since its weights step along the stored momentum. Owed: this version's times and kernel counts
+on a GPU (the `optimizer-gpu` section predates the multi-tensor rates and the bfloat16 state).
 
 Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so
