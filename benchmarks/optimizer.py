@@ -41,6 +41,7 @@ SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
 ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
 FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
+LEAF_BY_LEAF = "lars, rates leaf by leaf (the design before, experiment)"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -107,6 +108,19 @@ def lars_one_reduction(lr, wd, trust_coefficient=1e-3):
   return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
 
 
+def lars_leaf_by_leaf(lr, wd, trust_coefficient=1e-3):
+  """The design before the multi-tensor rates (commit d59e942), as an experiment: lbjax LARS with each
+  leaf's rate computed from its own norms as a `LayerRate` (its scalar ops a kernel of their own per
+  leaf, each update free to start once its own leaf's norms are in); the rates are then kept as one
+  vector, as now. Same numbers as `lbjax lars`."""
+
+  def rate(w, g, weight_decay, layer):
+    w_norm = layer.norm(w)
+    return trust_coefficient * layerwise.safe_quotient(w_norm, layer.norm(g) + weight_decay * w_norm)
+
+  return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
+
+
 def lars_flat_buffer(lr, wd, trust_coefficient=1e-3, block=1024):
   """An experiment, not in the library: lbjax LARS with the norms taken from one flat buffer of all
   kernels (each padded to whole blocks of `block` values, so that every block belongs to one layer):
@@ -145,6 +159,7 @@ def optimizers(lr=0.1, wd=1e-4):
       "lbjax lars, optax denominator": optim.lars(lr, weight_decay=wd, denominator="optax"),
       ONE_REDUCTION: lars_one_reduction(lr, wd),
       FLAT_BUFFER: lars_flat_buffer(lr, wd),
+      LEAF_BY_LEAF: lars_leaf_by_leaf(lr, wd),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
       "lbjax lamb (all leaves), bfloat16 moments": optim.lamb(
@@ -240,7 +255,7 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
-                         (FLAT_BUFFER, "lbjax lars")):
+                         (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", LEAF_BY_LEAF)):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -267,7 +282,7 @@ def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
-           (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"),
+           (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (LEAF_BY_LEAF, "lbjax lars"),
            ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
