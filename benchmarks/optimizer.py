@@ -6,7 +6,8 @@ checks that lbjax LARS with the optax denominator gives optax.lars's numbers, an
 into benchmarks/README.md.
 
     python -m benchmarks.optimizer [--rounds 61] [--seconds-per-round 0.05] [--max-spread 0.1]
-        [--trees resnet50,ptb_lstm] [--optimizers NAME,...] [--no-readme]
+        [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--no-readme]
+    python -m benchmarks.optimizer --collectives [--optimizers 'NAME;...'] [--no-readme]
 
 All optimizers of a tree and a STREAM-like scale (`a = s * a`, donated, over as many float32 values
 as the tree has parameters: one read and one write of every value) run in interleaved rounds in one
@@ -15,9 +16,16 @@ per-round ratio to momentum SGD (median [quartiles]), XLA's count of the bytes t
 (`compiled.cost_analysis()`) and the rate at which it moves them, as a fraction of the scale's
 measured bandwidth. The run exits with status 3 (README untouched) if the 95% confidence interval of
 a ratio's median is wider than --max-spread of it.
+
+`--collectives` times nothing: it compiles each update over 8 CPU devices with the ResNet-50 tree
+sharded FSDP-style (every leaf split along its largest axis divisible by 8) and counts the
+collectives of the optimised HLO: what a design adds in communication when parameters are sharded
+under `jit`.
 """
 
 import argparse
+import collections
+import re
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +39,9 @@ from lbjax.optim import layerwise
 
 SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
+ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
+FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
+LEAF_BY_LEAF = "lars, rates leaf by leaf (the design before, experiment)"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -83,31 +94,58 @@ def everything(params):
 
 
 def lars_one_reduction(lr, wd, trust_coefficient=1e-3):
-  """An experiment, not in the library: lbjax LARS with ||w|| and ||g|| of each kernel from one variadic
-  `lax.reduce` over (w * w, g * g), so that one kernel reads w and g once for both norms (leaves without
-  stacked layers only). Same numbers as `lbjax lars` up to the order of summation."""
+  """An experiment, not in the library: lbjax LARS with ||w||^2 and ||g||^2 of each kernel from one
+  variadic `lax.reduce` over (w * w, g * g), so that one kernel reads w and g once for both sums
+  (leaves without stacked layers only). Same numbers as `lbjax lars` up to the order of summation."""
+  paper = lars_rate(trust_coefficient)
+
+  def sums(w, g, weight_decay, layer):
+    del weight_decay, layer  # the whole leaf is one layer here
+    return jax.lax.reduce((w * w, g * g), (jnp.float32(0), jnp.float32(0)),
+                          lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(w.ndim)))
+
+  rate = layerwise.SummedRate(sums, paper.rate)
+  return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
+
+
+def lars_leaf_by_leaf(lr, wd, trust_coefficient=1e-3):
+  """The design before the multi-tensor rates (commit d59e942), as an experiment: lbjax LARS with each
+  leaf's rate computed from its own norms as a `LayerRate` (its scalar ops a kernel of their own per
+  leaf, each update free to start once its own leaf's norms are in); the rates are then kept as one
+  vector, as now. Same numbers as `lbjax lars`."""
 
   def rate(w, g, weight_decay, layer):
-    del layer  # the whole leaf is one layer here
-    w_sq, g_sq = jax.lax.reduce((w * w, g * g), (jnp.float32(0), jnp.float32(0)),
-                                lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(w.ndim)))
-    w_norm = jnp.sqrt(w_sq)
-    return trust_coefficient * layerwise.safe_quotient(w_norm, jnp.sqrt(g_sq) + weight_decay * w_norm)
+    w_norm = layer.norm(w)
+    return trust_coefficient * layerwise.safe_quotient(w_norm, layer.norm(g) + weight_decay * w_norm)
 
   return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
 
 
-def lars_rates_not_kept(lr, wd):
-  """An experiment, not in the library: lbjax LARS whose state keeps the previous step's trust ratios
-  instead of this step's, so that the ratios are never written out (only fused into the update).
-  Same parameters as `lbjax lars`; it measures what keeping the ratios for diagnostics costs."""
-  scaling = layerwise.scale_by_layerwise_rate(lars_rate(1e-3), weight_decay=wd)
+def lars_flat_buffer(lr, wd, trust_coefficient=1e-3, block=1024):
+  """An experiment, not in the library: lbjax LARS with the norms taken from one flat buffer of all
+  kernels (each padded to whole blocks of `block` values, so that every block belongs to one layer):
+  one reduction per buffer gives the block sums, `segment_sum` the layer sums, and every layer's
+  rate is one vector, as a multi-tensor LARS on a GPU would compute them. The update is lbjax's, leaf
+  by leaf. Same numbers as `lbjax lars` up to the order of summation."""
+  paper = lars_rate(trust_coefficient)
+
+  def flat(tree, keys):
+    parts = [jnp.pad(tree[k].ravel(), (0, -tree[k].size % block)) for k in keys]
+    return jnp.concatenate(parts).reshape(-1, block)
 
   def update(updates, state, params=None):
-    scaled, _ = scaling.update(updates, state, params)
+    keys = [k for k in params if params[k].ndim >= 2]
+    segments = np.repeat(np.arange(len(keys)), [-(-params[k].size // block) for k in keys])
+    block_sums = [jnp.sum(x * x, axis=1) for x in (flat(params, keys), flat(updates, keys))]
+    layer_sums = [jax.ops.segment_sum(b, segments, len(keys), indices_are_sorted=True) for b in block_sums]
+    rates = paper.rate(tuple(layer_sums), wd)
+    scaled = dict(updates)
+    for i, k in enumerate(keys):
+      scaled[k] = rates[i] * updates[k] + (rates[i] * wd) * params[k]
     return scaled, state
 
-  return layerwise.layerwise_sgd(optax.GradientTransformation(scaling.init, update), lr, 0.9, False)
+  scaling = optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+  return layerwise.layerwise_sgd(scaling, lr, 0.9, False)
 
 
 def optimizers(lr=0.1, wd=1e-4):
@@ -117,11 +155,15 @@ def optimizers(lr=0.1, wd=1e-4):
       "optax.lars": optax.lars(lr, weight_decay=wd, weight_decay_mask=kernels,
                                trust_ratio_mask=kernels),
       "lbjax lars": optim.lars(lr, weight_decay=wd),
+      "lbjax lars, bfloat16 momentum": optim.lars(lr, weight_decay=wd, accumulator_dtype="bfloat16"),
       "lbjax lars, optax denominator": optim.lars(lr, weight_decay=wd, denominator="optax"),
-      "lars, both norms in one reduction (experiment)": lars_one_reduction(lr, wd),
-      "lars without trust ratios in the state (experiment)": lars_rates_not_kept(lr, wd),
+      ONE_REDUCTION: lars_one_reduction(lr, wd),
+      FLAT_BUFFER: lars_flat_buffer(lr, wd),
+      LEAF_BY_LEAF: lars_leaf_by_leaf(lr, wd),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
+      "lbjax lamb (all leaves), bfloat16 moments": optim.lamb(
+          lr, weight_decay=wd, mask=everything, mu_dtype="bfloat16", nu_dtype="bfloat16"),
       "lbjax percent_delta": optim.percent_delta(lr, weight_decay=wd),
       "lbjax mclr": optim.mclr(lr, weight_decay=wd),
   }
@@ -141,6 +183,8 @@ class Update:
   def __init__(self, opt, shapes, grads):
     self.params = random_tree(shapes, seed=0, scale=0.05)
     self.state = opt.init(self.params)
+    self.state_bytes_per_parameter = (sum(x.nbytes for x in jax.tree.leaves(self.state)) /
+                                      sum(p.size for p in jax.tree.leaves(self.params)))
     self.grads = grads
     self.step = make_step(opt)
     self.compiled = self.step.lower(self.params, self.state, grads).compile()
@@ -203,14 +247,15 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
     rate = moved / spread.median
     rows.append([tree_label, name, spread.format(1e3), ratio.format(digits=2),
                  f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
-                 f"{100 * rate / stream_bytes_per_s:.0f}%", kernel_count(functions[name].compiled)])
+                 f"{100 * rate / stream_bytes_per_s:.0f}%", kernel_count(functions[name].compiled),
+                 f"{functions[name].state_bytes_per_parameter:.2f}"])
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
-               f"{stream_bytes_per_s / 1e9:.1f}", "100%", kernel_count(functions[STREAM].compiled)])
+               f"{stream_bytes_per_s / 1e9:.1f}", "100%", kernel_count(functions[STREAM].compiled), ""])
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
-                         ("lars, both norms in one reduction (experiment)", "lbjax lars"),
-                         ("lars without trust ratios in the state (experiment)", "lbjax lars")):
+                         ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
+                         (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", LEAF_BY_LEAF)):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -237,8 +282,9 @@ def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
-           ("lars, both norms in one reduction (experiment)", "lbjax lars"),
-           ("lars without trust ratios in the state (experiment)", "lbjax lars"))
+           (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (LEAF_BY_LEAF, "lbjax lars"),
+           ("lbjax lars, bfloat16 momentum", "lbjax lars"),
+           ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
           for a, b in pairs if a in names and b in names}
 
@@ -251,10 +297,29 @@ write); GB/s: those bytes over the median time; the last column compares that wi
 scale measured in the same rounds (the memory bandwidth this process got under the same load);
 above 100%, part of what XLA counts came from cache (the PTB LSTM tree, 18.6 MB, and the small
 leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed). Kernels: how
-many kernels one update launches (`kernel_count`: fusions, reductions, copies, library calls in the
-optimised HLO's entry computation).
+many kernels one update (with its apply_updates) launches (`kernel_count`: fusions, reductions,
+copies, library calls in the optimised HLO's entry computation; XLA:CPU's count, a proxy for a
+GPU's, where multi-output and horizontal fusion merge some). State bytes / parameter: the
+optimizer state's bytes over the number of parameters.
 LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB rows select every
 leaf so that they compute what `optax.lamb` computes.
+
+Multi-tensor layer-wise rates: lbjax's LARS, LAMB and PercentDelta take each layer's sums in one
+reduction per leaf and sum (where the leaf lies: no gather when it is sharded), stack the sums of all
+layers into one array (one psum under `shard_map`), compute every rate as one vector and keep that
+vector as the state; each leaf's update is one elementwise pass. On ResNet-50 this took the kernels
+per update from 700 to 437 for `lars` (momentum SGD: 322; the rest are its 108 reductions), 2,016 to
+1,432 for `lamb` and 616 to 459 for `percent_delta` (XLA:CPU counts of the per-leaf code at commit
+d59e942, whose rates were scalar fusions of their own, one per leaf, and one state output per leaf).
+The leaf-by-leaf row is the design before (per-leaf rates as at d59e942, the rates then kept as one
+vector: 701 kernels), timed in the same rounds: its ratio to `lbjax lars` is this change's effect on
+CPU time. The flat-buffer row is the design the issue proposed: all kernels concatenated, block-padded
+(1,024), one reduction per buffer and `segment_sum` per layer; on XLA:CPU the concatenation is
+materialised and `segment_sum` is a scatter, and with sharded parameters it needs gathers (see the
+collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in bfloat16,
+computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter instead of
+36, since its weights step along the stored momentum. Owed: this version's times and kernel counts
+on a GPU (the `optimizer-gpu` section predates the multi-tensor rates and the bfloat16 state).
 
 Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so
@@ -267,14 +332,54 @@ a kernel of its own (YNNPACK), so a carried norm would be a separate pass over w
 the previous update (the read moves, it is not saved) and would be exact only when the updates are
 applied unchanged; lbjax does not carry it. At 1.5x the bytes, 1.2x SGD's time needs the norms to
 come from cache, which a 100 MiB tree on a 32 MiB L3 does not allow. Two ways to read w and g once
-for both norms were tried in this benchmark: stacking w * w and g * g for one reduction
+for both sums were tried in this benchmark: stacking w * w and g * g for one reduction
 materialises the stack (1,266 MiB, not kept in the table); one variadic `lax.reduce` (the
-experiment row) moves the same 877 MiB as `lbjax lars` but runs on XLA's generic reduction
-loop instead of YNNPACK's, which is slower.
+one-reduction row) moves the same 877 MiB as `lbjax lars` but runs on XLA's generic reduction
+loop instead of YNNPACK's, which is slower, and the SPMD partitioner gathers its sharded inputs.
 PercentDelta's rate is arithmetic only (no `where`), so XLA fuses its |d / w| and nonzero count
 into their reductions (1,172 MiB accessed, 45 MiB temporaries; a select-based version: 1,363 MiB
 and 195 MiB).
 """
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def fsdp_spec(shape, devices):
+  """The leaf split along its largest axis divisible by `devices` (replicated if none is)."""
+  for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+    if shape[axis] % devices == 0:
+      return jax.sharding.PartitionSpec(*(("fsdp" if a == axis else None) for a in range(len(shape))))
+  return jax.sharding.PartitionSpec()
+
+
+def collective_counts(names, devices=8):
+  """Rows: the collectives in the compiled update of each optimizer on the FSDP-sharded ResNet-50 tree."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("fsdp",))
+  shapes = resnet50_shapes()
+
+  def shard(tree):
+    return {k: jax.device_put(v, jax.sharding.NamedSharding(mesh, fsdp_spec(v.shape, devices)))
+            for k, v in tree.items()}
+
+  params, grads = shard(random_tree(shapes, 0, 0.05)), shard(random_tree(shapes, 1, 1e-2))
+  all_optimizers = optimizers()
+  rows = []
+  for name in names:
+    opt = all_optimizers[name]
+    hlo = make_step(opt).lower(params, jax.jit(opt.init)(params), grads).compile().as_text()
+    found = collections.Counter(re.findall(r" (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo))
+    rows.append([name] + [found[c] for c in COLLECTIVES])
+    print(rows[-1], flush=True)
+  return rows
+
+
+COLLECTIVE_NOTES = """\
+Collective operations in the optimised HLO of one update (update + apply_updates, jitted) over 8
+CPU devices, the ResNet-50 tree split FSDP-style (each leaf along its largest axis divisible by 8;
+leaves with none replicated), gradients sharded like the parameters. XLA combines the per-leaf
+norm reductions of lbjax's LARS into one all-reduce; concatenating the sharded leaves into one flat
+buffer (the flat-buffer experiment) makes the SPMD partitioner gather them first."""
 
 
 def main() -> None:
@@ -285,10 +390,12 @@ def main() -> None:
                            "turns keep the two sides of a ratio close in time")
   parser.add_argument("--trees", default=",".join(TREES), help=f"from {', '.join(TREES)}")
   parser.add_argument("--optimizers", default="",
-                      help="comma-separated names from the table (default: all but lbjax mclr, "
+                      help="semicolon-separated names from the table (default: all but lbjax mclr, "
                            "~50x SGD, whose 31-pass median would set the pace of every round); "
                            "momentum SGD is always included")
   parser.add_argument("--no-readme", action="store_true", help="print only")
+  parser.add_argument("--collectives", action="store_true",
+                      help="count the collectives of each update over 8 CPU devices (FSDP-sharded ResNet-50 tree)")
   args = parser.parse_args()
   if args.rounds < 2 or args.seconds_per_round <= 0:
     parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
@@ -297,12 +404,21 @@ def main() -> None:
     parser.error(f"--trees takes names from {', '.join(TREES)}, got {args.trees!r}")
   names = [name for name in optimizers() if name != "lbjax mclr"]
   if args.optimizers:
-    chosen = [n.strip() for n in args.optimizers.split(",") if n.strip()]
+    chosen = [n.strip() for n in args.optimizers.split(";") if n.strip()]
     known = list(optimizers())
     unknown = [n for n in chosen if n not in known]
     if unknown:
       parser.error(f"unknown optimizers {unknown}; choose from {known}")
     names = [n for n in known if n == SGD or n in chosen]
+  if args.collectives:
+    jax.config.update("jax_num_cpu_devices", 8)
+    rows = collective_counts([n for n in names if n != "lbjax mclr"])
+    body = report.markdown_table(["update"] + list(COLLECTIVES), rows)
+    print(body)
+    if not args.no_readme:
+      report.write_section("optimizer-collectives", "Optimizer update: collectives with FSDP-sharded parameters",
+                           report.header_lines() + "\n" + body + "\n\n" + COLLECTIVE_NOTES)
+    return
   check = report.SpreadCheck(args.max_spread)
   rows, ratios, diffs = [], {}, {}
   for tree in trees:
@@ -316,7 +432,8 @@ def main() -> None:
     ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
     diffs[label] = numerics(shapes, names)
   table = report.markdown_table(
-      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels"], rows)
+      ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels",
+       "state bytes / parameter"], rows)
   lines = [table, "", "Ratios of time per update (per-round ratios: median [quartiles], and the 95% "
            "confidence interval of the median):", ""]
   for (tree, name, baseline), spread in ratios.items():

@@ -1,8 +1,9 @@
 """lbjax.optim: layer-wise adaptive-rate optimizers as Optax transforms (no flax, no data).
 
 One transform, `scale_by_layerwise_rate`, with a pluggable layer statistic; LARS (papers/000,
-Algorithm 1), LAMB's trust ratio, PercentDelta and the median-curvature LR (papers/003, eq. 20-24) are
-statistics of it. `trust_ratios(opt_state)` reads the last step's per-layer rates for logging.
+Algorithm 1), LAMB's trust ratio and PercentDelta (sums: every layer of the tree at once) and the
+median-curvature LR (papers/003, eq. 20-24; leaf by leaf) are statistics of it.
+`trust_ratios(opt_state)` reads the last step's per-layer rates for logging.
 """
 
 from lbjax.optim import compression
@@ -13,8 +14,11 @@ from lbjax.optim.lars import lars
 from lbjax.optim.lars import lars_rate
 from lbjax.optim.lars import scale_by_lars
 from lbjax.optim.layerwise import LayerRate
+from lbjax.optim.layerwise import LayerRates
 from lbjax.optim.layerwise import LayerReducer
 from lbjax.optim.layerwise import LayerwiseRateState
+from lbjax.optim.layerwise import RatesLayout
+from lbjax.optim.layerwise import SummedRate
 from lbjax.optim.layerwise import default_mask
 from lbjax.optim.layerwise import layerwise_sgd
 from lbjax.optim.layerwise import safe_quotient
@@ -37,8 +41,11 @@ __all__ = [
     "lars_rate",
     "scale_by_lars",
     "LayerRate",
+    "LayerRates",
     "LayerReducer",
     "LayerwiseRateState",
+    "RatesLayout",
+    "SummedRate",
     "default_mask",
     "layerwise_sgd",
     "safe_quotient",

@@ -2,20 +2,22 @@
 
 from typing import Any
 
+import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import low_precision
 from lbjax.optim import validation
 
 
-def lamb_rate() -> layerwise.LayerRate:
-  """The LAMB trust ratio as a `LayerRate`: `||w^l|| / ||u^l + beta * w^l||` (Algorithm 2 of LAMB).
+def lamb_rate() -> layerwise.SummedRate:
+  """The LAMB trust ratio as a `SummedRate`: `||w^l|| / ||u^l + beta * w^l||` (Algorithm 2 of LAMB).
 
   `u` is the incoming (Adam) direction. With the zero-norm rule of `layerwise.safe_quotient` the
   ratio is 1 when either norm is zero, as in optax and the LAMB paper.
 
   Returns:
-    A `layerwise.LayerRate`.
+    A `layerwise.SummedRate` (the sums: `||w||^2` and `||u + beta * w||^2`).
 
   References:
     You, Y., Li, J., Reddi, S., Hseu, J., Kumar, S., Bhojanapalli, S., Song, X., Demmel, J.,
@@ -23,10 +25,15 @@ def lamb_rate() -> layerwise.LayerRate:
       minutes. ICLR 2020. arXiv:1904.00962. (Algorithm 2, LAMB; with phi the identity.)
   """
 
-  def rate(w, u, weight_decay, layer):
-    return layerwise.safe_quotient(layer.norm(w), layer.norm(u + weight_decay * w))
+  def sums(w, u, weight_decay, layer):
+    return layer.sum_of_squares(w), layer.sum_of_squares(u + weight_decay * w)
 
-  return rate
+  def rate(layer_sums, weight_decay):
+    del weight_decay  # inside the second sum already
+    w_squared, d_squared = layer_sums
+    return layerwise.safe_quotient(jnp.sqrt(w_squared), jnp.sqrt(d_squared))
+
+  return layerwise.SummedRate(sums, rate)
 
 
 def scale_by_lamb_trust_ratio(
@@ -62,6 +69,43 @@ def scale_by_lamb_trust_ratio(
   )
 
 
+def scale_by_adam(
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-6,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+) -> optax.GradientTransformation:
+  """`optax.scale_by_adam` with each moment stored in its own dtype and computed in float32.
+
+      mu_t = b1 * mu_{t-1} + (1 - b1) * g_t,    nu_t = b2 * nu_{t-1} + (1 - b2) * g_t^2
+      r_t = (mu_t / (1 - b1^t)) / (sqrt(nu_t / (1 - b2^t) + eps_root) + eps)
+
+  optax's own `mu_dtype` also computes `b1 * mu` in that dtype, and has no `nu_dtype`: in bfloat16,
+  b2 = 0.999 rounds to 1.0 and the second moment would never decay. Here both moments are widened
+  before the step and rounded only where stored (`low_precision.stored_in`).
+
+  Args:
+    b1: first-moment decay, in [0, 1).
+    b2: second-moment decay, in [0, 1).
+    eps: added to the root of the second moment, >= 0.
+    eps_root: added inside the root, >= 0.
+    mu_dtype: dtype of the stored first moment, or None for the parameters' dtype.
+    nu_dtype: dtype of the stored second moment, or None for the parameters' dtype.
+
+  Returns:
+    An `optax.GradientTransformation` with `optax.ScaleByAdamState`.
+
+  References:
+    Kingma, D. P. and Ba, J. Adam: A Method for Stochastic Optimization. ICLR 2015. arXiv:1412.6980.
+      (Algorithm 1.)
+  """
+  return low_precision.stored_in(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+      mu=validation.state_dtype("mu_dtype", mu_dtype), nu=validation.state_dtype("nu_dtype", nu_dtype))
+
+
 def lamb(
     learning_rate: optax.ScalarOrSchedule,
     b1: Any = 0.9,
@@ -72,6 +116,8 @@ def lamb(
     mask: layerwise.MaskOrFn = None,
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """LAMB: Adam direction, decoupled weight decay, layer-wise trust ratio (Algorithm 2 of LAMB).
 
@@ -91,6 +137,12 @@ def lamb(
     mask: which leaves get weight decay and the trust ratio; default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+    mu_dtype: dtype of Adam's first moment (e.g. "bfloat16"), or None for the parameters' dtype.
+    nu_dtype: dtype of Adam's second moment, or None for the parameters' dtype. Each moment is
+      updated in the wider of its dtype and the gradient's and rounded only where stored
+      (`scale_by_adam`). With b2 = 0.999, a bfloat16 `nu` moves by 1 - b2 = 0.1% of itself per
+      step, below bfloat16's half step of 0.2%: it changes only where g^2 is far from it. Keep `nu`
+      in float32 unless b2 <= 0.99.
 
   Returns:
     An `optax.GradientTransformation`.
@@ -108,7 +160,7 @@ def lamb(
   validation.check_nonnegative("eps", eps)
   validation.check_nonnegative("eps_root", eps_root)
   return optax.chain(
-      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+      scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nu_dtype),
       scale_by_lamb_trust_ratio(weight_decay, mask, stacked, axis_name),
       optax.scale_by_learning_rate(learning_rate),
   )

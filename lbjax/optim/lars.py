@@ -2,6 +2,7 @@
 
 from typing import Any
 
+import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
@@ -12,8 +13,8 @@ DENOMINATORS = ("paper", "optax")
 
 def lars_rate(
     trust_coefficient: Any = 1e-3, eps: Any = 0.0, denominator: str = "paper"
-) -> layerwise.LayerRate:
-  """The LARS local LR as a `LayerRate` (papers/000 eq. 6 and Algorithm 1; papers/003 eq. 23).
+) -> layerwise.SummedRate:
+  """The LARS local LR as a `SummedRate` (papers/000 eq. 6 and Algorithm 1; papers/003 eq. 23).
 
       denominator="paper":  lambda^l = eta * ||w^l|| / (||g^l|| + beta * ||w^l|| + eps)
       denominator="optax":  lambda^l = eta * ||w^l|| / (||g^l + beta * w^l|| + eps)
@@ -29,7 +30,7 @@ def lars_rate(
     denominator: "paper" (Algorithm 1) or "optax".
 
   Returns:
-    A `layerwise.LayerRate`.
+    A `layerwise.SummedRate` (the sums: `||w||^2` and `||g||^2`, or `||g + beta * w||^2`).
 
   References:
     You, Y., Gitman, I., and Ginsburg, B. Large Batch Training of Convolutional Networks.
@@ -44,15 +45,21 @@ def lars_rate(
   validation.check_nonnegative("eps", eps)
   validation.check_choice("denominator", denominator, DENOMINATORS)
 
-  def rate(w, g, weight_decay, layer):
-    w_norm = layer.norm(w)
+  def sums(w, g, weight_decay, layer):
     if denominator == "paper":
-      den = layer.norm(g) + weight_decay * w_norm + eps
+      return layer.sum_of_squares(w), layer.sum_of_squares(g)
+    return layer.sum_of_squares(w), layer.sum_of_squares(g + weight_decay * w)
+
+  def rate(layer_sums, weight_decay):
+    w_squared, d_squared = layer_sums
+    w_norm = jnp.sqrt(w_squared)
+    if denominator == "paper":
+      den = jnp.sqrt(d_squared) + weight_decay * w_norm + eps
     else:
-      den = layer.norm(g + weight_decay * w) + eps
+      den = jnp.sqrt(d_squared) + eps
     return trust_coefficient * layerwise.safe_quotient(w_norm, den)
 
-  return rate
+  return layerwise.SummedRate(sums, rate)
 
 
 def scale_by_lars(
@@ -108,6 +115,7 @@ def lars(
     stacked: layerwise.StackedOrFn = None,
     denominator: str = "paper",
     axis_name: layerwise.AxisName = None,
+    accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """SGD with LARS, exactly Algorithm 1 of papers/000 (eq. 5-6 with momentum and weight decay).
 
@@ -138,6 +146,8 @@ def lars(
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     denominator: "paper" (Algorithm 1) or "optax" (`||g + beta * w||`, as `optax.lars`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+    accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
+      dtype (see `layerwise.layerwise_sgd`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -156,4 +166,5 @@ def lars(
       learning_rate,
       momentum,
       nesterov,
+      accumulator_dtype,
   )

@@ -2,14 +2,25 @@
 
 LARS, its optax variant, LAMB's trust ratio, PercentDelta and the median-curvature LR (MCLR) all scale
 each layer's update by a statistic of that layer's weights `w` and gradient `g` (papers/003, eq. 17-24).
-`scale_by_layerwise_rate` is that transform; the statistic is a `LayerRate`, a function
-`rate(w, g, weight_decay, layer) -> local rate` that reduces over a layer with the `LayerReducer` it is
-given (so that stacked layers and sharded parameters are handled in one place). For a selected leaf
+`scale_by_layerwise_rate` is that transform. For a selected leaf
 
     u = rate(w, g, beta, layer) * (g + beta * w)
 
 and for an unselected leaf `u = g` (no weight decay, no rate). The last step's rate of every selected
-leaf is kept in the state and read back, without recomputation, by `trust_ratios(opt_state)`.
+layer is kept in the state and read back, without recomputation, by `trust_ratios(opt_state)`.
+
+Multi-tensor: LARS, LAMB and PercentDelta are `SummedRate`s, functions of a few per-layer sums
+(`||w||^2`, `||g||^2`, ...). The transform takes those sums leaf by leaf (one reduction each, where the
+leaf lies, so sharded leaves need no gather), stacks the sums of every layer of the tree into one
+array, completes it across devices with one `psum` (under `shard_map`/`pmap`), computes every layer's
+rate as one vector, and scales each leaf by its entry of that vector in one elementwise pass; the
+state keeps the vector. A statistic that is not a sum (MCLR's median) is a `LayerRate`, computed leaf
+by leaf with a `LayerReducer` that reduces across devices itself; its rates join the same vector.
+One flat buffer for all leaves was measured and not kept (the flat-buffer experiment of
+`benchmarks/optimizer.py`): on XLA:CPU the concatenation is materialised (more bytes and time than
+the per-leaf sums), and with parameters sharded under `jit` the SPMD partitioner gathers every
+sharded leaf to concatenate it (`--collectives`: 112 all-gathers and 40 all-to-alls per ResNet-50
+update over 8 devices, against one all-reduce for these stacked sums).
 
 Zero norms: every statistic is a coefficient times a quotient `num / den` of layer statistics
 (`||w|| / ||g||` and relatives). When `num` or `den` is zero or the quotient is not finite, the
@@ -22,7 +33,9 @@ leaf (and the state that keeps them) are float32, or float64 for float64/complex
 """
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -30,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.optim import low_precision
 from lbjax.optim import validation
 
 Params = Any
@@ -138,12 +152,33 @@ class LayerReducer:
 
 
 class LayerRate(Protocol):
-  """A layer statistic: the local rate of one (possibly stacked) leaf."""
+  """A layer statistic computed leaf by leaf: the local rate of one (possibly stacked) leaf.
+
+  For statistics that are not sums (MCLR's median); the reducer it gets completes its reductions
+  across devices itself. A statistic made of sums is better written as a `SummedRate`.
+  """
 
   def __call__(
       self, w: jax.Array, g: jax.Array, weight_decay: Any, layer: LayerReducer
   ) -> jax.Array:
     """Returns the local rate, shape `w.shape[:layer.stacked_axes]`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SummedRate:
+  """A layer statistic made of per-layer sums, computed for every layer of the tree at once.
+
+  Attributes:
+    sums: `sums(w, g, weight_decay, layer) -> tuple of arrays`, each of shape
+      `w.shape[:layer.stacked_axes]`: one leaf's per-layer sums on this device (reduce with
+      `layer.sum` or `layer.sum_of_squares`; the reducer it gets does not reduce across devices:
+      the transform sums the stacked sums of all leaves in one `psum`).
+    rate: `rate(sums, weight_decay) -> rates`: the local rate of every layer, elementwise in the
+      global sums, each a vector over all selected layers of the tree.
+  """
+
+  sums: Callable[[jax.Array, jax.Array, Any, LayerReducer], tuple[jax.Array, ...]]
+  rate: Callable[[tuple[jax.Array, ...], Any], jax.Array]
 
 
 def real_dtype(dtype: Any) -> jnp.dtype:
@@ -161,15 +196,75 @@ def safe_quotient(num: jax.Array, den: jax.Array) -> jax.Array:
   return jnp.where(ok & jnp.isfinite(quotient), quotient, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class RatesLayout:
+  """Where each leaf's rates lie in the vectors of a `LayerRates` (static: part of the treedef).
+
+  Attributes:
+    treedef: the structure of the parameters, `optax.MaskedNode`s counted as leaves.
+    dtypes: the dtype of each vector (float32, float64: `real_dtype` of the leaves it serves).
+    slots: per leaf, None if unselected, else `(vector index, start, layer shape)`: the leaf's rates
+      are `vectors[index][start:start + prod(shape)]`, reshaped to `shape` (its stacked axes).
+  """
+
+  treedef: Any
+  dtypes: tuple[str, ...]
+  slots: tuple[tuple[int, int, tuple[int, ...]] | None, ...]
+
+  @classmethod
+  def of(cls, treedef: Any, leaves: list[Any], selected: list[bool], stacked: list[int]) -> "RatesLayout":
+    """The layout for selected leaves of the given shapes and dtypes, grouped by `real_dtype`."""
+    dtypes = sorted({real_dtype(w.dtype).name for w, is_selected in zip(leaves, selected) if is_selected})
+    sizes = [0] * len(dtypes)
+    slots = []
+    for w, is_selected, k in zip(leaves, selected, stacked):
+      if not is_selected:
+        slots.append(None)
+        continue
+      index = dtypes.index(real_dtype(w.dtype).name)
+      slots.append((index, sizes[index], tuple(w.shape[:k])))
+      sizes[index] += math.prod(w.shape[:k])
+    return cls(treedef, tuple(dtypes), tuple(slots))
+
+  def sizes(self) -> list[int]:
+    """The length of each vector."""
+    sizes = [0] * len(self.dtypes)
+    for slot in self.slots:
+      if slot is not None:
+        sizes[slot[0]] = slot[1] + math.prod(slot[2])
+    return sizes
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["vectors"], meta_fields=["layout"])
+@dataclasses.dataclass(frozen=True)
+class LayerRates:
+  """The local rates of every selected layer: one vector per dtype, with their static layout.
+
+  Attributes:
+    vectors: a tuple of 1-D arrays, one per dtype of `layout.dtypes`.
+    layout: the `RatesLayout` that maps leaves to entries (pytree metadata, not leaves).
+  """
+
+  vectors: tuple[Any, ...]
+  layout: RatesLayout
+
+  def leaves(self) -> list[jax.Array | None]:
+    """Each leaf's rates (a scalar, or its stacked-layer shape), None for unselected leaves."""
+    return [None if slot is None else
+            jax.lax.slice_in_dim(self.vectors[slot[0]], slot[1], slot[1] + math.prod(slot[2])).reshape(slot[2])
+            for slot in self.layout.slots]
+
+
 class LayerwiseRateState(NamedTuple):
   """State of `scale_by_layerwise_rate`.
 
   Attributes:
-    rates: the local rate applied at the last update to every selected leaf (a scalar, or one value
-      per stacked layer; 0 before the first update), and `optax.MaskedNode()` for unselected leaves.
+    rates: a `LayerRates`: the local rate applied at the last update to every selected layer (0
+      before the first update), all layers in one vector per dtype; `trust_ratios` gives them leaf
+      by leaf.
   """
 
-  rates: Params
+  rates: LayerRates
 
 
 def default_mask(params: Params, stacked: Params) -> Params:
@@ -234,7 +329,7 @@ def _zip_with_path(params: Params, other: Params):
 
 
 def scale_by_layerwise_rate(
-    rate: LayerRate,
+    rate: "LayerRate | SummedRate",
     *,
     weight_decay: Any = 0.0,
     mask: MaskOrFn = None,
@@ -252,7 +347,8 @@ def scale_by_layerwise_rate(
   `optax.trace` for the full optimizer, as `lars` does.
 
   Args:
-    rate: the `LayerRate` statistic.
+    rate: the statistic: a `SummedRate` (all layers' sums at once: one psum, one rate vector) or a
+      `LayerRate` (leaf by leaf).
     weight_decay: beta, added to selected leaves only; a float or an array (not a schedule).
     mask: which leaves get weight decay and the rate: a pytree of Python bools with the structure
       of the parameters, or a callable `params -> such a pytree`. Default: leaves whose layers have
@@ -279,19 +375,50 @@ def scale_by_layerwise_rate(
   validation.check_nonnegative("weight_decay", weight_decay)
   skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
 
-  def layout(params):
+  def flat_layout(tree, params):
+    """The leaves of `tree` and of `params` (MaskedNodes included), the stacked axes of each, and
+    the rates layout."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_masked)
     stacked_tree = _resolve_stacked(stacked, params)
-    return _resolve_mask(mask, params, stacked_tree), stacked_tree
+    selected = [not _is_masked(x) and bool(x) for x in treedef.flatten_up_to(
+        _resolve_mask(mask, params, stacked_tree))]
+    ks = treedef.flatten_up_to(stacked_tree)
+    weights = treedef.flatten_up_to(params)
+    return leaves, weights, ks, RatesLayout.of(treedef, weights, selected, ks)
 
   def init_fn(params):
-    selected, stacked_tree = layout(params)
+    *_, rates_layout = flat_layout(params, params)
+    zeros = [jnp.zeros((n,), dtype) for n, dtype in zip(rates_layout.sizes(), rates_layout.dtypes)]
+    return LayerwiseRateState(rates=LayerRates(tuple(zeros), rates_layout))
 
-    def init_rate(p, is_selected, k):
-      if not is_selected:
-        return optax.MaskedNode()
-      return jnp.zeros(p.shape[:k], real_dtype(p.dtype))
+  def layer_reducer(w, k, reduce_axis):
+    return LayerReducer(stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=reduce_axis)
 
-    return LayerwiseRateState(rates=jax.tree.map(init_rate, params, selected, stacked_tree))
+  def summed_rates(flat_g, flat_w, ks, rates_layout):
+    """Every layer's rate from `rate.sums`: per group, the sums of all layers stacked into one
+    array, one psum of it, one vectorised `rate.rate`."""
+    sums = [[] for _ in rates_layout.dtypes]
+    for g, w, slot, k in zip(flat_g, flat_w, rates_layout.slots, ks):
+      if slot is not None:
+        leaf_sums = rate.sums(w, g, weight_decay, layer_reducer(w, k, None))
+        sums[slot[0]].append([x.astype(rates_layout.dtypes[slot[0]]).ravel() for x in leaf_sums])
+    vectors = []
+    for group in sums:
+      # (number of sums, number of layers); each sum's vector first, so that XLA concatenates the
+      # scalars of all leaves in one op instead of stacking every leaf's sums in a kernel of its own.
+      stacked_sums = jnp.stack([jnp.concatenate(sum_of_each_leaf) for sum_of_each_leaf in zip(*group)])
+      if axis_name is not None:
+        stacked_sums = jax.lax.psum(stacked_sums, axis_name)
+      vectors.append(rate.rate(tuple(stacked_sums), weight_decay))
+    return vectors
+
+  def leafwise_rates(flat_g, flat_w, ks, rates_layout):
+    """Every layer's rate from a `LayerRate`, leaf by leaf, concatenated per group."""
+    rates = [[] for _ in rates_layout.dtypes]
+    for g, w, slot, k in zip(flat_g, flat_w, rates_layout.slots, ks):
+      if slot is not None:
+        rates[slot[0]].append(rate(w, g, weight_decay, layer_reducer(w, k, axis_name)).ravel())
+    return [jnp.concatenate(group) for group in rates]
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -299,33 +426,23 @@ def scale_by_layerwise_rate(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
-    selected, stacked_tree = layout(params)
-    updates_def = jax.tree.structure(updates)
-    flat_g = updates_def.flatten_up_to(updates)
-    flat_w = updates_def.flatten_up_to(params)
-    flat_sel = updates_def.flatten_up_to(selected)
-    flat_k = updates_def.flatten_up_to(stacked_tree)
-    new_updates, new_rates = [], []
-    for g, w, is_selected, k in zip(flat_g, flat_w, flat_sel, flat_k):
-      if not is_selected:
+    flat_g, flat_w, ks, rates_layout = flat_layout(updates, params)
+    rates_of = summed_rates if isinstance(rate, SummedRate) else leafwise_rates
+    vectors = [v.astype(dtype) for v, dtype in zip(
+        rates_of(flat_g, flat_w, ks, rates_layout), rates_layout.dtypes)]
+    rates = LayerRates(tuple(vectors), rates_layout)
+    new_updates = []
+    for g, w, local_rate, k in zip(flat_g, flat_w, rates.leaves(), ks):
+      if local_rate is None:
         new_updates.append(g)
-        new_rates.append(optax.MaskedNode())
         continue
-      layer = LayerReducer(
-          stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=axis_name
-      )
-      local_rate = rate(w, g, weight_decay, layer)
       scale = local_rate.reshape(local_rate.shape + (1,) * (w.ndim - k))
       # scale * g + (scale * beta) * w rather than scale * (g + beta * w): a statistic of
       # g + beta * w then reads g and w in its own reduction instead of sharing (and so
       # materialising) a full-size g + beta * w with this update.
       update = scale * g if skip_decay else scale * g + (scale * weight_decay) * w
       new_updates.append(update.astype(g.dtype))
-      new_rates.append(local_rate.astype(real_dtype(w.dtype)))
-    return (
-        jax.tree.unflatten(updates_def, new_updates),
-        LayerwiseRateState(rates=jax.tree.unflatten(updates_def, new_rates)),
-    )
+    return rates_layout.treedef.unflatten(new_updates), LayerwiseRateState(rates=rates)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -364,18 +481,18 @@ def trust_ratios(opt_state: Any) -> Params:
         "trust_ratios found no LayerwiseRateState in the optimizer state: build the optimizer with "
         "lbjax.optim.lars/lamb/percent_delta/mclr or scale_by_layerwise_rate."
     )
-  flat, treedef = jax.tree.flatten(states[0].rates, is_leaf=_is_masked)
+  treedef = states[0].rates.layout.treedef
+  flat = states[0].rates.leaves()
   for other in states[1:]:
-    other_flat, other_def = jax.tree.flatten(other.rates, is_leaf=_is_masked)
+    other_def = other.rates.layout.treedef
     if other_def.num_leaves != treedef.num_leaves:
       raise ValueError(
           "trust_ratios found layer-wise states over different parameter trees: "
           f"{treedef} and {other_def}."
       )
-    flat = [b if _is_masked(a) else a for a, b in zip(flat, other_flat)]
+    flat = [b if a is None else a for a, b in zip(flat, other.rates.leaves())]
   nan = jnp.full((), jnp.nan, jnp.float32)
-  return jax.tree.unflatten(treedef, [nan if _is_masked(r) else r for r in flat])
-
+  return jax.tree.unflatten(treedef, [nan if r is None else r for r in flat])
 
 
 def layerwise_sgd(
@@ -383,6 +500,7 @@ def layerwise_sgd(
     learning_rate: optax.ScalarOrSchedule,
     momentum: Any = 0.9,
     nesterov: bool = False,
+    accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Momentum SGD on top of a layer-wise scaling, with the learning rate inside the momentum.
 
@@ -396,6 +514,9 @@ def layerwise_sgd(
     learning_rate: gamma, a float or an optax schedule of the update count.
     momentum: m, in [0, 1).
     nesterov: return `-(m * v_{t+1} + gamma_t * u_t)` instead (as `optax.trace`).
+    accumulator_dtype: dtype of the momentum `v` (e.g. "bfloat16": 2 bytes per parameter instead
+      of 4), or None for the parameters' dtype. `v` is updated in the wider of this dtype and the
+      update's and rounded where stored; the weights move by the stored `v` (`low_precision.trace`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -407,8 +528,9 @@ def layerwise_sgd(
   """
   validation.check_nonnegative("learning_rate", learning_rate)
   validation.check_momentum("momentum", momentum)
+  accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   return optax.chain(
       scaling,
       optax.scale_by_learning_rate(learning_rate),
-      optax.trace(decay=momentum, nesterov=nesterov),
+      low_precision.trace(momentum, nesterov, accumulator_dtype),
   )

@@ -73,6 +73,7 @@ def mclr(
     mask: layerwise.MaskOrFn = None,
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
+    accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Momentum SGD with the median-curvature LR (papers/003 eq. 21-22).
 
@@ -89,6 +90,8 @@ def mclr(
     mask: which leaves get the rate; default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+    accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
+      dtype (see `layerwise.layerwise_sgd`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -101,5 +104,5 @@ def mclr(
   """
   return layerwise.layerwise_sgd(
       scale_by_median_curvature(weight_decay, mask, stacked, axis_name), learning_rate, momentum,
-      nesterov,
+      nesterov, accumulator_dtype,
   )

@@ -6,6 +6,8 @@ import jax
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import low_precision
+from lbjax.optim import validation
 
 
 def momentum(
@@ -14,6 +16,7 @@ def momentum(
     nesterov: bool = False,
     weight_decay: Any = 0.0,
     mask: layerwise.MaskOrFn = None,
+    accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Heavy-ball SGD with L2 weight decay added to the gradient of the selected leaves.
 
@@ -35,6 +38,9 @@ def momentum(
     weight_decay: beta, >= 0.
     mask: which leaves get weight decay (pytree of bools or callable on params); default
       `ndim >= 2` (kernels; no decay on biases and norm scales).
+    accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
+      dtype; computed in float32 and rounded only where stored (`low_precision.trace`), where
+      `optax.sgd`'s also rounds `momentum` and `momentum * v`.
 
   Returns:
     An `optax.GradientTransformation`.
@@ -45,6 +51,7 @@ def momentum(
     You, Gitman, Ginsburg. Large Batch Training of Convolutional Networks. arXiv:1708.03888, 2017
     (papers/000, the momentum baseline of its tables).
   """
+  accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   if mask is None:
     mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   # A literal 0 needs no work (no decay term, no momentum buffer); a traced value (under
@@ -52,4 +59,6 @@ def momentum(
   no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
   no_momentum = isinstance(momentum, (int, float)) and momentum == 0
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
-  return optax.chain(decay, optax.sgd(learning_rate, momentum=None if no_momentum else momentum, nesterov=nesterov))
+  # optax.sgd's chain, with its trace computed in float32 when it is stored in a narrower dtype.
+  trace = optax.identity() if no_momentum else low_precision.trace(momentum, nesterov, accumulator_dtype)
+  return optax.chain(decay, optax.chain(trace, optax.scale_by_learning_rate(learning_rate)))

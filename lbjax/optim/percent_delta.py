@@ -8,8 +8,8 @@ import optax
 from lbjax.optim import layerwise
 
 
-def percent_delta_rate() -> layerwise.LayerRate:
-  """The PercentDelta rate as a `LayerRate` (papers/003 eq. 24, Abuelhaija 2017).
+def percent_delta_rate() -> layerwise.SummedRate:
+  """The PercentDelta rate as a `SummedRate` (papers/003 eq. 24, Abuelhaija 2017).
 
       rate^l = size(w^l) / || d^l / w^l ||_1,     d = g + beta * w
 
@@ -19,7 +19,7 @@ def percent_delta_rate() -> layerwise.LayerRate:
   all of them, the rate is 1 (the zero-norm rule of `layerwise.safe_quotient`).
 
   Returns:
-    A `layerwise.LayerRate`.
+    A `layerwise.SummedRate` (the sums: the number of nonzero weights and `||d / w||_1`).
 
   References:
     Gao, F. and Zhong, H. Study on the Large Batch Size Training of Neural Networks Based on the
@@ -27,16 +27,21 @@ def percent_delta_rate() -> layerwise.LayerRate:
     Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
 
-  def rate(w, g, weight_decay, layer):
+  def sums(w, g, weight_decay, layer):
     # Arithmetic only, and no subexpression shared by the two reductions: XLA:CPU then fuses each
     # elementwise input into its reduction instead of materialising it (a select, an int32 count or
     # a shared |w| each cost a full-size temporary).
     nonzero = jnp.sign(jnp.abs(w))  # 1 per nonzero weight, 0 per zero weight
     relative = jnp.abs(g + weight_decay * w) * nonzero / (jnp.abs(w) + (1 - nonzero))  # |d_i / w_i|, 0 at w_i = 0
     count = layer.sum(jnp.abs(jnp.sign(w)))  # in float32, exact up to 2^24 weights per layer
-    return layerwise.safe_quotient(count.astype(relative.dtype), layer.sum(relative))
+    return count, layer.sum(relative)
 
-  return rate
+  def rate(layer_sums, weight_decay):
+    del weight_decay  # inside the relative changes already
+    count, relative_sum = layer_sums
+    return layerwise.safe_quotient(count, relative_sum)
+
+  return layerwise.SummedRate(sums, rate)
 
 
 def scale_by_percent_delta(
@@ -75,6 +80,7 @@ def percent_delta(
     mask: layerwise.MaskOrFn = None,
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
+    accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
   """Momentum SGD with the PercentDelta layer-wise LR (papers/003 eq. 24).
 
@@ -91,6 +97,8 @@ def percent_delta(
     mask: which leaves get the rate; default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
+    accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
+      dtype (see `layerwise.layerwise_sgd`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -102,5 +110,5 @@ def percent_delta(
   """
   return layerwise.layerwise_sgd(
       scale_by_percent_delta(weight_decay, mask, stacked, axis_name), learning_rate, momentum,
-      nesterov,
+      nesterov, accumulator_dtype,
   )

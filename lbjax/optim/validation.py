@@ -9,6 +9,7 @@ transform was first built from concrete values.
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -61,3 +62,30 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
   """Raises ValueError unless `value` is one of `choices`."""
   if value not in choices:
     raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
+
+
+def state_dtype(name: str, value: Any) -> np.dtype | None:
+  """Returns the optimizer-state dtype `value` names (None: the parameters' dtype).
+
+  Args:
+    name: the argument's name, for the message.
+    value: None, a dtype, or a dtype's name such as "bfloat16" or "float32".
+
+  Raises:
+    ValueError: if `value` names no dtype, or one that is not floating point (or complex).
+  """
+  if value is None:
+    return None
+  try:
+    dtype = np.dtype(value)
+  except TypeError as error:
+    raise ValueError(
+        f"{name} must name a floating-point dtype such as 'bfloat16' or 'float32' (or be None for the "
+        f"parameters' dtype), got {value!r}."
+    ) from error
+  if not jnp.issubdtype(dtype, jnp.inexact):
+    raise ValueError(
+        f"{name} must be a floating-point dtype such as 'bfloat16' or 'float32' (or None for the "
+        f"parameters' dtype), got {dtype.name}."
+    )
+  return dtype

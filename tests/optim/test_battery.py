@@ -279,11 +279,14 @@ CASES = [
 # Public names of lbjax.optim that are not transforms, and why.
 NOT_TRANSFORMS = {
     "compression": "submodule: its public names are classified one by one",
-    "lars_rate": "a LayerRate statistic (plugged into scale_by_layerwise_rate: case above)",
-    "lamb_rate": "a LayerRate statistic",
-    "percent_delta_rate": "a LayerRate statistic",
+    "lars_rate": "a SummedRate statistic (plugged into scale_by_layerwise_rate: case above)",
+    "lamb_rate": "a SummedRate statistic",
+    "percent_delta_rate": "a SummedRate statistic",
     "median_curvature_rate": "a LayerRate statistic",
     "LayerRate": "protocol type",
+    "SummedRate": "statistic type",
+    "LayerRates": "state type (the rates vector)",
+    "RatesLayout": "static layout of the rates vector",
     "LayerReducer": "reduction helper of a LayerRate",
     "LayerwiseRateState": "state type",
     "default_mask": "mask helper",

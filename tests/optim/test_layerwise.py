@@ -1,6 +1,7 @@
 """The shared layer-wise machinery: pluggable statistics, Nesterov, argument checks, import hygiene."""
 
 import functools
+import re
 import subprocess
 import sys
 
@@ -115,3 +116,64 @@ def test_every_statistic_under_shard_map_and_sharded_jit_equals_global(name):
     np.testing.assert_allclose(got_ratios[k], want_ratios[k], rtol=1e-5)
     np.testing.assert_allclose(jit_got[k], want[k], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(optim.trust_ratios(jit_state)[k], want_ratios[k], rtol=1e-5)
+
+
+def _stacked_problem(seed):
+  rng = np.random.default_rng(seed)
+  shapes = {"a": (16, 4), "b": (8, 3), "c": (2, 8, 3), "bias": (8,)}
+  params = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+  grads = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+  return params, grads, {"a": 0, "b": 0, "c": 1, "bias": 0}
+
+
+@pytest.mark.parametrize("build", [optim.scale_by_lars, optim.scale_by_lamb_trust_ratio,
+                                   optim.scale_by_percent_delta])
+def test_summed_statistics_take_one_psum_for_the_whole_tree(build):
+  """Under shard_map, all sums of all layers are reduced across devices in one psum of one array."""
+  params, grads, stacked = _stacked_problem(120)
+  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  spec = {"a": P("data"), "b": P("data"), "c": P(None, "data"), "bias": P("data")}
+  opt = build(weight_decay=1e-3, stacked=stacked, axis_name="data")
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  def update(g, p):
+    return opt.update(g, opt.init(p), p)[0]
+
+  jaxpr = str(jax.make_jaxpr(update)(grads, params))
+  assert len(re.findall(r"\bpsum\w*\[", jaxpr)) == 1, jaxpr
+
+
+def test_rates_are_one_vector_in_the_state_and_per_leaf_in_trust_ratios():
+  params, grads, stacked = _stacked_problem(121)
+  opt = optim.lars(0.1, weight_decay=1e-3, stacked=stacked)
+  _, state = jax.jit(opt.update)(grads, opt.init(params), params)
+  (rate_state,) = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optim.LayerwiseRateState))
+                   if isinstance(x, optim.LayerwiseRateState)]
+  (vector,) = jax.tree.leaves(rate_state)
+  assert vector.shape == (1 + 1 + 2,)  # a, b, and the two stacked layers of c; bias not selected
+  ratios = optim.trust_ratios(state)
+  assert ratios["c"].shape == (2,) and np.isnan(ratios["bias"])
+  for k in ("a", "b"):
+    np.testing.assert_allclose(ratios[k], ref.lars_local_lr(params[k], grads[k], 1e-3, 1e-3), rtol=1e-5)
+  for i in range(2):
+    np.testing.assert_allclose(ratios["c"][i], ref.lars_local_lr(params["c"][i], grads["c"][i], 1e-3, 1e-3),
+                               rtol=1e-5)
+
+
+def test_sharded_parameters_under_jit_need_no_gather():
+  """FSDP-sharded leaves (split along different axes): the compiled update has no all-gather,
+  all-to-all or collective-permute; the per-layer sums are all-reduced."""
+  params, grads, stacked = _stacked_problem(122)
+  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  spec = {"a": P("data"), "b": P("data", None), "c": P(None, "data"), "bias": P("data")}
+  shard = lambda t: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), t, spec)
+  opt = optim.lars(0.1, weight_decay=1e-3, stacked=stacked)
+
+  def step(p, s, g):
+    u, s = opt.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  sp = shard(params)
+  hlo = jax.jit(step).lower(sp, jax.jit(opt.init)(sp), shard(grads)).compile().as_text()
+  assert not re.search(r" (all-gather|all-to-all|collective-permute)(-start)?\(", hlo)
+  assert re.search(r" all-reduce(-start)?\(", hlo)
