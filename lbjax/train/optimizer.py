@@ -52,6 +52,11 @@ def resolve_optimizer(read: FieldReads) -> names.Call:
   arguments = names.bind("optimizer", resolved, read.options("optimizer", ("name",)),
                          supplied={"learning_rate": 0.0}, required=("learning_rate",))
   arguments.pop("learning_rate")
+  try:  # the values, now: building a transformation computes nothing (e.g. an unknown accumulator_dtype)
+    resolved.function(learning_rate=0.0, **arguments)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.optimizer.name={resolved.name!r}: {resolved.qualified_name} refuses its "
+                      f"arguments: {e}") from e
   return names.Call(resolved, arguments)
 
 

@@ -3,9 +3,11 @@
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from lbjax import optim
-from lbjax.train import default_config
+from lbjax.train import default_config, validate
+from lbjax.train.errors import ConfigError
 from lbjax.train.optimizer import build_optimizer
 
 
@@ -47,3 +49,10 @@ def test_trust_ratios_are_found_behind_the_clip():
   ratios = optim.trust_ratios(state)
   assert jnp.isfinite(ratios["kernel"]) and ratios["kernel"] > 0
   assert isinstance(build_optimizer(config), optax.GradientTransformation)
+
+
+def test_an_optimizer_argument_the_transform_refuses_is_a_config_error_before_any_compute():
+  config = default_config()
+  config.optimizer.accumulator_dtype = "bfloat17"
+  with pytest.raises(ConfigError, match=r"lbjax.optim.momentum refuses its arguments: accumulator_dtype must name"):
+    validate(config)
