@@ -12,11 +12,13 @@ or a workdir holding another run's checkpoint or in use by a running one prints 
 exits with status 2. Training stopped by a non-finite step prints why and what is kept and exits with
 status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRACEBACK=1 shows the
 traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
-same command resumes.
+same command resumes. `--config.deterministic=True` asks XLA for deterministic GPU kernels.
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
-variables), or give `--coordinator_address`, `--num_processes` and `--process_id`.
+variables), or give `--coordinator_address`, `--num_processes` and `--process_id`. When a process of
+the job is lost (silent for --config.heartbeat_timeout_seconds), every other one prints which, the
+newest complete checkpoint and how to resume, and exits with status 5 (lbjax.train.distributed).
 """
 
 import argparse
@@ -34,6 +36,8 @@ except ImportError as error:
   sys.exit(f"lbjax-train: {error}")
 
 from lbjax.train import config_files
+from lbjax.train import determinism
+from lbjax.train import distributed
 from lbjax.train import summary
 from lbjax.train import validation
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
@@ -108,15 +112,22 @@ def list_configs() -> str:
   return "\n".join(lines)
 
 
-def _train(args, loaded: config_files.LoadedConfig) -> None:
+def _train(args, loaded: config_files.LoadedConfig, argv: list[str]) -> int:
   logging.getLogger("absl").addFilter(_OneLineOrbaxErrors())
-  import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
+  determinism.request(loaded.config)  # before the backend starts
+  process_id = args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID")
   if args.coordinator_address is not None or args.distributed:
-    jax.distributed.initialize(coordinator_address=args.coordinator_address,
-                               num_processes=args.num_processes or _env_int("JAX_NUM_PROCESSES"),
-                               process_id=args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID"))
-  from lbjax.train import loop  # pylint: disable=import-outside-toplevel
-  loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
+    if distributed.supervised_state() is None:  # a lost host ends every process with a message (exit 5)
+      return distributed.supervise(argv, args.workdir, process_id, loaded.config.heartbeat_timeout_seconds)
+    distributed.initialize(args.coordinator_address, args.num_processes or _env_int("JAX_NUM_PROCESSES"), process_id,
+                           loaded.config.heartbeat_timeout_seconds)
+  from lbjax.train import loop  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
+  try:
+    loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))
+  except Exception as e:  # pylint: disable=broad-except  (only waits; the error is raised again)
+    distributed.wait_for_runtime_verdict(e)
+    raise
+  return 0
 
 
 def _env_int(name: str) -> int | None:
@@ -155,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
       return 0
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
-    _train(args, loaded)
+    return _train(args, loaded, argv)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise

@@ -282,6 +282,17 @@ class Checkpointer:
     self._manager.close()
 
 
+def complete_steps(directory: str | pathlib.Path) -> list[int]:
+  """The steps of the complete (finalized) checkpoints in `directory`, newest first, read from the folders
+  without a `CheckpointManager` (so without joining a multi-host job). A save still being written, or cut
+  off by a lost host, is a temporary folder Orbax has not finalized: not listed."""
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    return []
+  return sorted((int(p.name) for p in directory.iterdir()
+                 if p.is_dir() and p.name.isdigit() and ocp.step.is_checkpoint_finalized(p)), reverse=True)
+
+
 def abstract_like(tree: Any) -> Any:
   """The `ShapeDtypeStruct`s (with shardings) of a pytree of arrays, as a restore target."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

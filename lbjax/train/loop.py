@@ -17,6 +17,7 @@ import numpy as np
 
 from lbjax.train import batch_policy
 from lbjax.train import config as config_lib
+from lbjax.train import distributed
 from lbjax.train import hooks
 from lbjax.train import summary
 from lbjax.train.mesh import data_parallel_size
@@ -114,6 +115,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | pathlib
   """
   workdir = pathlib.Path(workdir)
   run = Run(config, workdir)
+  distributed.watch(lambda: run.step_count)  # multi-host: the step a lost-host message names
   try:
     _describe_start(run, workdir, origin)
     writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=config.tensorboard)

@@ -18,6 +18,7 @@ One clock: the data stream's position in epochs (`run.epoch`: examples consumed 
 decides the batch size, the learning rate, the loss variant and the end of training.
 """
 
+import collections
 import dataclasses
 import json
 import os
@@ -37,6 +38,7 @@ from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train import batch_policy as batch_policy_lib
 from lbjax.train import config as config_lib
+from lbjax.train import determinism
 from lbjax.train import nonfinite
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
@@ -131,6 +133,7 @@ class Run:
       FileNotFoundError: missing data (the message says where to get it).
     """
     self.config = config
+    determinism.request(config)  # config.deterministic: XLA's flags, before the backend starts
     if config.mesh.num_devices > jax.device_count():
       raise ConfigError(f"config.mesh.num_devices={config.mesh.num_devices} but there are {jax.device_count()} "
                         "devices; use at most that many (0 = all).")
@@ -493,12 +496,19 @@ class Run:
     batch_size = self.config.eval_batch_size
     zero = carry = self.zero_carry(batch_size)  # the eval step does not donate it: reusable
     totals = None
+    in_flight = collections.deque()  # the totals of the latest steps, not yet waited for
     for local in self.task.dataset.make_eval_batches(batch_size, self.process_index, self.process_count):
       if local.pop("reset_carry", False):  # the rows start again (every window with carry_state=False)
         carry = zero
       sums, carry = self._eval_step(self.state.params, self.state.model_state,
                                     global_batch(local, self.batch_sharding), carry)
       totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+      # At most two steps in flight, as in training: queued without bound, XLA:CPU's per-device launches
+      # wait for room on its worker threads while a collective's other devices wait for a thread (a
+      # deadlock, e.g. pipelined runs on 4 CPU devices; lbjax.parallel.pipeline).
+      in_flight.append(totals)
+      if len(in_flight) > 2:
+        jax.block_until_ready(in_flight.popleft())
     totals = {k: float(v) for k, v in jax.device_get(totals).items()}
     return self.task.summarize(totals)
 
