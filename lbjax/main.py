@@ -24,7 +24,6 @@ newest complete checkpoint and how to resume, and exits with status 5 (lbjax.tra
 import argparse
 import contextlib
 import json
-import logging
 import os
 import sys
 
@@ -38,6 +37,7 @@ except ImportError as error:
 from lbjax.train import config_files
 from lbjax.train import determinism
 from lbjax.train import distributed
+from lbjax.train import orbax_log
 from lbjax.train import summary
 from lbjax.train import validation
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
@@ -71,17 +71,6 @@ def _print_error(prog: str, error: BaseException) -> None:
   print(f"{prog}: {error}\n(Set {TRACEBACK_ENV}=1 for the traceback.)", file=sys.stderr)
 
 
-class _OneLineOrbaxErrors(logging.Filter):
-  """Orbax logs a failed background save with its whole traceback (hundreds of lines) before lbjax
-  stops with a short message saying what failed and what is kept: keep Orbax's line, drop the
-  traceback (shown with LBJAX_TRACEBACK=1)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if "orbax" in record.pathname and record.exc_info and not os.environ.get(TRACEBACK_ENV):
-      record.exc_info, record.exc_text = None, None
-    return True
-
-
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="lbjax-train", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
@@ -113,7 +102,6 @@ def list_configs() -> str:
 
 
 def _train(args, loaded: config_files.LoadedConfig, argv: list[str]) -> int:
-  logging.getLogger("absl").addFilter(_OneLineOrbaxErrors())
   determinism.request(loaded.config)  # before the backend starts
   process_id = args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID")
   if args.coordinator_address is not None or args.distributed:
@@ -121,6 +109,9 @@ def _train(args, loaded: config_files.LoadedConfig, argv: list[str]) -> int:
       return distributed.supervise(argv, args.workdir, process_id, loaded.config.heartbeat_timeout_seconds)
     distributed.initialize(args.coordinator_address, args.num_processes or _env_int("JAX_NUM_PROCESSES"), process_id,
                            loaded.config.heartbeat_timeout_seconds)
+  if not os.environ.get(TRACEBACK_ENV):  # a failed save's Orbax tracebacks: in <workdir>/logs, not on the console
+    state = distributed.supervised_state()
+    orbax_log.keep_orbax_reports_in_log(args.workdir, f"{state.stem}.{orbax_log.LOG_NAME}" if state else None)
   from lbjax.train import loop  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
   try:
     loop.train_and_evaluate(loaded.config, args.workdir, origin=_origin(loaded))

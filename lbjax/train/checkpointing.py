@@ -246,8 +246,9 @@ class Checkpointer:
       size = sum(f.stat().st_size for f in (self.directory / str(good[0])).rglob("*") if f.is_file())
       free = shutil.disk_usage(self.directory).free
       space = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there."
+    reports = f" Orbax's reports are in {self.workdir / 'logs'}." if (self.workdir / "logs").is_dir() else ""
     return (f"Saving checkpoint {step} failed ({_save_failure_cause(error)}); {kept}, and training stopped.{space} "
-            "Free space (or fix the cause) and rerun the same command to resume.")
+            f"Free space (or fix the cause) and rerun the same command to resume.{reports}")
 
   def check_for_errors(self) -> None:
     """Raises the error of a background save that failed since the last call (cheap: no waiting)."""
