@@ -246,7 +246,8 @@ class Checkpointer:
       size = sum(f.stat().st_size for f in (self.directory / str(good[0])).rglob("*") if f.is_file())
       free = shutil.disk_usage(self.directory).free
       space = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there."
-    reports = f" Orbax's reports are in {self.workdir / 'logs'}." if (self.workdir / "logs").is_dir() else ""
+    logs = self.workdir / "logs"
+    reports = f" Orbax's reports, as far as they could be written, are in {logs}." if logs.is_dir() else ""
     return (f"Saving checkpoint {step} failed ({_save_failure_cause(error)}); {kept}, and training stopped.{space} "
             f"Free space (or fix the cause) and rerun the same command to resume.{reports}")
 
@@ -275,12 +276,31 @@ class Checkpointer:
     if self.max_to_keep is None or self._save_failed:
       return
     self._manager.reload()
-    for step in self.all_steps()[self.max_to_keep:]:
-      self._manager.delete(step)
+    old = self.all_steps()[self.max_to_keep:]
+    if jax.process_count() == 1:
+      for step in old:
+        self._manager.delete(step)
+      return
+    # Multi-host: here the processes may list different steps (process 0 renames the newest one into place,
+    # the others may look before), and Orbax's `delete` ends in a collective that every process must enter:
+    # a process that found nothing to delete went on to the next step's collectives and the job hung. So
+    # process 0 alone removes them, without a collective.
+    if jax.process_index() == 0:
+      for step in old:
+        _remove_step(self.directory / str(step))
+    self._manager.reload()
 
   def close(self) -> None:
     self.wait()
     self._manager.close()
+
+
+def _remove_step(path: pathlib.Path) -> None:
+  """Deletes a checkpoint folder, renamed first to a temporary name so that it never looks complete when
+  half removed."""
+  removing = path.with_name(f"{path.name}.orbax-checkpoint-tmp-removing")
+  path.rename(removing)
+  shutil.rmtree(removing)
 
 
 def complete_steps(directory: str | pathlib.Path) -> list[int]:

@@ -25,6 +25,13 @@ def _from_orbax(record: logging.LogRecord) -> bool:
   return "orbax" in record.pathname or bool(record.exc_info and _involves_orbax(record.exc_info[2]))
 
 
+class _QuietFileHandler(logging.FileHandler):
+  """A file handler that drops what it cannot write: the log may sit on the disk that just filled up."""
+
+  def handleError(self, record: logging.LogRecord) -> None:
+    del record
+
+
 class _ToLog(logging.Filter):
   """On a logger: hands Orbax's records to the log file's handler, and keeps them off the console."""
 
@@ -45,7 +52,7 @@ def keep_orbax_reports_in_log(workdir: str | pathlib.Path, name: str | None = No
   `<workdir>/logs/<name>` (default `LOG_NAME`) from now on; returns that path."""
   path = pathlib.Path(workdir).absolute() / "logs" / (name or LOG_NAME)
   path.parent.mkdir(parents=True, exist_ok=True)
-  handler = logging.FileHandler(path, delay=True)
+  handler = _QuietFileHandler(path, delay=True)
   handler.setLevel(logging.WARNING)
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(pathname)s:%(lineno)d] %(message)s"))
   for logger in ("absl", "asyncio"):

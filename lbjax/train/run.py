@@ -503,9 +503,9 @@ class Run:
       sums, carry = self._eval_step(self.state.params, self.state.model_state,
                                     global_batch(local, self.batch_sharding), carry)
       totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
-      # At most two steps in flight, as in training: queued without bound, XLA:CPU's per-device launches
-      # wait for room on its worker threads while a collective's other devices wait for a thread (a
-      # deadlock, e.g. pipelined runs on 4 CPU devices; lbjax.parallel.pipeline).
+      # At most two steps in flight, as in training. Queued without bound, XLA:CPU's launch of a device's
+      # part blocks a worker thread while that device's queue is full, and the other devices' parts, in a
+      # collective, block the rest waiting for it: a deadlock (pipelined evaluation on 4 CPU devices, issue 30).
       in_flight.append(totals)
       if len(in_flight) > 2:
         jax.block_until_ready(in_flight.popleft())
