@@ -275,20 +275,21 @@ class Checkpointer:
   def _remove_old(self) -> None:
     if self.max_to_keep is None or self._save_failed:
       return
-    self._manager.reload()
-    old = self.all_steps()[self.max_to_keep:]
     if jax.process_count() == 1:
-      for step in old:
+      self._manager.reload()
+      for step in self.all_steps()[self.max_to_keep:]:
         self._manager.delete(step)
       return
     # Multi-host: here the processes may list different steps (process 0 renames the newest one into place,
     # the others may look before), and Orbax's `delete` ends in a collective that every process must enter:
     # a process that found nothing to delete went on to the next step's collectives and the job hung. So
-    # process 0 alone removes them, without a collective.
+    # process 0 alone removes them, without a collective; the others do not list the steps (a listing
+    # reads each step's metadata, which process 0 may be removing).
     if jax.process_index() == 0:
-      for step in old:
+      self._manager.reload()
+      for step in self.all_steps()[self.max_to_keep:]:
         _remove_step(self.directory / str(step))
-    self._manager.reload()
+      self._manager.reload()
 
   def close(self) -> None:
     self.wait()

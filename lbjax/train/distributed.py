@@ -113,7 +113,7 @@ def _die_with_parent() -> None:
 
 def lost_processes(runtime_log: str) -> list[int]:
   """The process indices the runtime's verdict names as lost; [0] when the coordinator is unreachable."""
-  verdict = runtime_log[runtime_log.find(_RUNTIME_VERDICT) - 2000:] if _RUNTIME_VERDICT in runtime_log else runtime_log
+  verdict = runtime_log[max(0, runtime_log.find(_RUNTIME_VERDICT) - 2000):]
   unhealthy = _UNHEALTHY.search(verdict)
   if unhealthy:
     return sorted({int(i) for i in re.findall(r"\d+", unhealthy.group(1))})
@@ -128,7 +128,8 @@ def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, 
   from lbjax.train import checkpointing  # pylint: disable=import-outside-toplevel  (imports JAX; only now)
   hosts = progress.get("hosts", {})
   lost = lost_processes(runtime_log)
-  named = ", ".join(f"{i} (host {hosts.get(str(i), '?')})" for i in lost) or "an unknown process"
+  named = ", ".join(f"{i} (host {hosts.get(str(i), '?')})" for i in lost)
+  named = f"process{'es' * (len(lost) > 1)} {named}" if lost else "a process (the runtime's log does not say which)"
   how = ("the coordinator (process 0) cannot be reached" if lost == [0] else
          f"no heartbeat for config.heartbeat_timeout_seconds={heartbeat_timeout_seconds} s")
   me = progress.get("process_index", "?")
@@ -141,7 +142,7 @@ def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, 
   count = progress.get("process_count", "all")
   command = " ".join(["lbjax-train", *argv])
   return "\n".join([
-      f"lbjax-train: lost process {named} of the job: {how}. This process ({me}) stopped {at}.",
+      f"lbjax-train: lost {named} of the job: {how}. This process ({me}) stopped {at}.",
       newest,
       f"To resume, relaunch all {count} processes with the commands they were started with; this one's:",
       f"  {command}",
@@ -239,8 +240,9 @@ def _caused_by_runtime(error: BaseException | None) -> bool:
 
 def wait_for_runtime_verdict(error: BaseException) -> None:
   """In a supervised multi-process run, a failed collective (a `JaxRuntimeError`, or an error raised
-  from one, such as a failed save) most often means a peer is gone: wait for the runtime to end this process (the supervisor then reports the lost host), at
-  most the heartbeat timeout and a margin; then return, and the caller raises `error`."""
+  from one, such as a failed save) most often means a peer is gone: waits for the runtime to end this
+  process (the supervisor then reports the lost host), at most the heartbeat timeout and a margin; then
+  returns, and the caller raises `error`."""
   if supervised_state() is None or _PROGRESS.get("process_count", 1) < 2:
     return
   if not _caused_by_runtime(error):

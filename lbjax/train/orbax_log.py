@@ -54,7 +54,8 @@ def keep_orbax_reports_in_log(workdir: str | pathlib.Path, name: str | None = No
   path.parent.mkdir(parents=True, exist_ok=True)
   handler = _QuietFileHandler(path, delay=True)
   handler.setLevel(logging.WARNING)
-  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(pathname)s:%(lineno)d] %(message)s"))
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(pathname)s:%(lineno)d] "
+                                         "%(message)s"))
   for logger in ("absl", "asyncio"):
     logging.getLogger(logger).addFilter(_ToLog(handler))
   default_hook = threading.excepthook
@@ -79,7 +80,8 @@ def _unraisable_to(handler: logging.Handler, default_hook):
     if not _involves_orbax(unraisable.exc_traceback):
       default_hook(unraisable)
       return
-    handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "%s: %r", (unraisable.err_msg, unraisable.object),
+    handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "%s: %r",
+                                     (unraisable.err_msg, unraisable.object),
                                      (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)))
 
   return hook

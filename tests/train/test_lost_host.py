@@ -75,7 +75,8 @@ class Job:
     """The pid of process i's training process (the child of its `lbjax-train` supervisor)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-      children = pathlib.Path(f"/proc/{self.processes[i].pid}/task/{self.processes[i].pid}/children").read_text().split()
+      pid = self.processes[i].pid
+      children = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
       if children:
         return int(children[0])
       time.sleep(0.1)

@@ -33,7 +33,8 @@ def _config(stage: int, data: int, micro: int):
 
 
 @pytest.mark.parametrize("stage, data, micro", LAYOUTS)
-def test_a_pipelined_run_trains_and_evaluates_repeatedly_with_at_most_two_evaluation_steps_in_flight(stage, data, micro):
+def test_a_pipelined_run_trains_and_evaluates_repeatedly_with_two_evaluation_steps_in_flight_at_most(stage, data,
+                                                                                                     micro):
   run = Run(_config(stage, data, micro))
   try:
     for _ in range(2):
