@@ -1,7 +1,7 @@
 """Multi-host runs that end cleanly when a host is lost.
 
 `lbjax-train` with `--coordinator_address` or `--distributed` runs as two processes per host: a small
-supervisor (this module's `supervise`, no JAX) and the training process it starts (the same command,
+supervisor (this module's `supervise`, which starts no JAX backend) and the training process it starts (the same command,
 marked by `SUPERVISED_ENV`). The training process joins the job with `initialize` and keeps the JAX
 runtime's own stderr (the coordination service, Gloo, XLA) in `<workdir>/logs/<name>.runtime.log`;
 Python's output stays on the console.
@@ -79,6 +79,7 @@ def supervise(argv: list[str], workdir: str, process_id: int | None, heartbeat_t
   name = _log_name(process_id)
   state_file, runtime_log = logs / f"{name}.json", logs / f"{name}.runtime.log"
   state_file.unlink(missing_ok=True)
+  start = runtime_log.stat().st_size if runtime_log.exists() else 0  # an earlier launch's messages stay before
   env = dict(os.environ, **{SUPERVISED_ENV: str(state_file)})
   # Its own process group: a Ctrl-C at the terminal reaches it once, through the supervisor.
   child = subprocess.Popen([sys.executable, "-m", "lbjax.main", *argv], env=env, preexec_fn=_die_with_parent,
@@ -92,7 +93,11 @@ def supervise(argv: list[str], workdir: str, process_id: int | None, heartbeat_t
       signal.signal(s, handler)
   if status >= 0 and status != 134:
     return status
-  runtime = runtime_log.read_text(errors="replace") if runtime_log.exists() else ""
+  runtime = ""
+  if runtime_log.exists():
+    with open(runtime_log, "rb") as log:
+      log.seek(start)
+      runtime = log.read().decode(errors="replace")
   progress = json.loads(state_file.read_text()) if state_file.exists() else {}
   if _RUNTIME_VERDICT in runtime:
     print(lost_host_message(runtime, progress, workdir, argv, heartbeat_timeout_seconds, runtime_log),
@@ -136,8 +141,9 @@ def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, 
   step = progress.get("step")
   at = f"at step {step}" if step is not None else "before its first step"
   steps = checkpointing.complete_steps(pathlib.Path(workdir) / "checkpoints")
-  newest = (f"The newest complete checkpoint is step {steps[0]} in {pathlib.Path(workdir).absolute() / 'checkpoints'}; "
-            "a checkpoint being written when the process was lost is incomplete and not used."
+  directory = pathlib.Path(workdir).absolute() / "checkpoints"
+  newest = (f"The newest complete checkpoint is step {steps[0]} in {directory}; a checkpoint being written when "
+            "the process was lost is incomplete and not used."
             if steps else "No checkpoint is complete yet: the relaunch starts from the beginning.")
   count = progress.get("process_count", "all")
   command = " ".join(["lbjax-train", *argv])

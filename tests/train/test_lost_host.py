@@ -173,3 +173,18 @@ def test_a_hung_process_of_three_ends_the_other_two_within_the_heartbeat_timeout
       _assert_ended_cleanly(job, survivor, 2, time.monotonic() - stopped_at)
   finally:
     job.kill_all()
+
+
+@pytest.mark.parametrize("log, lost", [
+    # what the runtime of jax 0.10 and 0.12 writes when a worker stops sending heartbeats (3 processes: 2 lost) ...
+    ("F1126 16:10:00.468580 22569 client.h:86] Terminating process because the JAX distributed service detected "
+     "fatal errors. [...] absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending "
+     "heartbeats):\n1, 2\nThe tasks have crashed.", [1, 2]),
+    # ... and when the coordinator, which hosts the service, is gone
+    ("F1126 15:12:49.342650 12477 client.h:86] Terminating process because the JAX distributed service detected "
+     "fatal errors. [...] absl::Status: UNAVAILABLE: Failed to send RPC to coordination service. Either the leader "
+     "task was preempted/died/restarted unexpectedly or this task is experiencing network issues.", [0]),
+    ("Terminating process because the JAX distributed service detected fatal errors. INTERNAL: other", []),
+])
+def test_the_lost_processes_are_read_from_the_runtime_verdict(log, lost):
+  assert distributed.lost_processes("earlier lines\n" * 500 + log) == lost
