@@ -47,6 +47,7 @@ _PROGRESS_EVERY_SECONDS = 1.0
 _RUNTIME_VERDICT = "JAX distributed service detected fatal errors"
 _UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*([\d,\s]+)")
 _TASK = re.compile(r"/job:[^/]+/replica:\d+/task:(\d+)")
+_PEER_FAILURE = re.compile(r"Gloo|Connection (reset|closed|refused)|UNAVAILABLE|coordination service")
 _LEADER_LOST = ("Failed to send RPC to coordination service", "leader task was preempted/died")
 
 
@@ -234,10 +235,11 @@ def watch(step: Callable[[], int]) -> None:
 
 
 def _caused_by_runtime(error: BaseException | None) -> bool:
-  """Whether `error` or an error it was raised from is a `JaxRuntimeError` (a failed save wraps one)."""
+  """Whether `error` or an error it was raised from is a `JaxRuntimeError` or reports a failed exchange
+  with another process (a failed save wraps one; jax 0.10 raises Gloo's as a `ValueError`)."""
   seen = set()
   while error is not None and id(error) not in seen:
-    if type(error).__name__ == "JaxRuntimeError":
+    if type(error).__name__ == "JaxRuntimeError" or _PEER_FAILURE.search(str(error)):
       return True
     seen.add(id(error))
     error = error.__cause__ or error.__context__
