@@ -1,8 +1,8 @@
 """Multi-host runs that end cleanly when a host is lost.
 
 `lbjax-train` with `--coordinator_address` or `--distributed` runs as two processes per host: a small
-supervisor (this module's `supervise`, which starts no JAX backend) and the training process it starts (the same command,
-marked by `SUPERVISED_ENV`). The training process joins the job with `initialize` and keeps the JAX
+supervisor (this module's `supervise`, which starts no JAX backend) and the training process it starts
+(the same command, marked by `SUPERVISED_ENV`). The training process joins the job with `initialize` and keeps the JAX
 runtime's own stderr (the coordination service, Gloo, XLA) in `<workdir>/logs/<name>.runtime.log`;
 Python's output stays on the console.
 
