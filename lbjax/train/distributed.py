@@ -2,9 +2,9 @@
 
 `lbjax-train` with `--coordinator_address` or `--distributed` runs as two processes per host: a small
 supervisor (this module's `supervise`, which starts no JAX backend) and the training process it starts
-(the same command, marked by `SUPERVISED_ENV`). The training process joins the job with `initialize` and keeps the JAX
-runtime's own stderr (the coordination service, Gloo, XLA) in `<workdir>/logs/<name>.runtime.log`;
-Python's output stays on the console.
+(the same command, marked by `SUPERVISED_ENV`). The training process joins the job with `initialize`
+and keeps the JAX runtime's own stderr (the coordination service, Gloo, XLA) in
+`<workdir>/logs/<name>.runtime.log`; Python's output stays on the console.
 
 When any process of the job dies or stops answering (killed, machine lost, network cut, hung), JAX's
 coordination service notices within `config.heartbeat_timeout_seconds` (the heartbeat timeout, passed to
