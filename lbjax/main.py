@@ -12,15 +12,16 @@ or a workdir holding another run's checkpoint or in use by a running one prints 
 exits with status 2. Training stopped by a non-finite step prints why and what is kept and exits with
 status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRACEBACK=1 shows the
 traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
-same command resumes.
+same command resumes. `--config.deterministic=True` asks XLA for deterministic GPU kernels.
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
-variables), or give `--coordinator_address`, `--num_processes` and `--process_id`.
+variables), or give `--coordinator_address`, `--num_processes` and `--process_id`. When a process of
+the job is lost (silent for --config.heartbeat_timeout_seconds), every other one prints which, the
+newest complete checkpoint and how to resume, and exits with status 5 (lbjax.train.distributed).
 """
 
 import argparse
-import logging
 import os
 import pathlib
 import sys
@@ -34,6 +35,9 @@ except ImportError as error:
 
 from lbjax import config_files
 from lbjax.data import UndecodableRecordError
+from lbjax.train import determinism
+from lbjax.train import distributed
+from lbjax.train import orbax_log
 from lbjax.train import summary
 from lbjax.train import validation
 from lbjax.train.errors import TRACEBACK_ENV, USER_ERRORS, CheckpointSaveError, ConfigError, print_error
@@ -42,17 +46,6 @@ from lbjax.train.errors import TRACEBACK_ENV, USER_ERRORS, CheckpointSaveError, 
 # that cannot be decoded) or SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
 STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError, UndecodableRecordError)
 SAVE_FAILED = 3
-
-
-class _OneLineOrbaxErrors(logging.Filter):
-  """Orbax logs a failed background save with its whole traceback (hundreds of lines) before lbjax
-  stops with a short message saying what failed and what is kept: keep Orbax's line, drop the
-  traceback (shown with LBJAX_TRACEBACK=1)."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if "orbax" in record.pathname and record.exc_info and not os.environ.get(TRACEBACK_ENV):
-      record.exc_info, record.exc_text = None, None
-    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,16 +80,24 @@ def list_configs() -> str:
   return "\n".join(lines)
 
 
-def _train(args, loaded: config_files.LoadedConfig, resolved) -> None:
-  logging.getLogger("absl").addFilter(_OneLineOrbaxErrors())
-  import jax  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
+def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str]) -> int:
+  determinism.request(resolved)  # before the backend starts
+  process_id = args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID")
   if args.coordinator_address is not None or args.distributed:
-    jax.distributed.initialize(coordinator_address=args.coordinator_address,
-                               num_processes=args.num_processes or _env_int("JAX_NUM_PROCESSES"),
-                               process_id=(args.process_id if args.process_id is not None
-                                           else _env_int("JAX_PROCESS_ID")))
-  from lbjax.train import loop  # pylint: disable=import-outside-toplevel
-  loop.train_and_evaluate(resolved, args.workdir, origin=_origin(loaded))
+    if distributed.supervised_state() is None:  # a lost host ends every process with a message (exit 5)
+      return distributed.supervise(argv, args.workdir, process_id, resolved.heartbeat_timeout_seconds)
+    distributed.initialize(args.coordinator_address, args.num_processes or _env_int("JAX_NUM_PROCESSES"), process_id,
+                           resolved.heartbeat_timeout_seconds)
+  if not os.environ.get(TRACEBACK_ENV):  # a failed save's Orbax tracebacks: in <workdir>/logs, not on the console
+    state = distributed.supervised_state()
+    orbax_log.keep_orbax_reports_in_log(args.workdir, f"{state.stem}.{orbax_log.LOG_NAME}" if state else None)
+  from lbjax.train import loop  # pylint: disable=import-outside-toplevel  (not imported by --list/--dry-run/--help)
+  try:
+    loop.train_and_evaluate(resolved, args.workdir, origin=_origin(loaded))
+  except Exception as e:  # pylint: disable=broad-except  (only waits; the error is raised again)
+    distributed.wait_for_runtime_verdict(e)
+    raise
+  return 0
 
 
 def _check_workdir(workdir: str) -> None:
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
     _check_workdir(args.workdir)
-    _train(args, loaded, resolved)
+    return _train(args, loaded, resolved, argv)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise

@@ -246,8 +246,10 @@ class Checkpointer:
       size = sum(f.stat().st_size for f in (self.directory / str(good[0])).rglob("*") if f.is_file())
       free = shutil.disk_usage(self.directory).free
       space = f" A checkpoint takes about {size / 2**20:.1f} MiB; {free / 2**20:.1f} MiB are free there."
+    logs = self.workdir / "logs"
+    reports = f" Orbax's reports, as far as they could be written, are in {logs}." if logs.is_dir() else ""
     return (f"Saving checkpoint {step} failed ({_save_failure_cause(error)}); {kept}, and training stopped.{space} "
-            "Free space (or fix the cause) and rerun the same command to resume.")
+            f"Free space (or fix the cause) and rerun the same command to resume.{reports}")
 
   def check_for_errors(self) -> None:
     """Raises the error of a background save that failed since the last call (cheap: no waiting)."""
@@ -273,13 +275,44 @@ class Checkpointer:
   def _remove_old(self) -> None:
     if self.max_to_keep is None or self._save_failed:
       return
-    self._manager.reload()
-    for step in self.all_steps()[self.max_to_keep:]:
-      self._manager.delete(step)
+    if jax.process_count() == 1:
+      self._manager.reload()
+      for step in self.all_steps()[self.max_to_keep:]:
+        self._manager.delete(step)
+      return
+    # Multi-host: here the processes may list different steps (process 0 renames the newest one into place,
+    # the others may look before), and Orbax's `delete` ends in a collective that every process must enter:
+    # a process that found nothing to delete went on to the next step's collectives and the job hung. So
+    # process 0 alone removes them, without a collective; the others do not list the steps (a listing
+    # reads each step's metadata, which process 0 may be removing).
+    if jax.process_index() == 0:
+      self._manager.reload()
+      for step in self.all_steps()[self.max_to_keep:]:
+        _remove_step(self.directory / str(step))
+      self._manager.reload()
 
   def close(self) -> None:
     self.wait()
     self._manager.close()
+
+
+def _remove_step(path: pathlib.Path) -> None:
+  """Deletes a checkpoint folder, renamed first to a temporary name so that it never looks complete when
+  half removed."""
+  removing = path.with_name(f"{path.name}.orbax-checkpoint-tmp-removing")
+  path.rename(removing)
+  shutil.rmtree(removing)
+
+
+def complete_steps(directory: str | pathlib.Path) -> list[int]:
+  """The steps of the complete (finalized) checkpoints in `directory`, newest first, read from the folders
+  without a `CheckpointManager` (so without joining a multi-host job). A save still being written, or cut
+  off by a lost host, is a temporary folder Orbax has not finalized: not listed."""
+  directory = pathlib.Path(directory)
+  if not directory.is_dir():
+    return []
+  return sorted((int(p.name) for p in directory.iterdir()
+                 if p.is_dir() and p.name.isdigit() and ocp.step.is_checkpoint_finalized(p)), reverse=True)
 
 
 def abstract_like(tree: Any) -> Any:

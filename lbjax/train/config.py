@@ -16,7 +16,8 @@ from lbjax.train.errors import CheckpointMismatchError
 # watched or where it runs, not what it computes.
 OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
                       "mesh", "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps",
-                      "progress", "resume_with_changed_optimizer", "resume_with_changed_data", "init_from")
+                      "progress", "resume_with_changed_optimizer", "resume_with_changed_data", "init_from",
+                      "deterministic", "heartbeat_timeout_seconds")
 
 # What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
 # a non-finite step): the optimizer's settings but not which optimizer (its state would not fit).
@@ -150,6 +151,10 @@ def default_config() -> ml_collections.ConfigDict:
   config.init_from = ""
   config.tensorboard = False
   config.progress = True
+  # True: XLA's deterministic GPU kernels, set before the backend starts (lbjax.train.determinism).
+  config.deterministic = False
+  # Multi-host: a process silent this long counts as lost and the others stop, exit 5 (lbjax.train.distributed).
+  config.heartbeat_timeout_seconds = 60
   return config
 
 

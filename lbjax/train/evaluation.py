@@ -1,6 +1,8 @@
 """Measurements of a run's state on the evaluation split: `Evaluator` (the task's metrics on the whole
 split) and `LipschitzProbe` (papers/001 §4: the curvature along the gradient on its first examples)."""
 
+import collections
+
 import jax
 from flax import nnx
 
@@ -22,11 +24,18 @@ class Evaluator:
     zero = carry = parts.zero_carry(self._batch_size)  # the eval step does not donate it: reusable
     totals = None
     batches = parts.task.dataset.make_eval_batches(self._batch_size, jax.process_index(), jax.process_count())
+    in_flight = collections.deque()  # the totals of the latest steps, not yet waited for
     for local in batches:
       if protocols.take_carry_reset(local):  # the rows start again (every window with carry_state=False)
         carry = zero
       sums, carry = self._step(state.params, state.model_state, global_batch(local, parts.batch_sharding), carry)
       totals = sums if totals is None else jax.tree.map(lambda a, b: a + b, totals, sums)
+      # At most two steps in flight, as in training. Queued without bound, XLA:CPU's launch of a device's
+      # part blocks a worker thread while that device's queue is full, and the other devices' parts, in a
+      # collective, block the rest waiting for it: a deadlock (pipelined evaluation on 4 CPU devices, issue 30).
+      in_flight.append(totals)
+      if len(in_flight) > 2:
+        jax.block_until_ready(in_flight.popleft())
     totals = {k: float(v) for k, v in jax.device_get(totals).items()}
     return parts.task.summarize(totals)
 

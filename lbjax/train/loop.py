@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from lbjax.train import batch_policy
+from lbjax.train import distributed
 from lbjax.train import hooks
 from lbjax.train import protocols
 from lbjax.train import summary
@@ -110,6 +111,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
   workdir = pathlib.Path(workdir)
   run = Run(config, workdir)
   resolved, watch = run.resolved, run.resolved.watch
+  distributed.watch(lambda: run.step_count)  # multi-host: the step a lost-host message names
   try:
     _describe_start(run, workdir, origin)
     writer = MetricsWriter(workdir, enabled=run.process_index == 0, tensorboard=watch.tensorboard)

@@ -102,6 +102,9 @@ class ResolvedRun:
     discard_fraction, discard_until_epoch: papers/003 §3.1, the smallest losses dropped until an epoch.
     watch: logging, evaluation, checkpoint cadence, console, diagnostics.
     init_from, resume_with_changed_optimizer, resume_with_changed_data: how the run starts.
+    deterministic: XLA's deterministic GPU kernels asked for (`lbjax.train.determinism`).
+    heartbeat_timeout_seconds: how long a process of a multi-host job may be silent before the others stop
+      (`lbjax.train.distributed`).
     consumed_fields: the config fields read to build this (every field of the config).
   """
   source_config: ml_collections.ConfigDict = dataclasses.field(repr=False, compare=False)
@@ -122,6 +125,8 @@ class ResolvedRun:
   init_from: str
   resume_with_changed_optimizer: bool
   resume_with_changed_data: bool
+  deterministic: bool
+  heartbeat_timeout_seconds: int
   consumed_fields: frozenset[str]
 
   @property
@@ -183,4 +188,5 @@ def assemble(config: ml_collections.ConfigDict, read: config_lib.FieldReads, par
       num_epochs=read("num_epochs"), num_steps=read("num_steps"), discard_fraction=read("loss.discard_fraction"),
       discard_until_epoch=read("loss.discard_until_epoch"), watch=watch, init_from=read("init_from"),
       resume_with_changed_optimizer=read("resume_with_changed_optimizer"),
-      resume_with_changed_data=read("resume_with_changed_data"), consumed_fields=frozenset(read.paths), **parts)
+      resume_with_changed_data=read("resume_with_changed_data"), deterministic=read("deterministic"),
+      heartbeat_timeout_seconds=read("heartbeat_timeout_seconds"), consumed_fields=frozenset(read.paths), **parts)

@@ -29,6 +29,7 @@ import numpy as np
 
 from lbjax.train import batch_plan
 from lbjax.train import config as config_lib
+from lbjax.train import determinism
 from lbjax.train import nonfinite
 from lbjax.train import prefetch
 from lbjax.train import protocols
@@ -94,6 +95,7 @@ class Run:
       CheckpointCorruptError: no checkpoint in the workdir passes its checksum.
       FileNotFoundError: missing data (the message says where to get it).
     """
+    determinism.request(config)  # config.deterministic: XLA's flags, before the backend starts
     if isinstance(config, ResolvedRun):  # resolved before the devices were known: checked on them now
       self.mesh = config.mesh.build()
       validation.check_devices(config, self.data_parallel_size)

@@ -253,10 +253,10 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
     start = "lbjax-train: Saving checkpoint"
     message = [line[line.index(start):] for line in stderr.splitlines() if start in line]
     assert message and "the last good checkpoint is step" in message[0] and "MiB are free" in message[0], stderr[-3000:]
-    # Orbax logs its writers' failures (one line each; its threads may add "Event loop is closed"
-    # tracebacks while it fails, more of them on a loaded machine); far from the 476 lines of before.
+    # One thing on the console: Orbax's writers' failures and tracebacks are in the workdir's log (issue 30).
     python_lines = [line for line in stderr.splitlines() if not re.match(r"[EWI]\d{4} ", line)]  # not XLA's own
-    assert len(python_lines) < 150, stderr  # a loaded machine fails more writer threads
+    assert python_lines == [message[0], "(Set LBJAX_TRACEBACK=1 for the traceback.)"], stderr
+    assert f"Orbax's reports, as far as they could be written, are in {workdir / 'logs'}" in message[0]
     last_good = int(message[0].split("the last good checkpoint is step ")[1].split()[0])
     failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
     last_step = max(r["step"] for r in _records(workdir) if r["kind"] == "train")

@@ -1,0 +1,43 @@
+"""`lbjax.train.orbax_log`: what Orbax logs and raises in its threads goes to the log file, nothing else does.
+
+In a subprocess (the routing is process-wide): an Orbax record through absl's logger, an exception raised
+in a thread from Orbax code, and, for contrast, a record and a thread exception of other code.
+"""
+
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import logging, sys, threading
+from lbjax.train import orbax_log
+logging.basicConfig()
+path = orbax_log.keep_orbax_reports_in_log(sys.argv[1])
+absl = logging.getLogger("absl")
+absl.handle(absl.makeRecord("absl", logging.ERROR, "/site-packages/orbax/checkpoint/writer.py", 1,
+                            "orbax writer failed", None, None))
+absl.handle(absl.makeRecord("absl", logging.WARNING, "/lbjax/train/run.py", 1, "lbjax warning", None, None))
+namespace = {}
+exec(compile("def write():\\n  raise OSError('orbax thread: no space left')", "/site-packages/orbax/fake.py", "exec"),
+     namespace)
+def other():
+  raise ValueError("another thread's error")
+for target in (namespace["write"], other):
+  thread = threading.Thread(target=target)
+  thread.start()
+  thread.join()
+print(path)
+"""
+
+
+def test_orbax_reports_go_to_the_log_and_everything_else_to_the_console(tmp_path):
+  done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                        timeout=120, check=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+  log = pathlib.Path(done.stdout.strip()).read_text()
+  assert done.stdout.strip() == str(tmp_path / "logs" / "orbax.log")
+  assert "orbax writer failed" in log and "OSError: orbax thread: no space left" in log
+  assert "orbax" not in done.stderr
+  assert "lbjax warning" in done.stderr and "ValueError: another thread's error" in done.stderr
+  assert "lbjax warning" not in log and "another thread" not in log
