@@ -97,9 +97,8 @@ class Run:
     """
     determinism.request(config)  # config.deterministic: XLA's flags, before the backend starts
     if isinstance(config, ResolvedRun):  # resolved before the devices were known: checked on them now
-      self.mesh = config.mesh.build()
+      self.mesh, resolved = config.mesh.build(), config
       validation.check_devices(config, self.data_parallel_size)
-      resolved = config
     else:
       self.mesh = MeshPlan.read(config_lib.FieldReads(config)).build()
       resolved = validation.validate(config, data_parallel_size=self.data_parallel_size)
@@ -114,8 +113,7 @@ class Run:
     self.new_compile: tuple[int, float] | None = None
     self._in_flight = None  # the loss of the latest step, not yet waited for
     self._learning_rate: tuple[bytes, jax.Array] | None = None  # the latest LR: float32 bytes, placed scalar
-    # The batches of the latest two steps, kept to name the first non-finite quantity (the metrics
-    # that show it reach the host one step late).
+    # The latest two steps' batches: they name the first non-finite quantity (its metrics come a step late).
     self._previous_batch: Batch | None = None
     self._latest_batch: Batch | None = None
     if self.lock is not None:
