@@ -139,7 +139,7 @@ def _compile_only(args, loaded: config_files.LoadedConfig) -> int:
   if args.workdir:
     print(f"Written: {report.write(args.workdir)}")
   if not report.fits:
-    print(f"lbjax-train: does not fit. {report.does_not_fit_message(loaded.config)}", file=sys.stderr)
+    print(f"lbjax-train: does not fit. {report.does_not_fit_message()}", file=sys.stderr)
     return DOES_NOT_FIT
   return 0
 

@@ -190,11 +190,13 @@ def compile_program(program: Program) -> tuple[Any, float]:
 
 
 def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
-                log: Callable[[str], None] = lambda line: None) -> compile_report.CompileReport:
+                log: Callable[[str], None] = lambda line: None, *, evaluation: bool = True
+                ) -> compile_report.CompileReport:
   """Compiles every program of the run for the TPU `topology` (or the local devices) and measures it.
 
   A program the compiler refuses for lack of memory is reported as not fitting, with the compiler's
   figures, and the others are still compiled. `log` gets a line as each program starts compiling.
+  `evaluation=False` leaves out the eval step.
 
   Raises:
     ConfigError: a config the trainer would refuse, or a topology libtpu does not know (or no libtpu).
@@ -205,6 +207,8 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
   memory = topology_lib.device_memory(device, local_devices=len(jax.local_devices()) if not topology else 1)
   figures = []
   for program in run.programs:
+    if program.name == "eval" and not evaluation:
+      continue
     log(f"compiling the {program.name} step at batch {program.batch_size} for {run.mesh.size} {device.device_kind} "
         "device(s)...")
     try:

@@ -65,7 +65,8 @@ class ProgramFigures:
 def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: float) -> ProgramFigures:
   """The figures of one compiled program (`compile_only.Program`) of the run whose abstract state is `state`."""
   stats = compiled.memory_analysis()
-  memory = {"parameters": _tree_bytes(state.params), "optimizer_state": _tree_bytes(state.opt_state),
+  optimizer_state = 0 if program.name == "eval" else _tree_bytes(state.opt_state)  # the eval step takes none
+  memory = {"parameters": _tree_bytes(state.params), "optimizer_state": optimizer_state,
             "arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
             "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
             "generated_code": stats.generated_code_size_in_bytes}
@@ -242,7 +243,7 @@ class CompileReport:
                  "lbjax.train.abstract_data.SHAPES.)")
     return out
 
-  def does_not_fit_message(self, config: ml_collections.ConfigDict) -> str:
+  def does_not_fit_message(self) -> str:
     """What does not fit, by how much, and what to change."""
     step = next(s for s in self.steps if not s["fits"])
     name = "eval step" if step["step"] == "eval" else "train step"
@@ -252,16 +253,20 @@ class CompileReport:
     data_parallel = self.mesh.get("data", 1) * self.mesh.get("fsdp", 1)
     share = step["batch_size"] // max(data_parallel, 1)
     lines = [f"The {name} at batch {step['batch_size']} does not fit: {need}. What to change:"]
+    memory = step["memory"] if step["step"] != "any_batch" else next(iter(step["memory"].values()))
+    state_bytes = memory["parameters"] + memory["optimizer_state"] if memory else 0
+    fsdp = (f"  - parameters and optimizer state ({_gib(state_bytes)} per device) split over devices: "
+            f"--config.mesh.fsdp=N (now {self.mesh.get('fsdp', 1)})")
+    if self.hbm_bytes and state_bytes >= self.hbm_bytes:
+      lines.append(fsdp + "; they alone exceed the device's memory")
+    at_once = share // max(step["num_microbatches"], 1)
     if step["step"] == "eval":
       lines.append(f"  - a smaller config.eval_batch_size (now {step['batch_size']}, {share} per device)")
-    else:
-      at_once = share // max(step["num_microbatches"], 1)
-      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={max(at_once // 2, 1)} (now "
+    elif at_once > 1:
+      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={at_once // 2} (now "
                    f"{at_once} of the {share} per device; the step then accumulates micro-batches)")
-    memory = step["memory"] if step["step"] != "any_batch" else next(iter(step["memory"].values()))
-    if memory:
-      lines.append(f"  - parameters and optimizer state ({_gib(memory['parameters'] + memory['optimizer_state'])} "
-                   f"per device) split over devices: --config.mesh.fsdp=N (now {self.mesh.get('fsdp', 1)})")
+    if memory and not (self.hbm_bytes and state_bytes >= self.hbm_bytes):
+      lines.append(fsdp)
     lines.append("  - rematerialisation: pipeline the model (--config.mesh.stage=S) with --config.pipeline.remat=True "
                  "to recompute activations in the backward pass")
     if step["memory_per_device_bytes"] and self.hbm_bytes:

@@ -3,9 +3,9 @@ memory each device has.
 
 `topology_devices("v3:32x32")` returns the 2,048 abstract devices of a full TPU v3 pod from `libtpu`
 (`jax.experimental.topologies`), which `jax.jit(...).lower(...).compile()` targets on a machine without
-a TPU. A device is what JAX makes of the slice: one TensorCore on v2, v3 and v4 (`v4:2x2x1`: 4 chips,
-8 devices), one chip on v5p (`num_cores` 2: both TensorCores as one device) and on the one-core chips
-v5e and v6e. Abstract devices report no memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a
+a TPU. A device is what JAX makes of the slice: one TensorCore on v2 and v3 (`v3:2x2`: 4 chips, 8
+devices), one chip on v4 and v5p (megacore: both TensorCores as one device, `num_cores` 2, as JAX runs
+them; `v4:2x2x1` is 4 devices) and on the one-core chips v5e and v6e. Abstract devices report no memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a
 table by `device_kind` of each chip's HBM and TensorCores (Google's Cloud TPU system-architecture
 pages), and gives a device its cores' share.
 """
@@ -55,7 +55,14 @@ def topology_devices(name: str) -> list[Any]:
   """
   if not libtpu_installed():
     raise ConfigError(f"--topology {name} compiles for a TPU, which needs libtpu: {INSTALL_HINT}.")
+  # Compiling opens no TPU, so several processes (pytest workers, a plan beside a run) may load libtpu at once;
+  # without this libtpu refuses all but the first ("libtpu multi-process lockfile").
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:  # megacore where the chip has it (v4, v5p): one device per chip, as JAX runs them and its meshes need
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name="megacore").devices)
+  except Exception:  # pylint: disable=broad-except  (no megacore config: v2, v3, v5e, v6e have one device per core)
+    pass
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
   except Exception as e:  # pylint: disable=broad-except  (libtpu's JaxRuntimeError/RuntimeError: a bad name)
