@@ -59,6 +59,22 @@ def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, 
   assert report.steps[0]["steps_per_epoch"] == 60_000 // 32 and not report.data_from_files
 
 
+def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():
+  config = helpers.tiny_classifier_config(batch_sizes=(32, 64), batch_size_boundaries=(0.25,))
+  report = compile_only.compile_run(config, evaluation=False)
+  assert [(s["step"], s["batch_size"], s["epochs"]) for s in report.steps] == [("train", 32, 0.25), ("train", 64, 0.75)]
+  assert [s["steps_per_epoch"] for s in report.steps] == [256 // 32, 256 // 64]
+
+
+def test_the_any_batch_step_compiles_its_two_programs_once_per_run():
+  config = helpers.tiny_language_model_config(**{"batch.micro_batch_size": 8})
+  run = compile_only.abstract_run(config, jax.devices())
+  assert [(p.name, p.num_microbatches) for p in run.programs] == [("accumulate", 2), ("apply", 2), ("eval", 1)]
+  report = compile_only.compile_run(config)
+  step = report.steps[0]
+  assert step["step"] == "any_batch" and step["programs"] == ["accumulate", "apply"] and report.fits
+
+
 def test_a_step_that_cannot_fit_exits_4_with_what_to_change_and_no_traceback(capsys, tmp_path):
   """An MNIST LSTM of 65,536 units: 128 GiB of parameters on each of 8 CPU devices, more than any host has."""
   status, _, err, report = _compile(capsys, tmp_path, "mnist_lstm", "--config.model_options.hidden_size=65536",
@@ -134,8 +150,9 @@ def test_resnet_tiny_compiles_with_its_head_sharded_over_model(capsys, tmp_path)
 
 @needs_libtpu
 def test_a_step_that_cannot_fit_on_a_tpu_exits_4(capsys, tmp_path):
-  """ResNet-50 with 4,096 images per v3 core at once: far more than its 16 GiB."""
-  status, _, err, report = _compile(capsys, tmp_path, "resnet50_imagenet:batch=32768", "--topology", "v3:2x2",
-                                    "--config.max_device_batch=4096")
-  assert status == 4 and "does not fit" in err and "--config.max_device_batch=" in err
-  assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30
+  """An MNIST LSTM of 65,536 units on v3 TensorCores: 128 GiB of parameters against a core's 16 GiB."""
+  status, _, err, report = _compile(capsys, tmp_path, "mnist_lstm", "--topology", "v3:2x2",
+                                    "--config.model_options.hidden_size=65536",
+                                    "--config.model_options.transform_size=65536", "--config.eval_batch_size=8")
+  assert status == 4 and "does not fit" in err and "--config.mesh.fsdp" in err and "Traceback" not in err
+  assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30 and report["device_kind"] == "TPU v3"
