@@ -42,7 +42,8 @@ class Entry:
 RN50_LEGW_RECORD = ("papers/001 Table 1 (LEGW, 90 epochs, top-5 93.2-93.6% at 1K-32K); hardware time not reported "
                     "for LEGW")
 ENTRIES = (    Entry("calibration", "resnet50_imagenet:batch=1024", "v3:2x2", (),
-          "one Cloud TPU v3-8: ResNet-50 in 302 min (Google, Cloud TPU Pods beta, May 2019)"),
+          "one Cloud TPU v3-8: ResNet-50 in 302 min (Google, Cloud TPU Pods beta, May 2019); calibrated = published "
+          "by construction"),
     Entry("mnist_lstm_8k", "mnist_lstm:batch=8192,rule=legw", "v5p:2x2x1", (),
           "papers/001 Fig. 5: MNIST LSTM at 8K with LEGW (accuracy; no hardware time)"),
     Entry("ptb_lstm_640", "ptb_lstm:batch=640,rule=legw", "v5p:2x2x1", (),
@@ -85,7 +86,7 @@ def _gib(n):
 
 def _duration(seconds):
   if seconds is None:
-    return "?"
+    return "n/a"
   return f"{seconds * 1e3:.1f} ms" if seconds < 1 else (f"{seconds:.0f} s" if seconds < 300 else f"{seconds / 60:.1f} min")
 
 
@@ -118,15 +119,15 @@ def render(results: dict, command: str) -> str:
       "`v3-2048`).",
       "",
       "| entry | config | topology | devices | mesh | fits | memory / device (GiB) | all-reduce / device (MiB) | "
-      "other collectives (MiB) | FLOPs / step | est. step | est. epoch | est. recipe | calibrated recipe | "
-      "published record |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      "all-reduce / f32 gradient | other collectives (MiB) | FLOPs / step | est. step | est. epoch | est. recipe | "
+      "calibrated recipe | published record |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for entry in ENTRIES:
     r = results.get(entry.key)
     if r is None:
       lines.append(f"| {entry.key} | `{' '.join([entry.config, *entry.overrides])}` | {entry.topology} | "
-                   f"not compiled yet | | | | | | | | | | | {entry.record} |")
+                   f"not compiled yet | | | | | | | | | | | | {entry.record} |")
       continue
     step = next(s for s in r["steps"] if s["step"] != "eval")
     collectives = r["collective_bytes"]
@@ -140,11 +141,19 @@ def render(results: dict, command: str) -> str:
     lines.append(
         f"| {entry.key} | `{r['config']}` | {entry.topology} | {r['devices']} {r['device_kind']} | {mesh} | "
         f"{'yes' if r['fits'] else '**no**'} | {_gib(r['memory_per_device_bytes'])} of {_gib(r['hbm_bytes'])} | "
-        f"{collectives['all-reduce'] / 2**20:.1f} | {others} | "
+        f"{collectives['all-reduce'] / 2**20:.1f} | {collectives['all-reduce'] / step['memory']['parameters']:.2f} | "
+        f"{others} | "
         f"{'?' if flops is None else f'{flops:.3g}'} | "
         f"{_duration(r['estimated_step_seconds'])} | {_duration(step.get('estimated_epoch_seconds'))} | "
         f"{_duration(r['estimated_recipe_seconds'])} ({r['epochs']:g} ep.) | {calibrated} | {entry.record} |")
-  lines += ["", "## Calibration", ""]
+  lines += [
+      "",
+      "`all-reduce / f32 gradient`: the all-reduce bytes per device over the bytes of the float32 parameters "
+      "(the gradient a data-parallel step sums). `n/a`: XLA's cost model gave no estimate for the program "
+      "(`optimal_seconds` < 0). The LSTM rows are uncalibrated: an LSTM step is a chain of small sequential "
+      "matmuls, latency-bound on a TPU in a way the cost model does not see, so their times are lower bounds "
+      "only.",
+      "", "## Calibration", ""]
   if factor is None:
     lines.append("The calibration entry is not compiled yet.")
   else:
@@ -163,10 +172,9 @@ def render(results: dict, command: str) -> str:
     pod = results.get("rn50_32k_v3_pod")
     if pod and pod.get("estimated_recipe_seconds"):
       lines += ["", f"Check at pod scale: the calibrated B=32K recipe on the full v3 pod is "
-                f"{_duration(factor * pod['estimated_recipe_seconds'])} of training steps for 90 epochs, against "
-                f"Ying et al.'s 2.2 min (which used 1,024 chips with their own input pipeline and fewer epochs to "
-                "76.3%, and a different per-core batch); the uncalibrated XLA figure is "
-                f"{_duration(pod['estimated_recipe_seconds'])}."]
+                f"{_duration(factor * pod['estimated_recipe_seconds'])} of training steps for 90 epochs (evaluation "
+                f"not included), against Ying et al.'s 2.2 min for their own implementation on the same pod; the "
+                f"uncalibrated XLA figure is {_duration(pod['estimated_recipe_seconds'])}."]
   compiled = [results[e.key] for e in ENTRIES if e.key in results]
   lines += ["", f"{sum(r['fits'] for r in compiled)} of the {len(compiled)} compiled entries fit their devices' HBM."]
   lines += ["", "## Compile output", ""]

@@ -232,7 +232,10 @@ class CompileReport:
       collectives = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in step["collective_bytes"].items() if v) or "none"
       out.append(f"    FLOPs per step {'?' if flops is None else f'{flops * self.devices:.3g}'} "
                  f"({'?' if flops is None else f'{flops:.3g}'} per device); collectives per device: {collectives}")
-      if step["step"] != "eval":
+      if step["step"] != "eval" and step["estimated_step_seconds"] is None:
+        out.append(f"    estimated step: none (XLA's cost model gave no estimate for this program); epoch "
+                   f"{step['steps_per_epoch']} steps, {step['epochs']:g} epochs")
+      elif step["step"] != "eval":
         out.append(f"    estimated step {_duration(step['estimated_step_seconds'])}, epoch "
                    f"({step['steps_per_epoch']} steps) {_duration(step['estimated_epoch_seconds'])}, "
                    f"{step['epochs']:g} epochs {_duration(step['estimated_recipe_seconds'])}")
