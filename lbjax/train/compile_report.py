@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 from typing import Any
 
 import jax
@@ -246,6 +247,18 @@ class CompileReport:
                  "lbjax.train.abstract_data.SHAPES.)")
     return out
 
+  def _examples_that_fit(self, step: dict[str, Any], at_once: int) -> int:
+    """A guess at the examples per device that fit: `at_once` scaled by HBM / memory needed (the compiler's
+    figures where it refused the step), since activations grow with the examples; the largest divisor of
+    `at_once` below that, so that the share splits into whole micro-batches."""
+    found = re.search(r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", step["compiler_message"])
+    if found:
+      need, available = float(found.group(1)), float(found.group(2))
+    else:
+      need, available = step["memory_per_device_bytes"] or 0, self.hbm_bytes or 0
+    scaled = at_once * available / need if need and available else at_once / 2
+    return next(d for d in range(max(int(min(scaled, at_once / 2)), 1), 0, -1) if at_once % d == 0)
+
   def does_not_fit_message(self) -> str:
     """What does not fit, by how much, and what to change."""
     step = next(s for s in self.steps if not s["fits"])
@@ -266,8 +279,8 @@ class CompileReport:
     if step["step"] == "eval":
       lines.append(f"  - a smaller config.eval_batch_size (now {step['batch_size']}, {share} per device)")
     elif at_once > 1:
-      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={at_once // 2} (now "
-                   f"{at_once} of the {share} per device; the step then accumulates micro-batches)")
+      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={self._examples_that_fit(step, at_once)} "
+                   f"(now {at_once} of the {share} per device; the step then accumulates micro-batches)")
     if memory and not (self.hbm_bytes and state_bytes >= self.hbm_bytes):
       lines.append(fsdp)
     lines.append("  - rematerialisation: pipeline the model (--config.mesh.stage=S) with --config.pipeline.remat=True "
