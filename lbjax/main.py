@@ -11,14 +11,14 @@ key and the override of its field are the same setting. A mistake in any of them
 or a workdir holding another run's checkpoint or in use by a running one prints what to change and
 exits with status 2. Training stopped by a non-finite step prints why and what is kept and exits with
 status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRACEBACK=1 shows the
-traceback.
+traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
+same command resumes.
 
 Compile without training: `--compile-only` builds and compiles the run's steps from abstract arrays (no
 data read, nothing initialised) for the local devices, or with `--topology v3:32x32` (any TPU topology
 name; needs `pip install 'lbjax[tpu]'`) for a TPU pod, prints memory per device against the HBM, FLOPs,
 collective bytes and XLA's estimated step, epoch and recipe times, writes <workdir>/compile.json, and
-exits 0 when every step fits, 4 when one does not (with what to change). SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
-same command resumes.
+exits 0 when every step fits, 4 when one does not (with what to change).
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
