@@ -13,6 +13,7 @@ import pytest
 
 from lbjax import main as cli
 from lbjax.train import compile_only
+from lbjax.train import datasets
 from lbjax.train import hlo_analysis
 from lbjax.train import topology
 from tests.train import helpers
@@ -57,6 +58,19 @@ def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, 
   assert report.fits and report.devices == jax.device_count() and report.platform == "cpu"
   assert [s["step"] for s in report.steps] == ["train", "eval"]
   assert report.steps[0]["steps_per_epoch"] == 60_000 // 32 and not report.data_from_files
+
+
+def user_dataset(*, seed: int = 0):
+  """A dataset function lbjax does not know the shapes of (not in abstract_data.SHAPES)."""
+  return datasets.synthetic_mnist(seed=seed, num_train_examples=96, num_eval_examples=32)
+
+
+def test_a_users_dataset_is_read_for_its_shapes():
+  config = helpers.tiny_classifier_config(dataset="tests.train.test_compile_only:user_dataset")
+  config.data_options = {}
+  report = compile_only.compile_run(config, evaluation=False)
+  assert report.data_from_files and report.steps[0]["steps_per_epoch"] == 96 // 32
+  assert "read from one batch of the data" in "\n".join(report.lines())
 
 
 def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():
