@@ -87,7 +87,9 @@ def _gib(n):
 def _duration(seconds):
   if seconds is None:
     return "n/a"
-  return f"{seconds * 1e3:.1f} ms" if seconds < 1 else (f"{seconds:.0f} s" if seconds < 300 else f"{seconds / 60:.1f} min")
+  if seconds < 1:
+    return f"{seconds * 1e3:.1f} ms"
+  return f"{seconds:.1f} s" if seconds < 10 else (f"{seconds:.0f} s" if seconds < 300 else f"{seconds / 60:.1f} min")
 
 
 def calibration_factor(results: dict) -> float | None:
@@ -176,7 +178,14 @@ def render(results: dict, command: str) -> str:
                 f"not included), against Ying et al.'s 2.2 min for their own implementation on the same pod; the "
                 f"uncalibrated XLA figure is {_duration(pod['estimated_recipe_seconds'])}."]
   compiled = [results[e.key] for e in ENTRIES if e.key in results]
-  lines += ["", f"{sum(r['fits'] for r in compiled)} of the {len(compiled)} compiled entries fit their devices' HBM."]
+  lines += ["", "## Findings", "",
+            f"- {sum(r['fits'] for r in compiled)} of the {len(compiled)} compiled entries fit their devices' HBM."]
+  half = [r["key"] for r in compiled if r["collective_bytes"]["all-reduce"] < 0.6 * r["steps"][0]["memory"]["parameters"]]
+  if half:
+    lines.append(f"- All-reduce bytes about half the float32 gradient ({', '.join(half)}): these models compute in "
+                 "bfloat16 (`model_options.dtype`), and XLA all-reduces the kernels' partial gradients in bfloat16 "
+                 "(the all-reduce operands in the compiled HLO are `bf16` arrays) before the cast to the float32 "
+                 "parameters: on 2,048 devices the gradient is summed in bfloat16.")
   lines += ["", "## Compile output", ""]
   for entry in ENTRIES:
     if entry.key in results:
