@@ -15,8 +15,6 @@ import importlib.util
 import os
 from typing import Any
 
-import jax
-
 from lbjax.train.errors import ConfigError
 
 GIB = 2**30
@@ -26,20 +24,19 @@ EXAMPLES = "v3:32x32, v4:8x8x16, v5p:8x16x16, v5e:16x16, v6e:16x16"
 
 @dataclasses.dataclass(frozen=True)
 class TpuChip:
-  """One TPU chip: its HBM, its TensorCores and its peak bf16 matmul rate, and where they are stated."""
+  """One TPU chip: its HBM and its TensorCores, and where they are stated."""
   hbm_bytes: int
   cores: int
-  peak_bf16_flops: float
   source: str
 
 
 TPU_CHIPS = {
-    "TPU v2": TpuChip(16 * GIB, 2, 45e12, "https://cloud.google.com/tpu/docs/v2 (8 GiB per TensorCore)"),
-    "TPU v3": TpuChip(32 * GIB, 2, 123e12, "https://cloud.google.com/tpu/docs/v3 (32 GiB HBM2 per chip)"),
-    "TPU v4": TpuChip(32 * GIB, 2, 275e12, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)"),
-    "TPU v5 lite": TpuChip(16 * GIB, 1, 197e12, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"),
-    "TPU v5": TpuChip(95 * 10**9, 2, 459e12, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip)"),
-    "TPU v6 lite": TpuChip(32 * GIB, 1, 918e12, "https://cloud.google.com/tpu/docs/v6e (32 GB HBM per chip)"),
+    "TPU v2": TpuChip(16 * GIB, 2, "https://cloud.google.com/tpu/docs/v2 (8 GiB per TensorCore)"),
+    "TPU v3": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v3 (32 GiB HBM2 per chip)"),
+    "TPU v4": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)"),
+    "TPU v5 lite": TpuChip(16 * GIB, 1, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"),
+    "TPU v5": TpuChip(95 * 10**9, 2, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip)"),
+    "TPU v6 lite": TpuChip(32 * GIB, 1, "https://cloud.google.com/tpu/docs/v6e (32 GB HBM per chip)"),
 }
 
 
@@ -98,15 +95,3 @@ def device_memory(device: Any, local_devices: int = 1) -> DeviceMemory:
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return DeviceMemory(host // max(local_devices, 1), f"host memory shared by {local_devices} CPU device(s)")
   return DeviceMemory(None, f"{device.device_kind}: unknown")
-
-
-def peak_flops(device: Any) -> float | None:
-  """The device's share of its chip's peak bf16 matmul rate (`TPU_CHIPS`), or None off TPU."""
-  chip = TPU_CHIPS.get(device.device_kind)
-  if chip is None:
-    return None
-  return chip.peak_bf16_flops * min(getattr(device, "num_cores", 1) or 1, chip.cores) / chip.cores
-
-
-def platform_of(devices: list[Any]) -> str:
-  return devices[0].platform if devices else jax.default_backend()
