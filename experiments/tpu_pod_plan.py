@@ -185,7 +185,7 @@ def render(results: dict, command: str) -> str:
     lines.append(f"- All-reduce bytes about half the float32 gradient ({', '.join(half)}): these models compute in "
                  "bfloat16 (`model_options.dtype`), and XLA all-reduces the kernels' partial gradients in bfloat16 "
                  "(the all-reduce operands in the compiled HLO are `bf16` arrays) before the cast to the float32 "
-                 "parameters: on 2,048 devices the gradient is summed in bfloat16.")
+                 "parameters: the gradient is summed across the devices in bfloat16.")
   lines += ["", "## Compile output", ""]
   for entry in ENTRIES:
     if entry.key in results:
