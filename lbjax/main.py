@@ -14,6 +14,12 @@ status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRA
 traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
 same command resumes. `--config.deterministic=True` asks XLA for deterministic GPU kernels.
 
+Compile without training: `--compile-only` builds and compiles the run's steps from abstract arrays (no
+data read, nothing initialised) for the local devices, or with `--topology v3:32x32` (any TPU topology
+name; needs `pip install 'lbjax[tpu]'`) for a TPU pod, prints memory per device against the HBM, FLOPs,
+collective bytes and XLA's estimated step, epoch and recipe times, writes <workdir>/compile.json, and
+exits 0 when every step fits, 4 when one does not (with what to change).
+
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
 variables), or give `--coordinator_address`, `--num_processes` and `--process_id`. When a process of
@@ -46,6 +52,7 @@ from lbjax.train.errors import TRACEBACK_ENV, USER_ERRORS, CheckpointSaveError, 
 # that cannot be decoded) or SAVE_FAILED (a checkpoint could not be written, e.g. a full disk: free space and rerun).
 STOPPED_ERRORS = (CheckpointSaveError, FloatingPointError, UndecodableRecordError)
 SAVE_FAILED = 3
+DOES_NOT_FIT = 4  # --compile-only: a compiled step needs more memory per device than the device has
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--coordinator_address", help="host:port of process 0 (multi-host)")
   parser.add_argument("--num_processes", type=int, help="number of processes (multi-host)")
   parser.add_argument("--process_id", type=int, help="this process's index (multi-host)")
+  parser.add_argument("--compile-only", action="store_true", help="compile the run's steps from abstract arrays, "
+                      "report memory, FLOPs, collectives and estimated times (compile.json in --workdir); exit 4 "
+                      "when a step does not fit")
+  parser.add_argument("--topology", help="with --compile-only: compile for this TPU topology (v3:32x32, "
+                      "v4:8x8x16, v5p:8x16x16, ...) instead of the local devices; needs lbjax[tpu]")
   return parser
 
 
@@ -112,6 +124,19 @@ def _check_workdir(workdir: str) -> None:
       return
 
 
+def _compile_only(args, loaded: config_files.LoadedConfig) -> int:
+  """`--compile-only`: the report on the console and in <workdir>/compile.json; 0, or DOES_NOT_FIT."""
+  from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
+  report = compile_only.compile_run(loaded.config, args.topology, log=lambda line: print(line, flush=True))
+  print("\n".join(report.lines()))
+  if args.workdir:
+    print(f"Written: {report.write(args.workdir)}")
+  if not report.fits:
+    print(f"lbjax-train: does not fit. {report.does_not_fit_message()}", file=sys.stderr)
+    return DOES_NOT_FIT
+  return 0
+
+
 def _env_int(name: str) -> int | None:
   """An integer from the environment (JAX reads JAX_COORDINATOR_ADDRESS itself, not these two)."""
   value = os.environ.get(name)
@@ -146,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
       print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
+    if args.topology and not args.compile_only:
+      parser.error("--topology compiles for a TPU pod without training: add --compile-only.")
+    if args.compile_only:
+      return _compile_only(args, loaded)
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
     _check_workdir(args.workdir)

@@ -1,0 +1,133 @@
+"""The shapes of a dataset's batches and the size of its epoch, without reading it (`--compile-only`).
+
+A compiled step needs only the shapes and dtypes of its batch, and the projected time of an epoch its
+number of steps. For the datasets of `lbjax.train.datasets` these follow from their arguments (the
+image size, `seq_len`, the synthetic sizes) and from the published split sizes in `SPLIT_SIZES`; no
+file is opened, so a pod run of ImageNet compiles on a machine that holds no ImageNet. Any other
+dataset function (a user's own) is opened and one batch is read for its shapes.
+"""
+
+from collections.abc import Callable
+import dataclasses
+import inspect
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from lbjax import data as lbdata
+from lbjax.train import datasets
+from lbjax.train import tasks
+
+# Training-split sizes (examples; PTB: tokens of ptb.train.txt with an end-of-sentence token per line).
+SPLIT_SIZES = {
+    "mnist": 60_000,  # LeCun et al., train-images-idx3-ubyte
+    "imagenet": 1_281_167,  # ILSVRC2012 train, TFDS imagenet2012
+    "cifar10": 50_000,  # TFDS cifar10 train
+    "ptb": 929_589,  # Mikolov's ptb.train.txt: 887,521 words + 42,068 end-of-sentence tokens
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataShapes:
+  """A dataset as the compiled steps see it.
+
+  Attributes:
+    dataset: a `datasets.Dataset` whose streams are never opened (the task reads its kind, top-k and
+      image normalisation).
+    example: name -> (shape, dtype) of one row of a training batch.
+    train_size: training examples, or tokens for a language model.
+    seq_len: the language model's window (None for classification).
+    read_from_data: whether the shapes were read from a batch of the data (a dataset not in the table).
+  """
+  dataset: datasets.Dataset
+  example: dict[str, tuple[tuple[int, ...], Any]]
+  train_size: int
+  seq_len: int | None = None
+  read_from_data: bool = False
+
+  def train_batch(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct((batch_size, *shape), dtype) for k, (shape, dtype) in self.example.items()}
+
+  def eval_batch(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """A training batch's arrays and the `mask` of padded rows (per token for a language model)."""
+    mask_shape = (batch_size,) if self.seq_len is None else (batch_size, self.seq_len)
+    return dict(self.train_batch(batch_size), mask=jax.ShapeDtypeStruct(mask_shape, np.float32))
+
+  def steps_per_epoch(self, batch_size: int) -> int:
+    """Training steps in one epoch at `batch_size` (PTB's streams: full windows of each row, `lbjax.data.ptb`)."""
+    if self.seq_len is None:
+      return self.train_size // batch_size
+    return max(self.train_size // batch_size - 1, 0) // self.seq_len
+
+  def refuse_impossible(self, batch_size: int) -> str | None:
+    """Why `batch_size` cannot be trained on this data (the trainer's refusal), or None."""
+    if self.steps_per_epoch(batch_size) < 1:
+      unit = "tokens leave no full window per row" if self.seq_len else "examples are fewer than the batch"
+      return f"a batch of {batch_size}: the {self.train_size} training {unit}; use a smaller batch size."
+    return None
+
+
+def _never_opened(*_):
+  raise RuntimeError("compile-only data has no stream; it describes the batches' shapes only.")
+
+
+def _dataset(kind: str, model_arguments: dict[str, Any], eval_split: str, top_k=(),
+             image_normalization=None) -> datasets.Dataset:
+  return datasets.Dataset(kind, _never_opened, _never_opened, model_arguments, eval_split, tuple(top_k),
+                          image_normalization=image_normalization)
+
+
+def _image_classes(size: int, channels: int, dtype, train_size: int, num_classes: int, eval_split: str,
+                   normalization=None) -> DataShapes:
+  model_arguments = {"num_classes": num_classes, "small_inputs": size <= 64 or channels == 1, "input_channels": channels}
+  shape = (size, size) if channels == 1 else (size, size, channels)
+  top_k = (5,) if num_classes > 5 and channels == 3 else ()
+  return DataShapes(_dataset("classification", model_arguments, eval_split, top_k, normalization),
+                    {"images": (shape, dtype), "labels": ((), np.int32)}, train_size)
+
+
+def _tokens(seq_len: int, train_tokens: int, vocab_size: int, eval_split: str) -> DataShapes:
+  return DataShapes(_dataset("language_model", {"vocab_size": vocab_size}, eval_split),
+                    {"inputs": ((seq_len,), np.int32), "targets": ((seq_len,), np.int32)}, train_tokens, seq_len)
+
+
+def _mnist(a):
+  train = SPLIT_SIZES["mnist"] - (a["num_validation_examples"] if a["eval_split"] == "validation" else 0)
+  return _image_classes(28, 1, np.float32, train, 10, a["eval_split"])
+
+
+# Each dataset function of `lbjax.train.datasets` -> its shapes from its (complete) arguments.
+SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
+    datasets.mnist: _mnist,
+    datasets.synthetic_mnist: lambda a: _image_classes(28, 1, np.float32, a["num_train_examples"], 10, "test"),
+    datasets.synthetic_images: lambda a: _image_classes(a["image_size"], 3, np.float32, a["num_train_examples"],
+                                                        a["num_classes"], a["eval_split"]),
+    datasets.imagenet: lambda a: _image_classes(a["image_size"], 3, np.uint8, SPLIT_SIZES["imagenet"], 1000,
+                                                a["eval_split"], lbdata.IMAGENET_NORMALIZATION),
+    datasets.cifar10: lambda a: _image_classes(32, 3, np.uint8, SPLIT_SIZES["cifar10"], 10, a["eval_split"],
+                                               lbdata.CIFAR10_NORMALIZATION),
+    datasets.ptb: lambda a: _tokens(a["seq_len"], SPLIT_SIZES["ptb"], 10_000, a["eval_split"]),
+    datasets.synthetic_ptb: lambda a: _tokens(a["seq_len"], a["num_train_tokens"], a["vocab_size"], "valid"),
+}
+
+
+def data_shapes(config: ml_collections.ConfigDict) -> DataShapes:
+  """The batch shapes and epoch size of `config.dataset`, from `SHAPES` (nothing read) or, for a
+  dataset function not in it, from one batch of its training stream."""
+  resolved, arguments = tasks.resolve_dataset(config)
+  describe = SHAPES.get(resolved.function)
+  if describe is not None:
+    bound = inspect.signature(resolved.function).bind_partial(**arguments)
+    bound.apply_defaults()
+    return describe(dict(bound.arguments))
+  dataset = tasks.build_task(config).dataset
+  stream = dataset.make_train_stream(0, 1)
+  batch = {k: np.asarray(v) for k, v in stream.next_batch(1).items() if k != "reset_carry"}
+  example = {k: (v.shape[1:], v.dtype) for k, v in batch.items()}
+  if dataset.kind == "language_model":
+    seq_len = batch["inputs"].shape[1]
+    tokens = (stream.windows_per_epoch(1) * seq_len) + 1
+    return DataShapes(dataset, example, tokens, seq_len, read_from_data=True)
+  return DataShapes(dataset, example, stream.num_examples, read_from_data=True)

@@ -1,0 +1,194 @@
+"""`lbjax-train --compile-only`: the run a config describes, compiled from abstract arrays, and its figures.
+
+`compile_run(config, topology="v3:32x32")` builds the run as `lbjax.train.run.Run` does (the
+`data`/`fsdp`/`stage`/`model` mesh, the model, the optimizer and its state, the gradient compressor,
+the trainer's own train step per batch size of the schedule, or the any-batch pair, and the eval
+step), but every array is a `jax.ShapeDtypeStruct` carrying its sharding: no data is read
+(`lbjax.train.abstract_data`), no parameter initialised, no checkpoint touched. Each step is lowered
+and compiled for the devices of the TPU topology (`lbjax.train.topology`, needs libtpu) or for the
+local devices, and measured (`lbjax.train.compile_report`): memory per device against the device's
+HBM, FLOPs, the bytes of every collective in the compiled HLO (`lbjax.train.hlo_analysis`), and
+XLA's estimated step time.
+
+The one place that turns the trainer's parts into programs is `abstract_run`; everything else here
+works on the `Program`s it returns.
+"""
+
+from collections.abc import Callable
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from lbjax.train import abstract_data
+from lbjax.train import build
+from lbjax.train import compile_report
+from lbjax.train import hlo_analysis
+from lbjax.train import mesh as mesh_lib
+from lbjax.train import tasks
+from lbjax.train import topology as topology_lib
+from lbjax.train import validation
+from lbjax.train.any_batch import SLOTS
+from lbjax.train.errors import ConfigError
+from lbjax.train.state import TrainState
+from lbjax.train.step import (Accumulator, loops_slow_down_convolutions, make_accumulate_step, make_apply_step,
+                              make_eval_step, make_micro_batch_terms, make_train_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One compiled program of the run: `jax.jit(function, ...).lower(*arguments)`.
+
+  `per_step` is how many times it runs per training step at `batch_size` (the any-batch step's
+  accumulation program: once per micro-batch; 0 for the eval step, which is not part of a step).
+  """
+  name: str
+  batch_size: int
+  function: Callable
+  arguments: tuple
+  in_shardings: Any
+  out_shardings: Any
+  donate_argnums: tuple[int, ...]
+  per_step: float
+  num_microbatches: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AbstractRun:
+  """The parts of a run that the figures need, and its programs (`abstract_run`)."""
+  mesh: jax.sharding.Mesh
+  data: abstract_data.DataShapes
+  state: TrainState  # of ShapeDtypeStructs with their shardings
+  programs: tuple[Program, ...]
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+  """`tree`'s arrays as ShapeDtypeStructs with the given shardings (one sharding for all, or a tree)."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _shardings(tree: Any) -> Any:
+  return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> AbstractRun:
+  """The run `config` describes on `devices`, every array abstract: the trainer's own resolved run
+  (`validation.validate`) and step parts (`build.StepParts`, as `Run` builds them), with the data's
+  shapes from `abstract_data` instead of the data.
+
+  Raises:
+    ConfigError: as the trainer would, before any compile (validation against the mesh, a batch the
+      data cannot fill, a model that does not build or does not split over the mesh).
+  """
+  resolved = validation.validate(config)
+  if resolved.mesh.num_devices > len(devices):
+    raise ConfigError(f"config.mesh.num_devices={resolved.mesh.num_devices} but there are {len(devices)} devices; "
+                      "use at most that many (0 = all).")
+  mesh = resolved.mesh.build(devices[:resolved.mesh.num_devices] if resolved.mesh.num_devices > 0 else devices)
+  data_parallel = mesh_lib.data_parallel_size(mesh)
+  validation.check_devices(resolved, data_parallel)
+  data = abstract_data.data_shapes(config)
+  for size in resolved.batch.sizes:
+    if (problem := data.refuse_impossible(size)) is not None:
+      raise ConfigError(f"config.batch_size(s): {problem}")
+  parts = build.StepParts.create(resolved, tasks.make_task(resolved.model, data.dataset, resolved.dataset_name), mesh)
+  graphdef, task, train_task, optimizer = parts.graphdef, parts.task, parts.train_task, parts.optimizer
+  replicated, batch_sharding = parts.replicated, parts.batch_sharding
+  state = parts.abstract_state()
+  scalar = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
+  carry = lambda size: (None if data.seq_len is None else
+                        _abstract(jax.eval_shape(lambda: parts.model.initial_carry(size)), batch_sharding))
+  learning_rate = parts.abstract_learning_rate()
+
+  def train_step(size: int) -> Program:
+    count = resolved.batch.num_microbatches(size, data_parallel)
+    step = make_train_step(graphdef, train_task, optimizer, mesh, count, 0.0, parts.compressor)
+    run_state = state._replace(carry=carry(size))
+    batch = _abstract(data.train_batch(size), batch_sharding)
+    return Program("train", size, step, (run_state, batch, learning_rate),
+                   (_shardings(run_state), _shardings(batch), replicated), (_shardings(run_state), replicated),
+                   (0,), 1.0, count)
+
+  def any_batch_steps(size: int) -> tuple[Program, Program]:
+    micro = resolved.batch.micro_batch_size
+    slots = 1 if loops_slow_down_convolutions(state.params) else SLOTS
+    micro_batch = _abstract(data.train_batch(micro), batch_sharding)
+    micro_carry = carry(micro)
+    terms = make_micro_batch_terms(graphdef, train_task, data_parallel)
+    shapes = jax.eval_shape(terms, state, micro_batch, micro_carry, 0, 1)[0]
+    totals = _abstract(shapes, Accumulator(replicated, jax.tree.map(lambda _: replicated, shapes.metrics),
+                                           jax.tree.map(lambda _: replicated, shapes.model_state),
+                                           _shardings(state.params), replicated))
+    accumulate = make_accumulate_step(graphdef, train_task, data_parallel, 0.0, slots)
+    micro_batches, carries = (micro_batch,) * slots, (micro_carry,) * slots
+    count = size // micro
+    return (Program("accumulate", size, accumulate,
+                    (totals, state, micro_batches, carries, scalar, scalar, scalar),
+                    (_shardings(totals), _shardings(state), _shardings(micro_batches), _shardings(carries),
+                     replicated, replicated, replicated), (_shardings(totals), _shardings(carries)), (0,),
+                    float(count), count),
+            Program("apply", size, make_apply_step(optimizer, micro), (state, totals, scalar, learning_rate),
+                    (_shardings(state), _shardings(totals), replicated, replicated),
+                    (_shardings(state), replicated, _shardings(totals)), (0, 1), 1.0, count))
+
+  programs = []
+  for size in resolved.batch.sizes:
+    programs += any_batch_steps(size) if resolved.batch.micro_batch_size else [train_step(size)]
+  eval_size = resolved.batch.eval_batch_size
+  eval_batch = _abstract(data.eval_batch(eval_size), batch_sharding)
+  eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
+  programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
+                          _shardings(eval_arguments), None, (), 0.0))
+  return AbstractRun(mesh, data, state, tuple(programs))
+
+
+def _is_out_of_memory(error: Exception) -> bool:
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text.lower()
+
+
+def compile_program(program: Program) -> tuple[Any, float]:
+  """The compiled executable of `program` and the seconds lowering and compiling took."""
+  start = time.perf_counter()
+  lowered = jax.jit(program.function, in_shardings=program.in_shardings, out_shardings=program.out_shardings,
+                    donate_argnums=program.donate_argnums).lower(*program.arguments)
+  return lowered.compile(), time.perf_counter() - start
+
+
+def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
+                log: Callable[[str], None] = lambda line: None, *, evaluation: bool = True
+                ) -> compile_report.CompileReport:
+  """Compiles every program of the run for the TPU `topology` (or the local devices) and measures it.
+
+  A program the compiler refuses for lack of memory is reported as not fitting, with the compiler's
+  figures, and the others are still compiled. `log` gets a line as each program starts compiling.
+  `evaluation=False` leaves out the eval step.
+
+  Raises:
+    ConfigError: a config the trainer would refuse, or a topology libtpu does not know (or no libtpu).
+  """
+  devices = topology_lib.topology_devices(topology) if topology else jax.devices()
+  run = abstract_run(config, devices)
+  device = run.mesh.devices.flat[0]
+  memory = topology_lib.device_memory(device, local_devices=len(jax.local_devices()) if not topology else 1)
+  figures = []
+  for program in run.programs:
+    if program.name == "eval" and not evaluation:
+      continue
+    log(f"compiling the {program.name} step at batch {program.batch_size} for {run.mesh.size} {device.device_kind} "
+        "device(s)...")
+    try:
+      compiled, seconds = compile_program(program)
+    except Exception as e:  # pylint: disable=broad-except  (XLA's out-of-memory is a JaxRuntimeError)
+      if not _is_out_of_memory(e):
+        raise
+      figures.append(compile_report.out_of_memory_figures(program, str(e)))
+      continue
+    figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
+                                                  run.state, seconds))
+  return compile_report.CompileReport.build(config, topology, run, device, memory, figures)

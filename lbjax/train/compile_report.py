@@ -1,0 +1,294 @@
+"""The figures of `--compile-only`: per compiled step and for the run; printed and written to `compile.json`.
+
+Per device, from `compiled.memory_analysis()`: arguments (parameters, optimizer state, batch, ...),
+outputs, the part of the outputs aliased to donated arguments, temporaries (activations kept for the
+backward pass and XLA's scratch) and the generated code; the step needs
+
+  memory = arguments + outputs - aliased + temporaries + generated code
+
+(MaxText's `train_compile.py` total, plus the code), against the device's HBM (`lbjax.train.topology`):
+it **fits** when memory <= HBM. From `compiled.cost_analysis()`: XLA's FLOPs and its estimated step
+time (`optimal_seconds`), both per device. XLA's cost analysis counts a loop body once (an LSTM's
+time steps, an accumulation loop), so where the program has loops both are scaled by the matmul
+FLOPs counted per iteration over those counted once (`hlo_analysis.HloFigures.loop_flop_ratio`).
+Every time figure is XLA's cost-model estimate, not a measurement.
+
+The one clock: a recipe of E_i epochs at each batch size B_i of the schedule takes
+sum_i E_i * steps_per_epoch(B_i) * estimated_step_seconds(B_i) (evaluation not included).
+"""
+
+import dataclasses
+import json
+import math
+import pathlib
+import re
+from typing import Any
+
+import jax
+import ml_collections
+
+from lbjax.train import config as config_lib
+from lbjax.train.hlo_analysis import COLLECTIVES, HloFigures
+
+COMPILE_FILE = "compile.json"
+
+
+def _tree_bytes(tree: Any) -> int:
+  """Bytes per device of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * leaf.dtype.itemsize
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramFigures:
+  """One compiled program's figures (`program_figures`); memory and time per device."""
+  name: str
+  batch_size: int
+  num_microbatches: int
+  per_step: float
+  memory_per_device_bytes: int | None
+  memory: dict[str, int]
+  flops_per_device: float | None
+  collective_bytes: dict[str, int]
+  estimated_seconds: float | None
+  compile_seconds: float | None
+  compiler_message: str = ""  # the compiler's out-of-memory figures, where it refused the program
+
+  def fits(self, hbm_bytes: int | None) -> bool:
+    if self.compiler_message:
+      return False
+    return hbm_bytes is None or self.memory_per_device_bytes <= hbm_bytes
+
+
+def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: float) -> ProgramFigures:
+  """The figures of one compiled program (`compile_only.Program`) of the run whose abstract state is `state`."""
+  stats = compiled.memory_analysis()
+  optimizer_state = 0 if program.name == "eval" else _tree_bytes(state.opt_state)  # the eval step takes none
+  memory = {"parameters": _tree_bytes(state.params), "optimizer_state": optimizer_state,
+            "arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
+            "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
+            "generated_code": stats.generated_code_size_in_bytes}
+  total = (memory["arguments"] + memory["outputs"] - memory["aliased"] + memory["temporaries"]
+           + memory["generated_code"])
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+  ratio = hlo.loop_flop_ratio
+  flops = cost.get("flops")
+  seconds = cost.get("optimal_seconds")
+  return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, total, memory,
+                        None if flops is None else flops * ratio, hlo.collective_bytes,
+                        None if seconds is None or seconds < 0 else seconds * ratio, compile_seconds)
+
+
+def out_of_memory_figures(program, message: str) -> ProgramFigures:
+  """A program the compiler refused for lack of memory, with the compiler's own figures."""
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  figures = [line for line in lines if any(w in line for w in ("Used", "Exceeded", "memory", "hbm", "HBM"))]
+  return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, None, {},
+                        None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600])
+
+
+def _gib(n: float | None) -> str:
+  if n is None:
+    return "?"
+  return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _duration(seconds: float | None) -> str:
+  if seconds is None:
+    return "?"
+  if seconds < 1:
+    return f"{seconds * 1e3:.2f} ms"
+  if seconds < 120:
+    return f"{seconds:.1f} s"
+  return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def epochs_per_batch_size(config: ml_collections.ConfigDict) -> dict[int, float]:
+  """Epochs of the recipe at each batch size of its schedule (one clock: boundaries in epochs)."""
+  sizes = config_lib.batch_sizes(config)
+  edges = [0.0, *[float(b) for b in config.batch_size_boundaries], float(config.num_epochs)]
+  epochs: dict[int, float] = {}
+  for i, size in enumerate(sizes):
+    epochs[size] = epochs.get(size, 0.0) + max(min(edges[i + 1], edges[-1]) - min(edges[i], edges[-1]), 0.0)
+  return epochs
+
+
+@dataclasses.dataclass
+class CompileReport:
+  """The run's compiled steps and their figures (`compile_only.compile_run`)."""
+  topology: str | None
+  platform: str
+  devices: int
+  device_kind: str
+  mesh: dict[str, int]
+  hbm_bytes: int | None
+  hbm_source: str
+  data_from_files: bool
+  steps: list[dict[str, Any]]
+  epochs: float
+  estimated_recipe_seconds: float | None
+
+  @classmethod
+  def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures]) -> "CompileReport":
+    epochs = epochs_per_batch_size(config)
+    steps, recipe = [], 0.0
+    for size in sorted({f.batch_size for f in figures if f.name != "eval"}):
+      parts = [f for f in figures if f.batch_size == size and f.name != "eval"]
+      steps.append(cls._step(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), memory.bytes))
+      if recipe is not None and steps[-1]["estimated_recipe_seconds"] is not None:
+        recipe += steps[-1]["estimated_recipe_seconds"]
+      else:
+        recipe = None
+    steps += [cls._step([f], f.batch_size, None, 0.0, memory.bytes) for f in figures if f.name == "eval"]
+    return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
+               memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe)
+
+  @staticmethod
+  def _step(parts: list[ProgramFigures], size: int, steps_per_epoch: int | None, epochs: float,
+            hbm: int | None) -> dict[str, Any]:
+    """One step (a train step, the any-batch pair at one batch size, or the eval step) as a record."""
+    first = parts[0]
+    known = all(p.estimated_seconds is not None for p in parts)
+    seconds = sum(p.per_step * p.estimated_seconds for p in parts) if known else None
+    if first.name == "eval":
+      seconds = first.estimated_seconds
+    flops = (sum((p.per_step or 1.0) * p.flops_per_device for p in parts)
+             if all(p.flops_per_device is not None for p in parts) else None)
+    record = {
+        "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
+        "batch_size": size, "num_microbatches": first.num_microbatches,
+        "programs": [p.name for p in parts],
+        "memory_per_device_bytes": max((p.memory_per_device_bytes or 0) for p in parts) if all(
+            p.memory_per_device_bytes is not None for p in parts) else None,
+        "memory": parts[0].memory if len(parts) == 1 else {p.name: p.memory for p in parts},
+        "fits": all(p.fits(hbm) for p in parts),
+        "flops_per_device": flops,
+        "collective_bytes": {k: sum(int((p.per_step or 1.0) * p.collective_bytes[k]) for p in parts)
+                             for k in COLLECTIVES},
+        "estimated_step_seconds": seconds,
+        "compile_seconds": sum(p.compile_seconds or 0.0 for p in parts),
+        "compiler_message": " ".join(p.compiler_message for p in parts if p.compiler_message),
+    }
+    if steps_per_epoch is not None:
+      epoch = None if seconds is None else seconds * steps_per_epoch
+      record.update(steps_per_epoch=steps_per_epoch, estimated_epoch_seconds=epoch, epochs=epochs,
+                    estimated_recipe_seconds=None if epoch is None else epoch * epochs)
+    return record
+
+  @property
+  def fits(self) -> bool:
+    return all(step["fits"] for step in self.steps)
+
+  def headline(self) -> dict[str, Any]:
+    """The train step with the largest memory (the one that decides whether the run fits)."""
+    train = [s for s in self.steps if s["step"] != "eval"]
+    return max(train, key=lambda s: (not s["fits"], s["memory_per_device_bytes"] or 0, s["batch_size"]))
+
+  def to_json(self) -> dict[str, Any]:
+    head = self.headline()
+    return {
+        "topology": self.topology, "platform": self.platform, "devices": self.devices,
+        "device_kind": self.device_kind, "mesh": self.mesh, "hbm_bytes": self.hbm_bytes, "hbm_source": self.hbm_source,
+        "fits": self.fits,
+        "memory_per_device_bytes": max((s["memory_per_device_bytes"] or 0) for s in self.steps),
+        "batch_size": head["batch_size"],
+        "flops_per_step": None if head["flops_per_device"] is None else head["flops_per_device"] * self.devices,
+        "collective_bytes": head["collective_bytes"],
+        "estimated_step_seconds": head["estimated_step_seconds"],
+        "estimated_recipe_seconds": self.estimated_recipe_seconds, "epochs": self.epochs,
+        "estimates": "time figures are XLA's cost-model estimates (cost_analysis optimal_seconds), not measurements",
+        "data_shapes_read_from_files": self.data_from_files,
+        "steps": self.steps,
+    }
+
+  def write(self, workdir) -> pathlib.Path:
+    path = pathlib.Path(workdir) / COMPILE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+    return path
+
+  def lines(self) -> list[str]:
+    where = f"topology {self.topology}" if self.topology else f"the local {self.platform} devices"
+    mesh = " x ".join(f"{k}={v}" for k, v in self.mesh.items())
+    out = [f"Compiled for {where}: {self.devices} {self.device_kind} device(s), mesh {mesh}; "
+           f"HBM per device {_gib(self.hbm_bytes)} ({self.hbm_source})."]
+    for step in self.steps:
+      name = {"train": "train step", "any_batch": "any-batch step (accumulate + apply)", "eval": "eval step"}[step["step"]]
+      micro = f", {step['num_microbatches']} micro-batches" if step["num_microbatches"] > 1 else ""
+      out.append(f"  {name} at batch {step['batch_size']}{micro}: "
+                 f"{'fits' if step['fits'] else 'DOES NOT FIT'}")
+      if step["compiler_message"]:
+        out.append(f"    the compiler ran out of memory: {step['compiler_message']}")
+        continue
+      memory = step["memory"] if step["step"] != "any_batch" else max(step["memory"].values(),
+                                                                      key=lambda m: m["temporaries"])
+      out.append(f"    memory per device {_gib(step['memory_per_device_bytes'])} of {_gib(self.hbm_bytes)}: parameters "
+                 f"{_gib(memory['parameters'])}, optimizer state {_gib(memory['optimizer_state'])}, activations and "
+                 f"temporaries {_gib(memory['temporaries'])}")
+      flops = step["flops_per_device"]
+      collectives = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in step["collective_bytes"].items() if v) or "none"
+      out.append(f"    FLOPs per step {'?' if flops is None else f'{flops * self.devices:.3g}'} "
+                 f"({'?' if flops is None else f'{flops:.3g}'} per device); collectives per device: {collectives}")
+      if step["step"] != "eval" and step["estimated_step_seconds"] is None:
+        out.append(f"    estimated step: none (XLA's cost model gave no estimate for this program); epoch "
+                   f"{step['steps_per_epoch']} steps, {step['epochs']:g} epochs")
+      elif step["step"] != "eval":
+        out.append(f"    estimated step {_duration(step['estimated_step_seconds'])}, epoch "
+                   f"({step['steps_per_epoch']} steps) {_duration(step['estimated_epoch_seconds'])}, "
+                   f"{step['epochs']:g} epochs {_duration(step['estimated_recipe_seconds'])}")
+    out.append(f"Recipe ({self.epochs:g} epochs): estimated {_duration(self.estimated_recipe_seconds)} of training "
+               "steps (XLA's cost-model estimate; evaluation not included).")
+    if self.data_from_files:
+      out.append("(The batch shapes were read from one batch of the data: the dataset is not in "
+                 "lbjax.train.abstract_data.SHAPES.)")
+    return out
+
+  def _examples_that_fit(self, step: dict[str, Any], at_once: int) -> int:
+    """A guess at the examples per device that fit: `at_once` scaled by HBM / memory needed (the compiler's
+    figures where it refused the step), since activations grow with the examples; the largest divisor of
+    `at_once` below that, so that the share splits into whole micro-batches."""
+    found = re.search(r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", step["compiler_message"])
+    if found:
+      need, available = float(found.group(1)), float(found.group(2))
+    else:
+      need, available = step["memory_per_device_bytes"] or 0, self.hbm_bytes or 0
+    scaled = at_once * available / need if need and available else at_once / 2
+    return next(d for d in range(max(int(min(scaled, at_once / 2)), 1), 0, -1) if at_once % d == 0)
+
+  def does_not_fit_message(self) -> str:
+    """What does not fit, by how much, and what to change."""
+    step = next(s for s in self.steps if not s["fits"])
+    name = "eval step" if step["step"] == "eval" else "train step"
+    need = (f"the compiler ran out of memory ({step['compiler_message']})" if step["compiler_message"] else
+            f"it needs {_gib(step['memory_per_device_bytes'])} per device; a {self.device_kind} device has "
+            f"{_gib(self.hbm_bytes)}")
+    data_parallel = self.mesh.get("data", 1) * self.mesh.get("fsdp", 1)
+    share = step["batch_size"] // max(data_parallel, 1)
+    lines = [f"The {name} at batch {step['batch_size']} does not fit: {need}. What to change:"]
+    memory = step["memory"] if step["step"] != "any_batch" else next(iter(step["memory"].values()))
+    state_bytes = memory["parameters"] + memory["optimizer_state"] if memory else 0
+    fsdp = (f"  - parameters and optimizer state ({_gib(state_bytes)} per device) split over devices: "
+            f"--config.mesh.fsdp=N (now {self.mesh.get('fsdp', 1)})")
+    if self.hbm_bytes and state_bytes >= self.hbm_bytes:
+      lines.append(fsdp + "; they alone exceed the device's memory")
+    at_once = share // max(step["num_microbatches"], 1)
+    if step["step"] == "eval":
+      lines.append(f"  - a smaller config.eval_batch_size (now {step['batch_size']}, {share} per device)")
+    elif at_once > 1:
+      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={self._examples_that_fit(step, at_once)} "
+                   f"(now {at_once} of the {share} per device; the step then accumulates micro-batches)")
+    if memory and not (self.hbm_bytes and state_bytes >= self.hbm_bytes):
+      lines.append(fsdp)
+    lines.append("  - rematerialisation: pipeline the model (--config.mesh.stage=S) with --config.pipeline.remat=True "
+                 "to recompute activations in the backward pass")
+    if step["memory_per_device_bytes"] and self.hbm_bytes:
+      lines.append(f"  - a larger slice: about {math.ceil(step['memory_per_device_bytes'] / self.hbm_bytes)}x the "
+                   f"{self.devices} devices, or a chip with more HBM")
+    else:
+      lines.append(f"  - a larger slice than {self.devices} devices, or a chip with more HBM")
+    return "\n".join(lines)
+

@@ -1,0 +1,185 @@
+"""Figures read from a compiled program's HLO text: the bytes of its collectives and its matmul FLOPs.
+
+`analyze(compiled.as_text())` walks the optimized HLO module (the per-device SPMD program) and counts
+
+* every collective, by kind (`all-reduce`, `reduce-scatter`, `all-gather`, `collective-permute`,
+  `all-to-all`; the asynchronous `-start` halves, never the `-done` ones): the bytes of its operands,
+  i.e. what one device hands to the collective (an all-reduce of the gradients: the gradient bytes;
+  an all-gather: the device's shard);
+* the FLOPs of every `dot` and `convolution` (TPU writes matmuls as convolutions), 2 per
+  multiply-add: 2 * |result| * (contracted size), the contracted size being the product of a dot's
+  contracting dimensions, or of a convolution kernel's spatial dimensions and its input features.
+
+Both count an instruction inside a `while` body once per iteration: a loop's trip count is read from
+its `known_trip_count`, or from the `counter < N` comparison of its condition (XLA's scans count from
+0), and multiplies everything the body calls. XLA's own `cost_analysis()` counts a loop body once,
+whatever its trip count (a 10-step `lax.scan` of a matmul reports a tenth of the unrolled loop's
+FLOPs), which is why `CompiledFigures.loop_flop_ratio` is kept: the matmul FLOPs counted per
+iteration over those counted once.
+"""
+
+from collections import defaultdict
+import dataclasses
+import math
+import re
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+          "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1,
+          "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "s4": 0.5, "u4": 0.5}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s*\(.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
+_OPERAND = re.compile(r"%([^\s,()]+)")
+_CALLED = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=\{?(%[^\s,}]+(?:,\s*%[^\s,}]+)*)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class HloFigures:
+  """What `analyze` reads from one HLO module (per device).
+
+  Attributes:
+    collective_bytes: operand bytes per step by collective kind (every kind of `COLLECTIVES`, 0 if absent).
+    collective_counts: collective instructions executed per step, by kind.
+    matmul_flops: FLOPs of the dots and convolutions per step, loop bodies counted per iteration.
+    matmul_flops_once: the same with every loop body counted once (as XLA's cost analysis does).
+    loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
+  """
+  collective_bytes: dict[str, int]
+  collective_counts: dict[str, int]
+  matmul_flops: float
+  matmul_flops_once: float
+  loop_trip_counts: tuple[int, ...]
+
+  @property
+  def loop_flop_ratio(self) -> float:
+    """matmul FLOPs counted per loop iteration over those counted once (1.0 without loops or matmuls)."""
+    return self.matmul_flops / self.matmul_flops_once if self.matmul_flops_once else 1.0
+
+
+def array_bytes(shape_text: str) -> float:
+  """Bytes of every array in an HLO shape (`f32[8,128]{1,0}` or a tuple of them)."""
+  return sum(_BYTES.get(dtype, 0) * math.prod(_dims(dims)) for dtype, dims in _ARRAY.findall(shape_text))
+
+
+def _dims(text: str) -> list[int]:
+  return [int(d) for d in text.split(",") if d]
+
+
+def _first_array(shape_text: str) -> list[int]:
+  found = _ARRAY.search(shape_text)
+  return _dims(found.group(2)) if found else []
+
+
+@dataclasses.dataclass
+class _Instruction:
+  name: str
+  shape: str
+  opcode: str
+  rest: str  # operands and attributes
+
+
+def _parse(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
+  """Computations by name (their instructions in order) and the name of the entry computation."""
+  computations: dict[str, list[_Instruction]] = {}
+  entry, current = None, None
+  for line in hlo_text.splitlines():
+    if " = " not in line.split("(", 1)[0]:
+      header = _HEADER.match(line)
+      if header:
+        current = header.group(1).lstrip("%")
+        computations[current] = []
+        if line.startswith("ENTRY"):
+          entry = current
+        continue
+    found = _INSTRUCTION.match(line)
+    if found and current is not None:
+      computations[current].append(_Instruction(*found.groups()))
+  return computations, entry
+
+
+def _trip_count(instruction: _Instruction, computations: dict[str, list[_Instruction]]) -> int:
+  """A `while` loop's trip count: its `known_trip_count`, else N of the condition's `counter < N`."""
+  known = _TRIP_COUNT.search(instruction.rest)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r"condition=%([^\s,]+)", instruction.rest)
+  body = computations.get(condition.group(1), []) if condition else []
+  constants = {i.name: i.rest.split(")", 1)[0] for i in body if i.opcode == "constant"}
+  for i in body:
+    if i.opcode == "compare" and "direction=LT" in i.rest:
+      for operand in _OPERAND.findall(i.rest.split(")", 1)[0]):
+        if operand in constants and constants[operand].lstrip("-").isdigit():
+          return int(constants[operand])
+  return 1
+
+
+def _multipliers(computations: dict[str, list[_Instruction]], entry: str
+                 ) -> tuple[dict[str, int], dict[str, int], list[int]]:
+  """How many times each computation runs per execution of `entry`, the same with every loop body
+  run once, and the loops' trip counts."""
+  times: dict[str, int] = defaultdict(int)
+  times_once: dict[str, int] = defaultdict(int)
+  trips: list[int] = []
+
+  def visit(name: str, count: int, count_once: int) -> None:
+    times[name] += count
+    times_once[name] += count_once
+    for instruction in computations.get(name, []):
+      trip = _trip_count(instruction, computations) if instruction.opcode == "while" else 1
+      if instruction.opcode == "while":
+        trips.append(trip)
+      for kind, names in _CALLED.findall(instruction.rest):
+        if kind == "to_apply":  # scalar reductions: no collectives, no matmuls
+          continue
+        for called in re.findall(r"%([^\s,}]+)", names):
+          visit(called, count * (trip if kind == "body" else 1), count_once)
+
+  visit(entry, 1, 1)
+  return times, times_once, trips
+
+
+def _matmul_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
+  operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+  result = math.prod(_first_array(instruction.shape))
+  if instruction.opcode == "dot":
+    lhs = _first_array(shapes.get(operands[0], ""))
+    contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", instruction.rest)
+    indices = _dims(contracting.group(1)) if contracting else []
+    return 2.0 * result * math.prod(lhs[i] for i in indices if i < len(lhs))
+  labels = re.search(r"dim_labels=[^_]+_([^-]+)->", instruction.rest)
+  if labels is None or len(operands) < 2:
+    return 0.0
+  kernel = _first_array(shapes.get(operands[1], ""))
+  kernel_labels = labels.group(1)
+  if len(kernel) != len(kernel_labels):
+    return 0.0
+  contracted = math.prod(size for size, label in zip(kernel, kernel_labels) if label != "o")
+  return 2.0 * result * contracted
+
+
+def analyze(hlo_text: str) -> HloFigures:
+  """The collective bytes and matmul FLOPs of one step of the compiled HLO module `hlo_text`."""
+  computations, entry = _parse(hlo_text)
+  shapes = {i.name: i.shape for instructions in computations.values() for i in instructions}
+  times, times_once, trips = _multipliers(computations, entry) if entry else ({}, {}, [])
+  collective_bytes = dict.fromkeys(COLLECTIVES, 0)
+  collective_counts = dict.fromkeys(COLLECTIVES, 0)
+  flops = flops_once = 0.0
+  for name, instructions in computations.items():
+    count = times.get(name, 0)
+    if not count:
+      continue
+    for instruction in instructions:
+      kind = instruction.opcode.removesuffix("-start")
+      if kind in COLLECTIVES:
+        operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+        collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
+        collective_counts[kind] += count
+      elif instruction.opcode in ("dot", "convolution"):
+        matmul = _matmul_flops(instruction, shapes)
+        flops += count * matmul
+        flops_once += times_once[name] * matmul
+  return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips))

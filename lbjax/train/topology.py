@@ -1,0 +1,97 @@
+"""The devices a run compiles for: a named TPU topology (no TPU needed), or the local ones; and the
+memory each device has.
+
+`topology_devices("v3:32x32")` returns the 2,048 abstract devices of a full TPU v3 pod from `libtpu`
+(`jax.experimental.topologies`), which `jax.jit(...).lower(...).compile()` targets on a machine without
+a TPU. A device is what JAX makes of the slice: one TensorCore on v2 and v3 (`v3:2x2`: 4 chips, 8
+devices), one chip on v4 and v5p (megacore: both TensorCores as one device, `num_cores` 2, as JAX runs
+them; `v4:2x2x1` is 4 devices) and on the one-core chips v5e and v6e. Abstract devices report no memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a
+table by `device_kind` of each chip's HBM and TensorCores (Google's Cloud TPU system-architecture
+pages), and gives a device its cores' share.
+"""
+
+import dataclasses
+import importlib.util
+import os
+from typing import Any
+
+from lbjax.train.errors import ConfigError
+
+GIB = 2**30
+INSTALL_HINT = "pip install 'lbjax[tpu]' (libtpu through jax[tpu], in the version that matches the installed jax)"
+EXAMPLES = "v3:32x32, v4:8x8x16, v5p:8x16x16, v5e:16x16, v6e:16x16"
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuChip:
+  """One TPU chip: its HBM and its TensorCores, and where they are stated."""
+  hbm_bytes: int
+  cores: int
+  source: str
+
+
+TPU_CHIPS = {
+    "TPU v2": TpuChip(16 * GIB, 2, "https://cloud.google.com/tpu/docs/v2 (8 GiB per TensorCore)"),
+    "TPU v3": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v3 (32 GiB HBM2 per chip)"),
+    "TPU v4": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)"),
+    "TPU v5 lite": TpuChip(16 * GIB, 1, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"),
+    "TPU v5": TpuChip(95 * 10**9, 2, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip)"),
+    "TPU v6 lite": TpuChip(32 * GIB, 1, "https://cloud.google.com/tpu/docs/v6e (32 GB HBM per chip)"),
+}
+
+
+def libtpu_installed() -> bool:
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def topology_devices(name: str) -> list[Any]:
+  """The abstract devices of the TPU topology `name` (any name `get_topology_desc` takes).
+
+  Raises:
+    ConfigError: libtpu is not installed (what to install), or `name` is not a topology.
+  """
+  if not libtpu_installed():
+    raise ConfigError(f"--topology {name} compiles for a TPU, which needs libtpu: {INSTALL_HINT}.")
+  # Compiling opens no TPU, so several processes (pytest workers, a plan beside a run) may load libtpu at once;
+  # without this libtpu refuses all but the first ("libtpu multi-process lockfile").
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:  # megacore where the chip has it (v4, v5p): one device per chip, as JAX runs them and its meshes need
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name="megacore").devices)
+  except Exception:  # pylint: disable=broad-except  (no megacore config: v2, v3, v5e, v6e have one device per core)
+    pass
+  try:
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+  except Exception as e:  # pylint: disable=broad-except  (libtpu's JaxRuntimeError/RuntimeError: a bad name)
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"--topology {name!r} is not a TPU topology libtpu knows ({reason}); names look like "
+                      f"{EXAMPLES}.") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+  """The memory one device can hold (`bytes`, None where unknown) and where the figure comes from."""
+  bytes: int | None
+  source: str
+
+
+def device_memory(device: Any, local_devices: int = 1) -> DeviceMemory:
+  """The memory of `device`: what a real accelerator reports (`memory_stats()["bytes_limit"]`), else
+  the `TPU_CHIPS` HBM of its chip divided among the chip's TensorCores by the cores it spans, else (a
+  CPU device) the host's physical memory shared by the `local_devices` CPU devices."""
+  try:
+    stats = device.memory_stats()
+  except Exception:  # pylint: disable=broad-except  (abstract TPU devices raise: no runtime behind them)
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return DeviceMemory(int(stats["bytes_limit"]), f"{device.device_kind}: memory_stats()['bytes_limit']")
+  chip = TPU_CHIPS.get(device.device_kind)
+  if chip is not None:
+    cores = getattr(device, "num_cores", 1) or 1
+    share = "the chip" if cores >= chip.cores else f"{cores} of the chip's {chip.cores} TensorCores"
+    return DeviceMemory(chip.hbm_bytes * min(cores, chip.cores) // chip.cores,
+                        f"{device.device_kind}: {share}; {chip.source}")
+  if device.platform == "cpu":
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return DeviceMemory(host // max(local_devices, 1), f"host memory shared by {local_devices} CPU device(s)")
+  return DeviceMemory(None, f"{device.device_kind}: unknown")

@@ -1,0 +1,33 @@
+"""experiments/tpu_pod_plan.py: resumes from its JSON, renders entries not yet compiled, calibrates by the
+published v3-8 time. (Compiling the entries needs libtpu and minutes per pod entry: not run here.)"""
+
+import json
+
+from experiments import tpu_pod_plan
+
+
+def test_the_calibration_is_the_published_step_over_xlas_estimate():
+  steps = 90 * (tpu_pod_plan.IMAGENET_TRAIN // 1024)
+  published_step = tpu_pod_plan.PUBLISHED_V3_8_RN50_SECONDS / steps
+  results = {"calibration": {"estimated_step_seconds": published_step / 2}}
+  assert abs(tpu_pod_plan.calibration_factor(results) - 2.0) < 1e-12
+  assert tpu_pod_plan.calibration_factor({}) is None
+
+
+def test_a_rerun_compiles_only_what_its_json_lacks(tmp_path, monkeypatch):
+  compiled = []
+  done = {e.key: {"placeholder": True} for e in tpu_pod_plan.ENTRIES if e.key != "mnist_lstm_8k"}
+  (tmp_path / "plan.json").write_text(json.dumps(done))
+  monkeypatch.setattr(tpu_pod_plan, "compile_entry", lambda entry: compiled.append(entry.key) or {"key": entry.key})
+  monkeypatch.setattr(tpu_pod_plan, "render", lambda results, command: f"{len(results)} entries\n")
+  tpu_pod_plan.main(["--out", str(tmp_path / "plan")])
+  assert compiled == ["mnist_lstm_8k"]
+  assert len(json.loads((tmp_path / "plan.json").read_text())) == len(tpu_pod_plan.ENTRIES)
+
+
+def test_entries_not_compiled_yet_are_listed_with_their_record():
+  text = tpu_pod_plan.render({}, "python -m experiments.tpu_pod_plan")
+  for entry in tpu_pod_plan.ENTRIES:
+    assert f"| {entry.key} | `" in text
+  assert text.count(" | not compiled yet |") == len(tpu_pod_plan.ENTRIES)
+  assert "The calibration entry is not compiled yet." in text

@@ -1,0 +1,173 @@
+"""`lbjax-train --compile-only [--topology NAME]`: the run's steps compiled from abstract arrays, their
+memory against the device's HBM, collective bytes and FLOPs from the HLO; exit 4 when a step does not fit.
+
+The `--topology` tests compile for TPU pods and need libtpu (`pip install 'lbjax[tpu]'`); they skip where
+it is absent. The others compile for the 8 simulated CPU devices.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from lbjax import main as cli
+from lbjax.train import compile_only
+from lbjax.train import datasets
+from lbjax.train import hlo_analysis
+from lbjax.train import topology
+from tests.train import helpers
+
+needs_libtpu = pytest.mark.skipif(not topology.libtpu_installed(),
+                                  reason="libtpu is not installed: pip install 'lbjax[tpu]' to compile for TPU topologies")
+
+COMPILE_JSON_KEYS = ("topology", "devices", "device_kind", "memory_per_device_bytes", "hbm_bytes", "fits",
+                     "flops_per_step", "collective_bytes", "estimated_step_seconds")
+
+
+def _mnist_lstm_parameters(transform: int, hidden: int, inputs: int = 28, classes: int = 10) -> int:
+  """MnistLSTM: input transform, LSTM cell kernel [T + H, 4H] and bias, classifier."""
+  return inputs * transform + transform + (transform + hidden) * 4 * hidden + 4 * hidden + hidden * classes + classes
+
+
+def _compile(capsys, tmp_path, config, *extra):
+  status = cli.main(["--config", config, "--compile-only", "--workdir", str(tmp_path), *extra])
+  out, err = capsys.readouterr()
+  report = json.loads((tmp_path / "compile.json").read_text()) if (tmp_path / "compile.json").exists() else None
+  return status, out, err, report
+
+
+def test_a_scan_is_counted_once_per_iteration():
+  """XLA's cost analysis counts a loop body once; the HLO analysis multiplies it by the trip count."""
+  batch, hidden, steps = 8, 32, 7
+
+  def loss(w, x):
+    return jax.lax.scan(lambda h, _: (jnp.tanh(h @ w), None), x, None, length=steps)[0].sum()
+
+  w, x = jnp.zeros((hidden, hidden)), jnp.zeros((batch, hidden))
+  figures = hlo_analysis.analyze(jax.jit(jax.grad(loss)).lower(w, x).compile().as_text())
+  per_step = 2 * batch * hidden * hidden  # one [B, H] x [H, H] matmul
+  assert figures.matmul_flops == 3 * steps * per_step  # forward, and the two matmuls of the backward pass
+  assert figures.loop_flop_ratio == steps and steps in figures.loop_trip_counts
+
+
+def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, tmp_path):
+  config = helpers.tiny_classifier_config(dataset="mnist", data_dir=str(tmp_path / "no-data-here"))
+  config.data_options = {}
+  report = compile_only.compile_run(config)
+  assert report.fits and report.devices == jax.device_count() and report.platform == "cpu"
+  assert [s["step"] for s in report.steps] == ["train", "eval"]
+  assert report.steps[0]["steps_per_epoch"] == 60_000 // 32 and not report.data_from_files
+
+
+def user_dataset(*, seed: int = 0):
+  """A dataset function lbjax does not know the shapes of (not in abstract_data.SHAPES)."""
+  return datasets.synthetic_mnist(seed=seed, num_train_examples=96, num_eval_examples=32)
+
+
+def test_a_users_dataset_is_read_for_its_shapes():
+  config = helpers.tiny_classifier_config(dataset="tests.train.test_compile_only:user_dataset")
+  config.data_options = {}
+  report = compile_only.compile_run(config, evaluation=False)
+  assert report.data_from_files and report.steps[0]["steps_per_epoch"] == 96 // 32
+  assert "read from one batch of the data" in "\n".join(report.lines())
+
+
+def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():
+  config = helpers.tiny_classifier_config(batch_sizes=(32, 64), batch_size_boundaries=(0.25,))
+  report = compile_only.compile_run(config, evaluation=False)
+  assert [(s["step"], s["batch_size"], s["epochs"]) for s in report.steps] == [("train", 32, 0.25), ("train", 64, 0.75)]
+  assert [s["steps_per_epoch"] for s in report.steps] == [256 // 32, 256 // 64]
+
+
+def test_the_any_batch_step_compiles_its_two_programs_once_per_run():
+  config = helpers.tiny_language_model_config(**{"batch.micro_batch_size": 8})
+  run = compile_only.abstract_run(config, jax.devices())
+  assert [(p.name, p.num_microbatches) for p in run.programs] == [("accumulate", 2), ("apply", 2), ("eval", 1)]
+  report = compile_only.compile_run(config)
+  step = report.steps[0]
+  assert step["step"] == "any_batch" and step["programs"] == ["accumulate", "apply"] and report.fits
+
+
+def test_a_step_that_cannot_fit_exits_4_with_what_to_change_and_no_traceback(capsys, tmp_path):
+  """An MNIST LSTM of 65,536 units: 128 GiB of parameters on each of 8 CPU devices, more than any host has."""
+  status, _, err, report = _compile(capsys, tmp_path, "mnist_lstm", "--config.model_options.hidden_size=65536",
+                                    "--config.model_options.transform_size=65536", "--config.eval_batch_size=8")
+  assert status == 4
+  assert "The train step at batch 128 does not fit: it needs" in err
+  assert "--config.mesh.fsdp" in err and "larger slice" in err
+  assert "Traceback" not in err and len(err.splitlines()) <= 8
+  assert report["fits"] is False and report["memory_per_device_bytes"] > report["hbm_bytes"]
+
+
+def test_topology_without_libtpu_says_what_to_install(capsys, tmp_path, monkeypatch):
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: False)
+  status, _, err, _ = _compile(capsys, tmp_path, "mnist_lstm", "--topology", "v5p:2x2x1")
+  assert status == 2 and "pip install 'lbjax[tpu]'" in err and "Traceback" not in err
+
+
+def test_topology_needs_compile_only(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--config", "mnist_lstm", "--topology", "v5p:2x2x1", "--workdir", "w"])
+  assert exit_info.value.code == 2 and "add --compile-only" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_an_unknown_topology_is_a_message(capsys, tmp_path):
+  status, _, err, _ = _compile(capsys, tmp_path, "mnist_lstm", "--topology", "v3:3x3")
+  assert status == 2 and "is not a TPU topology" in err and "v3:32x32" in err
+
+
+@needs_libtpu
+def test_mnist_lstm_data_parallel_collectives_are_the_gradient_bytes(capsys, tmp_path):
+  """One all-reduce per step: the float32 gradient of every parameter, and the loss and accuracy means."""
+  status, out, _, report = _compile(capsys, tmp_path, "mnist_lstm", "--topology", "v5p:2x2x1",
+                                    "--config.model_options.transform_size=32", "--config.model_options.hidden_size=48")
+  assert status == 0 and "fits" in out
+  assert all(key in report for key in COMPILE_JSON_KEYS)
+  assert report["devices"] == 4 and report["device_kind"] == "TPU v5" and report["hbm_bytes"] == 95 * 10**9
+  gradient_bytes = 4 * _mnist_lstm_parameters(32, 48)
+  assert report["collective_bytes"] == {"all-reduce": gradient_bytes + 2 * 4, "reduce-scatter": 0, "all-gather": 0,
+                                        "collective-permute": 0, "all-to-all": 0}
+  train = report["steps"][0]
+  assert train["memory"]["parameters"] == gradient_bytes and train["estimated_step_seconds"] > 0
+  assert report["flops_per_step"] > 0 and train["estimated_recipe_seconds"] == pytest.approx(
+      train["estimated_step_seconds"] * train["steps_per_epoch"] * 25)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("mesh", ["data", "fsdp", "model", "stage"])
+def test_ptb_lstm_compiles_for_a_small_topology_on_every_mesh(capsys, tmp_path, mesh):
+  """The PTB LSTM (embedding = hidden size, so the two layers pipeline) on v4:2x2x1 (4 megacore chips)."""
+  layout = {"data": [], "fsdp": ["--config.mesh.fsdp=2"], "model": ["--config.mesh.model=2"],
+            "stage": ["--config.mesh.stage=2", "--config.pipeline.num_microbatches=2"]}
+  status, out, err, report = _compile(
+      capsys, tmp_path, "ptb_lstm", "--topology", "v4:2x2x1", "--config.batch_size=64", "--config.eval_batch_size=16",
+      "--config.model_options.hidden_size=64", "--config.model_options.embed_size=64", *layout[mesh])
+  assert status == 0, err
+  assert report["devices"] == 4 and report["hbm_bytes"] == 32 * 2**30  # a v4 device is a chip (megacore)
+  assert report["mesh"][mesh] == (4 if mesh == "data" else 2)
+  collectives = report["collective_bytes"]
+  if mesh == "fsdp":
+    assert collectives["all-gather"] > 0 or collectives["reduce-scatter"] > 0
+  if mesh == "stage":
+    assert collectives["collective-permute"] > 0
+
+
+@needs_libtpu
+def test_resnet_tiny_compiles_with_its_head_sharded_over_model(capsys, tmp_path):
+  status, _, err, report = _compile(capsys, tmp_path, "resnet50_imagenet:smoke=true", "--topology", "v5p:2x2x1",
+                                    "--config.mesh.model=2", "--config.eval_batch_size=32")
+  assert status == 0, err
+  assert report["mesh"]["model"] == 2 and report["fits"]
+
+
+@needs_libtpu
+def test_a_step_that_cannot_fit_on_a_tpu_exits_4_with_the_compilers_figures(capsys, tmp_path):
+  """The MNIST LSTM of 4,096 units on all 60,000 digits at once: 7,500 sequences per v3 TensorCore, whose
+  activations XLA refuses at compile time (CompileTimeHbmOom); the refusal is the message, exit 4."""
+  status, _, err, report = _compile(capsys, tmp_path, "mnist_lstm", "--topology", "v3:2x2",
+                                    "--config.model_options.hidden_size=4096", "--config.batch_size=60000")
+  assert status == 4 and "does not fit: the compiler ran out of memory" in err and "Traceback" not in err
+  assert "--config.max_device_batch=2500" in err  # 7,500 x 15.48G available / 43.56G needed = 2,665: its divisor
+  assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30 and report["device_kind"] == "TPU v3"
