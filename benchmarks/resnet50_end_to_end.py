@@ -142,7 +142,7 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
   import ml_collections  # pylint: disable=import-outside-toplevel
   from benchmarks import report  # pylint: disable=import-outside-toplevel
   from benchmarks import workloads  # pylint: disable=import-outside-toplevel
-  from lbjax.train import config_files  # pylint: disable=import-outside-toplevel
+  from lbjax import config_files  # pylint: disable=import-outside-toplevel
   config = config_files.load(spec, overrides).config
   steps = {"lars": workloads.TrainerStep(config)}
   if momentum:

@@ -76,7 +76,7 @@ from lbjax import main as lbjax_main
 from lbjax import schedules
 from lbjax import train
 from lbjax.train import batch_policy as batch_policy_lib
-from lbjax.train import config_files
+from lbjax import config_files
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.errors import WorkdirInUseError

@@ -23,9 +23,9 @@ import json
 import pathlib
 import time
 
-from lbjax.main import exit_on_user_errors
+from lbjax.train.errors import exit_on_user_errors
 from lbjax.train import compile_only
-from lbjax.train import config_files
+from lbjax import config_files
 
 IMAGENET_TRAIN = 1_281_167
 
@@ -52,7 +52,8 @@ ENTRIES = (    Entry("calibration", "resnet50_imagenet:batch=1024", "v3:2x2", ()
           "papers/001 Figs. 6-7 mention the PTB run at 8K"),
     Entry("ptb_lstm_640_pipeline", "ptb_lstm:batch=640,rule=legw", "v4:2x2x1",
           ("--config.mesh.stage=2", "--config.pipeline.num_microbatches=4", "--config.eval_batch_size=40"),
-          "papers/004 GPipe layout: 2 stages x 2 data shards, 4 micro-batches (docs/results/model_parallel_ptb.md on CPU)"),
+          "papers/004 GPipe layout: 2 stages x 2 data shards, 4 micro-batches "
+          "(docs/results/model_parallel_ptb.md on CPU)"),
     Entry("ptb_lstm_640_tensor", "ptb_lstm:batch=640,rule=legw", "v4:2x2x1",
           ("--config.mesh.model=2", "--config.eval_batch_size=40"),
           "papers/004 tensor layout: vocabulary sharded over model=2 (docs/results/tensor_sharded_ptb.md)"),
@@ -180,7 +181,8 @@ def render(results: dict, command: str) -> str:
   compiled = [results[e.key] for e in ENTRIES if e.key in results]
   lines += ["", "## Findings", "",
             f"- {sum(r['fits'] for r in compiled)} of the {len(compiled)} compiled entries fit their devices' HBM."]
-  half = [r["key"] for r in compiled if r["collective_bytes"]["all-reduce"] < 0.6 * r["steps"][0]["memory"]["parameters"]]
+  half = [r["key"] for r in compiled
+          if r["collective_bytes"]["all-reduce"] < 0.6 * r["steps"][0]["memory"]["parameters"]]
   if half:
     lines.append(f"- All-reduce bytes about half the float32 gradient ({', '.join(half)}): these models compute in "
                  "bfloat16 (`model_options.dtype`), and XLA all-reduces the kernels' partial gradients in bfloat16 "

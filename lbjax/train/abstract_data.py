@@ -13,11 +13,11 @@ import inspect
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from lbjax import data as lbdata
 from lbjax.train import datasets
+from lbjax.train import names
 from lbjax.train import tasks
 
 # Training-split sizes (examples; PTB: tokens of ptb.train.txt with an end-of-sentence token per line).
@@ -81,7 +81,8 @@ def _dataset(kind: str, model_arguments: dict[str, Any], eval_split: str, top_k=
 
 def _image_classes(size: int, channels: int, dtype, train_size: int, num_classes: int, eval_split: str,
                    normalization=None) -> DataShapes:
-  model_arguments = {"num_classes": num_classes, "small_inputs": size <= 64 or channels == 1, "input_channels": channels}
+  model_arguments = {"num_classes": num_classes, "small_inputs": size <= 64 or channels == 1,
+                     "input_channels": channels}
   shape = (size, size) if channels == 1 else (size, size, channels)
   top_k = (5,) if num_classes > 5 and channels == 3 else ()
   return DataShapes(_dataset("classification", model_arguments, eval_split, top_k, normalization),
@@ -113,16 +114,16 @@ SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
 }
 
 
-def data_shapes(config: ml_collections.ConfigDict) -> DataShapes:
-  """The batch shapes and epoch size of `config.dataset`, from `SHAPES` (nothing read) or, for a
-  dataset function not in it, from one batch of its training stream."""
-  resolved, arguments = tasks.resolve_dataset(config)
+def data_shapes(dataset_call: names.Call) -> DataShapes:
+  """The batch shapes and epoch size of the resolved run's dataset (`ResolvedRun.dataset`), from `SHAPES`
+  (nothing read) or, for a dataset function not in it, from one batch of its training stream."""
+  resolved, arguments = dataset_call.resolved, dataset_call.arguments
   describe = SHAPES.get(resolved.function)
   if describe is not None:
     bound = inspect.signature(resolved.function).bind_partial(**arguments)
     bound.apply_defaults()
     return describe(dict(bound.arguments))
-  dataset = tasks.build_task(config).dataset
+  dataset = tasks.open_dataset(dataset_call)
   stream = dataset.make_train_stream(0, 1)
   batch = {k: np.asarray(v) for k, v in stream.next_batch(1).items() if k != "reset_carry"}
   example = {k: (v.shape[1:], v.dtype) for k, v in batch.items()}

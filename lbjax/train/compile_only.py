@@ -92,7 +92,7 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   mesh = resolved.mesh.build(devices[:resolved.mesh.num_devices] if resolved.mesh.num_devices > 0 else devices)
   data_parallel = mesh_lib.data_parallel_size(mesh)
   validation.check_devices(resolved, data_parallel)
-  data = abstract_data.data_shapes(config)
+  data = abstract_data.data_shapes(resolved.dataset)
   for size in resolved.batch.sizes:
     if (problem := data.refuse_impossible(size)) is not None:
       raise ConfigError(f"config.batch_size(s): {problem}")

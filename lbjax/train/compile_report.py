@@ -217,7 +217,8 @@ class CompileReport:
     out = [f"Compiled for {where}: {self.devices} {self.device_kind} device(s), mesh {mesh}; "
            f"HBM per device {_gib(self.hbm_bytes)} ({self.hbm_source})."]
     for step in self.steps:
-      name = {"train": "train step", "any_batch": "any-batch step (accumulate + apply)", "eval": "eval step"}[step["step"]]
+      name = {"train": "train step", "any_batch": "any-batch step (accumulate + apply)",
+              "eval": "eval step"}[step["step"]]
       micro = f", {step['num_microbatches']} micro-batches" if step["num_microbatches"] > 1 else ""
       out.append(f"  {name} at batch {step['batch_size']}{micro}: "
                  f"{'fits' if step['fits'] else 'DOES NOT FIT'}")
@@ -279,7 +280,8 @@ class CompileReport:
     if step["step"] == "eval":
       lines.append(f"  - a smaller config.eval_batch_size (now {step['batch_size']}, {share} per device)")
     elif at_once > 1:
-      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={self._examples_that_fit(step, at_once)} "
+      fitting = self._examples_that_fit(step, at_once)
+      lines.append(f"  - fewer examples per device at once: --config.max_device_batch={fitting} "
                    f"(now {at_once} of the {share} per device; the step then accumulates micro-batches)")
     if memory and not (self.hbm_bytes and state_bytes >= self.hbm_bytes):
       lines.append(fsdp)

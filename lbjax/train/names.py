@@ -159,7 +159,7 @@ def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
 
 
 def _replace_hint(section: str, resolved: Resolved) -> str:
-  """How to drop a section's arguments from the command line (lbjax.train.config_files)."""
+  """How to drop a section's arguments from the command line (lbjax.config_files)."""
   if section in ("model_options", "data_options"):
     return f"on the command line, --config.{section}={{}} drops all of the section's arguments."
   return (f"on the command line, --config.{section}={resolved.name} names it and drops the arguments set for the "

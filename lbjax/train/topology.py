@@ -5,9 +5,9 @@ memory each device has.
 (`jax.experimental.topologies`), which `jax.jit(...).lower(...).compile()` targets on a machine without
 a TPU. A device is what JAX makes of the slice: one TensorCore on v2 and v3 (`v3:2x2`: 4 chips, 8
 devices), one chip on v4 and v5p (megacore: both TensorCores as one device, `num_cores` 2, as JAX runs
-them; `v4:2x2x1` is 4 devices) and on the one-core chips v5e and v6e. Abstract devices report no memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a
-table by `device_kind` of each chip's HBM and TensorCores (Google's Cloud TPU system-architecture
-pages), and gives a device its cores' share.
+them; `v4:2x2x1` is 4 devices) and on the one-core chips v5e and v6e. Abstract devices report no
+memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a table by `device_kind` of each chip's HBM
+and TensorCores (Google's Cloud TPU system-architecture pages), and gives a device its cores' share.
 """
 
 import dataclasses

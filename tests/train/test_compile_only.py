@@ -19,7 +19,8 @@ from lbjax.train import topology
 from tests.train import helpers
 
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_installed(),
-                                  reason="libtpu is not installed: pip install 'lbjax[tpu]' to compile for TPU topologies")
+                                  reason="libtpu is not installed: pip install 'lbjax[tpu]' to compile for TPU "
+                                         "topologies")
 
 COMPILE_JSON_KEYS = ("topology", "devices", "device_kind", "memory_per_device_bytes", "hbm_bytes", "fits",
                      "flops_per_step", "collective_bytes", "estimated_step_seconds")
