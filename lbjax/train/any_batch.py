@@ -62,7 +62,7 @@ class AnyBatchStep:
   def __init__(self, parts: StepParts, micro_batch_size: int):
     """`parts`: the run's model graph, task, optimizer and shardings (GSPMD: no compressor)."""
     self.micro_batch_size = micro_batch_size
-    self.slots = 1 if loops_slow_down_convolutions(parts.abstract_params) else SLOTS
+    self.slots = 1 if loops_slow_down_convolutions(parts.abstract_params, parts.mesh) else SLOTS
     self._parts = parts
     self._local_devices = parts.data_parallel_size // jax.process_count()
     self.compiled: dict[Any, Any] = {}

@@ -116,7 +116,7 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
 
   def any_batch_steps(size: int) -> tuple[Program, Program]:
     micro = resolved.batch.micro_batch_size
-    slots = 1 if loops_slow_down_convolutions(state.params) else SLOTS
+    slots = 1 if loops_slow_down_convolutions(state.params, mesh) else SLOTS
     micro_batch = _abstract(data.train_batch(micro), batch_sharding)
     micro_carry = carry(micro)
     terms = make_micro_batch_terms(graphdef, train_task, data_parallel)

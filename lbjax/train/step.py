@@ -87,11 +87,13 @@ def merge_microbatches(tree: Any, mesh: Mesh | None) -> Any:
   return jax.tree.map(merge, tree)
 
 
-def loops_slow_down_convolutions(params: Any) -> bool:
-  """Whether a loop body runs this model slowly: XLA's CPU backend runs convolutions inside a loop
-  body on a slow path (about 10x slower for a ResNet), so on CPU a model with convolutions (4-D
-  kernels) should not accumulate micro-batches in a rolled loop."""
-  return jax.default_backend() == "cpu" and any(jnp.ndim(p) == 4 for p in jax.tree.leaves(params))
+def loops_slow_down_convolutions(params: Any, mesh: jax.sharding.Mesh) -> bool:
+  """Whether a loop body runs this model slowly on `mesh`'s devices: XLA's CPU backend runs convolutions
+  inside a loop body on a slow path (about 10x slower for a ResNet), so on CPU devices a model with
+  convolutions (4-D kernels) should not accumulate micro-batches in a rolled loop. The mesh's platform,
+  not the host's: a CPU host compiling for a TPU topology (`--compile-only`) builds the TPU's step."""
+  cpu = mesh.devices.flat[0].platform == "cpu"
+  return cpu and any(jnp.ndim(p) == 4 for p in jax.tree.leaves(params))
 
 
 def dropout_keys(step_key: jax.Array, rows: jax.Array) -> jax.Array:
@@ -116,7 +118,7 @@ def micro_batch_rows(index: jax.Array, num_microbatches: jax.Array, micro_batch_
   return jnp.asarray(one) + (num_microbatches - 1) * (two[0] - one) + index * (two[1] - two[0])
 
 
-def _accumulation_unroll(num_microbatches: int, params: Any) -> int:
+def _accumulation_unroll(num_microbatches: int, params: Any, mesh: jax.sharding.Mesh) -> int:
   """How many micro-batches the accumulation loop unrolls: all of them, or 1 (a rolled loop).
 
   A rolled loop holds one micro-batch's activations at a time, so memory falls as 1/k: that is what
@@ -124,7 +126,7 @@ def _accumulation_unroll(num_microbatches: int, params: Any) -> int:
   "accumulation"). Where `loops_slow_down_convolutions`, loops of up to 16 micro-batches unroll: as
   fast as one batch or faster, without the memory saving.
   """
-  if loops_slow_down_convolutions(params) and num_microbatches <= 16:
+  if loops_slow_down_convolutions(params, mesh) and num_microbatches <= 16:
     return num_microbatches
   return 1
 
@@ -207,7 +209,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
                          (shapes[0][0], metric_shapes, model_state_shapes, grad_shapes))
     totals, carries = jax.lax.scan(
         accumulate, zeros, (micro_rows, micro_batches, micro_carries),
-        unroll=_accumulation_unroll(num_microbatches, params))
+        unroll=_accumulation_unroll(num_microbatches, params, mesh))
     loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
     batch_size = jax.tree.leaves(batch)[0].shape[0]
     estimate = diagnostics.noise_scale_estimates(

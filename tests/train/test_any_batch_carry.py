@@ -167,5 +167,6 @@ def test_only_models_with_convolutions_skip_the_rolled_loop_on_cpu():
   """`loops_slow_down_convolutions`: 4-D kernels on the CPU backend (the ResNets), not the LSTMs' 2-D ones."""
   lstm = {"kernel": np.zeros((4, 8)), "bias": np.zeros(8)}
   resnet = {"conv": {"kernel": np.zeros((3, 3, 4, 8))}, "dense": {"kernel": np.zeros((8, 2))}}
-  assert jax.default_backend() == "cpu"
-  assert loops_slow_down_convolutions(resnet) and not loops_slow_down_convolutions(lstm)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+  assert mesh.devices.flat[0].platform == "cpu"
+  assert loops_slow_down_convolutions(resnet, mesh) and not loops_slow_down_convolutions(lstm, mesh)
