@@ -75,6 +75,7 @@ from experiments.sweep import METRIC_KEYS
 from lbjax import main as lbjax_main
 from lbjax import schedules
 from lbjax import train
+from lbjax.train import batch_plan
 from lbjax.train import batch_policy as batch_policy_lib
 from lbjax import config_files
 from lbjax.train import optimizer as optimizer_lib
@@ -104,7 +105,7 @@ def at_batch(config: ml_collections.ConfigDict, batch_size: int, lr_multiplier: 
   branch.batch.policy = "fixed"
   branch.batch_size = batch_size
   branch.batch_sizes, branch.batch_size_boundaries = (), ()
-  for field, default in batch_policy_lib.ADAPTIVE_FIELDS.items():
+  for field, default in batch_plan.ADAPTIVE_FIELDS.items():
     branch.batch[field] = default
   branch.lr.base = config.lr.base * lr_multiplier
   return branch
@@ -264,7 +265,7 @@ class BranchTrainer:
     carry_batch_size = meta["carry_batch_size"]
     target = run.state._replace(carry=run.train_carry(carry_batch_size, meta.get("carry_micro_batches"))
                                 if carry_batch_size else None)
-    run.state = self.checkpointer.restore_verified(point.step, meta, abstract_like(target), run.replicated)
+    run.state = self.checkpointer.restore_verified(point.step, meta, abstract_like(target), run.parts.replicated)
     run.stream.set_state(meta["stream"])
     run.examples_seen, run.carry_batch_size = meta["examples_seen"], carry_batch_size
 
@@ -279,7 +280,8 @@ class BranchTrainer:
     start = time.time()
     self._start(point)
     start_epoch, start_step = run.epoch, int(jax.device_get(run.state.step))
-    run.batch_policy = batch_policy_lib.BatchPolicy(at_batch(self.config, batch_size, lr_multiplier))
+    branch = train.validate(at_batch(self.config, batch_size, lr_multiplier), data_parallel_size=run.data_parallel_size)
+    run.batch_policy = batch_policy_lib.BatchPolicy(branch.batch, branch.learning_rate)
     updates = budget_examples // batch_size
     learning_rate = math.nan
     for _ in range(updates):
@@ -686,7 +688,7 @@ def test_metrics(config: ml_collections.ConfigDict, run_dir: pathlib.Path) -> di
     carry_batch_size = meta["carry_batch_size"]
     target = run.state._replace(carry=run.train_carry(carry_batch_size, meta.get("carry_micro_batches"))
                                 if carry_batch_size else None)
-    run.state = checkpointer.restore_verified(step, meta, abstract_like(target), run.replicated)
+    run.state = checkpointer.restore_verified(step, meta, abstract_like(target), run.parts.replicated)
     metrics = dict(run.evaluate(), step=step)
   finally:
     checkpointer.close()
