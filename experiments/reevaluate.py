@@ -20,7 +20,6 @@ import argparse
 import csv
 import dataclasses
 import math
-import os
 import pathlib
 import statistics
 import sys
@@ -74,13 +73,7 @@ def evaluate_run(table: variant_table.Table, row: variant_table.TableRow, seed: 
 
 def _write(evaluations: list[Evaluation], table: variant_table.Table, out: pathlib.Path) -> None:
   out.parent.mkdir(parents=True, exist_ok=True)
-  partial = out.with_suffix(".csv.partial")
-  with open(partial, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(CSV_FIELDS)
-    for e in evaluations:
-      writer.writerow([getattr(e, field) for field in CSV_FIELDS])
-  os.replace(partial, out.with_suffix(".csv"))
+  run_records.write_csv(out.with_suffix(".csv"), CSV_FIELDS, evaluations)
   out.with_suffix(".md").write_text(markdown(table, evaluations))
 
 

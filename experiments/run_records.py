@@ -1,7 +1,10 @@
 """Reading a run's `metrics.jsonl` (written by `lbjax.train`): evaluations and the final result; the
-devices that trained it, as the experiment tables record them."""
+devices that trained it, as the experiment tables record them; a table's CSV written atomically."""
 
+from collections.abc import Sequence
+import csv
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -45,3 +48,16 @@ def training_devices() -> str:
   """The devices this process trains on, as the tables' `device` column records them: "1x cpu",
   "8x cpu", "1x NVIDIA H200"."""
   return f"{jax.device_count()}x {jax.devices()[0].device_kind}"
+
+
+def write_csv(path: str | pathlib.Path, fields: Sequence[str], rows: Sequence[Any]) -> None:
+  """`path` as a CSV of `fields` (attributes of each row), replaced atomically: a reader, such as another
+  process sharing a table, never sees half a file."""
+  path = pathlib.Path(path)
+  partial = path.with_suffix(path.suffix + ".partial")
+  with open(partial, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(fields)
+    for row in rows:
+      writer.writerow([getattr(row, field) for field in fields])
+  os.replace(partial, path)

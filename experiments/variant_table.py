@@ -35,7 +35,6 @@ import dataclasses
 import fcntl
 import json
 import math
-import os
 import pathlib
 import re
 import statistics
@@ -46,6 +45,7 @@ from typing import Sequence
 import ml_collections
 
 from experiments import config_spec
+from experiments import run_records
 from experiments import runner
 from experiments.runner import RunRow
 from lbjax import config_files
@@ -342,13 +342,7 @@ def write_outputs(table: Table, results: list[RunRow], out: str | pathlib.Path) 
   """Writes `<out>.csv`, `<out>.md` and `<out>.png`."""
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  partial = out.with_suffix(".csv.partial")  # replaced atomically: a reader never sees half a file
-  with open(partial, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(CSV_FIELDS)
-    for r in results:
-      writer.writerow([getattr(r, field) for field in CSV_FIELDS])
-  os.replace(partial, out.with_suffix(".csv"))
+  run_records.write_csv(out.with_suffix(".csv"), CSV_FIELDS, results)
   out.with_suffix(".md").write_text(markdown(table, results))
   plot(table, results, out.with_suffix(".png"))
 
