@@ -72,7 +72,7 @@ from experiments import adaptive_batch
 from experiments import config_spec
 from experiments import run_records
 from experiments.sweep import METRIC_KEYS
-from lbjax import main as lbjax_main
+from lbjax.train.errors import exit_on_user_errors
 from lbjax import schedules
 from lbjax import train
 from lbjax.train import batch_plan
@@ -918,5 +918,5 @@ def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, c
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.critical_batch"):
+  with exit_on_user_errors("python -m experiments.critical_batch"):
     main(sys.argv[1:])

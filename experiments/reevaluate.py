@@ -28,7 +28,7 @@ from typing import Sequence
 
 from experiments import run_records
 from experiments import variant_table
-from lbjax import main as lbjax_main
+from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
 
 CSV_FIELDS = ("name", "seed", "split", "metric", "label", "value", "trained_value", "settings")
@@ -155,5 +155,5 @@ def main(argv: Sequence[str] | None = None) -> list[Evaluation]:
 
 
 if __name__ == "__main__":
-  with lbjax_main.exit_on_user_errors("python -m experiments.reevaluate"):
+  with exit_on_user_errors("python -m experiments.reevaluate"):
     main(sys.argv[1:])

@@ -27,7 +27,7 @@ LAYERS = (
 _SOURCE_DIRS = ("lbjax", "experiments", "benchmarks")
 
 
-def _modules(root: pathlib.Path = _ROOT) -> dict[str, pathlib.Path]:
+def source_modules(root: pathlib.Path = _ROOT) -> dict[str, pathlib.Path]:
   """Dotted module name -> source file, for every module of the repository's packages."""
   modules = {}
   for path in sorted(p for folder in _SOURCE_DIRS for p in (root / folder).rglob("*.py")):
@@ -52,7 +52,7 @@ def _imported_names(node: ast.AST, module: str, is_package: bool) -> list[str]:
 
 def import_graph(root: pathlib.Path = _ROOT) -> dict[str, set[str]]:
   """module -> the modules of this repository it imports (anywhere in it: top level or in a function)."""
-  modules = _modules(root)
+  modules = source_modules(root)
   graph = {}
   for module, path in modules.items():
     targets = set()
@@ -103,7 +103,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_every_module_has_a_layer():
-  unplaced = sorted(module for module in _modules() if module != "lbjax" and _unit(module) is None)
+  unplaced = sorted(module for module in source_modules() if module != "lbjax" and _unit(module) is None)
   assert not unplaced, f"add these to LAYERS (and to docs/design.md): {unplaced}"
 
 
