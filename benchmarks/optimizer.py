@@ -298,9 +298,9 @@ scale measured in the same rounds (the memory bandwidth this process got under t
 above 100%, part of what XLA counts came from cache (the PTB LSTM tree, 18.6 MB, and the small
 leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed). Kernels: how
 many kernels one update (with its apply_updates) launches (`kernel_count`: fusions, reductions,
-copies, library calls in the optimised HLO's entry computation; XLA:CPU's count, a proxy for a
-GPU's, where multi-output and horizontal fusion merge some). State bytes / parameter: the
-optimizer state's bytes over the number of parameters.
+copies, library calls in the optimised HLO's entry computation of the backend that ran it; a GPU
+merges some by multi-output and horizontal fusion). State bytes / parameter: the optimizer
+state's bytes over the number of parameters.
 LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB rows select every
 leaf so that they compute what `optax.lamb` computes.
 
@@ -318,8 +318,7 @@ CPU time. The flat-buffer row is the design the issue proposed: all kernels conc
 materialised and `segment_sum` is a scatter, and with sharded parameters it needs gathers (see the
 collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in bfloat16,
 computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter instead of
-36, since its weights step along the stored momentum. Owed: this version's times and kernel counts
-on a GPU (the `optimizer-gpu` section predates the multi-tensor rates and the bfloat16 state).
+36, since its weights step along the stored momentum.
 
 Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so

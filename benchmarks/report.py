@@ -16,6 +16,7 @@ import os
 import pathlib
 import platform
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -260,7 +261,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 def command_line() -> str:
   """The command that ran this script, as a reader would retype it."""
   module = pathlib.Path(sys.argv[0]).stem
-  return " ".join(["python -m benchmarks." + module, *sys.argv[1:]])
+  return shlex.join(["python", "-m", "benchmarks." + module, *sys.argv[1:]])
 
 
 def write_section(name: str, title: str, body: str, *, readme: pathlib.Path = README,

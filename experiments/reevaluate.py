@@ -1,15 +1,18 @@
 """The trained runs of a variant table, evaluated again under other evaluation settings.
 
+  python -m experiments.variant_table experiments/tables/ptb_lstm_headline.json --workdir runs/ptb_headline \
+      --out docs/results/ptb_lstm_headline
   python -m experiments.reevaluate experiments/tables/ptb_lstm_headline.json --workdir runs/ptb_headline \
       --label stream --set data_options.eval_protocol=stream --set eval_batch_size=1 \
-      --out docs/results/ptb_lstm_headline_protocols
+      --out docs/results/ptb_lstm_headline
 
 For every run of the table (`<workdir>/<row>_s<seed>`, as `experiments.variant_table` trained it) that
 finished, the row's config with the `--set` overrides starts from the run's final parameters
-(`init_from`) and evaluates them once: nothing is trained, and the run directory is only read. Each
-evaluation is a line of `<out>.csv` next to the run's own final metric; `<out>.md` puts the two side by
-side (mean ± sample sd over seeds). Runs already recorded under the label are skipped, so the command
-resumes, and several labels can share one output.
+(`init_from`) and evaluates them once: nothing is trained, and the run directory is only read. `--out`
+is the table's results prefix (variant_table's `--out`): each evaluation is a line of
+`<out>.reevaluated.csv` next to the run's own final metric, and the table's page `<out>.md` gains a
+section with the two side by side (mean ± sample sd over seeds). Runs already recorded under the label
+are skipped, so the command resumes, and several labels can share one table.
 
 The use it was made for: papers/001's PTB baseline is TensorFlow `ptb_word_lm`'s, which evaluates one
 stream from a zero state (`data_options.eval_protocol=stream`), while the tables evaluate in batched
@@ -17,11 +20,7 @@ windows (the default): the same trained models under both protocols.
 """
 
 import argparse
-import csv
-import dataclasses
-import math
 import pathlib
-import statistics
 import sys
 import tempfile
 from typing import Sequence
@@ -30,31 +29,6 @@ from experiments import run_records
 from experiments import variant_table
 from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
-
-CSV_FIELDS = ("name", "seed", "split", "metric", "label", "value", "trained_value", "settings")
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluation:
-  """A finished run of the table evaluated under `settings` (a line of `<out>.csv`)."""
-  name: str
-  seed: int
-  split: str
-  metric: str
-  label: str  # names the settings, e.g. "stream"
-  value: float  # the metric under `settings`
-  trained_value: float  # the run's own final metric, under the table's settings
-  settings: str  # the overrides, space-separated
-
-
-def read_evaluations(path: str | pathlib.Path) -> list[Evaluation]:
-  """The evaluations recorded in `<out>.csv` (none if it does not exist)."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    return []
-  with open(path, newline="") as f:
-    return [Evaluation(r["name"], int(r["seed"]), r["split"], r["metric"], r["label"], float(r["value"]),
-                       float(r["trained_value"]), r["settings"]) for r in csv.DictReader(f)]
 
 
 def evaluate_run(table: variant_table.Table, row: variant_table.TableRow, seed: int, run_dir: pathlib.Path,
@@ -71,50 +45,25 @@ def evaluate_run(table: variant_table.Table, row: variant_table.TableRow, seed: 
       run.close()
 
 
-def _write(evaluations: list[Evaluation], table: variant_table.Table, out: pathlib.Path) -> None:
-  out.parent.mkdir(parents=True, exist_ok=True)
-  run_records.write_csv(out.with_suffix(".csv"), CSV_FIELDS, evaluations)
-  out.with_suffix(".md").write_text(markdown(table, evaluations))
-
-
-def _mean_sd(values: list[float]) -> str:
-  finite = [v for v in values if math.isfinite(v)]
-  if not finite:
-    return "–"
-  text = f"{statistics.fmean(finite):.2f}"
-  return text + (f" ± {statistics.stdev(finite):.2f}" if len(finite) > 1 else "")
-
-
-def markdown(table: variant_table.Table, evaluations: list[Evaluation]) -> str:
-  """One line per (row, label): the metric as trained and under the label's settings, over seeds."""
-  lines = [f"# {table.title}: evaluated again", "",
-           f"The runs of `{table.config}`'s table, each evaluated once more from its final parameters "
-           "(`python -m experiments.reevaluate`); `as trained` is the run's own final evaluation. Mean ± "
-           "sample sd over seeds.", "",
-           f"| row | tests | settings | split | {table.metric} as trained | {table.metric} re-evaluated | "
-           "Δ (mean of per-seed differences) | seeds |",
-           "|---|---|---|---|---:|---:|---:|---:|"]
-  for row in table.rows:
-    for label in dict.fromkeys(e.label for e in evaluations):
-      runs = sorted((e for e in evaluations if e.name == row.name and e.label == label), key=lambda e: e.seed)
-      if not runs:
-        continue
-      differences = [e.value - e.trained_value for e in runs]
-      lines.append(f"| `{row.name}` | {row.tests} | `{label}`: `{runs[0].settings}` | {runs[0].split} | "
-                   f"{_mean_sd([e.trained_value for e in runs])} | {_mean_sd([e.value for e in runs])} | "
-                   f"{_mean_sd(differences)} | {len(runs)} |")
-  lines += ["", "Runs:", "", f"| row | seed | label | {table.metric} as trained | re-evaluated |",
-            "|---|---:|---|---:|---:|"]
-  for e in sorted(evaluations, key=lambda e: ([r.name for r in table.rows].index(e.name), e.label, e.seed)):
-    lines.append(f"| `{e.name}` | {e.seed} | `{e.label}` | {e.trained_value:.2f} | {e.value:.2f} |")
-  return "\n".join(lines) + "\n"
+def _write(table: variant_table.Table, out: pathlib.Path, evaluations: list[run_records.Evaluation]) -> None:
+  """`<out>.reevaluated.csv`, and the table's page `<out>.md` with them (its CSV and plot are not touched)."""
+  run_records.write_csv(run_records.evaluations_path(out), run_records.EVALUATION_FIELDS, evaluations)
+  results = variant_table.read_results(out.with_suffix(".csv"))
+  out.with_suffix(".md").write_text(variant_table.markdown(table, results, evaluations))
 
 
 def reevaluate(table: variant_table.Table, workdir: str | pathlib.Path, out: str | pathlib.Path, label: str,
-               overrides: Sequence[str]) -> list[Evaluation]:
-  """Evaluates every finished run of `table` in `workdir` not yet recorded under `label`; returns all."""
+               overrides: Sequence[str]) -> list[run_records.Evaluation]:
+  """Evaluates every finished run of `table` in `workdir` not yet recorded under `label`; returns all.
+
+  Raises:
+    ValueError: `out` is not the table's results prefix (no `<out>.csv`), or no run of it finished.
+  """
   out, workdir = pathlib.Path(out), pathlib.Path(workdir)
-  evaluations = read_evaluations(out.with_suffix(".csv"))
+  if not out.with_suffix(".csv").is_file():
+    raise ValueError(f"{out.with_suffix('.csv')} does not exist: --out is the table's results prefix, "
+                     "experiments.variant_table's --out (e.g. docs/results/ptb_lstm_headline).")
+  evaluations = run_records.read_evaluations(out)
   done = {(e.name, e.seed, e.label) for e in evaluations}
   for row in table.rows:
     for seed in table.seeds:
@@ -124,24 +73,26 @@ def reevaluate(table: variant_table.Table, workdir: str | pathlib.Path, out: str
         continue
       split = variant_table.row_config(table, row, seed).data_options.get("eval_split", "test")
       metrics = evaluate_run(table, row, seed, run_dir, overrides)
-      evaluations.append(Evaluation(row.name, seed, split, table.metric, label, float(metrics[table.metric]),
-                                    float(final[table.metric]), " ".join(overrides)))
+      evaluations.append(run_records.Evaluation(row.name, seed, split, table.metric, label,
+                                                float(metrics[table.metric]), float(final[table.metric]),
+                                                " ".join(overrides)))
       print(f"[reevaluate] {row.name} seed={seed} {label}: {table.metric}={metrics[table.metric]:.4f} "
             f"(as trained {final[table.metric]:.4f})", flush=True)
-      _write(evaluations, table, out)
+      _write(table, out, evaluations)
   if not evaluations:
     raise ValueError(f"no finished run of the table in {workdir} (run directories <row>_s<seed> with a "
                      "final evaluation and checkpoints): train it with experiments.variant_table first.")
-  _write(evaluations, table, out)
+  _write(table, out, evaluations)
   return evaluations
 
 
-def main(argv: Sequence[str] | None = None) -> list[Evaluation]:
+def main(argv: Sequence[str] | None = None) -> list[run_records.Evaluation]:
   """Command-line entry; see the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m experiments.reevaluate", description=__doc__.split("\n")[0])
   parser.add_argument("table", help="the table file the runs were trained from")
   parser.add_argument("--workdir", required=True, help="the table's run directory (variant_table's --workdir)")
-  parser.add_argument("--out", required=True, help="output prefix: <out>.csv and <out>.md")
+  parser.add_argument("--out", required=True, help="the table's results prefix (variant_table's --out): adds "
+                      "<out>.reevaluated.csv and a section of <out>.md")
   parser.add_argument("--label", required=True, help="a short name for the settings, e.g. stream")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                       help="an evaluation setting, as --config.FIELD=VALUE of lbjax-train (repeatable)")

@@ -1,8 +1,10 @@
 """Reading a run's `metrics.jsonl` (written by `lbjax.train`): evaluations and the final result; the
-devices that trained it, as the experiment tables record them; a table's CSV written atomically."""
+devices that trained it, as the experiment tables record them; a table's CSV written atomically; a
+table's runs evaluated again (`experiments.reevaluate`), as `<out>.reevaluated.csv` records them."""
 
 from collections.abc import Sequence
 import csv
+import dataclasses
 import json
 import os
 import pathlib
@@ -61,3 +63,35 @@ def write_csv(path: str | pathlib.Path, fields: Sequence[str], rows: Sequence[An
     for row in rows:
       writer.writerow([getattr(row, field) for field in fields])
   os.replace(partial, path)
+
+
+EVALUATION_FIELDS = ("name", "seed", "split", "metric", "label", "value", "trained_value", "settings")
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """A finished run of a table evaluated again under `settings` (a line of `<out>.reevaluated.csv`)."""
+  name: str
+  seed: int
+  split: str
+  metric: str
+  label: str  # names the settings, e.g. "stream"
+  value: float  # the metric under `settings`
+  trained_value: float  # the run's own final metric, under the table's settings
+  settings: str  # the overrides, space-separated
+
+
+def evaluations_path(out: str | pathlib.Path) -> pathlib.Path:
+  """Where the re-evaluations of the table whose results prefix is `out` are recorded."""
+  out = pathlib.Path(out)
+  return out.with_name(out.name + ".reevaluated.csv")
+
+
+def read_evaluations(out: str | pathlib.Path) -> list[Evaluation]:
+  """The re-evaluations recorded for the table whose results prefix is `out` (none if there are none)."""
+  path = evaluations_path(out)
+  if not path.is_file():
+    return []
+  with open(path, newline="") as f:
+    return [Evaluation(r["name"], int(r["seed"]), r["split"], r["metric"], r["label"], float(r["value"]),
+                       float(r["trained_value"]), r["settings"]) for r in csv.DictReader(f)]

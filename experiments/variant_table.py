@@ -218,8 +218,41 @@ def _describe(row: TableRow) -> str:
   return ", ".join(p for p in (row.variant, *row.overrides) if p) or "(the table's config)"
 
 
-def markdown(table: Table, results: list[RunRow]) -> str:
-  """The page: one line per row (mean ± sample sd over seeds, difference to the reference), then runs."""
+def _mean_sd(values: list[float]) -> str:
+  finite = [v for v in values if math.isfinite(v)]
+  if not finite:
+    return "–"
+  text = f"{statistics.fmean(finite):.2f}"
+  return text + (f" ± {statistics.stdev(finite):.2f}" if len(finite) > 1 else "")
+
+
+def _evaluations_section(table: Table, evaluations: Sequence[run_records.Evaluation]) -> list[str]:
+  """The page's lines for the runs evaluated again (`experiments.reevaluate`): one line per (row, label)
+  with the metric as trained and under the label's settings over seeds, then one line per run."""
+  lines = ["", "## Evaluated again", "",
+           "The runs above, each evaluated once more from its final parameters under other settings "
+           "(`python -m experiments.reevaluate`); `as trained` is the run's own final evaluation. Mean ± "
+           "sample sd over seeds.", "",
+           f"| row | settings | split | {table.metric} as trained | {table.metric} re-evaluated | "
+           "Δ (mean of per-seed differences) | seeds |",
+           "|---|---|---|---:|---:|---:|---:|"]
+  for row in table.rows:
+    for label in dict.fromkeys(e.label for e in evaluations):
+      runs = sorted((e for e in evaluations if e.name == row.name and e.label == label), key=lambda e: e.seed)
+      if runs:
+        lines.append(f"| `{row.name}` | `{label}`: `{runs[0].settings}` | {runs[0].split} | "
+                     f"{_mean_sd([e.trained_value for e in runs])} | {_mean_sd([e.value for e in runs])} | "
+                     f"{_mean_sd([e.value - e.trained_value for e in runs])} | {len(runs)} |")
+  lines += ["", f"| row | seed | label | {table.metric} as trained | re-evaluated |", "|---|---:|---|---:|---:|"]
+  order = {row.name: i for i, row in enumerate(table.rows)}
+  for e in sorted(evaluations, key=lambda e: (order.get(e.name, len(order)), e.label, e.seed)):
+    lines.append(f"| `{e.name}` | {e.seed} | `{e.label}` | {e.trained_value:.2f} | {e.value:.2f} |")
+  return lines
+
+
+def markdown(table: Table, results: list[RunRow], evaluations: Sequence[run_records.Evaluation] = ()) -> str:
+  """The page: one line per row (mean ± sample sd over seeds, difference to the reference), then runs, then
+  the runs evaluated again under other settings, if any."""
   by_row = {row.name: [r for r in results if r.name == row.name] for row in table.rows}
   scale = 100.0 if table.metric == "accuracy" else 1.0
   reference, _, _ = _summary(by_row[table.rows[0].name])
@@ -251,6 +284,8 @@ def markdown(table: Table, results: list[RunRow]) -> str:
     lines.append(f"| `{r.name}` | {r.seed} | {r.learning_rate:.4g} | {r.warmup_epochs:.4g} | {r.epochs:.4g} | "
                  f"{r.steps} | {r.seconds:.0f} | {r.device or 'not recorded'} | {_format(r.value, table.metric)} | "
                  f"{r.status} |")
+  if evaluations:
+    lines += _evaluations_section(table, evaluations)
   return "\n".join(lines) + "\n"
 
 
@@ -339,11 +374,11 @@ def plot(table: Table, results: list[RunRow], path: str | pathlib.Path) -> None:
 
 
 def write_outputs(table: Table, results: list[RunRow], out: str | pathlib.Path) -> None:
-  """Writes `<out>.csv`, `<out>.md` and `<out>.png`."""
+  """Writes `<out>.csv`, `<out>.md` (with the re-evaluations in `<out>.reevaluated.csv`) and `<out>.png`."""
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
   run_records.write_csv(out.with_suffix(".csv"), CSV_FIELDS, results)
-  out.with_suffix(".md").write_text(markdown(table, results))
+  out.with_suffix(".md").write_text(markdown(table, results, run_records.read_evaluations(out)))
   plot(table, results, out.with_suffix(".png"))
 
 

@@ -6,6 +6,7 @@ import pathlib
 import pytest
 
 from experiments import reevaluate
+from experiments import run_records
 from experiments import variant_table
 
 TINY_PTB = str(pathlib.Path(__file__).with_name("tiny_ptb_config.py"))
@@ -22,7 +23,7 @@ def trained(tmp_path_factory):
 
 def test_same_settings_reproduce_the_trained_metric_and_the_stream_protocol_differs(trained):
   table, tmp_path = trained
-  out = tmp_path / "protocols"
+  out = tmp_path / "table"
   same = reevaluate.reevaluate(table, tmp_path / "runs", out, "same", ["eval_batch_size=16"])
   assert same[0].value == pytest.approx(same[0].trained_value, rel=1e-6)  # the final parameters, loaded
   both = reevaluate.reevaluate(table, tmp_path / "runs", out, "stream",
@@ -30,26 +31,34 @@ def test_same_settings_reproduce_the_trained_metric_and_the_stream_protocol_diff
   stream = [e for e in both if e.label == "stream"]
   assert len(both) == 2 and len(stream) == 1
   assert stream[0].value != pytest.approx(stream[0].trained_value, rel=1e-4)
-  assert reevaluate.read_evaluations(out.with_suffix(".csv")) == both
+  assert run_records.read_evaluations(out) == both
   page = out.with_suffix(".md").read_text()
+  assert page.startswith("# tiny PTB") and "## Evaluated again" in page
   assert "`stream`: `data_options.eval_protocol=stream eval_batch_size=8`" in page
+  variant_table.replot(table, out)  # the table's own page keeps them
+  assert out.with_suffix(".md").read_text() == page
 
 
 def test_recorded_runs_are_not_evaluated_again(trained, monkeypatch):
   table, tmp_path = trained
   out = tmp_path / "resume"
+  out.with_suffix(".csv").write_text((tmp_path / "table.csv").read_text())
   first = reevaluate.reevaluate(table, tmp_path / "runs", out, "stream", ["data_options.eval_protocol=stream"])
   monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args: pytest.fail("evaluated a recorded run again"))
   assert reevaluate.reevaluate(table, tmp_path / "runs", out, "stream",
                                ["data_options.eval_protocol=stream"]) == first
 
 
-def test_no_finished_run_and_missing_settings_exit_2_with_a_message(trained, tmp_path, capsys):
-  table, _ = trained
+def test_no_table_results_no_finished_run_and_missing_settings_exit_2_with_a_message(trained, tmp_path, capsys):
+  table_file = str(pathlib.Path(variant_table.__file__).with_name("tables") / "ptb_lstm_headline.json")
+  arguments = ["--workdir", str(tmp_path / "empty"), "--label", "stream", "--set", "data_options.eval_protocol=stream"]
   with pytest.raises(SystemExit) as exit_info:
-    reevaluate.main([str(pathlib.Path(variant_table.__file__).with_name("tables") / "ptb_lstm_headline.json"),
-                     "--workdir", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), "--label", "stream",
-                     "--set", "data_options.eval_protocol=stream"])
+    reevaluate.main([table_file, "--out", str(tmp_path / "o"), *arguments])
+  assert exit_info.value.code == 2
+  assert "--out is the table's results prefix" in capsys.readouterr().err
+  (tmp_path / "o.csv").write_text((trained[1] / "table.csv").read_text())
+  with pytest.raises(SystemExit) as exit_info:
+    reevaluate.main([table_file, "--out", str(tmp_path / "o"), *arguments])
   assert exit_info.value.code == 2
   assert "no finished run of the table" in capsys.readouterr().err
   with pytest.raises(SystemExit) as exit_info:
