@@ -62,6 +62,14 @@ def place(tree: Any, shardings: Any) -> Any:
   return jax.tree.map(place_one, tree, shardings)
 
 
+def abstract(tree: Any, shardings: Any) -> Any:
+  """`tree`'s arrays as `jax.ShapeDtypeStruct`s with the given shardings (one sharding for all, or a tree):
+  what `place` would put on the mesh, described and not placed."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepParts:
   """What the train and eval steps of a run need, built from shapes alone (nothing initialised).
@@ -154,25 +162,22 @@ class StepParts:
 
   def abstract_state(self) -> TrainState:
     """The initial state's shapes and shardings (`jax.ShapeDtypeStruct` leaves), nothing initialised."""
-    with_sharding = lambda tree, shardings: jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=self.replicated)
+    scalar = jax.ShapeDtypeStruct((), np.int32)
     rng = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
-    model_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated),
-                               jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.model, nnx.BatchStat))))
+    model_state = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.state(self.model, nnx.BatchStat)))
     compression_state = None
     if self.compressor is not None:
       shapes = jax.eval_shape(self.compressor.init, self.abstract_params)
       if per_device_compression_state(shapes):
-        compression_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            (self.data_parallel_size,) + x.shape, x.dtype, sharding=self.batch_sharding), shapes)
+        per_device = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data_parallel_size,) + x.shape, x.dtype),
+                                  shapes)
+        compression_state = abstract(per_device, self.batch_sharding)
       else:
-        compression_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.replicated),
-                                         shapes)
-    return TrainState(scalar(np.int32), with_sharding(self.abstract_params, self.param_shardings),
-                      with_sharding(self.abstract_opt_state, self.opt_state_shardings), model_state,
-                      jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=self.replicated), None,
-                      scalar(np.int32), compression_state)
+        compression_state = abstract(shapes, self.replicated)
+    return TrainState(abstract(scalar, self.replicated), abstract(self.abstract_params, self.param_shardings),
+                      abstract(self.abstract_opt_state, self.opt_state_shardings),
+                      abstract(model_state, self.replicated), abstract(rng, self.replicated), None,
+                      abstract(scalar, self.replicated), compression_state)
 
   def abstract_learning_rate(self) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((), np.float32, sharding=self.replicated)

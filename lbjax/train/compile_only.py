@@ -65,13 +65,6 @@ class AbstractRun:
   programs: tuple[Program, ...]
 
 
-def _abstract(tree: Any, shardings: Any) -> Any:
-  """`tree`'s arrays as ShapeDtypeStructs with the given shardings (one sharding for all, or a tree)."""
-  if isinstance(shardings, jax.sharding.Sharding):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
 def _shardings(tree: Any) -> Any:
   return jax.tree.map(lambda x: x.sharding, tree)
 
@@ -102,14 +95,14 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   state = parts.abstract_state()
   scalar = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
   carry = lambda size: (None if data.seq_len is None else
-                        _abstract(jax.eval_shape(lambda: parts.model.initial_carry(size)), batch_sharding))
+                        build.abstract(jax.eval_shape(lambda: parts.model.initial_carry(size)), batch_sharding))
   learning_rate = parts.abstract_learning_rate()
 
   def train_step(size: int) -> Program:
     count = resolved.batch.num_microbatches(size, data_parallel)
     step = make_train_step(graphdef, train_task, optimizer, mesh, count, 0.0, parts.compressor)
     run_state = state._replace(carry=carry(size))
-    batch = _abstract(data.train_batch(size), batch_sharding)
+    batch = build.abstract(data.train_batch(size), batch_sharding)
     return Program("train", size, step, (run_state, batch, learning_rate),
                    (_shardings(run_state), _shardings(batch), replicated), (_shardings(run_state), replicated),
                    (0,), 1.0, count)
@@ -117,11 +110,11 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   def any_batch_steps(size: int) -> tuple[Program, Program]:
     micro = resolved.batch.micro_batch_size
     slots = 1 if loops_slow_down_convolutions(state.params, mesh) else SLOTS
-    micro_batch = _abstract(data.train_batch(micro), batch_sharding)
+    micro_batch = build.abstract(data.train_batch(micro), batch_sharding)
     micro_carry = carry(micro)
     terms = make_micro_batch_terms(graphdef, train_task, data_parallel)
     shapes = jax.eval_shape(terms, state, micro_batch, micro_carry, 0, 1)[0]
-    totals = _abstract(shapes, Accumulator(replicated, jax.tree.map(lambda _: replicated, shapes.metrics),
+    totals = build.abstract(shapes, Accumulator(replicated, jax.tree.map(lambda _: replicated, shapes.metrics),
                                            jax.tree.map(lambda _: replicated, shapes.model_state),
                                            _shardings(state.params), replicated))
     accumulate = make_accumulate_step(graphdef, train_task, data_parallel, 0.0, slots)
@@ -140,7 +133,7 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   for size in resolved.batch.sizes:
     programs += any_batch_steps(size) if resolved.batch.micro_batch_size else [train_step(size)]
   eval_size = resolved.batch.eval_batch_size
-  eval_batch = _abstract(data.eval_batch(eval_size), batch_sharding)
+  eval_batch = build.abstract(data.eval_batch(eval_size), batch_sharding)
   eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
   programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
                           _shardings(eval_arguments), None, (), 0.0))
