@@ -32,6 +32,8 @@ from collections.abc import Callable
 import concurrent.futures
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from lbjax.train import protocols
+
 Prepared = TypeVar("Prepared")
 
 
@@ -45,9 +47,9 @@ class _InFlight(NamedTuple):
 class PrefetchingStream(Generic[Prepared]):
   """A training stream whose next batch is drawn and prepared on a background thread.
 
-  Stream interface (`epoch`, `get_state`, `set_state`, `next_batch`, and every other attribute of
-  the wrapped stream, e.g. `num_examples`) at the consumed position, plus `next_prepared`,
-  `prefetch` and `close`.
+  Stream interface (`num_examples`, `epoch`, `get_state`, `set_state`, `next_batch`, and every other
+  attribute of the wrapped stream, e.g. `undecodable_skipped`) at the consumed position, plus
+  `next_prepared`, `prefetch` and `close`. Made by `prefetching`, which keeps a `WindowStream` one.
   """
 
   def __init__(self, stream: Any, prepare: Callable[[dict[str, Any], int], Prepared]):
@@ -60,6 +62,9 @@ class PrefetchingStream(Generic[Prepared]):
         nothing the main thread changes meanwhile.
     """
     self._stream = stream
+    # Set here, not forwarded by `__getattr__`: Python >= 3.12 checks `isinstance(x, TrainStream)`
+    # with `inspect.getattr_static`, which never calls `__getattr__`.
+    self.num_examples = stream.num_examples
     self._prepare = prepare
     self._in_flight: _InFlight | None = None
     self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -153,3 +158,18 @@ def decided_next_batch_size(run: Any) -> int | None:
     epoch = run.stream.epoch()
     return None if epoch >= resolved.num_epochs else policy.batch_size(epoch)
   return None if step % policy.every == 0 else policy.current
+
+
+class PrefetchingWindowStream(PrefetchingStream[Prepared]):
+  """A `PrefetchingStream` of a `protocols.WindowStream`, and a `WindowStream` itself (`isinstance`
+  holds on every Python, so the trainer counts an epoch in windows, not tokens)."""
+
+  def windows_per_epoch(self, global_batch_size: int) -> int:
+    return self._stream.windows_per_epoch(global_batch_size)
+
+
+def prefetching(stream: Any, prepare: Callable[[dict[str, Any], int], Prepared]) -> PrefetchingStream[Prepared]:
+  """`stream` wrapped for prefetching, with every protocol of `lbjax.train.protocols` it follows."""
+  if isinstance(stream, protocols.WindowStream):
+    return PrefetchingWindowStream(stream, prepare)
+  return PrefetchingStream(stream, prepare)

@@ -120,7 +120,7 @@ class Run:
       self.lock.acquire()
     try:
       self.task = resolved.open_task()
-      self.stream = prefetch.PrefetchingStream(  # batch t+1 drawn during step t
+      self.stream = prefetch.prefetching(  # batch t+1 drawn during step t
           self.task.dataset.make_train_stream(self.process_index, self.process_count), self._prepare_batch)
       self._check_data_sizes()
       self.parts = StepParts.create(resolved, self.task, self.mesh)

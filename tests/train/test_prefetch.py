@@ -9,6 +9,7 @@ from lbjax import data as lbdata
 from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train import hooks
 from lbjax.train import prefetch
+from lbjax.train import protocols
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.prefetch import PrefetchingStream
 from lbjax.train.run import Run
@@ -23,6 +24,18 @@ def prefetch_on_cpu(monkeypatch):
 
 def _stream():
   return lbdata.TrainStream(lbdata.ArraySource(x=np.arange(40)), seed=3)
+
+
+def test_a_window_stream_stays_a_window_stream_and_an_epoch_counts_windows():
+  """The wrapper follows the wrapped stream's protocols (checked with `getattr_static` on Python >= 3.12):
+  a PTB epoch at B=8 rows of 1,000 tokens is (125 - 1) // 20 = 6 windows, not 1,000 // 8 = 125 steps, and a
+  batch that leaves a row shorter than one window is refused as such."""
+  ptb = prefetch.prefetching(lbdata.PtbStream(np.arange(1000) % 50, seq_len=20), _take)
+  assert isinstance(ptb, protocols.WindowStream) and isinstance(ptb, protocols.TrainStream)
+  assert protocols.steps_per_epoch(ptb, 8) == 6
+  plain = prefetch.prefetching(_stream(), _take)
+  assert isinstance(plain, protocols.TrainStream) and not isinstance(plain, protocols.WindowStream)
+  assert protocols.steps_per_epoch(plain, 8) == 5
 
 
 def _prefetch_threads():
