@@ -6,8 +6,9 @@ followed by BatchNorm); padding is symmetric like torchvision's (3 for the 7x7 s
 ResNet-50 with 1000 classes has exactly 25,557,032 parameters.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 import inspect
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -138,10 +139,18 @@ class ResNet(nnx.Module):
   state. `dtype` is the compute dtype (e.g. bfloat16); parameters stay in `param_dtype` and the
   logits are returned in float32.
 
-  `TENSOR_PARALLEL_SPECS`: the head's classes split over a `model` mesh axis (`lbjax.train.mesh`).
+  `TENSOR_PARALLEL_SPECS`: the head's classes split over a `model` mesh axis (`lbjax.train.mesh`);
+  `training_batch_multiple`: the batches ghost BN can split into its groups.
   """
 
   TENSOR_PARALLEL_SPECS = {"head/kernel": P(None, "model"), "head/bias": P("model")}
+
+  @staticmethod
+  def training_batch_multiple(options: Mapping[str, Any]) -> int:
+    """What every training batch one call of the model sees must be a multiple of, for the
+    constructor keywords `options`: `bn_group_size` (ghost BN), 1 for BN over the whole batch. The
+    trainer checks its batches against it before any compute (`lbjax.train.batch_plan`)."""
+    return options.get("bn_group_size") or 1
 
   def __init__(self, stage_sizes: Sequence[int], *, block: str = "bottleneck",
                num_classes: int, num_filters: int = 64, small_inputs: bool = False,

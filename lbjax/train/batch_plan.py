@@ -141,6 +141,39 @@ def _size_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -
   return found
 
 
+def model_call_problems(config: ml_collections.ConfigDict, data_parallel_size: int, model: str,
+                        multiple: int) -> list[str]:
+  """Each training batch one call of the model sees, against the `multiple` the model declares
+  (`training_batch_multiple`: the ResNets' ghost BN groups): a call's batch is the global batch, a
+  micro-batch of it (`max_device_batch`, `batch.micro_batch_size`), and under `mesh.per_device_gradients`
+  or compression (a `shard_map` step) one device's share of that."""
+  if multiple == 1 or config.mesh.stage > 1:
+    return []
+  per_device = config.compression.name != "none" or config.mesh.per_device_gradients
+  calls = {}
+  if config.batch.micro_batch_size:
+    calls[config.batch.micro_batch_size] = f"config.batch.micro_batch_size={config.batch.micro_batch_size}"
+  else:
+    for size in config_lib.batch_sizes(config):
+      if not isinstance(size, int) or size <= 0 or size % data_parallel_size:
+        continue  # reported by `problems`
+      share = size // data_parallel_size
+      count = share // config.max_device_batch if 0 < config.max_device_batch < share else 1
+      calls[size // count] = f"the global batch {size}" + (
+          f" in {count} micro-batches (config.max_device_batch={config.max_device_batch})" if count > 1 else "")
+  found = []
+  for call, source in calls.items():
+    seen = call // data_parallel_size if per_device else call
+    if seen % multiple:
+      device = (f", {seen} per device ({data_parallel_size} data-parallel devices; mesh.per_device_gradients "
+                "or compression compute each device's gradient alone)") if per_device else ""
+      found.append(f"config.model={model} splits each training batch into groups of {multiple} (for the "
+                   f"ResNets config.model_options.bn_group_size), but one call of it sees {source}{device}: "
+                   f"{seen} examples. Use a batch giving a multiple of {multiple} per call, or a group size "
+                   f"that divides {seen}.")
+  return found
+
+
 def _policy_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -> list[str]:
   batch, found = config.batch, []
   if batch.policy not in POLICIES:

@@ -25,6 +25,7 @@ import ml_collections
 
 from lbjax.parallel import pipeline
 from lbjax.train import config as config_lib
+from lbjax.train import names
 from lbjax.train.errors import ConfigError
 
 DATA_AXES = ("data", "fsdp")
@@ -163,7 +164,8 @@ def model_parallel_problems(config: ml_collections.ConfigDict, data_parallel_siz
     problems.append(f"config.batch.micro_batch_size={config.batch.micro_batch_size} (the any-batch step) is not "
                     f"model-parallel; set it to 0 (batch.policy 'schedule' or 'fixed') or {parallel.split('=')[0]}=1.")
   attribute = "PIPELINED_STACK" if stage > 1 else "TENSOR_PARALLEL_SPECS"
-  if _declared_class(model_class) is not None and not hasattr(_declared_class(model_class), attribute):
+  declared = names.declared_class(model_class)
+  if declared is not None and not hasattr(declared, attribute):
     problems.append(_undeclared(parallel, repr(config.model), attribute))
   if stage > 1:
     if config.max_device_batch:
@@ -176,14 +178,6 @@ def model_parallel_problems(config: ml_collections.ConfigDict, data_parallel_siz
                         f"config.pipeline.num_microbatches={micro} micro-batches; use a multiple of "
                         f"{data_parallel_size * micro} or change num_microbatches.")
   return problems
-
-
-def _declared_class(model_function: Any) -> type | None:
-  """The model class a constructor builds: itself, or a factory's annotated return class (else None)."""
-  if isinstance(model_function, type):
-    return model_function
-  returned = getattr(model_function, "__annotations__", {}).get("return")
-  return returned if isinstance(returned, type) else None
 
 
 def _undeclared(parallel: str, model: str, attribute: str) -> str:

@@ -166,6 +166,15 @@ def _replace_hint(section: str, resolved: Resolved) -> str:
           "function before.")
 
 
+def declared_class(function: Any) -> type | None:
+  """The class a constructor builds: itself, or a factory's annotated return class (else None). Where a
+  model declares what the trainer must know (`TENSOR_PARALLEL_SPECS`, `training_batch_multiple`)."""
+  if isinstance(function, type):
+    return function
+  returned = getattr(function, "__annotations__", {}).get("return")
+  return returned if isinstance(returned, type) else None
+
+
 def describe(resolved: Resolved, arguments: Mapping[str, Any]) -> str:
   """`lbjax.optim.lars(momentum=0.9, weight_decay=0.0005)`: a resolved call for the console."""
   shown = ", ".join(f"{k}={_short(v)}" for k, v in arguments.items())

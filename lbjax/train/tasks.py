@@ -156,6 +156,12 @@ class ModelChoice:
   def language_model(self) -> bool:
     return hasattr(self.resolved.function, "initial_carry")
 
+  def training_batch_multiple(self) -> int:
+    """What each training batch one call of the model sees must be a multiple of (1 unless the
+    model's class declares `training_batch_multiple(options)`, e.g. the ResNets' ghost BN groups)."""
+    declared = getattr(names.declared_class(self.resolved.function), "training_batch_multiple", None)
+    return declared(self.options) if declared is not None else 1
+
   def arguments(self, data_arguments: dict[str, Any]) -> dict[str, Any]:
     """The constructor's keyword arguments (rngs aside): the config's options, then the data's."""
     arguments = names.bind("model_options", self.resolved, self.options, supplied=dict(data_arguments, rngs=None),

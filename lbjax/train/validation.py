@@ -34,10 +34,16 @@ def _diagnostics_problems(config: ml_collections.ConfigDict, data_parallel_size:
   return problems
 
 
-def _device_problems(config: ml_collections.ConfigDict, data_parallel_size: int, model_function) -> list[str]:
-  """The problems that depend on the data-parallel size (and the rest of the batch and mesh rules)."""
-  return (batch_plan.problems(config, data_parallel_size) + _diagnostics_problems(config, data_parallel_size)
-          + mesh.model_parallel_problems(config, data_parallel_size, model_function))
+def _device_problems(config: ml_collections.ConfigDict, data_parallel_size: int, model) -> list[str]:
+  """The problems that depend on the data-parallel size (and the rest of the batch and mesh rules);
+  `model` the `tasks.ModelChoice`, or None when its name does not resolve (reported elsewhere)."""
+  batch_problems = batch_plan.problems(config, data_parallel_size)
+  problems = (batch_problems + _diagnostics_problems(config, data_parallel_size)
+              + mesh.model_parallel_problems(config, data_parallel_size, model.resolved.function if model else None))
+  if model is not None and not batch_problems:
+    problems += batch_plan.model_call_problems(config, data_parallel_size, repr(config.model),
+                                               model.training_batch_multiple())
+  return problems
 
 
 def _flat_numbers(section: ml_collections.ConfigDict, prefix: str):
@@ -161,9 +167,7 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int = 1) 
   parts, name_problems = resolved.resolve_parts(read)
   model = parts.get("model")
   batch_problems = batch_plan.problems(config, data_parallel_size)
-  problems = (_value_problems(config) + batch_problems + _diagnostics_problems(config, data_parallel_size)
-              + mesh.model_parallel_problems(config, data_parallel_size, model.resolved.function if model else None)
-              + name_problems)
+  problems = _value_problems(config) + _device_problems(config, data_parallel_size, model) + name_problems
   if not batch_problems and "learning_rate" in parts:
     problems += batch_plan.learning_rate_problems(parts["batch"], parts["learning_rate"])
   _raise(problems)
@@ -176,4 +180,4 @@ def check_devices(run: resolved.ResolvedRun, data_parallel_size: int) -> None:
   Raises:
     ConfigError: listing every problem found.
   """
-  _raise(_device_problems(run.source_config, data_parallel_size, run.model.resolved.function))
+  _raise(_device_problems(run.source_config, data_parallel_size, run.model))

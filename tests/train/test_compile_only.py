@@ -164,6 +164,23 @@ def test_resnet_tiny_compiles_with_its_head_sharded_over_model(capsys, tmp_path)
 
 
 @needs_libtpu
+def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_per_device_gradients(capsys, tmp_path):
+  """Under jit the partitioner all-reduces a bfloat16 model's kernel gradients where the convolutions make
+  them, in bfloat16: about half the float32 parameter bytes. `mesh.per_device_gradients=True` takes each
+  device's float32 gradient and sums that (docs/running.md): the parameter bytes and a few more."""
+  smoke = ("resnet50_imagenet:smoke=true", "--topology", "v5p:2x2x1", "--config.model_options.dtype=bfloat16",
+           "--config.eval_batch_size=32")
+  all_reduce = {}
+  for per_device in (False, True):
+    status, _, err, report = _compile(capsys, tmp_path / str(per_device), *smoke,
+                                      f"--config.mesh.per_device_gradients={per_device}")
+    assert status == 0, err
+    parameter_bytes = report["steps"][0]["memory"]["parameters"]
+    all_reduce[per_device] = report["collective_bytes"]["all-reduce"] / parameter_bytes
+  assert all_reduce[False] < 0.6 and 1.0 <= all_reduce[True] < 1.1
+
+
+@needs_libtpu
 def test_a_step_that_cannot_fit_on_a_tpu_exits_4_with_the_compilers_figures(capsys, tmp_path):
   """The MNIST LSTM of 4,096 units on all 60,000 digits at once: 7,500 sequences per v3 TensorCore, whose
   activations XLA refuses at compile time (CompileTimeHbmOom); the refusal is the message, exit 4."""

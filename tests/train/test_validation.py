@@ -59,6 +59,13 @@ from tests.train import helpers
     ({"data_options.num_train_examples": -3}, r"synthetic_mnist fails with config.data_options.num_train_examples=-3"),
     ({"init_from": "/nowhere", "resume_with_changed_optimizer": True}, r"config.init_from starts a new run .* Set one"),
     ({"init_from": "/nowhere"}, r"config.init_from='/nowhere': no checkpoints/ folder there"),
+    # ghost BN's groups against the batch one call of the model sees (ResNet.training_batch_multiple)
+    ({"model": "ResNetTiny", "dataset": "synthetic_images", "model_options": {"bn_group_size": 16}, "batch_size": 40},
+     r"splits each training batch into groups of 16 .* sees the global batch 40: 40 examples"),
+    ({"model": "ResNetTiny", "dataset": "synthetic_images", "model_options": {"bn_group_size": 8},
+      "mesh.per_device_gradients": True}, r"groups of 8 .* the global batch 32, 4 per device"),
+    ({"model": "ResNetTiny", "dataset": "synthetic_images", "model_options": {"bn_group_size": 32}, "batch_size": 128,
+      "max_device_batch": 2}, r"groups of 32 .* the global batch 128 in 8 micro-batches .*: 16 examples"),
 ])
 def test_bad_config_is_refused_with_a_clear_message(tmp_path, overrides, message):
   with pytest.raises(ValueError, match=message):
