@@ -154,7 +154,7 @@ class ModelChoice:
 
   @property
   def language_model(self) -> bool:
-    return hasattr(self.resolved.function, "initial_carry")
+    return hasattr(names.declared_class(self.resolved.function), "initial_carry")
 
   def training_batch_multiple(self) -> int:
     """What each training batch one call of the model sees must be a multiple of (1 unless the
