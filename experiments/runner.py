@@ -21,6 +21,7 @@ from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
 
 DIVERGED_NOTE = "diverged.txt"  # in a run's directory: the message of the non-finite step that stopped it
+TRAINED_SECONDS = "trained_seconds.txt"  # in a run's directory: wall-clock seconds of the sessions that trained it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,8 @@ class RunRow:
     warmup_epochs: the warm-up after the scaling rule (0 without one).
     epochs: epochs trained (to the last record of a diverged run).
     steps: parameter updates made.
-    seconds: wall-clock seconds of the run's last session (0 for a run read back, not trained now).
+    seconds: wall-clock seconds of the sessions that trained the run, a preempted one and the one that
+      resumed it added up (`TRAINED_SECONDS`; 0 for a run read back, not trained now).
     device: the devices that trained it, e.g. "1x cpu" ("" in CSVs written before the column).
     batch_size: the run's (first) global batch size.
     same_as: for a sweep, the rule whose identical recipe this row repeats rather than trains again.
@@ -108,10 +110,22 @@ def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / DIVERGED_NOTE).write_text(f"{error}\n")
     preempted = False
+  finally:
+    seconds = _add_trained_seconds(run_dir, time.time() - start)
   if preempted:
     raise KeyboardInterrupt(f"{name} seed {config.seed} was preempted (SIGTERM); its checkpoint in {run_dir} "
                             "resumes when the experiment runs again.")
-  return read_row(config, run_dir, name=name, metric=metric, seconds=time.time() - start)
+  return read_row(config, run_dir, name=name, metric=metric, seconds=seconds)
+
+
+def _add_trained_seconds(run_dir: pathlib.Path, seconds: float) -> float:
+  """Adds a session's wall-clock seconds to those `run_dir` recorded; returns the sum. (A session killed
+  without a chance to write, e.g. by SIGKILL, is not counted.)"""
+  path = run_dir / TRAINED_SECONDS
+  total = seconds + (float(path.read_text()) if path.is_file() else 0.0)
+  if run_dir.is_dir():  # a run refused before it made its directory trained nothing
+    path.write_text(f"{total:.3f}\n")
+  return total
 
 
 def _numbers(kind: type, example: str):
