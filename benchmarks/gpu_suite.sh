@@ -198,7 +198,7 @@ deterministic_part() {
   local size=() value
   [ "$MODE" = dry-run ] && size=(--dry-run)
   for value in False True; do
-    "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only --override "--config.deterministic=$value" \
+    "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only "--override=--config.deterministic=$value" \
         --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work" || return 1
   done
 }

@@ -292,7 +292,8 @@ def main() -> None:
   parser.add_argument("--compare-momentum", action="store_true", help="also time the step with momentum SGD")
   parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
   parser.add_argument("--override", action="append", default=[],
-                      help="one more --config.<field>=<value> for the step and the trainer (repeatable)")
+                      help="one more --config.<field>=<value> for the step and the trainer, written "
+                           "--override=--config.<field>=<value> (repeatable)")
   parser.add_argument("--image-size", type=int, default=224)
   parser.add_argument("--train-images", type=int, default=16384)
   parser.add_argument("--distinct-images", type=int, default=2048)
