@@ -149,8 +149,10 @@ class ResNet(nnx.Module):
   def training_batch_multiple(options: Mapping[str, Any]) -> int:
     """What every training batch one call of the model sees must be a multiple of, for the
     constructor keywords `options`: `bn_group_size` (ghost BN), 1 for BN over the whole batch. The
-    trainer checks its batches against it before any compute (`lbjax.train.batch_plan`)."""
-    return options.get("bn_group_size") or 1
+    trainer checks its batches against it before any compute (`lbjax.train.batch_plan`). A size that
+    is not a positive int counts as 1 here: the constructor refuses it with its own message."""
+    size = options.get("bn_group_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
 
   def __init__(self, stage_sizes: Sequence[int], *, block: str = "bottleneck",
                num_classes: int, num_filters: int = 64, small_inputs: bool = False,
