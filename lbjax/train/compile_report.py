@@ -56,6 +56,7 @@ class ProgramFigures:
   estimated_seconds: float | None
   compile_seconds: float | None
   compiler_message: str = ""  # the compiler's out-of-memory figures, where it refused the program
+  all_reduce_16bit_bytes: int = 0  # the all-reduce bytes summed in bf16/f16 (`HloFigures`)
 
   def fits(self, hbm_bytes: int | None) -> bool:
     if self.compiler_message:
@@ -80,7 +81,8 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
   seconds = cost.get("optimal_seconds")
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, total, memory,
                         None if flops is None else flops * ratio, hlo.collective_bytes,
-                        None if seconds is None or seconds < 0 else seconds * ratio, compile_seconds)
+                        None if seconds is None or seconds < 0 else seconds * ratio, compile_seconds,
+                        all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes)
 
 
 def out_of_memory_figures(program, message: str) -> ProgramFigures:
@@ -169,6 +171,7 @@ class CompileReport:
         "flops_per_device": flops,
         "collective_bytes": {k: sum(int((p.per_step or 1.0) * p.collective_bytes[k]) for p in parts)
                              for k in COLLECTIVES},
+        "all_reduce_16bit_bytes": sum(int((p.per_step or 1.0) * p.all_reduce_16bit_bytes) for p in parts),
         "estimated_step_seconds": seconds,
         "compile_seconds": sum(p.compile_seconds or 0.0 for p in parts),
         "compiler_message": " ".join(p.compiler_message for p in parts if p.compiler_message),
@@ -234,6 +237,11 @@ class CompileReport:
       collectives = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in step["collective_bytes"].items() if v) or "none"
       out.append(f"    FLOPs per step {'?' if flops is None else f'{flops * self.devices:.3g}'} "
                  f"({'?' if flops is None else f'{flops:.3g}'} per device); collectives per device: {collectives}")
+      if step["step"] != "eval" and step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]:
+        low = step["all_reduce_16bit_bytes"] / 2**20
+        out.append(f"    of the all-reduce, {low:.1f} MiB is summed in 16-bit floats: the gradients are added across "
+                   "the devices in bfloat16 (mesh.per_device_gradients=True sums them in float32 where each device "
+                   "holds whole BatchNorm groups; docs/running.md)")
       if step["step"] != "eval" and step["estimated_step_seconds"] is None:
         out.append(f"    estimated step: none (XLA's cost model gave no estimate for this program); epoch "
                    f"{step['steps_per_epoch']} steps, {step['epochs']:g} epochs")

@@ -46,17 +46,24 @@ class HloFigures:
     matmul_flops: FLOPs of the dots and convolutions per step, loop bodies counted per iteration.
     matmul_flops_once: the same with every loop body counted once (as XLA's cost analysis does).
     loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
+    all_reduce_16bit_bytes: the part of the all-reduce bytes in 16-bit floats (bf16, f16): what is summed
+      across the devices at that precision (a bfloat16 model's gradients, where the partitioner reduces
+      the convolutions' partial gradients before their cast to the float32 parameters).
   """
   collective_bytes: dict[str, int]
   collective_counts: dict[str, int]
   matmul_flops: float
   matmul_flops_once: float
   loop_trip_counts: tuple[int, ...]
+  all_reduce_16bit_bytes: int = 0
 
   @property
   def loop_flop_ratio(self) -> float:
     """matmul FLOPs counted per loop iteration over those counted once (1.0 without loops or matmuls)."""
     return self.matmul_flops / self.matmul_flops_once if self.matmul_flops_once else 1.0
+
+
+_16BIT_FLOATS = ("bf16", "f16")
 
 
 def array_bytes(shape_text: str) -> float:
@@ -168,6 +175,7 @@ def analyze(hlo_text: str) -> HloFigures:
   collective_bytes = dict.fromkeys(COLLECTIVES, 0)
   collective_counts = dict.fromkeys(COLLECTIVES, 0)
   flops = flops_once = 0.0
+  all_reduce_16bit = 0
   for name, instructions in computations.items():
     count = times.get(name, 0)
     if not count:
@@ -178,8 +186,12 @@ def analyze(hlo_text: str) -> HloFigures:
         operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
+        if kind == "all-reduce":
+          all_reduce_16bit += count * int(sum(
+              _BYTES[dtype] * math.prod(_dims(dims)) for o in operands
+              for dtype, dims in _ARRAY.findall(shapes.get(o, "")) if dtype in _16BIT_FLOATS))
       elif instruction.opcode in ("dot", "convolution"):
         matmul = _matmul_flops(instruction, shapes)
         flops += count * matmul
         flops_once += times_once[name] * matmul
-  return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips))
+  return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips), all_reduce_16bit)

@@ -52,6 +52,27 @@ def test_a_scan_is_counted_once_per_iteration():
   assert figures.loop_flop_ratio == steps and steps in figures.loop_trip_counts
 
 
+def test_all_reduce_bytes_in_16_bit_floats_are_counted_apart():
+  """An all-reduce of a bf16 and an f32 operand: both in the all-reduce bytes, the bf16 one also apart."""
+  hlo = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: bf16[64,8], q: f32[16]) -> (bf16[64,8], f32[16]) {
+  %p = bf16[64,8]{1,0} parameter(0)
+  %q = f32[16]{0} parameter(1)
+  ROOT %r = (bf16[64,8]{1,0}, f32[16]{0}) all-reduce(%p, %q), replica_groups={}, to_apply=%add
+}
+"""
+  figures = hlo_analysis.analyze(hlo)
+  assert figures.collective_bytes["all-reduce"] == 64 * 8 * 2 + 16 * 4
+  assert figures.all_reduce_16bit_bytes == 64 * 8 * 2
+
+
 def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, tmp_path):
   config = helpers.tiny_classifier_config(dataset="mnist", data_dir=str(tmp_path / "no-data-here"))
   config.data_options = {}
@@ -172,12 +193,15 @@ def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_per_device_grad
            "--config.eval_batch_size=32")
   all_reduce = {}
   for per_device in (False, True):
-    status, _, err, report = _compile(capsys, tmp_path / str(per_device), *smoke,
-                                      f"--config.mesh.per_device_gradients={per_device}")
+    status, out, err, report = _compile(capsys, tmp_path / str(per_device), *smoke,
+                                        f"--config.mesh.per_device_gradients={per_device}")
     assert status == 0, err
     parameter_bytes = report["steps"][0]["memory"]["parameters"]
-    all_reduce[per_device] = report["collective_bytes"]["all-reduce"] / parameter_bytes
-  assert all_reduce[False] < 0.6 and 1.0 <= all_reduce[True] < 1.1
+    all_reduce[per_device] = (report["collective_bytes"]["all-reduce"] / parameter_bytes,
+                              report["steps"][0]["all_reduce_16bit_bytes"] / parameter_bytes)
+    assert ("summed in 16-bit floats" in out) == (not per_device)
+  assert all_reduce[False][0] < 0.6 and all_reduce[False][1] > 0.4
+  assert 1.0 <= all_reduce[True][0] < 1.1 and all_reduce[True][1] < 0.01  # float32 (20 of 21,564 bytes read as 16-bit)
 
 
 @needs_libtpu
