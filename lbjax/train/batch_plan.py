@@ -84,15 +84,20 @@ class BatchPlan:
 
   def num_microbatches(self, global_batch_size: int, data_parallel_size: int) -> int:
     """Micro-batches the per-size step accumulates (`max_device_batch`; 1 when the share fits)."""
-    share = global_batch_size // data_parallel_size
-    limit = self.max_device_batch
-    return share // limit if 0 < limit < share else 1
+    return microbatch_count(global_batch_size, data_parallel_size, self.max_device_batch)
 
   def describe(self) -> str:
     """The policy's fields as `policy='schedule', micro_batch_size=0, ...` (the console's `batch by`)."""
     fields = ("policy", "micro_batch_size", "min_batch_size", "max_batch_size", "noise_multiple", "never_shrink",
               "learning_rate", "adapt_every", "ema_decay")
     return ", ".join(f"{k}={getattr(self, k)!r}" for k in fields)
+
+
+def microbatch_count(global_batch_size: int, data_parallel_size: int, max_device_batch: int) -> int:
+  """Micro-batches a step accumulates when a device's share of the batch exceeds `max_device_batch`
+  (> 0); 1 when the share fits."""
+  share = global_batch_size // data_parallel_size
+  return share // max_device_batch if 0 < max_device_batch < share else 1
 
 
 def plan(read) -> BatchPlan:
@@ -157,8 +162,7 @@ def model_call_problems(config: ml_collections.ConfigDict, data_parallel_size: i
     for size in config_lib.batch_sizes(config):
       if not isinstance(size, int) or size <= 0 or size % data_parallel_size:
         continue  # reported by `problems`
-      share = size // data_parallel_size
-      count = share // config.max_device_batch if 0 < config.max_device_batch < share else 1
+      count = microbatch_count(size, data_parallel_size, config.max_device_batch)
       calls[size // count] = f"the global batch {size}" + (
           f" in {count} micro-batches (config.max_device_batch={config.max_device_batch})" if count > 1 else "")
   found = []

@@ -66,9 +66,11 @@ class HloFigures:
 _16BIT_FLOATS = ("bf16", "f16")
 
 
-def array_bytes(shape_text: str) -> float:
-  """Bytes of every array in an HLO shape (`f32[8,128]{1,0}` or a tuple of them)."""
-  return sum(_BYTES.get(dtype, 0) * math.prod(_dims(dims)) for dtype, dims in _ARRAY.findall(shape_text))
+def array_bytes(shape_text: str, dtypes: tuple[str, ...] | None = None) -> float:
+  """Bytes of every array in an HLO shape (`f32[8,128]{1,0}` or a tuple of them); of those of `dtypes` only,
+  when given."""
+  return sum(_BYTES.get(dtype, 0) * math.prod(_dims(dims)) for dtype, dims in _ARRAY.findall(shape_text)
+             if dtypes is None or dtype in dtypes)
 
 
 def _dims(text: str) -> list[int]:
@@ -187,9 +189,7 @@ def analyze(hlo_text: str) -> HloFigures:
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
         if kind == "all-reduce":
-          all_reduce_16bit += count * int(sum(
-              _BYTES[dtype] * math.prod(_dims(dims)) for o in operands
-              for dtype, dims in _ARRAY.findall(shapes.get(o, "")) if dtype in _16BIT_FLOATS))
+          all_reduce_16bit += count * int(sum(array_bytes(shapes.get(o, ""), _16BIT_FLOATS) for o in operands))
       elif instruction.opcode in ("dot", "convolution"):
         matmul = _matmul_flops(instruction, shapes)
         flops += count * matmul
