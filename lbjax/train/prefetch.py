@@ -165,6 +165,7 @@ class PrefetchingWindowStream(PrefetchingStream[Prepared]):
   holds on every Python, so the trainer counts an epoch in windows, not tokens)."""
 
   def windows_per_epoch(self, global_batch_size: int) -> int:
+    """The wrapped stream's batches of one epoch at `global_batch_size` rows."""
     return self._stream.windows_per_epoch(global_batch_size)
 
 
