@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from lbjax.models import param_dtype_gradients as kernel_gradients
 from lbjax.models import validation
 from lbjax.models.batch_norm import GhostBatchNorm
 
@@ -27,13 +28,22 @@ _conv_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 class _BNSettings:
   """The BatchNorm/dtype settings every block of one ResNet shares."""
 
-  def __init__(self, group_size, momentum, epsilon, zero_init_last, dtype, param_dtype):
+  def __init__(self, group_size, momentum, epsilon, zero_init_last, dtype, param_dtype, param_dtype_gradients):
     self.group_size = group_size
     self.momentum = momentum
     self.epsilon = epsilon
     self.zero_init_last = zero_init_last
     self.dtype = dtype
     self.param_dtype = param_dtype
+    self.param_dtype_gradients = param_dtype_gradients
+
+  def kernel_hooks(self, product: str) -> dict[str, Any]:
+    """The `nnx.Conv` (`product="conv_general_dilated"`) or `nnx.Linear` (`"dot_general"`) keywords
+    that make the kernel gradient in `param_dtype` (`lbjax.models.param_dtype_gradients`); none unless
+    `param_dtype_gradients`."""
+    if not self.param_dtype_gradients:
+      return {}
+    return {product: getattr(kernel_gradients, product), "promote_dtype": kernel_gradients.promote_all_but_kernel}
 
   def batch_norm(self, features: int, *, last: bool = False) -> GhostBatchNorm:
     return GhostBatchNorm(
@@ -47,7 +57,7 @@ class _BNSettings:
     return nnx.Conv(
         in_features, out_features, (kernel_size, kernel_size), strides=(stride, stride),
         padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=_conv_init,
-        dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
+        dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs, **self.kernel_hooks("conv_general_dilated"))
 
 
 class _Shortcut(nnx.Module):
@@ -159,7 +169,7 @@ class ResNet(nnx.Module):
                bn_group_size: int | None = None, zero_init_last_bn_scale: bool = True,
                bn_momentum: float = 0.9, bn_epsilon: float = 1e-5,
                dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
-               input_channels: int = 3, rngs: nnx.Rngs):
+               param_dtype_gradients: bool = False, input_channels: int = 3, rngs: nnx.Rngs):
     """Builds the network.
 
     Args:
@@ -175,6 +185,10 @@ class ResNet(nnx.Module):
       bn_epsilon: BatchNorm epsilon.
       dtype: compute dtype.
       param_dtype: parameter dtype.
+      param_dtype_gradients: compute the kernel gradients of the convolutions and the dense head in
+        `param_dtype` (the multiply-adds stay in `dtype`; `lbjax.models.param_dtype_gradients`), so
+        data parallelism sums them across devices in `param_dtype`; False: in `dtype`, as JAX's
+        transpose of the bfloat16 convolution makes them. No effect when `dtype` is `param_dtype`.
       input_channels: channels of the input images.
       rngs: `nnx.Rngs` for parameter initialisation.
 
@@ -193,8 +207,10 @@ class ResNet(nnx.Module):
       raise ValueError(f"bn_momentum must be in [0, 1), got {bn_momentum!r}.")
     if not bn_epsilon > 0.0:
       raise ValueError(f"bn_epsilon must be > 0, got {bn_epsilon!r}.")
+    if not isinstance(param_dtype_gradients, bool):
+      raise ValueError(f"param_dtype_gradients must be True or False, got {param_dtype_gradients!r}.")
     settings = _BNSettings(bn_group_size, bn_momentum, bn_epsilon, zero_init_last_bn_scale,
-                           dtype, param_dtype)
+                           dtype, param_dtype, param_dtype_gradients)
     self.bn_group_size = bn_group_size
     self.small_inputs = small_inputs
     self.input_channels = input_channels
@@ -213,7 +229,7 @@ class ResNet(nnx.Module):
         in_features = features * block_cls.expansion
     self.blocks = nnx.List(blocks)
     self.head = nnx.Linear(in_features, num_classes, dtype=dtype, param_dtype=param_dtype,
-                           rngs=rngs)
+                           rngs=rngs, **settings.kernel_hooks("dot_general"))
 
   def __call__(self, images: jax.Array, *, train: bool) -> jax.Array:
     """Maps images [N, H, W, C] (float) to logits [N, num_classes] (float32).

@@ -240,8 +240,9 @@ class CompileReport:
       if step["step"] != "eval" and step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]:
         low = step["all_reduce_16bit_bytes"] / 2**20
         out.append(f"    of the all-reduce, {low:.1f} MiB is summed in 16-bit floats: the gradients are added across "
-                   "the devices in bfloat16 (mesh.per_device_gradients=True sums them in float32 where each device "
-                   "holds whole BatchNorm groups; docs/running.md)")
+                   "the devices in bfloat16 (a ResNet's model_options.param_dtype_gradients=True makes its kernel "
+                   "gradients in float32 first; mesh.per_device_gradients=True sums each device's float32 gradient "
+                   "where each device holds whole BatchNorm groups; docs/running.md)")
       if step["step"] != "eval" and step["estimated_step_seconds"] is None:
         out.append(f"    estimated step: none (XLA's cost model gave no estimate for this program); epoch "
                    f"{step['steps_per_epoch']} steps, {step['epochs']:g} epochs")

@@ -185,23 +185,26 @@ def test_resnet_tiny_compiles_with_its_head_sharded_over_model(capsys, tmp_path)
 
 
 @needs_libtpu
-def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_per_device_gradients(capsys, tmp_path):
+def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_told_otherwise(capsys, tmp_path):
   """Under jit the partitioner all-reduces a bfloat16 model's kernel gradients where the convolutions make
-  them, in bfloat16: about half the float32 parameter bytes. `mesh.per_device_gradients=True` takes each
-  device's float32 gradient and sums that (docs/running.md): the parameter bytes and a few more."""
+  them, in bfloat16: about half the float32 parameter bytes. `model_options.param_dtype_gradients=True` makes
+  those products float32, and `mesh.per_device_gradients=True` takes each device's float32 gradient: either
+  way the all-reduce sums float32 (docs/running.md), the parameter bytes and a few more."""
   smoke = ("resnet50_imagenet:smoke=true", "--topology", "v5p:2x2x1", "--config.model_options.dtype=bfloat16",
            "--config.eval_batch_size=32")
   all_reduce = {}
-  for per_device in (False, True):
-    status, out, err, report = _compile(capsys, tmp_path / str(per_device), *smoke,
-                                        f"--config.mesh.per_device_gradients={per_device}")
+  for name, option in (("plain", "--config.mesh.per_device_gradients=False"),
+                       ("per_device", "--config.mesh.per_device_gradients=True"),
+                       ("param_dtype", "--config.model_options.param_dtype_gradients=True")):
+    status, out, err, report = _compile(capsys, tmp_path / name, *smoke, option)
     assert status == 0, err
     parameter_bytes = report["steps"][0]["memory"]["parameters"]
-    all_reduce[per_device] = (report["collective_bytes"]["all-reduce"] / parameter_bytes,
-                              report["steps"][0]["all_reduce_16bit_bytes"] / parameter_bytes)
-    assert ("summed in 16-bit floats" in out) == (not per_device)
-  assert all_reduce[False][0] < 0.6 and all_reduce[False][1] > 0.4
-  assert 1.0 <= all_reduce[True][0] < 1.1 and all_reduce[True][1] < 0.01  # float32 (20 of 21,564 bytes read as 16-bit)
+    all_reduce[name] = (report["collective_bytes"]["all-reduce"] / parameter_bytes,
+                        report["steps"][0]["all_reduce_16bit_bytes"] / parameter_bytes)
+    assert ("summed in 16-bit floats" in out) == (name == "plain")
+  assert all_reduce["plain"][0] < 0.6 and all_reduce["plain"][1] > 0.4
+  for name in ("per_device", "param_dtype"):  # float32 (20 of 21,564 bytes read as 16-bit for per_device)
+    assert 1.0 <= all_reduce[name][0] < 1.1 and all_reduce[name][1] < 0.01
 
 
 @needs_libtpu

@@ -1,0 +1,168 @@
+"""Convolutions and dense layers that compute in a low precision and give their kernels' gradients in
+the parameters' precision.
+
+A bfloat16 layer with float32 parameters casts its kernel to bfloat16 and JAX's transpose then makes
+the kernel gradient where the batch is summed out, in a convolution (or dot) with a bfloat16 output:
+under data parallelism the partial sums that leave each device are bfloat16, and XLA's all-reduce
+adds them across the devices in bfloat16 (`lbjax-train --compile-only` says when it does). The
+reference ResNet-50 trainings sum float32 gradients across replicas (their optimizers reduce the
+gradients after the cast back to the variables' dtype).
+
+Here the forward pass is unchanged (bfloat16 inputs, the kernel cast to bfloat16, the same
+convolution), the input gradient is JAX's own, and the kernel gradient is the same transposed
+convolution (dot) with `preferred_element_type` set to the kernel's dtype: the MXU / tensor cores
+accumulate in float32 anyway, so the multiply-adds stay bfloat16 and only the output, and with it
+the cross-device sum, is float32:
+
+    dW = conv(x^T, dy^T; window strides <- kernel dilation, kernel dilation <- window strides)   (float32 out)
+    dW = x^T dy                                                                                    (dense, float32 out)
+
+`conv_general_dilated`, `dot_general` and `promote_all_but_kernel` are the `conv_general_dilated`,
+`dot_general` and `promote_dtype` hooks of `flax.nnx.Conv` / `nnx.Linear`.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+
+def promote_all_but_kernel(args: Sequence[Any], *, dtype: Any = None) -> tuple[Any, ...]:
+  """`nnx.Conv`/`nnx.Linear`'s `promote_dtype` hook: (inputs, kernel, bias) with the inputs and bias
+  cast to `dtype` (None: the type all of them promote to, as flax's own hook) and the kernel left in
+  its parameter dtype, for `conv_general_dilated`/`dot_general` to cast."""
+  inputs, kernel, *rest = args
+  if dtype is None:
+    dtype = jnp.result_type(*(x for x in args if x is not None))
+  return (jnp.asarray(inputs, dtype), kernel, *(x if x is None else jnp.asarray(x, dtype) for x in rest))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Conv:
+  """The static arguments of one convolution (hashable: `custom_vjp`'s non-differentiable argument)."""
+  window_strides: tuple[int, ...]
+  padding: tuple[tuple[int, int], ...]
+  dimension_numbers: lax.ConvDimensionNumbers
+  precision: Any
+
+  def __call__(self, lhs: jax.Array, rhs: jax.Array, preferred_element_type: Any = None) -> jax.Array:
+    return lax.conv_general_dilated(lhs, rhs, self.window_strides, self.padding,
+                                    dimension_numbers=self.dimension_numbers, precision=self.precision,
+                                    preferred_element_type=preferred_element_type)
+
+  def kernel_gradient(self, lhs: jax.Array, cotangent: jax.Array, kernel_shape: Sequence[int],
+                      dtype: Any) -> jax.Array:
+    """d(sum(cotangent * conv(lhs, W)))/dW as one convolution with a `dtype` output: the batch is the
+    contracted dimension, the output's spatial dimensions the window (dilated by the strides)."""
+    lhs_spec, rhs_spec, out_spec = self.dimension_numbers
+    swap = lambda spec: (spec[1], spec[0]) + tuple(spec[2:])
+    in_sizes = [lhs.shape[d] for d in lhs_spec[2:]]
+    window = [kernel_shape[d] for d in rhs_spec[2:]]
+    out_sizes = [cotangent.shape[d] for d in out_spec[2:]]
+    padding = []
+    for (low, _), size, k, out, stride in zip(self.padding, in_sizes, window, out_sizes, self.window_strides):
+      dilated_out = 1 + stride * (out - 1)
+      padding.append((low, dilated_out - size + k - low - 1))
+    return lax.conv_general_dilated(
+        lhs, cotangent, window_strides=(1,) * len(window), padding=padding, rhs_dilation=self.window_strides,
+        dimension_numbers=lax.ConvDimensionNumbers(swap(lhs_spec), swap(out_spec), swap(rhs_spec)),
+        precision=self.precision, preferred_element_type=dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv(lhs: jax.Array, kernel: jax.Array, conv: _Conv) -> jax.Array:
+  return conv(lhs, kernel.astype(lhs.dtype))
+
+
+def _conv_forward(lhs, kernel, conv):
+  return _conv(lhs, kernel, conv), (lhs, kernel)
+
+
+def _conv_backward(conv, residuals, cotangent):
+  lhs, kernel = residuals
+  _, input_vjp = jax.vjp(lambda x: conv(x, kernel.astype(lhs.dtype)), lhs)
+  (input_gradient,) = input_vjp(cotangent)
+  return input_gradient, conv.kernel_gradient(lhs, cotangent, kernel.shape, kernel.dtype)
+
+
+_conv.defvjp(_conv_forward, _conv_backward)
+
+
+def conv_general_dilated(lhs: jax.Array, rhs: jax.Array, window_strides: Sequence[int], padding: Any, *,
+                         lhs_dilation: Sequence[int] | None = None, rhs_dilation: Sequence[int] | None = None,
+                         dimension_numbers: Any = None, feature_group_count: int = 1, precision: Any = None,
+                         preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
+  """`lax.conv_general_dilated(lhs, rhs.astype(lhs.dtype), ...)` whose gradient w.r.t. `rhs` (the
+  kernel, in its parameter dtype) is computed in `rhs.dtype` (see the module docstring).
+
+  Strided, padded convolutions (string or explicit padding) of one feature group; no dilation, no
+  `preferred_element_type` and no `out_sharding` (the output has `lhs`'s dtype and XLA's layout).
+
+  Raises:
+    ValueError: a dilation, several feature groups, `preferred_element_type` or `out_sharding`.
+  """
+  unsupported = {"lhs_dilation": lhs_dilation, "rhs_dilation": rhs_dilation, "out_sharding": out_sharding,
+                 "preferred_element_type": preferred_element_type}
+  named = [f"{name}={value!r}" for name, value in unsupported.items()
+           if value is not None and (not name.endswith("dilation") or any(d != 1 for d in value))]
+  if feature_group_count != 1:
+    named.append(f"feature_group_count={feature_group_count}")
+  if named:
+    raise ValueError(f"param_dtype_gradients convolutions take no {', '.join(named)}; build the layer without "
+                     "param_dtype_gradients for these.")
+  numbers = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+  window_strides = tuple(int(s) for s in window_strides)
+  if isinstance(padding, str):
+    padding = lax.padtype_to_pads([lhs.shape[d] for d in numbers.lhs_spec[2:]],
+                                  [rhs.shape[d] for d in numbers.rhs_spec[2:]], window_strides, padding)
+  padding = tuple((int(low), int(high)) for low, high in padding)
+  return _conv(lhs, rhs, _Conv(window_strides, padding, numbers, precision))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dense(inputs: jax.Array, kernel: jax.Array, precision: Any) -> jax.Array:
+  return _matmul(inputs, kernel.astype(inputs.dtype), precision)
+
+
+def _matmul(inputs, kernel, precision, preferred_element_type=None):
+  return lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=precision,
+                         preferred_element_type=preferred_element_type)
+
+
+def _dense_forward(inputs, kernel, precision):
+  return _dense(inputs, kernel, precision), (inputs, kernel)
+
+
+def _dense_backward(precision, residuals, cotangent):
+  inputs, kernel = residuals
+  input_gradient = lax.dot_general(cotangent, kernel.astype(inputs.dtype),
+                                   (((cotangent.ndim - 1,), (1,)), ((), ())), precision=precision)
+  batch_dims = tuple(range(inputs.ndim - 1))
+  kernel_gradient = lax.dot_general(inputs, cotangent, ((batch_dims, batch_dims), ((), ())), precision=precision,
+                                    preferred_element_type=kernel.dtype)
+  return input_gradient, kernel_gradient
+
+
+_dense.defvjp(_dense_forward, _dense_backward)
+
+
+def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precision: Any = None,
+                preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
+  """`nnx.Linear`'s product `lhs @ rhs.astype(lhs.dtype)` (the last axis of `lhs` with the first of a
+  2-d kernel), whose gradient w.r.t. `rhs` is computed in `rhs.dtype` (see the module docstring).
+
+  Raises:
+    ValueError: other dimension numbers (batch dimensions, another contraction), a kernel that is not
+      2-d, `preferred_element_type` or `out_sharding`.
+  """
+  expected = (((lhs.ndim - 1,), (0,)), ((), ()))
+  normalised = tuple(tuple(tuple(int(d) for d in dims) for dims in pair) for pair in dimension_numbers)
+  if rhs.ndim != 2 or normalised != expected or preferred_element_type is not None or out_sharding is not None:
+    raise ValueError(f"param_dtype_gradients dense layers take a 2-d kernel contracted as {expected} and no "
+                     f"preferred_element_type or out_sharding, got dimension_numbers={dimension_numbers}, a "
+                     f"{rhs.ndim}-d kernel, preferred_element_type={preferred_element_type!r}, out_sharding="
+                     f"{out_sharding!r}; build the layer without param_dtype_gradients for these.")
+  return _dense(lhs, rhs, precision)
