@@ -15,8 +15,9 @@
 #   e2e_more       the rest of the grid (a second device call)
 #   loop           benchmarks/train_loop.py: whole loop vs bare step, MNIST LSTM (B=128) and ResNet-tiny
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree (owned by the optimizer work; called as is)
-#   deterministic  the ResNet-50 step with --config.deterministic=True and False (issue 30), only where the
-#                  config has that field
+#   step_options   the ResNet-50 step alone, as configured and with each switch that trades speed for
+#                  numerics: --config.deterministic=True (issue 30) and
+#                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients)
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
 set -uo pipefail
@@ -27,7 +28,7 @@ PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
 SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
-PARTS="install,e2e,loop,optimizer,deterministic"
+PARTS="install,e2e,loop,optimizer,step_options"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
 ARCHIVE_IN=""
 
@@ -49,9 +50,9 @@ LIMIT_INSTALL=60
 LIMIT_E2E_POINT=170
 LIMIT_LOOP=150
 LIMIT_OPTIMIZER=120
-LIMIT_DETERMINISTIC=150
+LIMIT_STEP_OPTIONS=210
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
-  LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_DETERMINISTIC=900
+  LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py).
 E2E_FIRST=("256 14 default")
@@ -189,16 +190,12 @@ e2e_table() {
   pack
 }
 
-deterministic_part() {
-  local has_field="import sys; from lbjax.train import default_config as c; sys.exit('deterministic' not in c())"
-  if ! "$PYTHON" -c "$has_field"; then
-    echo "no config.deterministic in this lbjax: skipped"
-    return 0
-  fi
-  local size=() value
+step_options_part() {
+  local size=() option
   [ "$MODE" = dry-run ] && size=(--dry-run)
-  for value in False True; do
-    "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only "--override=--config.deterministic=$value" \
+  for option in --config.deterministic=False --config.deterministic=True \
+      --config.model_options.param_dtype_gradients=True; do
+    "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only "--override=$option" \
         --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work" || return 1
   done
 }
@@ -241,7 +238,7 @@ else
   export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export WHEELS SITE MODE RESULTS PYTHON
-export -f install_part prune_site deterministic_part
+export -f install_part prune_site step_options_part
 echo "gpu_suite.sh $MODE, parts $PARTS, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)" \
     | tee "$RESULTS/suite.log"
 
@@ -266,8 +263,8 @@ for name in ${PARTS//,/ }; do
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees resnet50 --rounds 21 --write-noisy \
             --optimizers "optax.lars;lbjax lars;optax.lamb;lbjax lamb (all leaves)"
       fi ;;
-    deterministic) part deterministic "$LIMIT_DETERMINISTIC" bash -c deterministic_part; e2e_table ;;
-    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, deterministic)" >&2; exit 2 ;;
+    step_options) part step_options "$LIMIT_STEP_OPTIONS" bash -c step_options_part; e2e_table ;;
+    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, step_options)" >&2; exit 2 ;;
   esac
 done
 pack

@@ -24,6 +24,8 @@ compile. The host work of one loop iteration is then timed piece by piece:
   lr_scalar       the learning rate as the step's device scalar (`Run.learning_rate_scalar`: placed
                   only when its value changes, so at the constant LR of these runs a lookup)
   schedules       the host learning-rate and batch-size schedules
+  metrics         the `train` record of one window of `--log-every` steps (`hooks.WriteMetrics`: the
+                  window's metrics stacked on the device, fetched, averaged and written), per step
 
     python -m benchmarks.train_loop [--rounds 15] [--steps 100] [--log-every 50] [--max-spread 0.1] [--no-readme]
 
@@ -44,8 +46,10 @@ import jax
 from benchmarks import report
 from benchmarks import workloads
 from lbjax import train
+from lbjax.train import hooks
 from lbjax.train import prefetch
 from lbjax.train import run as run_lib
+from lbjax.train.metrics import MetricsWriter, ProgressLine
 
 CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
 
@@ -108,6 +112,7 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
     for name in names[shift:] + names[:shift]:
       times[name].append(variants[name]())
   times["host"] = host_seconds(trainer_step, repeats=50)
+  times["host"]["metrics"] = metrics_seconds(trainer_step, args.log_every, repeats=10)
   trainer_step.close()
   return times
 
@@ -133,6 +138,26 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
       samples.append(time.perf_counter() - start)
     times[name] = statistics.median(samples)
   return times
+
+
+def metrics_seconds(trainer_step: workloads.TrainerStep, log_every: int, repeats: int) -> float:
+  """Median seconds per step of writing one window of `log_every` steps' metrics, each window's metrics
+  fresh from the trainer step (a fetched array keeps its host copy)."""
+  samples = []
+  with tempfile.TemporaryDirectory() as workdir:
+    writer = MetricsWriter(workdir, tensorboard=False)
+    for _ in range(repeats + 1):  # the first compiles the stacking
+      window = [trainer_step() for _ in range(log_every)]
+      jax.block_until_ready(window)
+      write = hooks.WriteMetrics(writer, ProgressLine(1.0, 0, enabled=False), log_every, layerwise_rates=False)
+      start = time.perf_counter()
+      for step, metrics in enumerate(window, 1):
+        trainer_step.run.step_count = step  # the window closes at its last step, as in a run
+        write.after_step(trainer_step.run, metrics)
+      write.flush(trainer_step.run)
+      samples.append((time.perf_counter() - start) / log_every)
+    writer.close()
+  return statistics.median(samples[1:])
 
 
 def main() -> None:
@@ -172,7 +197,7 @@ def main() -> None:
                       vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
                      [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "lr_scalar",
-                                                       "schedules")])
+                                                       "schedules", "metrics")])
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
       ["model", "global batch", "hand step ms", "trainer step ms", "loop ms per step",
@@ -180,7 +205,7 @@ def main() -> None:
        "loop / hand step", "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
-       "lr_scalar ms", "schedules ms"], host_rows)
+       "lr_scalar ms", "schedules ms", "metrics ms"], host_rows)
   notes = (
       f"One {jax.devices()[0].device_kind} device, momentum SGD, synthetic twins. Times per step: median over "
       f"{args.rounds} interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
@@ -195,7 +220,7 @@ def main() -> None:
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "
       "learning rate when its value changed (`Run.learning_rate_scalar`; a constant LR, as here, "
-      "is placed once).")
+      "is placed once). metrics: one window's `train` record (`hooks.WriteMetrics`) per step of the window.")
   body = (report.header_lines() + "\n" + check.warning() + rates +
           "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)

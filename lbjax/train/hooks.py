@@ -77,16 +77,53 @@ class RecordCompiles:
     self.progress.reset_window(run.examples_seen - batch_size, run.epoch, step)
 
 
+# The steps of a window are stacked on the device in runs of 32 and then of the binary digits of the
+# rest (50 steps: 32, 16, 2): a few device calls and as many transfers per metric instead of one transfer
+# per metric and step, at most six compiled sizes per set of metric names, no padding. Per step of a
+# 50-step window of ResNet-tiny's 5 metrics, on one CPU device, 63 us instead of 115 us
+# (`python -m benchmarks.train_loop`, column "metrics").
+_LONGEST_STACK = 32
+
+
+def _stack_sizes(count: int) -> list[int]:
+  rest = count % _LONGEST_STACK
+  return [_LONGEST_STACK] * (count // _LONGEST_STACK) + [1 << b for b in reversed(range(5)) if rest >> b & 1]
+
+
+@jax.jit
+def _stack_columns(columns: dict[str, list[jax.Array]]) -> dict[str, jax.Array]:
+  return {name: jnp.stack(values) for name, values in columns.items()}
+
+
+@jax.jit
+def _copy(tree: Any) -> Any:
+  return jax.tree.map(jnp.copy, tree)
+
+
 class _Window:
-  """The steps of one closed log window, still on the device, and the run's clock at its end."""
+  """The steps of one closed log window, stacked on the device (`_stack_columns`, dispatched when the
+  window closes, so it runs between the window's last step and the next), and the run's clock at its end."""
 
   def __init__(self, run: RunView, metrics: list[Metrics], progress_time: float, layerwise_rates: bool):
-    self.metrics, self.progress_time = metrics, progress_time
+    self.progress_time = progress_time
     self.step, self.epoch, self.examples_seen, self.batch_size = (run.step_count, run.epoch, run.examples_seen,
                                                                   run.batch_size)
+    columns = {name: [m[name] for m in metrics if name in m] for name in dict.fromkeys(k for m in metrics for k in m)}
+    self.names = list(columns)
+    self.stacks, start = [], 0
+    for size in _stack_sizes(max(map(len, columns.values()), default=0)):
+      self.stacks.append(_stack_columns({name: values[start:start + size] for name, values in columns.items()
+                                         if len(values) > start}))
+      start += size
     # A copy: the next step donates the optimizer state the ratios live in.
-    self.trust_ratios = (jax.tree.map(jnp.copy, optim.trust_ratios(run.state.opt_state))
-                         if layerwise_rates else None)
+    self.trust_ratios = _copy(optim.trust_ratios(run.state.opt_state)) if layerwise_rates else None
+
+  def fetch(self) -> tuple[dict[str, np.ndarray], Any]:
+    """Every metric's values over the window's steps that report it (one transfer per stack and metric),
+    and the trust ratios."""
+    stacks, trust_ratios = jax.device_get((self.stacks, self.trust_ratios))
+    values = {name: np.concatenate([stack[name] for stack in stacks if name in stack]) for name in self.names}
+    return values, trust_ratios
 
 
 class WriteMetrics:
@@ -130,14 +167,13 @@ class WriteMetrics:
     return window
 
   def _write(self, run: RunView, window: _Window) -> None:
-    values, trust_ratios = jax.device_get((window.metrics, window.trust_ratios))
-    if not all(np.isfinite(v["loss"]) and np.isfinite(v["update_norm"]) for v in values):
+    values, trust_ratios = window.fetch()
+    if not (np.all(np.isfinite(values["loss"])) and np.all(np.isfinite(values["update_norm"]))):
       run.check_health()  # raises NonFiniteError, naming the first non-finite quantity
     # Each metric averaged over the steps that report it: a batch-size schedule can put steps that
     # accumulate micro-batches (with the noise-scale ingredients) and steps that do not in one window.
-    names = dict.fromkeys(k for v in values for k in v if k != "learning_rate")
-    record = {k: float(np.mean([v[k] for v in values if k in v])) for k in names}
-    record["learning_rate"] = float(values[-1]["learning_rate"])
+    record = {name: float(np.mean(column)) for name, column in values.items() if name != "learning_rate"}
+    record["learning_rate"] = float(values["learning_rate"][-1])
     if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
       record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(
           record["noise_scale_grad_norm_sq"], record["noise_scale_trace_sigma"])))

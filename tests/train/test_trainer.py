@@ -118,6 +118,39 @@ def test_metrics_reach_the_host_once_per_window_one_step_late(tmp_path, monkeypa
   assert [(r["step"], r["examples_seen"]) for r in records] == [(4, 4 * 32), (8, 8 * 32), (10, 10 * 32)]
 
 
+def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_path, monkeypatch):
+  """A 50-step window whose last 30 steps accumulate (two more metrics): each mean is over the steps that
+  report it, the learning rate is the last step's, and the window is stacked on the device in runs of
+  32, 16 and 2 steps (no transfer per step)."""
+  class FakeRun:  # what WriteMetrics reads of a run
+    step_count, epoch, examples_seen, batch_size, stream = 0, 0.5, 800, 16, None
+
+  rng = np.random.default_rng(0)
+  steps = [{"loss": rng.normal(), "update_norm": rng.random(), "learning_rate": 0.1 + i} for i in range(50)]
+  for values in steps[20:]:
+    values.update(noise_scale_grad_norm_sq=rng.random(), noise_scale_trace_sigma=rng.random())
+  stacked_sizes = []
+  stack = hooks._stack_columns
+  monkeypatch.setattr(hooks, "_stack_columns", lambda columns: stacked_sizes.append(
+      {name: len(values) for name, values in columns.items()}) or stack(columns))
+  writer = MetricsWriter(tmp_path)
+  write = hooks.WriteMetrics(writer, ProgressLine(1.0, 50, enabled=False), log_every=50, layerwise_rates=False)
+  run = FakeRun()
+  for step, values in enumerate(steps, 1):
+    run.step_count = step
+    write.after_step(run, {name: jax.numpy.float32(value) for name, value in values.items()})
+  write.flush(run)
+  writer.close()
+  (record,) = _records(tmp_path, "train")
+  for name in ("loss", "update_norm", "noise_scale_grad_norm_sq", "noise_scale_trace_sigma"):
+    reported = np.float32([values[name] for values in steps if name in values])
+    assert record[name] == float(np.mean(reported)), name
+  assert record["learning_rate"] == float(np.float32(49.1)) and record["step"] == 50
+  assert stacked_sizes == [{"loss": 32, "update_norm": 32, "learning_rate": 32, "noise_scale_grad_norm_sq": 30,
+                            "noise_scale_trace_sigma": 30}, {"loss": 16, "update_norm": 16, "learning_rate": 16},
+                           {"loss": 2, "update_norm": 2, "learning_rate": 2}]
+
+
 def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path):
   """A constant stretch of the schedule reuses one device scalar (no transfer per step), and every step
   still trains with the schedule's float32 value at its epoch: 0.05 for the first half epoch, then 0.005."""
