@@ -8,13 +8,14 @@ parameters. Each start is recorded in `<workdir>/history.jsonl`. Saves run in th
 failed one (a full disk) is reported as `CheckpointSaveError` at the next step, save or close.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
 import socket
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import logging
 import jax
@@ -209,19 +210,15 @@ class Checkpoints:
     """Starts the background save of `state` at `step` (once the previous one is written)."""
     self.wait_for_save()
     self._save_in_flight = step
-    try:
+    with self._failures_reported():  # written synchronously: directories, meta
       self.checkpointer.save(step, state, meta)
-    except Exception as e:  # pylint: disable=broad-except  (written synchronously: directories, meta)
-      raise self._save_error(e) from e
 
   def check_background_save(self) -> None:
     """Raises `CheckpointSaveError` if the background save has failed (no waiting when it is running)."""
     if self._save_in_flight is None:
       return
-    try:
+    with self._failures_reported():
       self.checkpointer.check_for_errors()
-    except Exception as e:  # pylint: disable=broad-except
-      raise self._save_error(e) from e
     if not self.checkpointer.is_saving():
       self.wait_for_save()  # finished: joins the writer at once and raises what it left
 
@@ -229,22 +226,28 @@ class Checkpoints:
     """Blocks until the save in flight is on disk; raises `CheckpointSaveError` if it failed."""
     if self._save_in_flight is None:
       return
-    try:
+    with self._failures_reported():
       self.checkpointer.wait()
-    except Exception as e:  # pylint: disable=broad-except
-      raise self._save_error(e) from e
     self._save_in_flight = None
 
-  def _save_error(self, error: Exception) -> CheckpointSaveError:
-    step, self._save_in_flight = self._save_in_flight, None
-    self.save_failed = True
-    return CheckpointSaveError(self.checkpointer.failed_save_message(step, error))
+  @contextlib.contextmanager
+  def _failures_reported(self) -> Iterator[None]:
+    """Raises what the checkpointer call inside raises as `CheckpointSaveError`, naming the save in flight
+    (which is then over, failed)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except  (Orbax raises what the file system did)
+      step, self._save_in_flight = self._save_in_flight, None
+      self.save_failed = True
+      raise CheckpointSaveError(self.checkpointer.failed_save_message(step, e)) from e
 
   def close(self) -> None:
     """Waits for the save in flight and closes the checkpointer. After a failed save (already reported as
     `CheckpointSaveError`), what else Orbax raises on closing is dropped."""
+    failed_before = self.save_failed
     try:
-      self.checkpointer.close()
-    except Exception as e:  # pylint: disable=broad-except
-      if not self.save_failed:
-        raise self._save_error(e) from e
+      with self._failures_reported():
+        self.checkpointer.close()
+    except CheckpointSaveError:
+      if not failed_before:
+        raise
