@@ -17,7 +17,7 @@ the cross-device sum, is float32:
     dW = conv(x^T, dy^T; window strides <- kernel dilation, kernel dilation <- window strides)   (float32 out)
     dW = x^T dy                                                                                    (dense, float32 out)
 
-`conv_general_dilated`, `dot_general` and `promote_all_but_kernel` are the `conv_general_dilated`,
+`conv_general_dilated`, `dot_general` and `promote_inputs_only` are the `conv_general_dilated`,
 `dot_general` and `promote_dtype` hooks of `flax.nnx.Conv` / `nnx.Linear`.
 """
 
@@ -30,14 +30,15 @@ from jax import lax
 import jax.numpy as jnp
 
 
-def promote_all_but_kernel(args: Sequence[Any], *, dtype: Any = None) -> tuple[Any, ...]:
-  """`nnx.Conv`/`nnx.Linear`'s `promote_dtype` hook: (inputs, kernel, bias) with the inputs and bias
-  cast to `dtype` (None: the type all of them promote to, as flax's own hook) and the kernel left in
-  its parameter dtype, for `conv_general_dilated`/`dot_general` to cast."""
-  inputs, kernel, *rest = args
+def promote_inputs_only(args: Sequence[Any], *, dtype: Any = None) -> tuple[Any, ...]:
+  """`nnx.Conv`/`nnx.Linear`'s `promote_dtype` hook: (inputs, kernel, bias) with the inputs cast to
+  `dtype` (None: the type all of them promote to, as flax's own hook) and the kernel and bias left in
+  their parameter dtype: `conv_general_dilated`/`dot_general` cast the kernel, and the bias is added in
+  its own dtype (the layer's output is then float32), so its gradient is a float32 sum too."""
+  inputs, *params = args
   if dtype is None:
     dtype = jnp.result_type(*(x for x in args if x is not None))
-  return (jnp.asarray(inputs, dtype), kernel, *(x if x is None else jnp.asarray(x, dtype) for x in rest))
+  return (jnp.asarray(inputs, dtype), *params)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ class _BNSettings:
     `param_dtype_gradients`."""
     if not self.param_dtype_gradients:
       return {}
-    return {product: getattr(kernel_gradients, product), "promote_dtype": kernel_gradients.promote_all_but_kernel}
+    return {product: getattr(kernel_gradients, product), "promote_dtype": kernel_gradients.promote_inputs_only}
 
   def batch_norm(self, features: int, *, last: bool = False) -> GhostBatchNorm:
     return GhostBatchNorm(
@@ -186,9 +186,11 @@ class ResNet(nnx.Module):
       dtype: compute dtype.
       param_dtype: parameter dtype.
       param_dtype_gradients: compute the kernel gradients of the convolutions and the dense head in
-        `param_dtype` (the multiply-adds stay in `dtype`; `lbjax.models.param_dtype_gradients`), so
-        data parallelism sums them across devices in `param_dtype`; False: in `dtype`, as JAX's
-        transpose of the bfloat16 convolution makes them. No effect when `dtype` is `param_dtype`.
+        `param_dtype` (the multiply-adds stay in `dtype`; `lbjax.models.param_dtype_gradients`) and
+        add the head's bias in `param_dtype`, so data parallelism sums every gradient across devices
+        in `param_dtype`; False: kernel and bias gradients in `dtype`, as JAX's transpose of the
+        bfloat16 layers makes them. The same network either way (the logits differ by the rounding
+        of the head's bias addition); no effect when `dtype` is `param_dtype`.
       input_channels: channels of the input images.
       rngs: `nnx.Rngs` for parameter initialisation.
 

@@ -46,9 +46,10 @@ class HloFigures:
     matmul_flops: FLOPs of the dots and convolutions per step, loop bodies counted per iteration.
     matmul_flops_once: the same with every loop body counted once (as XLA's cost analysis does).
     loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
-    all_reduce_16bit_bytes: the part of the all-reduce bytes in 16-bit floats (bf16, f16): what is summed
-      across the devices at that precision (a bfloat16 model's gradients, where the partitioner reduces
-      the convolutions' partial gradients before their cast to the float32 parameters).
+    all_reduce_16bit_bytes: the bytes of the all-reduce results in 16-bit floats (bf16, f16): what is
+      summed across the devices at that precision (a bfloat16 model's gradients, where the partitioner
+      reduces the convolutions' partial gradients before their cast to the float32 parameters). The
+      result's type, not the operand's: XLA:TPU can take a bf16 operand into a float32 sum.
   """
   collective_bytes: dict[str, int]
   collective_counts: dict[str, int]
@@ -188,8 +189,8 @@ def analyze(hlo_text: str) -> HloFigures:
         operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
-        if kind == "all-reduce":
-          all_reduce_16bit += count * int(sum(array_bytes(shapes.get(o, ""), _16BIT_FLOATS) for o in operands))
+        if kind == "all-reduce":  # the result's type is the sum's (XLA:TPU may sum a bf16 operand into an f32)
+          all_reduce_16bit += count * int(array_bytes(instruction.shape, _16BIT_FLOATS))
       elif instruction.opcode in ("dot", "convolution"):
         matmul = _matmul_flops(instruction, shapes)
         flops += count * matmul

@@ -79,9 +79,8 @@ class RecordCompiles:
 
 # The steps of a window are stacked on the device in runs of 32 and then of the binary digits of the
 # rest (50 steps: 32, 16, 2): a few device calls and as many transfers per metric instead of one transfer
-# per metric and step, at most six compiled sizes per set of metric names, no padding. Per step of a
-# 50-step window of ResNet-tiny's 5 metrics, on one CPU device, 63 us instead of 115 us
-# (`python -m benchmarks.train_loop`, column "metrics").
+# per metric and step (half the host time per step on one CPU device: benchmarks/README.md, Findings 5),
+# at most six compiled sizes per set of metric names, no padding.
 _LONGEST_STACK = 32
 
 

@@ -92,13 +92,14 @@ def test_what_the_convolution_does_not_cover_is_refused_by_name(keywords, named)
     param_dtype_gradients.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC, **keywords)
 
 
-def test_a_resnet_computes_the_same_and_makes_float32_kernel_gradients():
-  """param_dtype_gradients=True: the same logits, and every product that sums the batch into a kernel's
-  gradient (the convolutions' and the head's) has a float32 output, which data parallelism all-reduces;
+def test_a_resnet_computes_the_same_and_makes_float32_gradients():
+  """param_dtype_gradients=True: the same logits but for the rounding of the head's bias addition (now in
+  float32), and every product that sums the batch into a kernel's gradient (the convolutions' and the
+  head's) has a float32 output, as has the head's bias gradient: data parallelism all-reduces float32;
   the plain bfloat16 ResNet makes them in bfloat16. (XLA:CPU computes bfloat16 convolutions in float32, so
   the all-reduce itself is checked on a TPU compile: tests/train/test_compile_only.py.)"""
   images = jnp.asarray(np.random.default_rng(3).normal(size=(8, 16, 16, 3)), jnp.float32)
-  kernel_gradient_types, logits = {}, {}
+  kernel_gradient_types, bias_gradient_types, logits = {}, {}, {}
   for flag in (False, True):
     model = ResNet((1, 1), block="basic", num_classes=4, num_filters=8, small_inputs=True, dtype=jnp.bfloat16,
                    param_dtype_gradients=flag, rngs=nnx.Rngs(0))
@@ -113,9 +114,12 @@ def test_a_resnet_computes_the_same_and_makes_float32_kernel_gradients():
     kernel_gradient_types[flag] = [str(e.outvars[0].aval.dtype) for e in _equations(gradient_jaxpr)
                                    if e.primitive.name in ("conv_general_dilated", "dot_general")
                                    and tuple(e.outvars[0].aval.shape) in kernel_shapes]
-  np.testing.assert_array_equal(logits[False], logits[True])
+    bias_gradient_types[flag] = {str(e.outvars[0].aval.dtype) for e in _equations(gradient_jaxpr)
+                                 if e.primitive.name == "reduce_sum" and e.outvars[0].aval.shape == (4,)}
+  np.testing.assert_allclose(logits[False], logits[True], rtol=1e-2, atol=1e-2)
   assert len(kernel_gradient_types[True]) == 7  # 5 convolutions (stem, 2 per block) + 1 shortcut + the head
   assert set(kernel_gradient_types[False]) == {"bfloat16"} and set(kernel_gradient_types[True]) == {"float32"}
+  assert bias_gradient_types == {False: {"bfloat16"}, True: {"float32"}}
 
 
 def _equations(jaxpr):
