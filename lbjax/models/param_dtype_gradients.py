@@ -1,4 +1,4 @@
-"""Convolutions and dense layers that compute in a low precision and give their kernels' gradients in
+"""Convolutions and dense layers that compute in a low precision and give their parameters' gradients in
 the parameters' precision.
 
 A bfloat16 layer with float32 parameters casts its kernel to bfloat16 and JAX's transpose then makes
@@ -8,14 +8,17 @@ adds them across the devices in bfloat16 (`lbjax-train --compile-only` says when
 reference ResNet-50 trainings sum float32 gradients across replicas (their optimizers reduce the
 gradients after the cast back to the variables' dtype).
 
-Here the forward pass is unchanged (bfloat16 inputs, the kernel cast to bfloat16, the same
-convolution), the input gradient is JAX's own, and the kernel gradient is the same transposed
+Here the product is unchanged (bfloat16 inputs, the kernel cast to bfloat16, the same convolution),
+the input gradient is JAX's own, and the kernel gradient is the same transposed
 convolution (dot) with `preferred_element_type` set to the kernel's dtype: the MXU / tensor cores
 accumulate in float32 anyway, so the multiply-adds stay bfloat16 and only the output, and with it
 the cross-device sum, is float32:
 
     dW = conv(x^T, dy^T; window strides <- kernel dilation, kernel dilation <- window strides)   (float32 out)
     dW = x^T dy                                                                                    (dense, float32 out)
+
+A bias is added in its own (parameter) dtype, so the layer's output is float32 there and the bias
+gradient, the batch sum of that output's cotangent, is a float32 sum too.
 
 `conv_general_dilated`, `dot_general` and `promote_inputs_only` are the `conv_general_dilated`,
 `dot_general` and `promote_dtype` hooks of `flax.nnx.Conv` / `nnx.Linear`.
@@ -49,10 +52,9 @@ class _Conv:
   dimension_numbers: lax.ConvDimensionNumbers
   precision: Any
 
-  def __call__(self, lhs: jax.Array, rhs: jax.Array, preferred_element_type: Any = None) -> jax.Array:
+  def __call__(self, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
     return lax.conv_general_dilated(lhs, rhs, self.window_strides, self.padding,
-                                    dimension_numbers=self.dimension_numbers, precision=self.precision,
-                                    preferred_element_type=preferred_element_type)
+                                    dimension_numbers=self.dimension_numbers, precision=self.precision)
 
   def kernel_gradient(self, lhs: jax.Array, cotangent: jax.Array, kernel_shape: Sequence[int],
                       dtype: Any) -> jax.Array:
@@ -125,12 +127,8 @@ def conv_general_dilated(lhs: jax.Array, rhs: jax.Array, window_strides: Sequenc
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _dense(inputs: jax.Array, kernel: jax.Array, precision: Any) -> jax.Array:
-  return _matmul(inputs, kernel.astype(inputs.dtype), precision)
-
-
-def _matmul(inputs, kernel, precision, preferred_element_type=None):
-  return lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())), precision=precision,
-                         preferred_element_type=preferred_element_type)
+  return lax.dot_general(inputs, kernel.astype(inputs.dtype), (((inputs.ndim - 1,), (0,)), ((), ())),
+                         precision=precision)
 
 
 def _dense_forward(inputs, kernel, precision):
