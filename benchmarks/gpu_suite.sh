@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     --unpack) MODE=unpack; ARCHIVE_IN="${2:?--unpack needs the archive}"; shift ;;
     --parts) PARTS="${2:?--parts needs a list}"; shift ;;
     --out) OUT_DIR="${2:?--out needs a folder}"; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the comment block above
     *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
