@@ -77,16 +77,11 @@ class RecordCompiles:
     self.progress.reset_window(run.examples_seen - batch_size, run.epoch, step)
 
 
-# The steps of a window are stacked on the device in runs of 32 and then of the binary digits of the
-# rest (50 steps: 32, 16, 2): a few device calls and as many transfers per metric instead of one transfer
-# per metric and step (half the host time per step on one CPU device: benchmarks/README.md, Findings 5),
-# at most six compiled sizes per set of metric names, no padding.
+# The steps of a window are stacked on the device `stack_size` at a time (32, or `log_every` when smaller;
+# the last run padded with its last step): a few device calls and as many transfers per metric instead
+# of one transfer per metric and step (half the host time per step on one CPU device:
+# benchmarks/README.md, Findings 5), and one compiled shape per run and set of metric names.
 _LONGEST_STACK = 32
-
-
-def _stack_sizes(count: int) -> list[int]:
-  rest = count % _LONGEST_STACK
-  return [_LONGEST_STACK] * (count // _LONGEST_STACK) + [1 << b for b in reversed(range(5)) if rest >> b & 1]
 
 
 @jax.jit
@@ -103,17 +98,18 @@ class _Window:
   """The steps of one closed log window, stacked on the device (`_stack_columns`, dispatched when the
   window closes, so it runs between the window's last step and the next), and the run's clock at its end."""
 
-  def __init__(self, run: RunView, metrics: list[Metrics], progress_time: float, layerwise_rates: bool):
+  def __init__(self, run: RunView, metrics: list[Metrics], progress_time: float, layerwise_rates: bool,
+               stack_size: int):
     self.progress_time = progress_time
     self.step, self.epoch, self.examples_seen, self.batch_size = (run.step_count, run.epoch, run.examples_seen,
                                                                   run.batch_size)
     columns = {name: [m[name] for m in metrics if name in m] for name in dict.fromkeys(k for m in metrics for k in m)}
-    self.names = list(columns)
-    self.stacks, start = [], 0
-    for size in _stack_sizes(max(map(len, columns.values()), default=0)):
-      self.stacks.append(_stack_columns({name: values[start:start + size] for name, values in columns.items()
-                                         if len(values) > start}))
-      start += size
+    self.counts = {name: len(values) for name, values in columns.items()}
+    self.stacks = []
+    for start in range(0, max(self.counts.values(), default=0), stack_size):
+      chunk = {name: values[start:start + stack_size] for name, values in columns.items() if len(values) > start}
+      self.stacks.append(_stack_columns(
+          {name: values + values[-1:] * (stack_size - len(values)) for name, values in chunk.items()}))
     # A copy: the next step donates the optimizer state the ratios live in.
     self.trust_ratios = _copy(optim.trust_ratios(run.state.opt_state)) if layerwise_rates else None
 
@@ -121,7 +117,8 @@ class _Window:
     """Every metric's values over the window's steps that report it (one transfer per stack and metric),
     and the trust ratios."""
     stacks, trust_ratios = jax.device_get((self.stacks, self.trust_ratios))
-    values = {name: np.concatenate([stack[name] for stack in stacks if name in stack]) for name in self.names}
+    values = {name: np.concatenate([stack[name] for stack in stacks if name in stack])[:count]
+              for name, count in self.counts.items()}
     return values, trust_ratios
 
 
@@ -161,7 +158,8 @@ class WriteMetrics:
       self._write(run, self._close(run))
 
   def _close(self, run: RunView) -> _Window:
-    window = _Window(run, self._pending, time.perf_counter(), self.layerwise_rates)
+    window = _Window(run, self._pending, time.perf_counter(), self.layerwise_rates,
+                     stack_size=min(_LONGEST_STACK, self.log_every))
     self._pending = []
     return window
 

@@ -120,8 +120,8 @@ def test_metrics_reach_the_host_once_per_window_one_step_late(tmp_path, monkeypa
 
 def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_path, monkeypatch):
   """A 50-step window whose last 30 steps accumulate (two more metrics): each mean is over the steps that
-  report it, the learning rate is the last step's, and the window is stacked on the device in runs of
-  32, 16 and 2 steps (no transfer per step)."""
+  report it, the learning rate is the last step's, and the window is stacked on the device 32 steps at a
+  time, the second run padded (no transfer per step; one compiled shape)."""
   class FakeRun:  # what WriteMetrics reads of a run
     step_count, epoch, examples_seen, batch_size, stream = 0, 0.5, 800, 16, None
 
@@ -146,9 +146,8 @@ def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_
     reported = np.float32([values[name] for values in steps if name in values])
     assert record[name] == float(np.mean(reported)), name
   assert record["learning_rate"] == float(np.float32(49.1)) and record["step"] == 50
-  assert stacked_sizes == [{"loss": 32, "update_norm": 32, "learning_rate": 32, "noise_scale_grad_norm_sq": 30,
-                            "noise_scale_trace_sigma": 30}, {"loss": 16, "update_norm": 16, "learning_rate": 16},
-                           {"loss": 2, "update_norm": 2, "learning_rate": 2}]
+  assert stacked_sizes == [{"loss": 32, "update_norm": 32, "learning_rate": 32, "noise_scale_grad_norm_sq": 32,
+                            "noise_scale_trace_sigma": 32}, {"loss": 32, "update_norm": 32, "learning_rate": 32}]
 
 
 def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path):
