@@ -255,14 +255,15 @@ def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_p
     assert message and "the last good checkpoint is step" in message[0] and "MiB are free" in message[0], stderr[-3000:]
     # One thing on the console: Orbax's writers' failures and tracebacks are in the workdir's log (issue 30).
     # Not caught there: asyncio's "Event loop is closed" tracebacks that Orbax's storage threads print through
-    # C++ callbacks (PyErr_Print, no Python hook sees them), seen in CI under load (docs/faults.md, Not covered).
+    # C++ callbacks (PyErr_Print, no Python hook sees them), seen in CI under load (docs/faults.md, Not covered):
+    # their number follows the writes in flight (139 tracebacks, 416 lines, in one CI run), so only their kind
+    # is checked: every other line is lbjax's message or its hint.
     asyncio_noise = re.compile(r"Traceback \(most recent call last\):|asyncio/base_events\.py|_check_closed\(\)|"
                                r"Event loop is closed")
     python_lines = [line for line in stderr.splitlines() if not re.match(r"[EWI]\d{4} ", line)]  # not XLA's own
     console = [line for line in python_lines if start in line or (line.strip() and not asyncio_noise.search(line))]
     assert len(console) == 2 and start in console[0], stderr
     assert console[1] == "(Set LBJAX_TRACEBACK=1 for the traceback.)", stderr
-    assert len(python_lines) < 150, stderr
     assert f"Orbax's reports, as far as they could be written, are in {workdir / 'logs'}" in message[0]
     last_good = int(message[0].split("the last good checkpoint is step ")[1].split()[0])
     failed = int(message[0].split("Saving checkpoint ")[1].split()[0])
