@@ -3,8 +3,10 @@
 A failed background save (a full disk, a lost host) makes each of Orbax's writer threads log its error
 with a traceback and raise in its thread; with lbjax's one message that says what failed, what is kept
 and what to do, the console showed up to ~150 lines. `keep_orbax_reports_in_log` sends every record Orbax
-logs (through absl or asyncio) and every uncaught exception of a thread running Orbax code to a log file
-instead, in full, so the console keeps lbjax's message alone.
+logs (through absl or asyncio), every uncaught exception of a thread running Orbax code, and asyncio's
+"Event loop is closed" errors that Orbax's storage callbacks raise once their loop is gone (printed
+through `sys.excepthook`, up to 139 tracebacks in one CI run) to a log file instead, in full, so the
+console keeps lbjax's message alone.
 """
 
 import logging
@@ -19,6 +21,19 @@ LOG_NAME = "orbax.log"
 
 def _involves_orbax(tb: TracebackType | None) -> bool:
   return any("orbax" in frame.filename for frame in traceback.extract_tb(tb))
+
+
+def _is_closed_loop_callback(exc_type: type[BaseException] | None, exc_value: BaseException | None,
+                             tb: TracebackType | None) -> bool:
+  """asyncio's "Event loop is closed", raised in a callback that C++ (Orbax's storage layer) hands to an
+  event loop already closed: a traceback of asyncio frames only, printed through `sys.excepthook`."""
+  frames = traceback.extract_tb(tb)
+  return (exc_type is RuntimeError and str(exc_value) == "Event loop is closed" and bool(frames)
+          and all("asyncio" in pathlib.Path(frame.filename).parts for frame in frames))
+
+
+def _reported_by_orbax(exc_type, exc_value, tb) -> bool:
+  return _involves_orbax(tb) or _is_closed_loop_callback(exc_type, exc_value, tb)
 
 
 def _from_orbax(record: logging.LogRecord) -> bool:
@@ -61,7 +76,7 @@ def keep_orbax_reports_in_log(workdir: str | pathlib.Path, name: str | None = No
   default_hook = threading.excepthook
 
   def thread_exception(args: threading.ExceptHookArgs) -> None:
-    if not _involves_orbax(args.exc_traceback):
+    if not _reported_by_orbax(args.exc_type, args.exc_value, args.exc_traceback):
       default_hook(args)
       return
     thread = args.thread.name if args.thread is not None else "?"
@@ -70,14 +85,29 @@ def keep_orbax_reports_in_log(workdir: str | pathlib.Path, name: str | None = No
 
   threading.excepthook = thread_exception
   sys.unraisablehook = _unraisable_to(handler, sys.unraisablehook)
+  sys.excepthook = _excepthook_to(handler, sys.excepthook)
   return path
+
+
+def _excepthook_to(handler: logging.Handler, default_hook):
+  """`sys.excepthook` for the errors C++ callbacks print with `PyErr_Print` (asyncio's "Event loop is
+  closed" from Orbax's storage threads once a save failed); anything else goes to `default_hook`."""
+
+  def hook(exc_type, exc_value, tb) -> None:
+    if not _reported_by_orbax(exc_type, exc_value, tb):
+      default_hook(exc_type, exc_value, tb)
+      return
+    handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "Error in a callback", (),
+                                     (exc_type, exc_value, tb)))
+
+  return hook
 
 
 def _unraisable_to(handler: logging.Handler, default_hook):
   """`sys.unraisablehook` for the "Event loop is closed" errors of Orbax's abandoned coroutines."""
 
   def hook(unraisable) -> None:
-    if not _involves_orbax(unraisable.exc_traceback):
+    if not _reported_by_orbax(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
       default_hook(unraisable)
       return
     handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "%s: %r",

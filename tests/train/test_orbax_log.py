@@ -1,7 +1,8 @@
 """`lbjax.train.orbax_log`: what Orbax logs and raises in its threads goes to the log file, nothing else does.
 
 In a subprocess (the routing is process-wide): an Orbax record through absl's logger, an exception raised
-in a thread from Orbax code, and, for contrast, a record and a thread exception of other code.
+in a thread from Orbax code, asyncio's "Event loop is closed" printed from C (as Orbax's storage callbacks
+print it), and, for contrast, a record and a thread exception of other code.
 """
 
 import pathlib
@@ -28,6 +29,16 @@ for target in (namespace["write"], other):
   thread = threading.Thread(target=target)
   thread.start()
   thread.join()
+import asyncio
+loop = asyncio.new_event_loop()
+loop.close()
+for code in ("loop.call_soon_threadsafe(print)", "raise RuntimeError('Event loop is closed')"):
+  try:  # the first is what Orbax's storage callbacks meet once their loop is closed
+    exec(code)
+  except RuntimeError as e:
+    # PyErr_Print, with which C++ reports a callback's error, hands it to sys.excepthook; from C, the
+    # traceback of the first holds asyncio's frames only
+    sys.excepthook(RuntimeError, e, e.__traceback__.tb_next.tb_next)
 print(path)
 """
 
@@ -38,6 +49,8 @@ def test_orbax_reports_go_to_the_log_and_everything_else_to_the_console(tmp_path
   log = pathlib.Path(done.stdout.strip()).read_text()
   assert done.stdout.strip() == str(tmp_path / "logs" / "orbax.log")
   assert "orbax writer failed" in log and "OSError: orbax thread: no space left" in log
+  assert log.count("RuntimeError: Event loop is closed") == 1 and "call_soon_threadsafe" in log
+  assert done.stderr.count("RuntimeError: Event loop is closed") == 1  # raised from other code: the console
   assert "orbax" not in done.stderr
   assert "lbjax warning" in done.stderr and "ValueError: another thread's error" in done.stderr
   assert "lbjax warning" not in log and "another thread" not in log
