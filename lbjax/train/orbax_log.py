@@ -36,6 +36,10 @@ def _reported_by_orbax(exc_type, exc_value, tb) -> bool:
   return _involves_orbax(tb) or _is_closed_loop_callback(exc_type, exc_value, tb)
 
 
+def _log_error(handler: logging.Handler, message: str, args: tuple, exc_info: tuple) -> None:
+  handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, message, args, exc_info))
+
+
 def _from_orbax(record: logging.LogRecord) -> bool:
   return "orbax" in record.pathname or bool(record.exc_info and _involves_orbax(record.exc_info[2]))
 
@@ -80,8 +84,8 @@ def keep_orbax_reports_in_log(workdir: str | pathlib.Path, name: str | None = No
       default_hook(args)
       return
     thread = args.thread.name if args.thread is not None else "?"
-    handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "Uncaught exception in thread %s", (thread,),
-                                     (args.exc_type, args.exc_value, args.exc_traceback)))
+    _log_error(handler, "Uncaught exception in thread %s", (thread,),
+               (args.exc_type, args.exc_value, args.exc_traceback))
 
   threading.excepthook = thread_exception
   sys.unraisablehook = _unraisable_to(handler, sys.unraisablehook)
@@ -97,8 +101,7 @@ def _excepthook_to(handler: logging.Handler, default_hook):
     if not _reported_by_orbax(exc_type, exc_value, tb):
       default_hook(exc_type, exc_value, tb)
       return
-    handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "Error in a callback", (),
-                                     (exc_type, exc_value, tb)))
+    _log_error(handler, "Error in a callback", (), (exc_type, exc_value, tb))
 
   return hook
 
@@ -110,8 +113,7 @@ def _unraisable_to(handler: logging.Handler, default_hook):
     if not _reported_by_orbax(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
       default_hook(unraisable)
       return
-    handler.handle(logging.LogRecord("orbax", logging.ERROR, __file__, 0, "%s: %r",
-                                     (unraisable.err_msg, unraisable.object),
-                                     (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)))
+    _log_error(handler, "%s: %r", (unraisable.err_msg, unraisable.object),
+               (unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback))
 
   return hook
