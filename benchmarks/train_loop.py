@@ -11,6 +11,8 @@ Three ways to take a training step, timed in interleaved rounds in one process:
                 (`lbjax.train.prefetch`; not on CPU devices, where the two loops are the same)
   loop, no prefetch  the same with every batch drawn and placed when its step needs it (the loop
                 before prefetching)
+  loop, k per call  the loop with `config.steps_per_call` = k (`--steps-per-call`): k steps in one
+                device call (`lbjax.train.step_calls`), the host dispatching once per k steps
 
 The loop's time per step comes from its `train` records (each covers `--log-every` steps; the first
 window, which holds the first step after compilation, is dropped). Each round gives the ratios
@@ -27,7 +29,8 @@ compile. The host work of one loop iteration is then timed piece by piece:
   metrics         the `train` record of one window of `--log-every` steps (`hooks.WriteMetrics`: the
                   window's metrics stacked on the device, fetched, averaged and written), per step
 
-    python -m benchmarks.train_loop [--rounds 15] [--steps 100] [--log-every 50] [--max-spread 0.1] [--no-readme]
+    python -m benchmarks.train_loop [--rounds 15] [--steps 100] [--log-every 50] [--steps-per-call 10]
+                                    [--max-spread 0.1] [--no-readme]
 
 Exits with status 3 (README untouched) when the 95% confidence interval of a ratio's
 median is wider than --max-spread of it.
@@ -58,8 +61,9 @@ class Loop:
   """One `train_and_evaluate` run of `steps` steps per call; returns its seconds per step. With
   `prefetch=False`, every batch is drawn and placed when its step needs it."""
 
-  def __init__(self, config, steps: int, log_every: int, prefetch: bool = True):
+  def __init__(self, config, steps: int, log_every: int, prefetch: bool = True, steps_per_call: int = 1):
     config = config.copy_and_resolve_references()
+    config.steps_per_call = steps_per_call
     config.num_steps = steps
     config.num_epochs = 1000.0  # num_steps ends the run
     config.eval_every_epochs = config.num_epochs
@@ -102,7 +106,8 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
   variants = {"hand step": lambda: step_seconds(hand_step, repeats),
               "trainer step": lambda: step_seconds(trainer_step, repeats),
               "loop": Loop(config, args.steps, args.log_every),
-              "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False)}
+              "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False),
+              "loop, k per call": Loop(config, args.steps, args.log_every, steps_per_call=args.steps_per_call)}
   for function in variants.values():  # compile, warm up, fill the compilation cache
     function()
   names = list(variants)
@@ -166,14 +171,17 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=100, help="steps per loop run")
   parser.add_argument("--log-every", type=int, default=50,
                       help="metrics window (a real run's default is 50; a window ends with a fetch)")
+  parser.add_argument("--steps-per-call", type=int, default=10,
+                      help="config.steps_per_call of the 'loop, k per call' variant (a divisor of --log-every "
+                           "keeps every call whole)")
   parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   models = [m.strip() for m in args.models.split(",") if m.strip()]
   if not models or any(m not in CASES for m in models):
     parser.error(f"--models takes names from {', '.join(CASES)}, got {args.models!r}")
-  if args.rounds < 2 or args.log_every < 1 or args.steps < 2 * args.log_every:
-    parser.error("need --rounds >= 2, --log-every >= 1 and --steps >= 2 x --log-every")
+  if args.rounds < 2 or args.log_every < 1 or args.steps < 2 * args.log_every or args.steps_per_call < 1:
+    parser.error("need --rounds >= 2, --log-every >= 1, --steps >= 2 x --log-every and --steps-per-call >= 1")
   jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="lbjax-bench-cache-"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
@@ -191,9 +199,12 @@ def main() -> None:
     vs_plain = check.record(f"{model}: loop / loop without prefetching",
                             report.paired_ratios(times, "loop", "loop, no prefetch"))
     plain_vs_trainer = report.paired_ratios(times, "loop, no prefetch", "trainer step")
+    calls_vs_trainer = check.record(f"{model}: loop with {args.steps_per_call} steps per call / trainer step",
+                                    report.paired_ratios(times, "loop, k per call", "trainer step"))
     rate_rows.append([model, batch_size, spreads["hand step"].format(1e3), spreads["trainer step"].format(1e3),
                       spreads["loop"].format(1e3), spreads["loop, no prefetch"].format(1e3),
-                      vs_trainer.format(digits=3), plain_vs_trainer.format(digits=3), vs_hand.format(digits=3),
+                      spreads["loop, k per call"].format(1e3), vs_trainer.format(digits=3),
+                      plain_vs_trainer.format(digits=3), calls_vs_trainer.format(digits=3), vs_hand.format(digits=3),
                       vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
                      [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "lr_scalar",
@@ -201,8 +212,10 @@ def main() -> None:
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
       ["model", "global batch", "hand step ms", "trainer step ms", "loop ms per step",
-       "loop without prefetching ms per step", "loop / trainer step", "loop without prefetching / trainer step",
-       "loop / hand step", "loop / loop without prefetching"], rate_rows)
+       "loop without prefetching ms per step", f"loop, {args.steps_per_call} steps per call, ms per step",
+       "loop / trainer step", "loop without prefetching / trainer step",
+       f"loop, {args.steps_per_call} steps per call / trainer step", "loop / hand step",
+       "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
        "lr_scalar ms", "schedules ms", "metrics ms"], host_rows)
@@ -215,7 +228,9 @@ def main() -> None:
       "a background thread drew and placed during the previous step (on accelerators), starts the next "
       "one's, dispatches the step and waits for the step before the previous one (at most two in "
       "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
-      "the step just dispatched). Without prefetching (and on CPU devices, where "
+      "the step just dispatched). With several steps per call (`config.steps_per_call`) the loop draws "
+      "and places their batches one by one and dispatches one program that scans the steps. Without "
+      "prefetching (and on CPU devices, where "
       "`prefetch.overlaps_placement` is false) the batch is drawn and placed on the main thread. Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "

@@ -8,6 +8,7 @@ statistical efficiency, goodput). The rules, when the host waits for the device,
 keeps so a resumed run decides as an unbroken one: docs/design.md, "Who chooses the batch".
 """
 
+from collections.abc import Mapping
 import math
 import time
 from typing import Any
@@ -45,14 +46,12 @@ class BatchPolicy:
     self.scale_invariant_epoch = 0.0  # adascale: progress in base-batch epochs
     self._pending: list[tuple[int, Any, Any]] = []  # (step, |G|^2, tr(Sigma)) estimates not yet folded
     self._due: tuple[int, int, float, float, Any] | None = None  # a record whose step's results are awaited
-    self._epoch = 0.0  # the clock when the latest batch was chosen
     self._window = (time.perf_counter(), 0)  # (start time, examples) of the current record window
     self._wall = (time.perf_counter(), 0.0)  # (start of this process's share, seconds of earlier ones)
     self.records: list[tuple[int, dict[str, Any]]] = []  # (step, `batch` record) not yet written
 
   def batch_size(self, epoch: float) -> int:
     """The batch of the step that starts at `epoch` (the run's clock before its batch is drawn)."""
-    self._epoch = epoch
     return self.current if self.policy == "adaptive" else self._schedule(epoch)
 
   def learning_rate(self, epoch: float, batch_size: int) -> float:
@@ -71,11 +70,13 @@ class BatchPolicy:
     length), else the data epochs `epoch` (the run's clock)."""
     return self.scale_invariant_epoch if self.adascale else epoch
 
-  def after_step(self, step: int, batch_size: int, epoch: float, metrics: dict[str, Any]) -> None:
-    """Records step `step` (1-based) of `batch_size` examples, which took the clock to `epoch`.
+  def after_step(self, step: int, batch_size: int, start_epoch: float, epoch: float,
+                 metrics: Mapping[str, Any]) -> None:
+    """Records step `step` (1-based) of `batch_size` examples, which took the clock from `start_epoch`
+    to `epoch`.
 
     Waits for this step's results only under the adaptive policy, at a decision."""
-    self.scale_invariant_epoch += self.gain * self.base_batch_size / batch_size * (epoch - self._epoch)
+    self.scale_invariant_epoch += self.gain * self.base_batch_size / batch_size * (epoch - start_epoch)
     self.complete_records()  # the previous step's record, if due: its results are ready by now
     if "noise_scale_grad_norm_sq" in metrics:
       self._pending.append((step, metrics["noise_scale_grad_norm_sq"], metrics["noise_scale_trace_sigma"]))
@@ -157,6 +158,10 @@ class RecordBatchDecisions:
 
   def __init__(self, writer, policy: BatchPolicy):
     self.writer, self.policy = writer, policy
+
+  def acts_at(self, clock) -> bool:
+    del clock
+    return False
 
   def after_step(self, run, metrics) -> None:
     del run, metrics

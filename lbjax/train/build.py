@@ -27,6 +27,7 @@ import optax
 from lbjax import optim
 from lbjax.optim import compression
 from lbjax.train import mesh as mesh_lib
+from lbjax.train import step_calls
 from lbjax.train.batch_plan import BatchPlan
 from lbjax.train.errors import ConfigError
 from lbjax.train.protocols import HostBatch, Task
@@ -200,12 +201,28 @@ class StepParts:
     """The jitted train step of one global batch size and loss variant (`make_train_step`, with the
     plan's micro-batches), its shardings those of `state` and `batch` (arrays or ShapeDtypeStructs);
     the state is donated. Lower it with (state, batch, learning rate)."""
-    step = make_train_step(self.graphdef, self.train_task, self.optimizer, self.mesh,
+    return self._jit_step(self._step(global_batch_size, discard_fraction), state, batch, self.replicated)
+
+  def train_step_call(self, global_batch_size: int, discard_fraction: float, steps: int, state: Any, batch: Any
+                      ) -> Callable[..., Any]:
+    """The jitted call of `steps` such train steps (`lbjax.train.step_calls.make_step_call`), shardings
+    as in `train_step`; the state is donated. Lower it with (state, a tuple of `steps` batches like
+    `batch`, a tuple of `steps` learning rates)."""
+    call = step_calls.make_step_call(self._step(global_batch_size, discard_fraction), self.mesh)
+    return self._jit_step(call, state, (batch,) * steps, (self.replicated,) * steps)
+
+  def _step(self, global_batch_size: int, discard_fraction: float) -> Callable[..., Any]:
+    return make_train_step(self.graphdef, self.train_task, self.optimizer, self.mesh,
                            self.batch.num_microbatches(global_batch_size, self.data_parallel_size),
                            discard_fraction, self.compressor)
+
+  def _jit_step(self, step: Callable[..., Any], state: Any, batch: Any, learning_rate_shardings: Any
+                ) -> Callable[..., Any]:
+    """`step(state, batch, learning rate)` jitted with the shardings of `state`, of `batch` and the
+    learning rates', the state donated and the metrics replicated."""
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_shardings = jax.tree.map(lambda x: x.sharding, batch)
-    return jax.jit(step, in_shardings=(state_shardings, batch_shardings, self.replicated),
+    return jax.jit(step, in_shardings=(state_shardings, batch_shardings, learning_rate_shardings),
                    out_shardings=(state_shardings, self.replicated), donate_argnums=(0,))
 
   def eval_step(self) -> Callable[..., Any]:

@@ -28,6 +28,7 @@ from lbjax.train import build
 from lbjax.train import compile_report
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
+from lbjax.train import step_calls
 from lbjax.train import tasks
 from lbjax.train import topology as topology_lib
 from lbjax.train import validation
@@ -43,7 +44,8 @@ class Program:
   """One compiled program of the run: `jax.jit(function, ...).lower(*arguments)`.
 
   `per_step` is how many times it runs per training step at `batch_size` (the any-batch step's
-  accumulation program: once per micro-batch; 0 for the eval step, which is not part of a step).
+  accumulation program: once per micro-batch; a call of `steps_per_call` steps: 1/steps_per_call;
+  0 for the eval step, which is not part of a step).
   """
   name: str
   batch_size: int
@@ -54,6 +56,7 @@ class Program:
   donate_argnums: tuple[int, ...]
   per_step: float
   num_microbatches: int = 1
+  steps_per_call: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +102,19 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   learning_rate = parts.abstract_learning_rate()
 
   def train_step(size: int) -> Program:
+    """The train step, or with `steps_per_call` k > 1 the call of k steps the run takes."""
     count = resolved.batch.num_microbatches(size, data_parallel)
     step = make_train_step(graphdef, train_task, optimizer, mesh, count, 0.0, parts.compressor)
     run_state = state._replace(carry=carry(size))
     batch = build.abstract(data.train_batch(size), batch_sharding)
-    return Program("train", size, step, (run_state, batch, learning_rate),
-                   (_shardings(run_state), _shardings(batch), replicated), (_shardings(run_state), replicated),
-                   (0,), 1.0, count)
+    k = resolved.steps_per_call
+    if k > 1:
+      step, batch, rate = step_calls.make_step_call(step, mesh), (batch,) * k, (learning_rate,) * k
+    else:
+      rate = learning_rate
+    return Program("train", size, step, (run_state, batch, rate),
+                   (_shardings(run_state), _shardings(batch), _shardings(rate)), (_shardings(run_state), replicated),
+                   (0,), 1.0 / k, count, k)
 
   def any_batch_steps(size: int) -> tuple[Program, Program]:
     micro = resolved.batch.micro_batch_size

@@ -56,6 +56,7 @@ class ProgramFigures:
   estimated_seconds: float | None
   compile_seconds: float | None
   compiler_message: str = ""  # the compiler's out-of-memory figures, where it refused the program
+  steps_per_call: int = 1  # training steps one run of the program takes (`config.steps_per_call`)
   all_reduce_16bit_bytes: int = 0  # the all-reduce bytes summed in bf16/f16 (`HloFigures`)
 
   def fits(self, hbm_bytes: int | None) -> bool:
@@ -82,7 +83,7 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, total, memory,
                         None if flops is None else flops * ratio, hlo.collective_bytes,
                         None if seconds is None or seconds < 0 else seconds * ratio, compile_seconds,
-                        all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes)
+                        all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes, steps_per_call=program.steps_per_call)
 
 
 def out_of_memory_figures(program, message: str) -> ProgramFigures:
@@ -90,7 +91,8 @@ def out_of_memory_figures(program, message: str) -> ProgramFigures:
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   figures = [line for line in lines if any(w in line for w in ("Used", "Exceeded", "memory", "hbm", "HBM"))]
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, None, {},
-                        None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600])
+                        None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600],
+                        steps_per_call=program.steps_per_call)
 
 
 def _gib(n: float | None) -> str:
@@ -162,7 +164,7 @@ class CompileReport:
              if all(p.flops_per_device is not None for p in parts) else None)
     record = {
         "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
-        "batch_size": size, "num_microbatches": first.num_microbatches,
+        "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
         "programs": [p.name for p in parts],
         "memory_per_device_bytes": max((p.memory_per_device_bytes or 0) for p in parts) if all(
             p.memory_per_device_bytes is not None for p in parts) else None,
@@ -223,6 +225,8 @@ class CompileReport:
       name = {"train": "train step", "any_batch": "any-batch step (accumulate + apply)",
               "eval": "eval step"}[step["step"]]
       micro = f", {step['num_microbatches']} micro-batches" if step["num_microbatches"] > 1 else ""
+      if step["steps_per_call"] > 1:
+        micro += f" ({step['steps_per_call']} steps per call; figures per step, memory per call)"
       out.append(f"  {name} at batch {step['batch_size']}{micro}: "
                  f"{'fits' if step['fits'] else 'DOES NOT FIT'}")
       if step["compiler_message"]:

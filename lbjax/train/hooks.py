@@ -1,7 +1,9 @@
 """What happens around the training steps of a `Run`: one small hook per concern.
 
-Each hook's `after_step(run, metrics)` runs after every step, in the order `train_and_evaluate`
-lists them (records land in `metrics.jsonl` in that order):
+Each hook's `after_step(run, metrics)` runs after every step (after every call of several steps,
+with `config.steps_per_call` > 1: `lbjax.train.step_calls`), in the order `train_and_evaluate` lists
+them (records land in `metrics.jsonl` in that order); `acts_at(clock)` says whether it acts after the
+step that brings the run to `clock` (reading or saving the state then), where a call must end:
 
   WriteMetrics      every `log_every` steps, one step late: the `train` record and the progress
                     line, with the health check riding along, the gradient noise scale (from
@@ -34,7 +36,7 @@ import numpy as np
 from lbjax import diagnostics
 from lbjax import optim
 from lbjax.train.metrics import MetricsWriter, ProgressLine
-from lbjax.train.protocols import RunView
+from lbjax.train.protocols import RunClock, RunView
 
 Metrics = dict[str, jax.Array]
 
@@ -66,15 +68,22 @@ class RecordCompiles:
   def __init__(self, writer: MetricsWriter, progress: ProgressLine):
     self.writer, self.progress = writer, progress
 
+  def acts_at(self, clock: RunClock) -> bool:
+    del clock
+    return False
+
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
-    if run.new_compile is None:
+    compiled = run.new_compile
+    if compiled is None:
       return
-    batch_size, discard_fraction = run.new_compile
-    step = run.step_count - 1  # the step it was compiled for
-    self.writer.write("compile", step, {"batch_size": batch_size, "discard_fraction": discard_fraction,
-                                        "seconds": run.compile_seconds[run.new_compile]})
-    self.progress.reset_window(run.examples_seen - batch_size, run.epoch, step)
+    step = run.step_count - compiled.steps  # the first step it was compiled for
+    record = {"batch_size": compiled.batch_size, "discard_fraction": compiled.discard_fraction,
+              "seconds": compiled.seconds}
+    if compiled.steps > 1:
+      record["steps_per_call"] = compiled.steps
+    self.writer.write("compile", step, record)
+    self.progress.reset_window(run.examples_seen - compiled.steps * compiled.batch_size, run.epoch, step)
 
 
 # The steps of a window are stacked on the device `stack_size` at a time (32, or `log_every` when smaller;
@@ -96,30 +105,47 @@ def _copy(tree: Any) -> Any:
 
 class _Window:
   """The steps of one closed log window, stacked on the device (`_stack_columns`, dispatched when the
-  window closes, so it runs between the window's last step and the next), and the run's clock at its end."""
+  window closes, so it runs between the window's last step and the next), and the run's clock at its end.
 
-  def __init__(self, run: RunView, metrics: list[Metrics], progress_time: float, layerwise_rates: bool,
+  `entries`: (metrics, steps) in step order: one step's metrics (steps 1), or a call's, each metric
+  stacked over its `steps` steps (kept as they are)."""
+
+  def __init__(self, run: RunView, entries: list[tuple[Metrics, int]], progress_time: float, layerwise_rates: bool,
                stack_size: int):
     self.progress_time = progress_time
     self.step, self.epoch, self.examples_seen, self.batch_size = (run.step_count, run.epoch, run.examples_seen,
                                                                   run.batch_size)
-    columns = {name: [m[name] for m in metrics if name in m] for name in dict.fromkeys(k for m in metrics for k in m)}
-    self.counts = {name: len(values) for name, values in columns.items()}
-    self.stacks = []
-    for start in range(0, max(self.counts.values(), default=0), stack_size):
-      chunk = {name: values[start:start + stack_size] for name, values in columns.items() if len(values) > start}
-      self.stacks.append(_stack_columns(
-          {name: values + values[-1:] * (stack_size - len(values)) for name, values in chunk.items()}))
+    self.stacks: list[tuple[dict[str, jax.Array], dict[str, int]]] = []  # (stacked metrics, rows per metric)
+    singles: list[Metrics] = []
+    for metrics, steps in entries:
+      if steps == 1:
+        singles.append(metrics)
+        continue
+      self._stack_singles(singles, stack_size)
+      singles = []
+      self.stacks.append((metrics, {name: steps for name in metrics}))
+    self._stack_singles(singles, stack_size)
     # A copy: the next step donates the optimizer state the ratios live in.
     self.trust_ratios = _copy(optim.trust_ratios(run.state.opt_state)) if layerwise_rates else None
 
+  def _stack_singles(self, metrics: list[Metrics], stack_size: int) -> None:
+    """Stacks single steps' metrics `stack_size` at a time (the last run padded with its last step)."""
+    columns = {name: [m[name] for m in metrics if name in m] for name in dict.fromkeys(k for m in metrics for k in m)}
+    for start in range(0, max(map(len, columns.values()), default=0), stack_size):
+      chunk = {name: values[start:start + stack_size] for name, values in columns.items() if len(values) > start}
+      self.stacks.append((_stack_columns(
+          {name: values + values[-1:] * (stack_size - len(values)) for name, values in chunk.items()}),
+          {name: len(values) for name, values in chunk.items()}))
+
   def fetch(self) -> tuple[dict[str, np.ndarray], Any]:
-    """Every metric's values over the window's steps that report it (one transfer per stack and metric),
-    and the trust ratios."""
-    stacks, trust_ratios = jax.device_get((self.stacks, self.trust_ratios))
-    values = {name: np.concatenate([stack[name] for stack in stacks if name in stack])[:count]
-              for name, count in self.counts.items()}
-    return values, trust_ratios
+    """Every metric's values over the window's steps that report it, in step order (one transfer per
+    stack and metric), and the trust ratios."""
+    stacks, trust_ratios = jax.device_get(([stack for stack, _ in self.stacks], self.trust_ratios))
+    values: dict[str, list[np.ndarray]] = {}
+    for stack, (_, rows) in zip(stacks, self.stacks):
+      for name, count in rows.items():
+        values.setdefault(name, []).append(stack[name][:count])
+    return {name: np.concatenate(parts) for name, parts in values.items()}, trust_ratios
 
 
 class WriteMetrics:
@@ -132,23 +158,26 @@ class WriteMetrics:
   the next step, where fetching at step N would wait for step N with nothing queued behind it. The
   health check reads the values fetched: a non-finite loss or update norm (a step the compiled step
   refused) asks `Run.check_health` for the first non-finite quantity and stops the run, before the
-  window is written. `flush` fetches every step not yet written (waiting for the device).
+  window is written. `flush` fetches every step not yet written (waiting for the device). With several
+  steps per call, the same one call later; a window ends where a call ends (`acts_at`).
   """
 
   def __init__(self, writer: MetricsWriter, progress: ProgressLine, log_every: int, *, layerwise_rates: bool):
     """`layerwise_rates`: the optimizer state holds layer-wise trust ratios (`StepParts.has_layerwise_rates`)."""
     self.writer, self.progress, self.log_every, self.layerwise_rates = writer, progress, log_every, layerwise_rates
-    self._pending: list[Metrics] = []  # the open window
+    self._pending: list[tuple[Metrics, int]] = []  # the open window: (metrics, steps) of each step or call
     self._closed: _Window | None = None  # closed at the previous step, not yet fetched
+
+  def acts_at(self, clock: RunClock) -> bool:
+    return clock.step_count % self.log_every == 0
 
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     if self._closed is not None:
       self._write(run, self._closed)
       self._closed = None
-    self._pending.append(metrics)
-    if run.step_count % self.log_every == 0:
+    self._pending.append((metrics, run.latest_call_steps))
+    if self.acts_at(run):
       self._closed = self._close(run)
-
   def flush(self, run: RunView) -> None:
     """Writes the steps not yet written (raises `NonFiniteError` if one of them went bad)."""
     if self._closed is not None:
@@ -191,9 +220,12 @@ class Lipschitz:
   def __init__(self, writer: MetricsWriter, every: int):
     self.writer, self.every = writer, every
 
+  def acts_at(self, clock: RunClock) -> bool:
+    return bool(self.every) and clock.step_count % self.every == 0
+
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
-    if self.every and run.step_count % self.every == 0:
+    if self.acts_at(run):
       self.writer.write("lipschitz", run.step_count, {"lipschitz": run.lipschitz(), "epoch": run.epoch,
                                                       "batch_size": run.batch_size})
 
@@ -215,9 +247,12 @@ class EvaluateAndSave:
   def _boundary_after(self, epoch: float) -> float:
     return (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
 
+  def acts_at(self, clock: RunClock) -> bool:
+    return clock.epoch >= self.next_epoch and clock.trained_epochs < self.num_epochs
+
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
-    if run.epoch >= self.next_epoch and run.trained_epochs < self.num_epochs:
+    if self.acts_at(run):
       self.flush(run)
       self.evaluate(run)
       self.next_epoch = self._boundary_after(run.epoch)
@@ -242,9 +277,12 @@ class Checkpoint:
   def __init__(self, every_steps: int):
     self.every_steps = every_steps
 
+  def acts_at(self, clock: RunClock) -> bool:
+    return bool(self.every_steps) and clock.step_count % self.every_steps == 0
+
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
-    if self.every_steps and run.step_count % self.every_steps == 0:
+    if self.acts_at(run):
       run.save()
 
 
@@ -287,9 +325,11 @@ class PreemptionFlag:
     self.signal_name = signal.Signals(signum).name
     self._event.set()
 
-  def should_stop(self, step: int) -> bool:
+  def should_stop(self, boundary: int) -> bool:
+    """Whether to stop at the `boundary`-th step boundary checked (1, 2, ... on every process alike:
+    JAX's sync point is the step id after the largest any process reported, so the ids go up by one)."""
     if self._multi_process:
-      if self._preemption_service and multihost_utils.reached_preemption_sync_point(step):
+      if self._preemption_service and multihost_utils.reached_preemption_sync_point(boundary):
         self.signal_name = "preemption"
         return True
       return False
@@ -302,9 +342,10 @@ class PreemptionFlag:
 
 
 class SaveOnPreemption:
-  """On SIGTERM or SIGINT (`PreemptionFlag`), at the next step boundary: the metrics so far and a
-  checkpoint, logged as saved once it is on disk; then `stopped` is True and the loop ends.
-  Construction installs the handlers; `restore` removes them (after the run has closed)."""
+  """On SIGTERM or SIGINT (`PreemptionFlag`), at the next step boundary (the next call's end, with
+  several steps per call): the metrics so far and a checkpoint, logged as saved once it is on disk;
+  then `stopped` is True and the loop ends. Construction installs the handlers; `restore` removes them
+  (after the run has closed)."""
 
   def __init__(self, flush: Callable[[RunView], None], *, checkpoint_directory: Any, announce: bool):
     """`checkpoint_directory`: where the run's checkpoints go (None without a workdir); `announce`:
@@ -312,10 +353,18 @@ class SaveOnPreemption:
     self.flush, self.checkpoint_directory, self.announce = flush, checkpoint_directory, announce
     self.stopped = False
     self._flag = PreemptionFlag()
+    self._boundaries = 0  # step boundaries checked
+
+  def acts_at(self, clock: RunClock) -> bool:
+    del clock  # a signal comes when it comes: the run stops at the end of the call it interrupts
+    return False
 
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
-    if self._flag.should_stop(run.step_count):
+    if run.drawn_ahead:  # between the single steps of one draw: the stream is past their batches
+      return
+    self._boundaries += 1
+    if self._flag.should_stop(self._boundaries):
       self.flush(run)
       run.save(durable=True)
       self.stopped = True

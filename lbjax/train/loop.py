@@ -19,6 +19,7 @@ from lbjax.train import batch_policy
 from lbjax.train import distributed
 from lbjax.train import hooks
 from lbjax.train import protocols
+from lbjax.train import step_calls
 from lbjax.train import summary
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train.resolved import ResolvedRun
@@ -137,9 +138,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
       hooks.write_compression_bits(writer, run.step_count, run.state.params, resolved.compressor.resolved.name,
                                    run.parts.compressor)
     while not run.finished() and not preemption.stopped:
-      step_metrics = run.step(run.next_batch())
-      for hook in around_steps:
-        hook.after_step(run, step_metrics)
+      for step_metrics in step_calls.take_steps(run, around_steps):
+        for hook in around_steps:
+          hook.after_step(run, step_metrics)
     metrics.flush(run)
     decisions.flush()
     if not preemption.stopped:

@@ -142,16 +142,15 @@ def overlaps_placement(mesh: Any) -> bool:
 
 
 def decided_next_batch_size(run: Any) -> int | None:
-  """The size of the batch after the one just handed out for step `run.step_count + 1`, when it is
-  decided now and worth prefetching (`overlaps_placement`); None when it is not, or when that step
-  ends the run.
+  """The size of the batch after the one just handed out for step `run.step_count + run.drawn_ahead`,
+  when it is decided now and worth prefetching (`overlaps_placement`); None when it is not, or when
+  that step ends the run.
 
   "fixed" and "schedule": the schedule at the consumed position. "adaptive": the batch in force,
-  unless step `run.step_count + 1` is a decision step (`config.batch.adapt_every`), whose result
-  chooses the next size.
+  unless that step is a decision step (`config.batch.adapt_every`), whose result chooses the next size.
   """
   resolved, policy = run.resolved, run.batch_policy
-  step = run.step_count + 1
+  step = run.step_count + run.drawn_ahead
   if not overlaps_placement(run.mesh) or 0 < resolved.num_steps <= step:
     return None
   if policy.policy != "adaptive":

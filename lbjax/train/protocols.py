@@ -86,23 +86,23 @@ class Task(Protocol):
     """The carried state at the start of a row of batches (host arrays), or None."""
 
 
-class RunView(Protocol):
+class RunClock(Protocol):
+  """Where a run stands (a `Run`), or would stand once the batches drawn ahead are stepped
+  (`lbjax.train.step_calls.Clock`): what decides whether a hook acts."""
+  step_count: int  # steps taken
+  epoch: float  # the training stream's position in epochs
+  trained_epochs: float  # training done in the epochs `num_epochs` counts (`BatchPolicy.progress`)
+
+
+class RunView(RunClock, Protocol):
   """What the hooks see of a run (`lbjax.train.run.Run`): its clock, its state and what they may ask
   of it; whatever else a hook needs it gets when it is made."""
-  step_count: int  # steps taken
   examples_seen: int  # training examples consumed, over all processes
   batch_size: int  # the global batch of the latest step
   state: Any  # the `TrainState`
-  new_compile: tuple[int, float] | None  # (batch size, loss variant) the latest step compiled, or None
-  compile_seconds: dict[tuple[int, float], float]
-
-  @property
-  def epoch(self) -> float:
-    """The run's clock: the training stream's position in epochs."""
-
-  @property
-  def trained_epochs(self) -> float:
-    """Training done in the epochs `num_epochs` counts (`BatchPolicy.progress`)."""
+  new_compile: Any  # what the latest step or call compiled (`lbjax.train.run.NewCompile`), or None
+  latest_call_steps: int  # the steps of the latest device call (`config.steps_per_call`; 1 for a step)
+  drawn_ahead: int  # batches drawn and not yet stepped (between the single steps of one draw)
 
   def evaluate(self) -> dict[str, float]:
     """The task's metrics of the current state on the evaluation split."""
@@ -118,7 +118,13 @@ class RunView(Protocol):
 
 
 class Hook(Protocol):
-  """Something done around the training steps (`lbjax.train.hooks`): called after every step."""
+  """Something done around the training steps (`lbjax.train.hooks`): called after every step, or every
+  call of several steps (`lbjax.train.step_calls`)."""
+
+  def acts_at(self, clock: RunClock) -> bool:
+    """Whether the hook acts (reads or saves the state) after the step that brings the run to `clock`:
+    a call of several steps ends there."""
 
   def after_step(self, run: RunView, metrics: dict[str, jax.Array]) -> None:
-    """`run`: the run that took the step; `metrics`: the step's, still on the device."""
+    """`run`: the run that took the step or call; `metrics`: the step's, still on the device (a call's:
+    each stacked over its `run.latest_call_steps` steps)."""

@@ -105,6 +105,7 @@ class ResolvedRun:
     deterministic: XLA's deterministic GPU kernels asked for (`lbjax.train.determinism`).
     heartbeat_timeout_seconds: how long a process of a multi-host job may be silent before the others stop
       (`lbjax.train.distributed`).
+    steps_per_call: training steps one device call runs (`lbjax.train.step_calls`).
     consumed_fields: the config fields read to build this (every field of the config).
   """
   source_config: ml_collections.ConfigDict = dataclasses.field(repr=False, compare=False)
@@ -127,6 +128,7 @@ class ResolvedRun:
   resume_with_changed_data: bool
   deterministic: bool
   heartbeat_timeout_seconds: int
+  steps_per_call: int
   consumed_fields: frozenset[str]
 
   @property
@@ -189,4 +191,5 @@ def assemble(config: ml_collections.ConfigDict, read: config_lib.FieldReads, par
       discard_until_epoch=read("loss.discard_until_epoch"), watch=watch, init_from=read("init_from"),
       resume_with_changed_optimizer=read("resume_with_changed_optimizer"),
       resume_with_changed_data=read("resume_with_changed_data"), deterministic=read("deterministic"),
-      heartbeat_timeout_seconds=read("heartbeat_timeout_seconds"), consumed_fields=frozenset(read.paths), **parts)
+      heartbeat_timeout_seconds=read("heartbeat_timeout_seconds"), steps_per_call=read("steps_per_call"),
+      consumed_fields=frozenset(read.paths), **parts)

@@ -12,6 +12,9 @@ step at a time:
     while not run.finished():
       metrics = run.step(run.next_batch())
 
+(`lbjax.train.step_calls.take_steps` draws several batches and runs them in one device call with
+`config.steps_per_call` > 1: `run.step_call(batches)`.)
+
 `train_and_evaluate` (`lbjax.train.loop`) drives a `Run` with the hooks of `lbjax.train.hooks`
 around its steps; `lbjax.train.layer_table` and the benchmarks use one to look at a step.
 
@@ -19,6 +22,7 @@ One clock: the data stream's position in epochs (`run.epoch`: examples consumed 
 decides the batch size, the learning rate, the loss variant and the end of training.
 """
 
+import collections
 import pathlib
 import time
 from typing import Any, NamedTuple
@@ -33,6 +37,7 @@ from lbjax.train import determinism
 from lbjax.train import nonfinite
 from lbjax.train import prefetch
 from lbjax.train import protocols
+from lbjax.train import step_calls
 from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.batch_policy import BatchPolicy
@@ -57,6 +62,17 @@ class Batch(NamedTuple):
   arrays: dict[str, jax.Array] | list[dict[str, jax.Array]]  # the batch, or its micro-batches (any-batch step)
   learning_rate: jax.Array  # a replicated float32 scalar
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
+  reset_carry: bool  # the step starts from the zero carry (a new row of batches, or a new batch size)
+  start_epoch: float  # the run's clock when the batch was chosen
+  end_epoch: float  # the clock once it was drawn (after its step, the run's epoch)
+
+
+class NewCompile(NamedTuple):
+  """A train program the latest step or call compiled (for the `compile` record)."""
+  batch_size: int
+  discard_fraction: float
+  steps: int  # the steps one call of it runs
+  seconds: float
 
 
 class Run:
@@ -77,9 +93,11 @@ class Run:
     checkpoints: the workdir's `resume.Checkpoints`, or None without a workdir.
     lock: the workdir's `WorkdirLock` (held by process 0 until `close`), or None.
     start: where the run started (`resume.Start`: resumed from, skipped checkpoints, init_from).
-    compiled, compile_seconds: the compiled train steps and their compile times, by
-      (global batch size, discard fraction), in the order they were compiled.
-    new_compile: the key of the step the latest `step()` compiled, or None.
+    compiled: the compiled train steps by (global batch size, discard fraction), in the order they
+      were compiled; `compiled_calls` the same of the programs of `steps_per_call` steps.
+    new_compile: what the latest `step()` or `step_call()` compiled (`NewCompile`), or None.
+    latest_call_steps: the steps the latest `step()` (1) or `step_call()` took.
+    drawn_ahead: batches handed out by `next_batch` and not yet stepped (a call's, while it is drawn).
   """
 
   def __init__(self, config: ml_collections.ConfigDict | ResolvedRun, workdir=None):
@@ -109,13 +127,16 @@ class Run:
     self.checkpoints: Checkpoints | None = None
     self.stream: prefetch.PrefetchingStream | None = None
     self.compiled: dict[tuple[int, float], Any] = {}
-    self.compile_seconds: dict[tuple[int, float], float] = {}
-    self.new_compile: tuple[int, float] | None = None
-    self._in_flight = None  # the loss of the latest step, not yet waited for
+    self.compiled_calls: dict[tuple[int, float], Any] = {}
+    self.new_compile: NewCompile | None = None
+    self.latest_call_steps = 1
+    self.drawn_ahead = 0
+    self._stepped_epoch = 0.0  # `epoch` while batches are drawn ahead
+    self._in_flight = None  # the loss of the latest step or call, not yet waited for
     self._learning_rate: tuple[bytes, jax.Array] | None = None  # the latest LR: float32 bytes, placed scalar
-    # The latest two steps' batches: they name the first non-finite quantity (its metrics come a step late).
-    self._previous_batch: Batch | None = None
-    self._latest_batch: Batch | None = None
+    # The batches of the latest two steps or calls, by step (0-based): the first non-finite quantity is
+    # named from its step's batch (the metrics that reveal it come a step or call late).
+    self._recent_batches: collections.deque[dict[int, Batch]] = collections.deque(maxlen=2)
     if self.lock is not None:
       self.lock.acquire()
     try:
@@ -179,8 +200,9 @@ class Run:
 
   @property
   def epoch(self) -> float:
-    """The run's clock: the training stream's position in epochs."""
-    return self.stream.epoch()
+    """The run's clock: the training stream's position in epochs after the batches stepped (batches
+    drawn ahead for a call not counted)."""
+    return self._stepped_epoch if self.drawn_ahead else self.stream.epoch()
 
   @property
   def trained_epochs(self) -> float:
@@ -188,9 +210,11 @@ class Run:
     (`BatchPolicy.progress`), else `epoch`."""
     return self.batch_policy.progress(self.epoch)
 
-  def finished(self) -> bool:
-    """Whether training is over: `num_epochs` reached (`trained_epochs`), or `num_steps` (when > 0) taken."""
-    return self.trained_epochs >= self.resolved.num_epochs or 0 < self.resolved.num_steps <= self.step_count
+  def finished(self, clock: step_calls.Clock | None = None) -> bool:
+    """Whether training is over: `num_epochs` reached (`trained_epochs`), or `num_steps` (when > 0) taken;
+    now, or at `clock` (`lbjax.train.step_calls.Clock`: where the batches drawn ahead would take the run)."""
+    clock = self if clock is None else clock
+    return clock.trained_epochs >= self.resolved.num_epochs or 0 < self.resolved.num_steps <= clock.step_count
 
   def train_carry(self, global_batch_size: int, num_microbatches: int | None) -> Any:
     """The zero carry of a training step: one [B, ...] carry (`num_microbatches` None), or one
@@ -201,18 +225,20 @@ class Run:
 
   def next_batch(self) -> Batch:
     """The next training batch at the current epoch: its size and learning rate from the batch
-    policy, the loss variant; resets the carried state where the stream starts a new row of batches
-    or the batch size changed (the stream then re-lays the rest of the epoch into the new rows, where
-    the old carries have no meaning)."""
-    epoch, size = self.epoch, self.batch_policy.batch_size(self.epoch)
+    policy, the loss variant; its step resets the carried state where the stream starts a new row of
+    batches or the batch size changed (the stream then re-lays the rest of the epoch into the new
+    rows, where the old carries have no meaning)."""
+    epoch = self.stream.epoch()  # after the batches drawn so far
+    size = self.batch_policy.batch_size(epoch)
     reset_carry, arrays = self.stream.next_prepared(size)  # drawn and placed while the previous step ran
+    self.drawn_ahead += 1
     self.stream.prefetch(prefetch.decided_next_batch_size(self))
-    if reset_carry or (self.state.carry is not None and self.carry_batch_size != size):
-      count = self.any_batch.num_microbatches(size) if self.any_batch else None
-      self.state = self.state._replace(carry=self.train_carry(size, count))
+    # `carry_batch_size` is that of the carry once the batches drawn so far are stepped (None: no carry yet).
+    reset_carry = reset_carry or self.carry_batch_size not in (None, size)
+    if reset_carry:
       self.carry_batch_size = size
     return Batch(size, arrays, self.learning_rate_scalar(self.batch_policy.learning_rate(epoch, size)),
-                 self.resolved.discard_fraction_at(epoch))
+                 self.resolved.discard_fraction_at(epoch), reset_carry, epoch, self.stream.epoch())
 
   def _prepare_batch(self, local: dict[str, np.ndarray], size: int) -> tuple[bool, Any]:
     """A drawn host batch's carry-reset flag and its arrays placed on the mesh (on the prefetch thread)."""
@@ -236,7 +262,7 @@ class Run:
       start = time.perf_counter()
       self.compiled[key] = self.parts.train_step(global_batch_size, discard_fraction, state, batch).lower(
           state, batch, learning_rate).compile()
-      self.compile_seconds[key] = time.perf_counter() - start
+      self.new_compile = NewCompile(global_batch_size, discard_fraction, 1, time.perf_counter() - start)
     return self.compiled[key]
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
@@ -245,32 +271,73 @@ class Run:
     Raises:
       CheckpointSaveError: the background save started before this step failed.
     """
-    if self.checkpoints is not None:
-      self.checkpoints.check_background_save()
+    self._start(batch)
     if self.any_batch:
       self.state, metrics, seconds = self.any_batch.step(self.state, batch.arrays, batch.learning_rate,
                                                          batch.discard_fraction)
-      self.new_compile = (batch.size, batch.discard_fraction) if seconds else None
       if seconds:  # the any-batch programs compiled (once per run and loss variant), at this batch size
-        self.compiled[self.new_compile], self.compile_seconds[self.new_compile] = self.any_batch, seconds
+        self.compiled[(batch.size, batch.discard_fraction)] = self.any_batch
+        self.new_compile = NewCompile(batch.size, batch.discard_fraction, 1, seconds)
     else:
-      key = (batch.size, batch.discard_fraction)
-      self.new_compile = None if key in self.compiled else key
       train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
                                    batch.learning_rate)
       self.state, metrics = train_step(self.state, batch.arrays, batch.learning_rate)
-    # At most two steps in flight: the host prepares the next batch while the device works, but
-    # never runs far ahead of it, so a SIGTERM or a non-finite loss is acted on within two steps
+    self._finish([batch], metrics["loss"])
+    self.batch_policy.after_step(self.step_count, batch.size, batch.start_epoch, batch.end_epoch, metrics)
+    return metrics
+
+  def step_call(self, batches: list[Batch]) -> dict[str, jax.Array]:
+    """Takes the steps of `batches` (one size and loss variant, no carry reset after the first) in one
+    device call (`lbjax.train.step_calls`), compiled once per size and loss variant; returns their
+    metrics, each stacked over the steps, still on the device.
+
+    Raises:
+      CheckpointSaveError: the background save started before this call failed.
+    """
+    first = batches[0]
+    self._start(first)
+    key = (first.size, first.discard_fraction)
+    arrays, learning_rates = tuple(b.arrays for b in batches), tuple(b.learning_rate for b in batches)
+    if key not in self.compiled_calls:
+      start = time.perf_counter()
+      self.compiled_calls[key] = self.parts.train_step_call(
+          first.size, first.discard_fraction, len(batches), self.state, first.arrays).lower(
+              self.state, arrays, learning_rates).compile()
+      self.new_compile = NewCompile(first.size, first.discard_fraction, len(batches), time.perf_counter() - start)
+    self.state, metrics = self.compiled_calls[key](self.state, arrays, learning_rates)
+    first_step = self.step_count
+    self._finish(batches, metrics["loss"])
+    for index, batch in enumerate(batches):
+      self.batch_policy.after_step(first_step + index + 1, batch.size, batch.start_epoch, batch.end_epoch,
+                                   step_calls.StepRow(metrics, index))
+    return metrics
+
+  def _start(self, batch: Batch) -> None:
+    """Before a step or call whose first batch is `batch`: a failed background save is raised, and the
+    carry starts again where the batch says so."""
+    if self.checkpoints is not None:
+      self.checkpoints.check_background_save()
+    self.new_compile = None
+    if batch.reset_carry:
+      count = self.any_batch.num_microbatches(batch.size) if self.any_batch else None
+      self.state = self.state._replace(carry=self.train_carry(batch.size, count))
+
+  def _finish(self, batches: list[Batch], loss: jax.Array) -> None:
+    """After a step or call of `batches` is dispatched: waits for the one before (at most two in
+    flight) and advances the run's counters."""
+    # At most two steps (or calls) in flight: the host prepares the next batch while the device works,
+    # but never runs far ahead of it, so a SIGTERM or a non-finite loss is acted on within two steps
     # (unbounded, it ran 51 steps ahead on a slow CPU step and the save came 83 s after SIGTERM).
     if self._in_flight is not None:
       self._in_flight.block_until_ready()
-    self._in_flight = metrics["loss"]
-    self._previous_batch, self._latest_batch = self._latest_batch, batch
-    self.step_count += 1
-    self.examples_seen += batch.size
-    self.batch_size = batch.size
-    self.batch_policy.after_step(self.step_count, batch.size, self.epoch, metrics)
-    return metrics
+    self._in_flight = loss
+    self._recent_batches.append({self.step_count + i: batch for i, batch in enumerate(batches)})
+    self.latest_call_steps = len(batches)
+    self.drawn_ahead -= len(batches)
+    self._stepped_epoch = batches[-1].end_epoch
+    self.step_count += len(batches)
+    self.examples_seen += sum(batch.size for batch in batches)
+    self.batch_size = batches[-1].size
 
   def evaluate(self) -> dict[str, float]:
     """The task's metrics of the current state on the whole evaluation split."""
@@ -294,7 +361,8 @@ class Run:
       self.checkpoints.wait_for_save()
       last = self.checkpoints.latest_step()
     try:
-      bad_batch = self._previous_batch if bad_step == self.step_count - 2 else self._latest_batch
+      recent = {step: batch for batches in self._recent_batches for step, batch in batches.items()}
+      bad_batch = recent.get(bad_step, recent[max(recent)])
       quantity, advice = nonfinite.first_nonfinite(self.state, bad_batch, graphdef=self.parts.graphdef,
                                                    task=self.task, optimizer=self.parts.optimizer,
                                                    replicated=self.parts.replicated)
@@ -320,6 +388,9 @@ class Run:
     Raises:
       CheckpointSaveError: a save failed (e.g. a full disk); the previous checkpoints are kept.
     """
+    if self.drawn_ahead:  # the stream's position would skip batches drawn and not yet stepped
+      raise RuntimeError(f"lbjax bug: a checkpoint at step {self.step_count} with {self.drawn_ahead} batch(es) "
+                         "drawn and not stepped; please report it.")
     self.check_health()
     if self.checkpoints is None:
       return

@@ -35,6 +35,7 @@ def resolved_run(run: ResolvedRun) -> dict[str, Any]:
       "lr_decay": learning_rate.decay.describe(),
       "num_epochs": run.num_epochs,
       "num_steps": run.num_steps or None,
+      "steps_per_call": run.steps_per_call,
       "max_device_batch": batch.max_device_batch or None,
       "batch_policy": batch.describe(),
       "mesh": _fields(data=mesh.data, fsdp=mesh.fsdp, num_devices=mesh.num_devices,
@@ -56,6 +57,8 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
   batch = (f"{sizes} at epochs {resolved['batch_size_boundaries']}" if isinstance(sizes, list) else str(sizes))
   length = f"{resolved['num_epochs']:g} epochs" + (f", at most {resolved['num_steps']} steps"
                                                    if resolved["num_steps"] else "")
+  if resolved["steps_per_call"] > 1:
+    length += f"; {resolved['steps_per_call']} steps per device call"
   lines = [f"run       {origin}"] if origin else []
   lines += [
       f"model     {resolved['model']}",

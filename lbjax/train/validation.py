@@ -134,12 +134,34 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
                     "config.loss.discard_until_epoch is 0: set the epoch until which it applies.")
   if config.log_every < 1:
     problems.append(f"config.log_every must be >= 1, got {config.log_every}.")
+  problems += _steps_per_call_problems(config)
   if config.checkpoint_every_steps < 0:
     problems.append(f"config.checkpoint_every_steps must be >= 0 (0 = only at the end), got "
                     f"{config.checkpoint_every_steps}.")
   if not isinstance(config.keep_checkpoints, int) or config.keep_checkpoints < 1:
     problems.append(f"config.keep_checkpoints must be an integer >= 1 (the newest checkpoints kept; a run "
                     f"always keeps at least one to resume from), got {config.keep_checkpoints!r}.")
+  return problems
+
+
+def _steps_per_call_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """`config.steps_per_call`: an integer >= 1; several steps per call need batch sizes and learning
+  rates the host knows before the call, which the adaptive policy (its decisions read the steps'
+  results) and the any-batch step (two programs per update) do not give."""
+  count = config.steps_per_call
+  if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+    return [f"config.steps_per_call must be an integer >= 1 (1 = one step per device call), got {count!r}."]
+  if count == 1:
+    return []
+  problems = []
+  if config.batch.policy == "adaptive":
+    problems.append(f"config.steps_per_call={count} needs each step's batch size before the call, but "
+                    "config.batch.policy='adaptive' decides it from the steps' results; set "
+                    "config.steps_per_call=1 or use the 'schedule' or 'fixed' policy.")
+  if config.batch.micro_batch_size:
+    problems.append(f"config.steps_per_call={count} does not combine with config.batch.micro_batch_size="
+                    f"{config.batch.micro_batch_size} (the any-batch step runs two programs per update); set "
+                    "one of them back (steps_per_call=1 or micro_batch_size=0).")
   return problems
 
 

@@ -148,7 +148,7 @@ def test_only_the_adaptive_policy_waits_for_the_step_just_dispatched(policy, wai
     examples += size
     clock[0] = step
     scalar = lambda value: _DeviceScalar(value, step, clock, early_reads)
-    policy_.after_step(step, size, examples / 256, {
+    policy_.after_step(step, size, (examples - size) / 256, examples / 256, {
         "noise_scale_grad_norm_sq": scalar(grad_norm_sq), "noise_scale_trace_sigma": scalar(trace_sigma),
         "learning_rate": scalar(0.05)})
   clock[0] = math.inf

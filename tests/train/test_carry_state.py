@@ -41,13 +41,18 @@ def _hand_perplexity(run, carry_state):
 @pytest.mark.parametrize("carry_state", [True, False])
 def test_training_resets_the_carry_on_every_window_only_without_carry_state(tmp_path, carry_state):
   run = _run(tmp_path, carry_state)
+  zero_before_step = []
+  train_step = run.train_step
+
+  def recording_train_step(size, discard_fraction, state, *rest):  # the state each step starts from
+    zero_before_step.append(all(not np.any(np.asarray(x)) for x in jax.tree.leaves(state.carry)))
+    return train_step(size, discard_fraction, state, *rest)
+
+  run.train_step = recording_train_step
   try:
-    zero_before_step = []
-    for _ in range(3):
-      batch = run.next_batch()
-      zero_before_step.append(all(not np.any(np.asarray(x)) for x in jax.tree.leaves(run.state.carry)))
-      run.step(batch)
-    assert zero_before_step == ([True, True, True] if not carry_state else [True, False, False])
+    resets = [run.step(batch) and batch.reset_carry for batch in (run.next_batch() for _ in range(3))]
+    expected = [True, True, True] if not carry_state else [True, False, False]
+    assert zero_before_step == resets == expected
     evaluated = run.evaluate()["perplexity"]
     assert evaluated == pytest.approx(_hand_perplexity(run, carry_state), rel=1e-4)
     assert evaluated != pytest.approx(_hand_perplexity(run, not carry_state), rel=1e-4)

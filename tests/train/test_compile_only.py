@@ -102,6 +102,17 @@ def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs(
   assert [s["steps_per_epoch"] for s in report.steps] == [256 // 32, 256 // 64]
 
 
+def test_steps_per_call_compiles_the_call_and_reports_its_figures_per_step():
+  """With 4 steps per call the run's program is the call: its FLOPs and all-reduce bytes, counted
+  through the scan and divided by 4, are one step's; its memory holds the 4 batches."""
+  one = compile_only.compile_run(helpers.tiny_classifier_config(), evaluation=False).steps[0]
+  four = compile_only.compile_run(helpers.tiny_classifier_config(steps_per_call=4), evaluation=False).steps[0]
+  assert (one["steps_per_call"], four["steps_per_call"]) == (1, 4)
+  assert four["flops_per_device"] == pytest.approx(one["flops_per_device"], rel=1e-4)
+  assert four["collective_bytes"]["all-reduce"] == pytest.approx(one["collective_bytes"]["all-reduce"], rel=0.01)
+  assert four["memory"]["arguments"] > one["memory"]["arguments"]
+
+
 def test_the_any_batch_step_compiles_its_two_programs_once_per_run():
   config = helpers.tiny_language_model_config(**{"batch.micro_batch_size": 8})
   run = compile_only.abstract_run(config, jax.devices())

@@ -123,7 +123,7 @@ def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_
   report it, the learning rate is the last step's, and the window is stacked on the device 32 steps at a
   time, the second run padded (no transfer per step; one compiled shape)."""
   class FakeRun:  # what WriteMetrics reads of a run
-    step_count, epoch, examples_seen, batch_size, stream = 0, 0.5, 800, 16, None
+    step_count, epoch, examples_seen, batch_size, stream, latest_call_steps = 0, 0.5, 800, 16, None, 1
 
   rng = np.random.default_rng(0)
   steps = [{"loss": rng.normal(), "update_norm": rng.random(), "learning_rate": 0.1 + i} for i in range(50)]
