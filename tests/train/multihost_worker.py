@@ -5,7 +5,8 @@ Runs the tiny classifier on this process's 2 CPU devices as part of a `jax.distr
 to OUT (process 0). MODE `dropout` runs the tiny PTB LSTM (dropout 0.1) instead: 4 updates of 16
 rows by the any-batch step in 2 micro-batches of 8, which each process cuts from its own rows on the
 host (`lbjax.train.any_batch`). MODE `until_sigterm` trains the classifier for 500 epochs instead, to
-be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`.
+be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`; `until_sigterm_in_calls` the same
+with 4 steps per device call (`config.steps_per_call`).
 """
 
 import sys
@@ -20,8 +21,9 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
                                initialization_timeout=120)
   from lbjax.train import train_and_evaluate  # pylint: disable=g-import-not-at-top
   from tests.train import helpers  # pylint: disable=g-import-not-at-top
-  if mode == "until_sigterm":
-    config = helpers.tiny_classifier_config(num_epochs=500.0, eval_every_epochs=1000.0, checkpoint_every_steps=0)
+  if mode.startswith("until_sigterm"):
+    config = helpers.tiny_classifier_config(num_epochs=500.0, eval_every_epochs=1000.0, checkpoint_every_steps=0,
+                                            steps_per_call=4 if mode == "until_sigterm_in_calls" else 1)
     result = train_and_evaluate(config, workdir)
     print(f"preempted={result.preempted} step={result.step}", flush=True)
     return

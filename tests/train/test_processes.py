@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from lbjax.train import train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
@@ -103,13 +104,15 @@ def test_two_processes_draw_the_dropout_masks_of_one_process(tmp_path):
   assert values["step"] == 4
 
 
-def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("mode", ["until_sigterm", "until_sigterm_in_calls"])
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_checkpoint(tmp_path, mode):
   """A preempted host must not stop alone (the others would wait in the next collective forever):
-  JAX's preemption service makes both processes save the same step and exit 0."""
+  JAX's preemption service makes both processes save the same step and exit 0; with 4 steps per
+  device call, at the end of a call (JAX's sync point counts the step boundaries the loop checks)."""
   port = _free_port()
   workers = [subprocess.Popen(
       [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(tmp_path),
-       str(tmp_path / "unused.npz"), "until_sigterm"], env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
+       str(tmp_path / "unused.npz"), mode], env=_env(2), cwd=REPO, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for i in range(2)]
   _wait_until_training(tmp_path / "metrics.jsonl", workers)
   workers[1].send_signal(signal.SIGTERM)
@@ -121,6 +124,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step_with_a_chec
   assert outputs[0] == outputs[1] and outputs[0].startswith("preempted=True step=")
   step = int(outputs[0].split("step=")[1])
   assert Checkpointer(tmp_path).latest_step() == step
+  if mode == "until_sigterm_in_calls":
+    assert step % 4 == 0
 
 
 def test_two_cli_processes_find_each_other_from_environment_variables(tmp_path):
