@@ -326,8 +326,8 @@ class Run:
     """After a step or call of `batches` is dispatched: waits for the one before (at most two in
     flight) and advances the run's counters."""
     # At most two steps (or calls) in flight: the host prepares the next batch while the device works,
-    # but never runs far ahead of it, so a SIGTERM or a non-finite loss is acted on within two steps
-    # (unbounded, it ran 51 steps ahead on a slow CPU step and the save came 83 s after SIGTERM).
+    # but never runs far ahead of it, so a SIGTERM or a non-finite loss is acted on within two steps or
+    # calls (unbounded, it ran 51 steps ahead on a slow CPU step and the save came 83 s after SIGTERM).
     if self._in_flight is not None:
       self._in_flight.block_until_ready()
     self._in_flight = loss
