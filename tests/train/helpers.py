@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 
+from lbjax import data as lbdata
 from lbjax.train import default_config
 
 
@@ -73,3 +74,37 @@ def assert_trees_equal(a, b):
 
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), host_tree(a), host_tree(b))
+
+
+def poison_train_batch(monkeypatch, draw: int) -> list[None]:
+  """Makes the `draw`-th training batch drawn (1-based) all-NaN images; returns the list of draws so far."""
+  next_batch = lbdata.TrainStream.next_batch
+  draws = []
+
+  def poisoned_next_batch(self, global_batch_size):
+    batch = next_batch(self, global_batch_size)
+    draws.append(None)
+    if len(draws) == draw:
+      batch["images"] = np.full_like(batch["images"], np.nan)
+    return batch
+
+  monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
+  return draws
+
+
+class MetricsRunView:
+  """What `hooks.WriteMetrics` reads of a run, set by hand."""
+
+  def __init__(self):
+    self.step_count, self.epoch, self.examples_seen, self.batch_size = 0, 0.5, 800, 16
+    self.stream, self.latest_call_steps = None, 1
+
+
+def window_steps(count: int, accumulating_from: int) -> list[dict[str, float]]:
+  """`count` steps' metric values (loss, update norm, a learning rate rising by 1 a step), and from the
+  step `accumulating_from` (0-based) on the two gradient noise-scale ingredients too."""
+  rng = np.random.default_rng(0)
+  steps = [{"loss": rng.normal(), "update_norm": rng.random(), "learning_rate": 0.1 + i} for i in range(count)]
+  for values in steps[accumulating_from:]:
+    values.update(noise_scale_grad_norm_sq=rng.random(), noise_scale_trace_sigma=rng.random())
+  return steps

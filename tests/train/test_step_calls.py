@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 
-from lbjax import data as lbdata
 from lbjax.train import ConfigError, NonFiniteError, train_and_evaluate
 from lbjax.train import batch_policy, hooks, validation
 from lbjax.train.checkpointing import Checkpointer
@@ -102,17 +101,7 @@ def test_a_run_stopped_by_sigterm_in_a_call_resumes_to_the_unbroken_run(tmp_path
 
 def test_a_non_finite_step_inside_a_call_is_named_from_its_own_batch(tmp_path, monkeypatch):
   """The second step of a call of 3 gets a NaN image: the stop names that step and its batch."""
-  next_batch = lbdata.TrainStream.next_batch
-  draws = []
-
-  def poisoned_next_batch(self, global_batch_size):
-    batch = next_batch(self, global_batch_size)
-    draws.append(None)
-    if len(draws) == 5:
-      batch["images"] = np.full_like(batch["images"], np.nan)
-    return batch
-
-  monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
+  helpers.poison_train_batch(monkeypatch, 5)
   with pytest.raises(NonFiniteError, match=r"at step 4: the loss is not finite \(on the latest batch\)"):
     train_and_evaluate(helpers.tiny_classifier_config(steps_per_call=3, log_every=6), tmp_path)
 
@@ -120,16 +109,10 @@ def test_a_non_finite_step_inside_a_call_is_named_from_its_own_batch(tmp_path, m
 def test_a_window_averages_the_steps_of_calls_and_single_steps_alike(tmp_path):
   """A 10-step window of a call of 4, two single steps and a call of 4 (steps 7-10 accumulate):
   each mean is over the steps that report the metric, the learning rate is the last step's."""
-  class FakeRun:  # what WriteMetrics reads of a run
-    step_count, epoch, examples_seen, batch_size, stream, latest_call_steps = 0, 0.5, 800, 16, None, 1
-
-  rng = np.random.default_rng(0)
-  steps = [{"loss": rng.normal(), "update_norm": rng.random(), "learning_rate": 0.1 + i} for i in range(10)]
-  for values in steps[6:]:
-    values.update(noise_scale_grad_norm_sq=rng.random(), noise_scale_trace_sigma=rng.random())
+  steps = helpers.window_steps(10, accumulating_from=6)
   writer = MetricsWriter(tmp_path)
   write = hooks.WriteMetrics(writer, ProgressLine(1.0, 10, enabled=False), log_every=10, layerwise_rates=False)
-  run = FakeRun()
+  run = helpers.MetricsRunView()
   for first, count in [(0, 4), (4, 1), (5, 1), (6, 4)]:
     run.step_count, run.latest_call_steps = first + count, count
     chunk = steps[first:first + count]

@@ -122,20 +122,14 @@ def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_
   """A 50-step window whose last 30 steps accumulate (two more metrics): each mean is over the steps that
   report it, the learning rate is the last step's, and the window is stacked on the device 32 steps at a
   time, the second run padded (no transfer per step; one compiled shape)."""
-  class FakeRun:  # what WriteMetrics reads of a run
-    step_count, epoch, examples_seen, batch_size, stream, latest_call_steps = 0, 0.5, 800, 16, None, 1
-
-  rng = np.random.default_rng(0)
-  steps = [{"loss": rng.normal(), "update_norm": rng.random(), "learning_rate": 0.1 + i} for i in range(50)]
-  for values in steps[20:]:
-    values.update(noise_scale_grad_norm_sq=rng.random(), noise_scale_trace_sigma=rng.random())
+  steps = helpers.window_steps(50, accumulating_from=20)
   stacked_sizes = []
   stack = hooks._stack_columns
   monkeypatch.setattr(hooks, "_stack_columns", lambda columns: stacked_sizes.append(
       {name: len(values) for name, values in columns.items()}) or stack(columns))
   writer = MetricsWriter(tmp_path)
   write = hooks.WriteMetrics(writer, ProgressLine(1.0, 50, enabled=False), log_every=50, layerwise_rates=False)
-  run = FakeRun()
+  run = helpers.MetricsRunView()
   for step, values in enumerate(steps, 1):
     run.step_count = step
     write.after_step(run, {name: jax.numpy.float32(value) for name, value in values.items()})
@@ -172,20 +166,10 @@ def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path)
 
 def test_a_bad_last_step_of_a_window_is_named_from_its_own_batch(tmp_path, monkeypatch):
   """The window's metrics arrive one step late, yet the diagnosis recomputes the bad step's batch."""
-  next_batch = lbdata.TrainStream.next_batch
-  calls = []
-
-  def poisoned_next_batch(self, global_batch_size):
-    batch = next_batch(self, global_batch_size)
-    calls.append(None)
-    if len(calls) == 4:
-      batch["images"] = np.full_like(batch["images"], np.nan)
-    return batch
-
-  monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
+  draws = helpers.poison_train_batch(monkeypatch, 4)
   with pytest.raises(NonFiniteError, match=r"at step 3: the loss is not finite \(on the latest batch\)"):
     train_and_evaluate(helpers.tiny_classifier_config(log_every=4), tmp_path)
-  assert len(calls) == 5  # stopped at the step after the window, before writing it
+  assert len(draws) == 5  # stopped at the step after the window, before writing it
   assert not _records(tmp_path, "train")
 
 
