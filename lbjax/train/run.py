@@ -131,7 +131,7 @@ class Run:
     self.new_compile: NewCompile | None = None
     self.latest_call_steps = 1
     self.drawn_ahead = 0
-    self._stepped_epoch = 0.0  # `epoch` while batches are drawn ahead
+    self._stepped_epoch = 0.0  # `epoch` while batches are drawn ahead (set when the first is drawn)
     self._in_flight = None  # the loss of the latest step or call, not yet waited for
     self._learning_rate: tuple[bytes, jax.Array] | None = None  # the latest LR: float32 bytes, placed scalar
     # The batches of the latest two steps or calls, by step (0-based): the first non-finite quantity is
@@ -229,6 +229,8 @@ class Run:
     batches or the batch size changed (the stream then re-lays the rest of the epoch into the new
     rows, where the old carries have no meaning)."""
     epoch = self.stream.epoch()  # after the batches drawn so far
+    if not self.drawn_ahead:
+      self._stepped_epoch = epoch
     size = self.batch_policy.batch_size(epoch)
     reset_carry, arrays = self.stream.next_prepared(size)  # drawn and placed while the previous step ran
     self.drawn_ahead += 1

@@ -12,6 +12,7 @@ from lbjax.train import ConfigError, NonFiniteError, train_and_evaluate
 from lbjax.train import batch_policy, hooks, validation
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.metrics import MetricsWriter, ProgressLine
+from lbjax.train.run import Run
 from tests.train import helpers
 
 
@@ -75,6 +76,23 @@ def test_a_resnet_in_calls_trains_as_in_single_steps(tmp_path):
   helpers.assert_trees_close(one.state.params, two.state.params, rtol=1e-5, atol=1e-6)
   helpers.assert_trees_close(one.state.model_state, two.state.model_state, rtol=1e-5, atol=1e-6)
   assert [r.get("steps_per_call") for r in _records(tmp_path / "two") if r["kind"] == "compile"] == [2]
+
+
+def test_the_clock_counts_the_batches_stepped_not_those_drawn_ahead(tmp_path):
+  """A resumed run (at epoch 0.5) draws two batches for a call: its clock stays at 0.5 until they are
+  stepped, then moves one batch at a time (what the hooks read between single steps of one draw)."""
+  train_and_evaluate(helpers.tiny_classifier_config(num_epochs=0.5), tmp_path)
+  run = Run(helpers.tiny_classifier_config(steps_per_call=2), tmp_path)
+  try:
+    assert run.epoch == 0.5
+    batches = [run.next_batch(), run.next_batch()]
+    assert (run.epoch, run.stream.epoch(), run.drawn_ahead) == (0.5, 0.75, 2)
+    run.step(batches[0])
+    assert (run.epoch, run.step_count, run.drawn_ahead) == (0.625, 5, 1)
+    run.step(batches[1])
+    assert (run.epoch, run.step_count, run.drawn_ahead) == (0.75, 6, 0)
+  finally:
+    run.close()
 
 
 def test_a_run_stopped_by_sigterm_in_a_call_resumes_to_the_unbroken_run(tmp_path, monkeypatch):
