@@ -75,36 +75,32 @@ class StepRow(Mapping):
     return len(self._stacked)
 
 
-def _call_batches(run: Any, hooks: Sequence[Any]) -> list[Any]:
-  """The batches of the next call: drawn one at a time until the call holds `steps_per_call`, or
-  until the step after the latest drawn is one where the host must act (see the module doc)."""
+def _call_batches(run: Any, hooks: Sequence[Any]) -> tuple[list[Any], bool]:
+  """The batches of the next call, drawn one at a time until the call holds `steps_per_call`, or
+  until the step after the latest drawn is one where the host must act (see the module doc); and
+  whether they make one call (`steps_per_call` > 1 batches of one size and loss variant, no carry
+  reset after the first)."""
+  count = run.resolved.steps_per_call
   batches = [run.next_batch()]
   first = batches[0]
-  while len(batches) < run.resolved.steps_per_call:
+  while len(batches) < count:
     epoch = run.stream.epoch()  # after the batches drawn
     clock = Clock(run.step_count + len(batches), epoch, run.batch_policy.progress(epoch))
     if run.finished(clock) or any(hook.acts_at(clock) for hook in hooks):
-      break
+      return batches, False
     batch = run.next_batch()
     batches.append(batch)
     if batch.reset_carry or (batch.size, batch.discard_fraction) != (first.size, first.discard_fraction):
-      break
-  return batches
-
-
-def _one_call(run: Any, batches: list[Any]) -> bool:
-  first = batches[0]
-  return (1 < len(batches) == run.resolved.steps_per_call
-          and all((b.size, b.discard_fraction) == (first.size, first.discard_fraction) for b in batches)
-          and not any(b.reset_carry for b in batches[1:]))
+      return batches, False
+  return batches, count > 1
 
 
 def take_steps(run: Any, hooks: Sequence[Any]) -> Iterator[dict[str, jax.Array]]:
   """The next call's steps on `run`: yields the metrics of the one call that runs them all (stacked
   over the steps), or of each single step, after it is dispatched. `hooks`: the loop's hooks, whose
   `acts_at` ends a call."""
-  batches = _call_batches(run, hooks)
-  if _one_call(run, batches):
+  batches, one_call = _call_batches(run, hooks)
+  if one_call:
     yield run.step_call(batches)
     return
   for batch in batches:
