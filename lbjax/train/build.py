@@ -198,23 +198,27 @@ class StepParts:
 
   def train_step(self, global_batch_size: int, discard_fraction: float, state: Any, batch: Any
                  ) -> Callable[..., Any]:
-    """The jitted train step of one global batch size and loss variant (`make_train_step`, with the
-    plan's micro-batches), its shardings those of `state` and `batch` (arrays or ShapeDtypeStructs);
-    the state is donated. Lower it with (state, batch, learning rate)."""
-    return self._jit_step(self._step(global_batch_size, discard_fraction), state, batch, self.replicated)
+    """The jitted train step of one global batch size and loss variant (`train_function`), its shardings
+    those of `state` and `batch` (arrays or ShapeDtypeStructs); the state is donated. Lower it with
+    (state, batch, learning rate)."""
+    return self._jit_step(self.train_function(global_batch_size, discard_fraction), state, batch, self.replicated)
 
   def train_step_call(self, global_batch_size: int, discard_fraction: float, steps: int, state: Any, batch: Any
                       ) -> Callable[..., Any]:
-    """The jitted call of `steps` such train steps (`lbjax.train.step_calls.make_step_call`), shardings
-    as in `train_step`; the state is donated. Lower it with (state, a tuple of `steps` batches like
-    `batch`, a tuple of `steps` learning rates)."""
-    call = step_calls.make_step_call(self._step(global_batch_size, discard_fraction), self.mesh)
-    return self._jit_step(call, state, (batch,) * steps, (self.replicated,) * steps)
+    """The jitted call of `steps` such train steps (`train_function`), shardings as in `train_step`; the
+    state is donated. Lower it with (state, a tuple of `steps` batches like `batch`, a tuple of `steps`
+    learning rates)."""
+    return self._jit_step(self.train_function(global_batch_size, discard_fraction, steps), state,
+                          (batch,) * steps, (self.replicated,) * steps)
 
-  def _step(self, global_batch_size: int, discard_fraction: float) -> Callable[..., Any]:
-    return make_train_step(self.graphdef, self.train_task, self.optimizer, self.mesh,
+  def train_function(self, global_batch_size: int, discard_fraction: float, steps: int = 1) -> Callable[..., Any]:
+    """The train step of one global batch size and loss variant, not jitted: `make_train_step` with the
+    plan's micro-batches, called (state, batch, learning rate); with `steps` > 1 the call of that many
+    (`lbjax.train.step_calls.make_step_call`), called with tuples of `steps` batches and learning rates."""
+    step = make_train_step(self.graphdef, self.train_task, self.optimizer, self.mesh,
                            self.batch.num_microbatches(global_batch_size, self.data_parallel_size),
                            discard_fraction, self.compressor)
+    return step if steps == 1 else step_calls.make_step_call(step, self.mesh)
 
   def _jit_step(self, step: Callable[..., Any], state: Any, batch: Any, learning_rate_shardings: Any
                 ) -> Callable[..., Any]:

@@ -28,7 +28,6 @@ from lbjax.train import build
 from lbjax.train import compile_report
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
-from lbjax.train import step_calls
 from lbjax.train import tasks
 from lbjax.train import topology as topology_lib
 from lbjax.train import validation
@@ -36,7 +35,7 @@ from lbjax.train.any_batch import SLOTS
 from lbjax.train.errors import ConfigError
 from lbjax.train.state import TrainState
 from lbjax.train.step import (Accumulator, loops_slow_down_convolutions, make_accumulate_step, make_apply_step,
-                              make_eval_step, make_micro_batch_terms, make_train_step)
+                              make_eval_step, make_micro_batch_terms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,18 +102,14 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
 
   def train_step(size: int) -> Program:
     """The train step, or with `steps_per_call` k > 1 the call of k steps the run takes."""
-    count = resolved.batch.num_microbatches(size, data_parallel)
-    step = make_train_step(graphdef, train_task, optimizer, mesh, count, 0.0, parts.compressor)
+    k = resolved.steps_per_call
+    step = parts.train_function(size, 0.0, k)
     run_state = state._replace(carry=carry(size))
     batch = build.abstract(data.train_batch(size), batch_sharding)
-    k = resolved.steps_per_call
-    if k > 1:
-      step, batch, rate = step_calls.make_step_call(step, mesh), (batch,) * k, (learning_rate,) * k
-    else:
-      rate = learning_rate
+    batch, rate = ((batch,) * k, (learning_rate,) * k) if k > 1 else (batch, learning_rate)
     return Program("train", size, step, (run_state, batch, rate),
                    (_shardings(run_state), _shardings(batch), _shardings(rate)), (_shardings(run_state), replicated),
-                   (0,), 1.0 / k, count, k)
+                   (0,), 1.0 / k, resolved.batch.num_microbatches(size, data_parallel), k)
 
   def any_batch_steps(size: int) -> tuple[Program, Program]:
     micro = resolved.batch.micro_batch_size
