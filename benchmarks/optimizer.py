@@ -8,6 +8,7 @@ into benchmarks/README.md.
     python -m benchmarks.optimizer [--rounds 61] [--seconds-per-round 0.05] [--max-spread 0.1]
         [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--no-readme]
     python -m benchmarks.optimizer --collectives [--optimizers 'NAME;...'] [--no-readme]
+    python -m benchmarks.optimizer --kernels-for h100 [--trees ...] [--optimizers 'NAME;...'] [--no-readme]
 
 All optimizers of a tree and a STREAM-like scale (`a = s * a`, donated, over as many float32 values
 as the tree has parameters: one read and one write of every value) run in interleaved rounds in one
@@ -21,17 +22,23 @@ a ratio's median is wider than --max-spread of it.
 sharded FSDP-style (every leaf split along its largest axis divisible by 8) and counts the
 collectives of the optimised HLO: what a design adds in communication when parameters are sharded
 under `jit`.
+
+`--kernels-for h100` (or h200) times nothing either: it compiles each update for that GPU on this
+machine, without one (`benchmarks/deviceless_gpu.py`: JAX's CUDA plugin, deviceless), and counts the
+kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column gives.
 """
 
 import argparse
 import collections
 import re
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import deviceless_gpu
 from benchmarks import report
 from lbjax import optim
 from lbjax.optim.lars import lars_rate
@@ -42,6 +49,7 @@ STREAM = "STREAM scale a = s * a"
 ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
 FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
 LEAF_BY_LEAF = "lars, rates leaf by leaf (the design before, experiment)"
+FLAT_END_TO_END = "lars, one flat buffer end to end (experiment)"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -148,6 +156,57 @@ def lars_flat_buffer(lr, wd, trust_coefficient=1e-3, block=1024):
   return layerwise.layerwise_sgd(scaling, lr, 0.9, False)
 
 
+class FlatMomentum(NamedTuple):
+  momentum: jax.Array  # every leaf's v in one (blocks, block) buffer, each leaf padded to whole blocks
+
+
+def lars_flat_end_to_end(lr, wd, momentum=0.9, trust_coefficient=1e-3, block=1024):
+  """An experiment, not in the library: lbjax LARS (Algorithm 1, momentum with the LR inside) as a
+  multi-tensor update, the way apex and NVIDIA's MLPerf LARS launch it, within XLA: every leaf's
+  values in one flat buffer, each leaf padded with zeros to whole blocks of `block` values. The
+  momentum lives in that layout (the state); w and g are concatenated into it once per update; one
+  reduction gives the block sums and `segment_sum` the layer sums; every rate is one vector; the
+  momentum and the update are one elementwise pass over the buffer; each leaf's update is a slice.
+  Leaves with `ndim >= 2` get the rate and the weight decay, the others plain momentum SGD. Same
+  numbers as `lbjax lars` up to the order of summation; with sharded parameters the concatenation
+  would gather them (as the flat-norm experiment's does). Takes the benchmark's trees: flat dicts of leaves."""
+  paper = lars_rate(trust_coefficient)
+
+  def layout(params):
+    keys = sorted(params)
+    sizes = [params[k].size for k in keys]
+    blocks = [-(-n // block) for n in sizes]
+    return keys, sizes, blocks, np.repeat(np.arange(len(keys)), blocks)
+
+  def flat(tree, keys, sizes, blocks):
+    parts = []
+    for k, n, b in zip(keys, sizes, blocks):
+      parts.append(tree[k].reshape(-1))
+      if b * block > n:  # zeros inside the concatenation: no pad kernel per leaf
+        parts.append(jnp.zeros((b * block - n,), tree[k].dtype))
+    return jnp.concatenate(parts).reshape(-1, block)
+
+  def init(params):
+    return FlatMomentum(jnp.zeros((sum(layout(params)[2]), block), jnp.float32))
+
+  def update(grads, state, params=None):
+    keys, sizes, blocks, segments = layout(params)
+    selected = np.array([params[k].ndim >= 2 for k in keys])
+    w, g = flat(params, keys, sizes, blocks), flat(grads, keys, sizes, blocks)
+    w_sums, g_sums = (jax.ops.segment_sum(jnp.sum(x * x, axis=1), segments, len(keys), indices_are_sorted=True)
+                      for x in (w, g))
+    rates = jnp.where(selected, paper.rate((w_sums, g_sums), wd), 1.0)
+    decay = jnp.asarray(np.where(selected, wd, 0.0), jnp.float32)
+    v = momentum * state.momentum + lr * rates[segments][:, None] * (g + decay[segments][:, None] * w)
+    flat_updates, updates, start = -v.reshape(-1), {}, 0
+    for k, n, b in zip(keys, sizes, blocks):
+      updates[k] = flat_updates[start * block:start * block + n].reshape(params[k].shape)
+      start += b
+    return updates, FlatMomentum(v)
+
+  return optax.GradientTransformation(init, update)
+
+
 def optimizers(lr=0.1, wd=1e-4):
   """name -> optax.GradientTransformation; LARS variants select the kernels (ndim >= 2)."""
   return {
@@ -160,6 +219,7 @@ def optimizers(lr=0.1, wd=1e-4):
       ONE_REDUCTION: lars_one_reduction(lr, wd),
       FLAT_BUFFER: lars_flat_buffer(lr, wd),
       LEAF_BY_LEAF: lars_leaf_by_leaf(lr, wd),
+      FLAT_END_TO_END: lars_flat_end_to_end(lr, wd),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
       "lbjax lamb (all leaves), bfloat16 moments": optim.lamb(
@@ -255,7 +315,8 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
-                         (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", LEAF_BY_LEAF)):
+                         (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", LEAF_BY_LEAF),
+                         (FLAT_END_TO_END, "optax.lars"), (FLAT_END_TO_END, "lbjax lars")):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -283,7 +344,7 @@ def numerics(shapes, names):
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
            (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (LEAF_BY_LEAF, "lbjax lars"),
-           ("lbjax lars, bfloat16 momentum", "lbjax lars"),
+           (FLAT_END_TO_END, "lbjax lars"), ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
           for a, b in pairs if a in names and b in names}
@@ -381,6 +442,39 @@ norm reductions of lbjax's LARS into one all-reduce; concatenating the sharded l
 buffer (the flat-buffer experiment) makes the SPMD partitioner gather them first."""
 
 
+def gpu_kernel_counts(target, trees, names):
+  """Rows: the kernels of each update compiled for the deviceless GPU `target` (nothing runs)."""
+  sharding = deviceless_gpu.cuda_sharding(target)
+  all_optimizers = optimizers()
+  rows = []
+  for tree in trees:
+    label, shapes_fn = TREES[tree]
+    params = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for k, s in shapes_fn().items()}
+    for name in names:
+      opt = all_optimizers[name]
+      state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                           jax.eval_shape(opt.init, params))
+      rows.append([label, name, kernel_count(make_step(opt).lower(params, state, params).compile())])
+      print(rows[-1], flush=True)
+  return rows
+
+
+GPU_KERNEL_NOTES = """\
+Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the
+`kernels` column of the timed table (`kernel_count`) in the optimised HLO that XLA:GPU compiles on
+this machine for the named GPU, deviceless (`benchmarks/deviceless_gpu.py`; nothing runs, no times).
+The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
+324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and
+`lamb`. XLA:GPU fuses each leaf's momentum and weight update into one kernel (SGD: one per leaf) and
+adds one reduction kernel per sum and leaf; the one-flat-buffer experiment (the momentum kept in a
+block-padded flat buffer, w and g concatenated into it with their zero padding inside the
+concatenation, block sums, `segment_sum`, one elementwise pass) launches 4 concatenation kernels, 2
+`segment_sum` scatters, 2 elementwise kernels and 22 slice kernels that write the leaves back: XLA
+groups sibling slices of the buffer by element count, and ResNet-50's 161 leaves have 22 distinct
+sizes, so a design whose outputs are the leaves stays above 20 on this tree. bfloat16 LAMB moments
+add kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves)."""
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   report.add_spread_arguments(parser, rounds=61)
@@ -395,6 +489,9 @@ def main() -> None:
   parser.add_argument("--no-readme", action="store_true", help="print only")
   parser.add_argument("--collectives", action="store_true",
                       help="count the collectives of each update over 8 CPU devices (FSDP-sharded ResNet-50 tree)")
+  parser.add_argument("--kernels-for", choices=sorted(deviceless_gpu.TARGETS),
+                      help="count the kernels of each update compiled for this GPU, deviceless (times nothing; "
+                           "needs JAX's CUDA plugin: benchmarks/deviceless_gpu.py)")
   args = parser.parse_args()
   if args.rounds < 2 or args.seconds_per_round <= 0:
     parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
@@ -409,6 +506,18 @@ def main() -> None:
     if unknown:
       parser.error(f"unknown optimizers {unknown}; choose from {known}")
     names = [n for n in known if n == SGD or n in chosen]
+  if args.kernels_for:
+    try:
+      rows = gpu_kernel_counts(args.kernels_for, trees, names)
+    except deviceless_gpu.PluginMissing as error:
+      parser.error(str(error))
+    body = report.markdown_table(["tree", "update", "kernels"], rows)
+    print(body)
+    if not args.no_readme:
+      report.write_section("optimizer-gpu-kernels", f"Optimizer update: kernels on a GPU ({args.kernels_for}, "
+                           "compiled here without one)", report.header_lines() + "\n" + body + "\n\n" +
+                           GPU_KERNEL_NOTES)
+    return
   if args.collectives:
     jax.config.update("jax_num_cpu_devices", 8)
     rows = collective_counts([n for n in names if n != "lbjax mclr"])

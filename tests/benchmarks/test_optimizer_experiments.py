@@ -1,0 +1,25 @@
+"""The benchmark's experimental LARS designs compute what `lbjax.optim.lars` computes: their times
+are only comparable if they do."""
+
+import pytest
+
+from benchmarks import optimizer as bench
+
+# Kernels (ndim >= 2, rate and weight decay) and vectors (plain momentum SGD), sizes that are not
+# multiples of the experiments' 1,024-value blocks and one that spans several blocks.
+SHAPES = {"conv": (3, 3, 4, 8), "dense": (40, 70), "bias": (8,), "scale": (70,)}
+WEIGHT_DECAY = 0.1  # large enough that the paper's and optax's denominators differ clearly
+
+
+def _difference_from_lbjax_lars(name: str) -> float:
+  optimizers = bench.optimizers(wd=WEIGHT_DECAY)
+  return bench.max_relative_difference(optimizers[name], optimizers["lbjax lars"], SHAPES)
+
+
+@pytest.mark.parametrize("name", [bench.FLAT_END_TO_END, bench.FLAT_BUFFER, bench.ONE_REDUCTION, bench.LEAF_BY_LEAF])
+def test_experiment_equals_lbjax_lars_after_three_updates(name):
+  assert _difference_from_lbjax_lars(name) < 1e-6  # float rounding: the order of summation
+
+
+def test_the_comparison_tells_another_definition_apart():
+  assert _difference_from_lbjax_lars("lbjax lars, optax denominator") > 1e-5  # 1.5e-4
