@@ -24,7 +24,7 @@ collectives of the optimised HLO: what a design adds in communication when param
 under `jit`.
 
 `--kernels-for h100` (or h200) times nothing either: it compiles each update for that GPU on this
-machine, without one (`benchmarks/deviceless_gpu.py`: JAX's CUDA plugin, deviceless), and counts the
+machine, without one (`lbjax.train.gpu_targets`: JAX's CUDA plugin, deviceless), and counts the
 kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column gives.
 """
 
@@ -38,11 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks import deviceless_gpu
 from benchmarks import report
 from lbjax import optim
 from lbjax.optim.lars import lars_rate
 from lbjax.optim import layerwise
+from lbjax.train import gpu_targets
+from lbjax.train.errors import ConfigError
 
 SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
@@ -444,7 +445,8 @@ buffer (the flat-buffer experiment) makes the SPMD partitioner gather them first
 
 def gpu_kernel_counts(target, trees, names):
   """Rows: the kernels of each update compiled for the deviceless GPU `target` (nothing runs)."""
-  sharding = deviceless_gpu.cuda_sharding(target)
+  (device,) = gpu_targets.devices(target)
+  sharding = jax.sharding.SingleDeviceSharding(device)
   all_optimizers = optimizers()
   rows = []
   for tree in trees:
@@ -462,7 +464,7 @@ def gpu_kernel_counts(target, trees, names):
 GPU_KERNEL_NOTES = """\
 Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the
 `kernels` column of the timed table (`kernel_count`) in the optimised HLO that XLA:GPU compiles on
-this machine for the named GPU, deviceless (`benchmarks/deviceless_gpu.py`; nothing runs, no times).
+this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times).
 The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and
 `lamb`. XLA:GPU fuses each leaf's momentum and weight update into one kernel (SGD: one per leaf) and
@@ -489,9 +491,9 @@ def main() -> None:
   parser.add_argument("--no-readme", action="store_true", help="print only")
   parser.add_argument("--collectives", action="store_true",
                       help="count the collectives of each update over 8 CPU devices (FSDP-sharded ResNet-50 tree)")
-  parser.add_argument("--kernels-for", choices=sorted(deviceless_gpu.TARGETS),
+  parser.add_argument("--kernels-for", choices=sorted(gpu_targets.TARGETS),
                       help="count the kernels of each update compiled for this GPU, deviceless (times nothing; "
-                           "needs JAX's CUDA plugin: benchmarks/deviceless_gpu.py)")
+                           "needs JAX's CUDA plugin: lbjax.train.gpu_targets)")
   args = parser.parse_args()
   if args.rounds < 2 or args.seconds_per_round <= 0:
     parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
@@ -507,9 +509,10 @@ def main() -> None:
       parser.error(f"unknown optimizers {unknown}; choose from {known}")
     names = [n for n in known if n == SGD or n in chosen]
   if args.kernels_for:
+    gpu_targets.allow_plugin_without_cuda()  # before JAX starts its backends
     try:
       rows = gpu_kernel_counts(args.kernels_for, trees, names)
-    except deviceless_gpu.PluginMissing as error:
+    except ConfigError as error:  # no CUDA plugin: what to install
       parser.error(str(error))
     body = report.markdown_table(["tree", "update", "kernels"], rows)
     print(body)

@@ -16,9 +16,11 @@ same command resumes. `--config.deterministic=True` asks XLA for deterministic G
 
 Compile without training: `--compile-only` builds and compiles the run's steps from abstract arrays (no
 data read, nothing initialised) for the local devices, or with `--topology v3:32x32` (any TPU topology
-name; needs `pip install 'lbjax[tpu]'`) for a TPU pod, prints memory per device against the HBM, FLOPs,
-collective bytes and XLA's estimated step, epoch and recipe times, writes <workdir>/compile.json, and
-exits 0 when every step fits, 4 when one does not (with what to change).
+name; needs `pip install 'lbjax[tpu]'`) for a TPU pod, or `--topology h100:8` (NVIDIA H100 or H200 GPUs:
+`h200`, `h100:8` in one host, `h100:2x8` in two; needs JAX's CUDA plugin, lbjax.train.gpu_targets) for GPUs,
+prints memory per device against the HBM, FLOPs, collective bytes and XLA's estimated step, epoch and
+recipe times (TPU), writes <workdir>/compile.json, and exits 0 when every step fits, 4 when one does not
+(with what to change).
 
 Multi-host: `--distributed` calls `jax.distributed.initialize()` with what the platform provides
 (Cloud TPU, SLURM, or the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment
@@ -43,6 +45,7 @@ from lbjax import config_files
 from lbjax.data import UndecodableRecordError
 from lbjax.train import determinism
 from lbjax.train import distributed
+from lbjax.train import gpu_targets
 from lbjax.train import orbax_log
 from lbjax.train import summary
 from lbjax.train import validation
@@ -79,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                       "report memory, FLOPs, collectives and estimated times (compile.json in --workdir); exit 4 "
                       "when a step does not fit")
   parser.add_argument("--topology", help="with --compile-only: compile for this TPU topology (v3:32x32, "
-                      "v4:8x8x16, v5p:8x16x16, ...) instead of the local devices; needs lbjax[tpu]")
+                      "v4:8x8x16, v5p:8x16x16, ...; needs lbjax[tpu]) or these GPUs (h100, h100:8, h200:2x8; needs "
+                      "jax[cuda12-local]) instead of the local devices")
   return parser
 
 
@@ -162,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
   if args.list:
     print(list_configs())
     return 0
+  if args.topology and gpu_targets.is_gpu_name(args.topology):
+    gpu_targets.allow_plugin_without_cuda()  # before JAX starts its backends
   if not args.config:
     parser.error("--config is required (a packaged config such as mnist_lstm, see --list, or a .py file).")
   try:
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
       print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
     if args.topology and not args.compile_only:
-      parser.error("--topology compiles for a TPU pod without training: add --compile-only.")
+      parser.error("--topology compiles for a TPU pod or GPUs without training: add --compile-only.")
     if args.compile_only:
       return _compile_only(args, loaded)
     if not args.workdir:

@@ -1,5 +1,5 @@
-"""The devices a run compiles for: a named TPU topology (no TPU needed), or the local ones; and the
-memory each device has.
+"""The devices a run compiles for: a named TPU topology (no TPU needed), named NVIDIA GPUs (no GPU
+needed: `lbjax.train.gpu_targets`), or the local ones; and the memory each device has.
 
 `topology_devices("v3:32x32")` returns the 2,048 abstract devices of a full TPU v3 pod from `libtpu`
 (`jax.experimental.topologies`), which `jax.jit(...).lower(...).compile()` targets on a machine without
@@ -15,6 +15,7 @@ import importlib.util
 import os
 from typing import Any
 
+from lbjax.train import gpu_targets
 from lbjax.train.errors import ConfigError
 
 GIB = 2**30
@@ -45,11 +46,15 @@ def libtpu_installed() -> bool:
 
 
 def topology_devices(name: str) -> list[Any]:
-  """The abstract devices of the TPU topology `name` (any name `get_topology_desc` takes).
+  """The abstract devices of the TPU topology `name` (any name `get_topology_desc` takes), or of the
+  GPUs it names (`gpu_targets.devices`: `h100:8`).
 
   Raises:
-    ConfigError: libtpu is not installed (what to install), or `name` is not a topology.
+    ConfigError: libtpu (or for GPUs JAX's CUDA plugin) is not installed (what to install), or `name`
+      is not a topology.
   """
+  if gpu_targets.is_gpu_name(name):
+    return gpu_targets.devices(name)
   if not libtpu_installed():
     raise ConfigError(f"--topology {name} compiles for a TPU, which needs libtpu: {INSTALL_HINT}.")
   # Compiling opens no TPU, so several processes (pytest workers, a plan beside a run) may load libtpu at once;
@@ -65,7 +70,7 @@ def topology_devices(name: str) -> list[Any]:
   except Exception as e:  # pylint: disable=broad-except  (libtpu's JaxRuntimeError/RuntimeError: a bad name)
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"--topology {name!r} is not a TPU topology libtpu knows ({reason}); names look like "
-                      f"{EXAMPLES}.") from e
+                      f"{EXAMPLES} (GPUs: {gpu_targets.EXAMPLES}).") from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +83,8 @@ class DeviceMemory:
 def device_memory(device: Any, local_devices: int = 1) -> DeviceMemory:
   """The memory of `device`: what a real accelerator reports (`memory_stats()["bytes_limit"]`), else
   the `TPU_CHIPS` HBM of its chip divided among the chip's TensorCores by the cores it spans, else (a
-  CPU device) the host's physical memory shared by the `local_devices` CPU devices."""
+  deviceless GPU) the share of its memory JAX takes by default, else (a CPU device) the host's
+  physical memory shared by the `local_devices` CPU devices."""
   try:
     stats = device.memory_stats()
   except Exception:  # pylint: disable=broad-except  (abstract TPU devices raise: no runtime behind them)
@@ -91,6 +97,12 @@ def device_memory(device: Any, local_devices: int = 1) -> DeviceMemory:
     share = "the chip" if cores >= chip.cores else f"{cores} of the chip's {chip.cores} TensorCores"
     return DeviceMemory(chip.hbm_bytes * min(cores, chip.cores) // chip.cores,
                         f"{device.device_kind}: {share}; {chip.source}")
+  gpu = gpu_targets.device_target(device)
+  if gpu is not None:
+    fraction = gpu_targets.JAX_MEMORY_FRACTION
+    return DeviceMemory(int(gpu.memory_bytes * fraction),
+                        f"{device.device_kind}: {fraction:.0%} of {gpu.memory_bytes / GIB:.1f} GiB, what a JAX process "
+                        f"takes by default (XLA_PYTHON_CLIENT_MEM_FRACTION); {gpu.source}")
   if device.platform == "cpu":
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return DeviceMemory(host // max(local_devices, 1), f"host memory shared by {local_devices} CPU device(s)")

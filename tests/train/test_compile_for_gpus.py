@@ -1,0 +1,99 @@
+"""`lbjax-train --compile-only --topology h100:8`: a run compiled for NVIDIA GPUs on a machine without
+one (`lbjax.train.gpu_targets`).
+
+The compile test needs JAX's CUDA plugin (`pip install "jax[cuda12-local]==<jax's version>"`, not one
+of lbjax's dependencies) and skips where it is absent; the names, messages and memory figures are
+tested everywhere.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+from lbjax import main as cli
+from lbjax.train import gpu_targets
+from lbjax.train import topology
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["h100", "H100:8", "h200:2x8", "h200:1"])
+def test_gpu_names(name):
+  assert gpu_targets.is_gpu_name(name)
+
+
+@pytest.mark.parametrize("name", ["v5p:2x2x1", "v3:32x32", "h300:8", "h100:x8", "h100:8x", "a100"])
+def test_other_names_are_not_gpus(name):
+  assert not gpu_targets.is_gpu_name(name)
+
+
+def _compile_error(capsys, tmp_path, name):
+  status = cli.main(["--config", "mnist_lstm", "--compile-only", "--topology", name, "--workdir", str(tmp_path)])
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and not (tmp_path / "compile.json").exists()
+  return status, err
+
+
+def test_no_plugin_says_what_to_install(capsys, tmp_path, monkeypatch):
+  monkeypatch.setattr(gpu_targets, "plugin_installed", lambda: False)
+  status, err = _compile_error(capsys, tmp_path, "h100:8")
+  assert status == 2 and 'pip install "jax[cuda12-local]==' in err and "CUDA plugin" in err
+
+
+def test_zero_gpus_is_a_message(capsys, tmp_path):
+  status, err = _compile_error(capsys, tmp_path, "h100:0x8")
+  assert status == 2 and "at least 1" in err
+
+
+def test_an_unknown_tpu_topology_lists_the_gpu_names_too(monkeypatch):
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: True)
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  def refuse(**kwargs):
+    raise RuntimeError(f"unknown topology {kwargs.get('topology_name')}")
+
+  monkeypatch.setattr(topologies, "get_topology_desc", refuse)
+  with pytest.raises(topology.ConfigError, match=r"v3:32x32.*GPUs: h100, h100:8, h200:2x8"):
+    topology.topology_devices("v9:1x1")
+
+
+def test_a_deviceless_gpu_has_the_memory_jax_takes_of_it():
+  """75% of the device's memory (XLA_PYTHON_CLIENT_MEM_FRACTION's default), as `bytes_limit` on a real one."""
+
+  def no_runtime():
+    raise RuntimeError("no runtime behind a deviceless device")
+
+  device = types.SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", memory_stats=no_runtime)
+  memory = topology.device_memory(device)
+  assert memory.bytes == int(0.75 * 84_929_347_584)
+  assert "75%" in memory.source and "XLA_PYTHON_CLIENT_MEM_FRACTION" in memory.source
+
+
+@pytest.mark.skipif(not gpu_targets.plugin_installed(),
+                    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
+def test_mnist_lstm_compiles_for_eight_h100s_with_the_gradient_all_reduce(tmp_path):
+  """In a fresh process (JAX registers the plugin only when it starts with the version check skipped,
+  which lbjax-train arranges): 8 H100s, data parallel, one all-reduce of the float32 gradients."""
+  transform, hidden = 32, 48
+  command = [sys.executable, "-m", "lbjax.main", "--config", "mnist_lstm", "--compile-only", "--topology", "h100:8",
+             f"--config.model_options.transform_size={transform}", f"--config.model_options.hidden_size={hidden}",
+             "--workdir", str(tmp_path)]
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
+  done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
+                        env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
+  assert done.returncode == 0, done.stderr[-2000:]
+  report = json.loads((tmp_path / "compile.json").read_text())
+  assert report["topology"] == "h100:8" and report["devices"] == 8 and report["platform"] == "gpu"
+  assert report["device_kind"] == "NVIDIA H100 80GB HBM3" and report["fits"] is True
+  assert report["hbm_bytes"] == int(0.75 * 84_929_347_584)
+  parameters = 28 * transform + transform + (transform + hidden) * 4 * hidden + 4 * hidden + hidden * 10 + 10
+  # The float32 gradients and the loss and accuracy means, as on a TPU (test_compile_only).
+  assert report["collective_bytes"] == {"all-reduce": 4 * parameters + 2 * 4, "reduce-scatter": 0, "all-gather": 0,
+                                        "collective-permute": 0, "all-to-all": 0}
+  assert report["steps"][0]["memory"]["parameters"] == 4 * parameters
+  assert "Compiled for topology h100:8: 8 NVIDIA H100 80GB HBM3 device(s)" in done.stdout
