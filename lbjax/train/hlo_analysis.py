@@ -170,6 +170,20 @@ def _matmul_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
   return 2.0 * result * contracted
 
 
+def _result_shape(instruction: _Instruction) -> str:
+  """A collective's result shape. XLA:GPU's asynchronous `all-reduce-start` returns `((operands), results)`,
+  the operands it aliases first; XLA:TPU's returns the results alone."""
+  shape = instruction.shape
+  if not (instruction.opcode.endswith("-start") and shape.startswith("((")):
+    return shape
+  depth = 0
+  for position, character in enumerate(shape[1:], start=1):
+    depth += {"(": 1, ")": -1}.get(character, 0)
+    if depth == 0:  # the end of the operands' tuple
+      return shape[position + 1:]
+  return shape
+
+
 def analyze(hlo_text: str) -> HloFigures:
   """The collective bytes and matmul FLOPs of one step of the compiled HLO module `hlo_text`."""
   computations, entry = _parse(hlo_text)
@@ -190,7 +204,7 @@ def analyze(hlo_text: str) -> HloFigures:
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
         if kind == "all-reduce":  # the result's type is the sum's (XLA:TPU may sum a bf16 operand into an f32)
-          all_reduce_16bit += count * int(array_bytes(instruction.shape, _16BIT_FLOATS))
+          all_reduce_16bit += count * int(array_bytes(_result_shape(instruction), _16BIT_FLOATS))
       elif instruction.opcode in ("dot", "convolution"):
         matmul = _matmul_flops(instruction, shapes)
         flops += count * matmul

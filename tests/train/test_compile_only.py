@@ -73,6 +73,27 @@ ENTRY %main (p: bf16[64,8], q: f32[16]) -> (bf16[64,8], f32[16]) {
   assert figures.all_reduce_16bit_bytes == 64 * 8 * 2
 
 
+def test_an_asynchronous_gpu_all_reduce_is_counted_once():
+  """XLA:GPU's `all-reduce-start` returns ((operands), results): the operands' aliases are not a second sum."""
+  hlo = """HloModule m
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%a, %b)
+}
+
+ENTRY %main (p: bf16[5122]) -> bf16[5122] {
+  %p = bf16[5122]{0} parameter(0)
+  %start = ((bf16[5122]{0}), bf16[5122]{0}) all-reduce-start(%p), replica_groups={}, to_apply=%add
+  ROOT %done = bf16[5122]{0} all-reduce-done(%start)
+}
+"""
+  figures = hlo_analysis.analyze(hlo)
+  assert figures.collective_bytes["all-reduce"] == figures.all_reduce_16bit_bytes == 5122 * 2
+  assert figures.collective_counts["all-reduce"] == 1
+
+
 def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, tmp_path):
   config = helpers.tiny_classifier_config(dataset="mnist", data_dir=str(tmp_path / "no-data-here"))
   config.data_options = {}
