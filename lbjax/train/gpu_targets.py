@@ -82,9 +82,10 @@ def _hopper(kind: str, memory: int, bandwidth: int, source: str) -> GpuTarget:
 
 TARGETS = {
     "h100": _hopper("NVIDIA H100 80GB HBM3", 84_929_347_584, 3_352_320_000_000,
-                    "H100 SXM5: 80 GB HBM3 (the memory a CUDA 12 driver reports for it)"),
+                    "H100 SXM5, 80 GB HBM3: the device_memory_size of an H100's XLA target config "
+                    "(jax-ml/jax issue 28376)"),
     "h200": _hopper("NVIDIA H200", 150_754_820_096, 4_800_000_000_000,
-                    "H200 SXM: 141 GB HBM3e (the memory a CUDA 12 driver reports for it)"),
+                    "H200 SXM, 141 GB HBM3e: 143,771 MiB, as nvidia-smi listed the lent H200 (2026-11-26)"),
 }
 
 
