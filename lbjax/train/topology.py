@@ -56,7 +56,8 @@ def topology_devices(name: str) -> list[Any]:
   if gpu_targets.is_gpu_name(name):
     return gpu_targets.devices(name)
   if not libtpu_installed():
-    raise ConfigError(f"--topology {name} compiles for a TPU, which needs libtpu: {INSTALL_HINT}.")
+    raise ConfigError(f"--topology {name} names no GPU lbjax knows ({gpu_targets.EXAMPLES}), so a TPU topology, "
+                      f"which needs libtpu: {INSTALL_HINT}.")
   # Compiling opens no TPU, so several processes (pytest workers, a plan beside a run) may load libtpu at once;
   # without this libtpu refuses all but the first ("libtpu multi-process lockfile").
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
