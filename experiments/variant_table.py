@@ -289,13 +289,26 @@ def markdown(table: Table, results: list[RunRow], evaluations: Sequence[run_reco
   return "\n".join(lines) + "\n"
 
 
+# Ticks per decade of a log axis, densest first: `_plain_log_axis` takes the densest that puts at most
+# `MAX_LOG_TICKS` labels on the axis.
+LOG_TICK_STEPS = ((1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0),
+                  (1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
+MAX_LOG_TICKS = 8
+
+
 def _plain_log_axis(axis) -> None:
-  """A log axis labelled with plain numbers (125, 150, 200 rather than 1.25 x 10^2): several ticks per
-  decade when the axis spans under two decades, one per decade beyond."""
+  """A log axis labelled with plain numbers (125, 150, 200 rather than 1.25 x 10^2): the densest of
+  `LOG_TICK_STEPS` that gives at most `MAX_LOG_TICKS` ticks over the axis (one per decade at the least),
+  so that the labels never run into each other."""
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   low, high = sorted(axis.get_view_interval())
-  subs = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if high < 100 * low else (1.0,)
-  axis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
+  decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+
+  def ticks(subs):
+    return [s * 10.0**d for d in decades for s in subs if low <= s * 10.0**d <= high]
+
+  subs = next((subs for subs in LOG_TICK_STEPS if len(ticks(subs)) <= MAX_LOG_TICKS), LOG_TICK_STEPS[-1])
+  axis.set_major_locator(ticker.FixedLocator(ticks(subs)))
   axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:,.10g}"))
   axis.set_minor_locator(ticker.NullLocator())
 
@@ -365,7 +378,9 @@ def plot(table: Table, results: list[RunRow], path: str | pathlib.Path) -> None:
     if table.metric == "perplexity":
       axes.set_xscale("log")
       _plain_log_axis(axes.xaxis)
-  # Wrapped to the axes' width at 9 pt (about 13 characters per inch), so no title is cut.
+  # Wrapped to the axes' width at 9 pt (about 13 characters per inch), so no title is cut: the width once the
+  # layout has made room for the tick labels (long row names narrow the axes).
+  figure.tight_layout()
   width = axes.get_position().width * figure.get_figwidth()
   axes.set_title(textwrap.fill(table.title, int(13 * width)), fontsize=9)
   figure.tight_layout()

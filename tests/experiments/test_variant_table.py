@@ -178,6 +178,37 @@ def test_plots_label_the_batch_sizes_run_and_plain_perplexities(tmp_path):
   plt.close(figure)
 
 
+def _figure_of(monkeypatch, table, results, tmp_path):
+  """The figure `variant_table.plot` draws (kept from being closed)."""
+  matplotlib = pytest.importorskip("matplotlib")
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+  kept = []
+  monkeypatch.setattr(plt, "close", kept.append)
+  variant_table.plot(table, results, tmp_path / "plot.png")
+  figure = kept[0]
+  figure.canvas.draw()
+  return figure
+
+
+def test_a_perplexity_bar_plot_has_labels_apart_and_its_title_inside(monkeypatch, tmp_path):
+  """Perplexities over a 30x span (123 to 3,789, as the PTB 640 hypotheses) once crowded 26 labels into the
+  axis; row names as long as that table's once pushed the title past the figure's edge."""
+  names = ["legw", "zaremba_recipe_uniform_init", "decay_from_10_clip_0.25", "no_warmup"]
+  table = _table(metric="perplexity", title="PTB LSTM at B=640 with LEGW: what the paper leaves open, one setting "
+                 "at a time (valid split)", rows=[{"name": n, "tests": "t"} for n in names])
+  results = [runner.RunRow(n, 0, "valid", "perplexity", v, "done", 1.0, 1.0, 13.0, 936, 1.0)
+             for n, v in zip(names, (163.3, 682.2, 133.7, 3789.4))]
+  figure = _figure_of(monkeypatch, table, results, tmp_path)
+  axes = figure.axes[0]
+  labels = [t for t in axes.get_xticklabels() if t.get_text()]
+  assert 2 <= len(labels) <= variant_table.MAX_LOG_TICKS
+  boxes = sorted((t.get_window_extent() for t in labels), key=lambda box: box.x0)
+  assert all(left.x1 < right.x0 for left, right in zip(boxes, boxes[1:])), [t.get_text() for t in labels]
+  title, frame = axes.title.get_window_extent(), figure.bbox
+  assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
+
+
 def test_replot_rewrites_the_page_and_plot_from_the_csv_alone(finished_table, tmp_path):
   table, out, _, _ = finished_table
   copy = tmp_path / "copy"
