@@ -89,10 +89,15 @@ TARGETS = {
 }
 
 
+def _parse(name: str) -> re.Match | None:
+  """`name` matched as GPUs of `TARGETS` (groups `target`, `hosts`, `per_host`), or None."""
+  found = NAME.match(name.lower())
+  return found if found is not None and found["target"] in TARGETS else None
+
+
 def is_gpu_name(name: str) -> bool:
   """Whether `name` names GPUs (`h100...`, `h200...`) rather than a TPU topology."""
-  found = NAME.match(name.lower())
-  return found is not None and found["target"] in TARGETS
+  return _parse(name) is not None
 
 
 def plugin_installed() -> bool:
@@ -114,8 +119,8 @@ def devices(name: str) -> list[Any]:
   Raises:
     ConfigError: a malformed count, no CUDA plugin (what to install), or a plugin JAX did not register.
   """
-  found = NAME.match(name.lower())
-  if found is None or found["target"] not in TARGETS:
+  found = _parse(name)
+  if found is None:
     raise ConfigError(f"{name!r} names no GPU lbjax knows; GPU names look like {EXAMPLES} "
                       f"(GPUs: {', '.join(TARGETS)}).")
   hosts, per_host = int(found["hosts"] or 1), int(found["per_host"] or 1)
