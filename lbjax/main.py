@@ -166,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
   if args.list:
     print(list_configs())
     return 0
-  if args.topology and gpu_targets.is_gpu_name(args.topology):
-    gpu_targets.allow_plugin_without_cuda()  # before JAX starts its backends
+  if args.topology:
+    # Before JAX starts its backends. Compiling for named devices uses no local accelerator: without
+    # JAX_PLATFORMS=cpu, JAX would try libtpu's and the CUDA plugin's on a machine without them (dozens of lines of
+    # start-up errors); the plugin itself stays registered for a GPU target.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    gpu_targets.allow_plugin_without_cuda()
   if not args.config:
     parser.error("--config is required (a packaged config such as mnist_lstm, see --list, or a .py file).")
   try:
