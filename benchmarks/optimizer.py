@@ -31,7 +31,6 @@ kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column giv
 import argparse
 import collections
 import re
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +49,8 @@ STREAM = "STREAM scale a = s * a"
 ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
 FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
 LEAF_BY_LEAF = "lars, rates leaf by leaf (the design before, experiment)"
-FLAT_END_TO_END = "lars, one flat buffer end to end (experiment)"
+LARS_FLAT = "lbjax lars, flat layout"
+LAMB_FLAT = "lbjax lamb (all leaves), flat layout"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -157,57 +157,6 @@ def lars_flat_buffer(lr, wd, trust_coefficient=1e-3, block=1024):
   return layerwise.layerwise_sgd(scaling, lr, 0.9, False)
 
 
-class FlatMomentum(NamedTuple):
-  momentum: jax.Array  # every leaf's v in one (blocks, block) buffer, each leaf padded to whole blocks
-
-
-def lars_flat_end_to_end(lr, wd, momentum=0.9, trust_coefficient=1e-3, block=1024):
-  """An experiment, not in the library: lbjax LARS (Algorithm 1, momentum with the LR inside) as a
-  multi-tensor update, the way apex and NVIDIA's MLPerf LARS launch it, within XLA: every leaf's
-  values in one flat buffer, each leaf padded with zeros to whole blocks of `block` values. The
-  momentum lives in that layout (the state); w and g are concatenated into it once per update; one
-  reduction gives the block sums and `segment_sum` the layer sums; every rate is one vector; the
-  momentum and the update are one elementwise pass over the buffer; each leaf's update is a slice.
-  Leaves with `ndim >= 2` get the rate and the weight decay, the others plain momentum SGD. Same
-  numbers as `lbjax lars` up to the order of summation; with sharded parameters the concatenation
-  would gather them (as the flat-norm experiment's does). Takes the benchmark's trees: flat dicts of leaves."""
-  paper = lars_rate(trust_coefficient)
-
-  def layout(params):
-    keys = sorted(params)
-    sizes = [params[k].size for k in keys]
-    blocks = [-(-n // block) for n in sizes]
-    return keys, sizes, blocks, np.repeat(np.arange(len(keys)), blocks)
-
-  def flat(tree, keys, sizes, blocks):
-    parts = []
-    for k, n, b in zip(keys, sizes, blocks):
-      parts.append(tree[k].reshape(-1))
-      if b * block > n:  # zeros inside the concatenation: no pad kernel per leaf
-        parts.append(jnp.zeros((b * block - n,), tree[k].dtype))
-    return jnp.concatenate(parts).reshape(-1, block)
-
-  def init(params):
-    return FlatMomentum(jnp.zeros((sum(layout(params)[2]), block), jnp.float32))
-
-  def update(grads, state, params=None):
-    keys, sizes, blocks, segments = layout(params)
-    selected = np.array([params[k].ndim >= 2 for k in keys])
-    w, g = flat(params, keys, sizes, blocks), flat(grads, keys, sizes, blocks)
-    w_sums, g_sums = (jax.ops.segment_sum(jnp.sum(x * x, axis=1), segments, len(keys), indices_are_sorted=True)
-                      for x in (w, g))
-    rates = jnp.where(selected, paper.rate((w_sums, g_sums), wd), 1.0)
-    decay = jnp.asarray(np.where(selected, wd, 0.0), jnp.float32)
-    v = momentum * state.momentum + lr * rates[segments][:, None] * (g + decay[segments][:, None] * w)
-    flat_updates, updates, start = -v.reshape(-1), {}, 0
-    for k, n, b in zip(keys, sizes, blocks):
-      updates[k] = flat_updates[start * block:start * block + n].reshape(params[k].shape)
-      start += b
-    return updates, FlatMomentum(v)
-
-  return optax.GradientTransformation(init, update)
-
-
 def optimizers(lr=0.1, wd=1e-4):
   """name -> optax.GradientTransformation; LARS variants select the kernels (ndim >= 2)."""
   return {
@@ -220,12 +169,14 @@ def optimizers(lr=0.1, wd=1e-4):
       ONE_REDUCTION: lars_one_reduction(lr, wd),
       FLAT_BUFFER: lars_flat_buffer(lr, wd),
       LEAF_BY_LEAF: lars_leaf_by_leaf(lr, wd),
-      FLAT_END_TO_END: lars_flat_end_to_end(lr, wd),
+      LARS_FLAT: optim.lars(lr, weight_decay=wd, layout="flat"),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
       "lbjax lamb (all leaves), bfloat16 moments": optim.lamb(
           lr, weight_decay=wd, mask=everything, mu_dtype="bfloat16", nu_dtype="bfloat16"),
+      LAMB_FLAT: optim.lamb(lr, weight_decay=wd, mask=everything, layout="flat"),
       "lbjax percent_delta": optim.percent_delta(lr, weight_decay=wd),
+      "lbjax percent_delta, flat layout": optim.percent_delta(lr, weight_decay=wd, layout="flat"),
       "lbjax mclr": optim.mclr(lr, weight_decay=wd),
   }
 
@@ -317,7 +268,8 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
                          (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", LEAF_BY_LEAF),
-                         (FLAT_END_TO_END, "optax.lars"), (FLAT_END_TO_END, "lbjax lars")):
+                         (LARS_FLAT, "optax.lars"), (LARS_FLAT, "lbjax lars"),
+                         (LAMB_FLAT, "optax.lamb"), (LAMB_FLAT, "lbjax lamb (all leaves)")):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
@@ -345,7 +297,8 @@ def numerics(shapes, names):
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
            (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (LEAF_BY_LEAF, "lbjax lars"),
-           (FLAT_END_TO_END, "lbjax lars"), ("lbjax lars, bfloat16 momentum", "lbjax lars"),
+           (LARS_FLAT, "lbjax lars"), (LAMB_FLAT, "lbjax lamb (all leaves)"),
+           ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
   return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
           for a, b in pairs if a in names and b in names}

@@ -7,6 +7,7 @@ import optax
 
 from lbjax.optim import layerwise
 from lbjax.optim import low_precision
+from lbjax.optim import multi_tensor
 from lbjax.optim import validation
 
 
@@ -118,6 +119,7 @@ def lamb(
     axis_name: layerwise.AxisName = None,
     mu_dtype: Any = None,
     nu_dtype: Any = None,
+    layout: str = "per_leaf",
 ) -> optax.GradientTransformation:
   """LAMB: Adam direction, decoupled weight decay, layer-wise trust ratio (Algorithm 2 of LAMB).
 
@@ -143,6 +145,8 @@ def lamb(
       (`scale_by_adam`). With b2 = 0.999, a bfloat16 `nu` moves by 1 - b2 = 0.1% of itself per
       step, below bfloat16's half step of 0.2%: it changes only where g^2 is far from it. Keep `nu`
       in float32 unless b2 <= 0.99.
+    layout: "per_leaf" or "flat" (the multi-tensor layout: Adam's moments in a few block-padded
+      buffers; see `lars`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -159,8 +163,9 @@ def lamb(
   validation.check_momentum("b2", b2)
   validation.check_nonnegative("eps", eps)
   validation.check_nonnegative("eps_root", eps_root)
-  return optax.chain(
-      scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nu_dtype),
-      scale_by_lamb_trust_ratio(weight_decay, mask, stacked, axis_name),
-      optax.scale_by_learning_rate(learning_rate),
+  return multi_tensor.in_layout(
+      layout,
+      lambda scaling, flip_sign: optax.chain(scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nu_dtype), scaling,
+                                             optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)),
+      lamb_rate(), weight_decay, mask, stacked, axis_name,
   )

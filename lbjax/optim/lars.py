@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import multi_tensor
 from lbjax.optim import validation
 
 DENOMINATORS = ("paper", "optax")
@@ -116,6 +117,7 @@ def lars(
     denominator: str = "paper",
     axis_name: layerwise.AxisName = None,
     accumulator_dtype: Any = None,
+    layout: str = "per_leaf",
 ) -> optax.GradientTransformation:
   """SGD with LARS, exactly Algorithm 1 of papers/000 (eq. 5-6 with momentum and weight decay).
 
@@ -148,6 +150,9 @@ def lars(
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
       dtype (see `layerwise.layerwise_sgd`).
+    layout: "per_leaf" (a reduction and an update per leaf) or "flat" (the multi-tensor layout of
+      `multi_tensor`: the momentum in a few block-padded buffers, every layer's norms in a few
+      kernels; for GPUs, where an update is launch-bound; not for parameters sharded under `jit`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -161,10 +166,9 @@ def lars(
       curvature radius.)
     optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
-  return layerwise.layerwise_sgd(
-      scale_by_lars(trust_coefficient, weight_decay, eps, denominator, mask, stacked, axis_name),
-      learning_rate,
-      momentum,
-      nesterov,
-      accumulator_dtype,
+  return multi_tensor.in_layout(
+      layout,
+      lambda scaling, flip_sign: layerwise.layerwise_sgd(scaling, learning_rate, momentum, nesterov,
+                                                          accumulator_dtype, flip_sign),
+      lars_rate(trust_coefficient, eps, denominator), weight_decay, mask, stacked, axis_name,
   )

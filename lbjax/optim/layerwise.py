@@ -52,6 +52,14 @@ StackedOrFn = Any
 AxisName = str | tuple[str, ...] | None
 
 
+def squared_magnitude(x: jax.Array) -> jax.Array:
+  """`|x_i|^2` elementwise, real, in float32 or wider (a complex leaf is a real vector of twice its length)."""
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  if jnp.iscomplexobj(x):  # |x|^2 = re^2 + im^2: C^n measured as R^2n
+    return jnp.real(x) * jnp.real(x) + jnp.imag(x) * jnp.imag(x)
+  return x * x
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerReducer:
   """Reductions over one layer of a leaf: all axes but the leading `stacked_axes` ones.
@@ -85,10 +93,7 @@ class LayerReducer:
 
   def sum_of_squares(self, x: jax.Array) -> jax.Array:
     """Squared L2 norm `sum_i |x_i|^2` of each layer of `x` (real, also for complex `x`)."""
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    if jnp.iscomplexobj(x):  # |x|^2 = re^2 + im^2: C^n measured as R^2n
-      return self.sum(jnp.real(x) * jnp.real(x) + jnp.imag(x) * jnp.imag(x))
-    return self.sum(x * x)
+    return self.sum(squared_magnitude(x))
 
   def norm(self, x: jax.Array) -> jax.Array:
     """L2 norm of each layer of `x`."""
@@ -248,6 +253,11 @@ class LayerRates:
   vectors: tuple[Any, ...]
   layout: RatesLayout
 
+  @classmethod
+  def zeros(cls, layout: RatesLayout) -> "LayerRates":
+    """Every rate 0 (the state before the first update)."""
+    return cls(tuple(jnp.zeros((n,), dtype) for n, dtype in zip(layout.sizes(), layout.dtypes)), layout)
+
   def leaves(self) -> list[jax.Array | None]:
     """Each leaf's rates (a scalar, or its stacked-layer shape), None for unselected leaves."""
     return [None if slot is None else
@@ -320,6 +330,16 @@ def _resolve_mask(mask: MaskOrFn, params: Params, stacked: Params) -> Params:
   return jax.tree.map(bool, tree)
 
 
+def selection(params: Params, mask: MaskOrFn, stacked: StackedOrFn) -> tuple[Any, list[bool], list[int]]:
+  """The structure of `params` (`optax.MaskedNode`s counted as leaves), whether `mask` selects each
+  leaf (never a MaskedNode) and each leaf's number of stacked-layer axes."""
+  treedef = jax.tree.structure(params, is_leaf=_is_masked)
+  stacked_tree = _resolve_stacked(stacked, params)
+  selected = [not _is_masked(x) and bool(x)
+              for x in treedef.flatten_up_to(_resolve_mask(mask, params, stacked_tree))]
+  return treedef, selected, treedef.flatten_up_to(stacked_tree)
+
+
 def _zip_with_path(params: Params, other: Params):
   """Yields `(path, param_leaf, other_leaf)` for every leaf of `params`."""
   with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
@@ -375,21 +395,16 @@ def scale_by_layerwise_rate(
   validation.check_nonnegative("weight_decay", weight_decay)
   skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
 
-  def flat_layout(tree, params):
+  def leaves_and_layout(tree, params):
     """The leaves of `tree` and of `params` (MaskedNodes included), the stacked axes of each, and
     the rates layout."""
-    leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_masked)
-    stacked_tree = _resolve_stacked(stacked, params)
-    selected = [not _is_masked(x) and bool(x) for x in treedef.flatten_up_to(
-        _resolve_mask(mask, params, stacked_tree))]
-    ks = treedef.flatten_up_to(stacked_tree)
+    treedef, selected, ks = selection(params, mask, stacked)
     weights = treedef.flatten_up_to(params)
-    return leaves, weights, ks, RatesLayout.of(treedef, weights, selected, ks)
+    return treedef.flatten_up_to(tree), weights, ks, RatesLayout.of(treedef, weights, selected, ks)
 
   def init_fn(params):
-    *_, rates_layout = flat_layout(params, params)
-    zeros = [jnp.zeros((n,), dtype) for n, dtype in zip(rates_layout.sizes(), rates_layout.dtypes)]
-    return LayerwiseRateState(rates=LayerRates(tuple(zeros), rates_layout))
+    *_, rates_layout = leaves_and_layout(params, params)
+    return LayerwiseRateState(rates=LayerRates.zeros(rates_layout))
 
   def layer_reducer(w, k, reduce_axis):
     return LayerReducer(stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=reduce_axis)
@@ -426,7 +441,7 @@ def scale_by_layerwise_rate(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
-    flat_g, flat_w, ks, rates_layout = flat_layout(updates, params)
+    flat_g, flat_w, ks, rates_layout = leaves_and_layout(updates, params)
     rates_of = summed_rates if isinstance(rate, SummedRate) else leafwise_rates
     vectors = [v.astype(dtype) for v, dtype in zip(
         rates_of(flat_g, flat_w, ks, rates_layout), rates_layout.dtypes)]
@@ -501,6 +516,7 @@ def layerwise_sgd(
     momentum: Any = 0.9,
     nesterov: bool = False,
     accumulator_dtype: Any = None,
+    flip_sign: bool = True,
 ) -> optax.GradientTransformation:
   """Momentum SGD on top of a layer-wise scaling, with the learning rate inside the momentum.
 
@@ -517,6 +533,8 @@ def layerwise_sgd(
     accumulator_dtype: dtype of the momentum `v` (e.g. "bfloat16": 2 bytes per parameter instead
       of 4), or None for the parameters' dtype. `v` is updated in the wider of this dtype and the
       update's and rounded where stored; the weights move by the stored `v` (`low_precision.trace`).
+    flip_sign: True: return the optax update `-v_{t+1}` and keep `-v` in the state; False: return and
+      keep `v_{t+1}` itself, the step the weights move against (for `multi_tensor.flat_layout`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -531,6 +549,6 @@ def layerwise_sgd(
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   return optax.chain(
       scaling,
-      optax.scale_by_learning_rate(learning_rate),
+      optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign),
       low_precision.trace(momentum, nesterov, accumulator_dtype),
   )

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import multi_tensor
 
 
 def percent_delta_rate() -> layerwise.SummedRate:
@@ -81,6 +82,7 @@ def percent_delta(
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
     accumulator_dtype: Any = None,
+    layout: str = "per_leaf",
 ) -> optax.GradientTransformation:
   """Momentum SGD with the PercentDelta layer-wise LR (papers/003 eq. 24).
 
@@ -99,6 +101,7 @@ def percent_delta(
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
       dtype (see `layerwise.layerwise_sgd`).
+    layout: "per_leaf" or "flat" (the multi-tensor layout: see `lars`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -108,7 +111,9 @@ def percent_delta(
       Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 24.)
     Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
-  return layerwise.layerwise_sgd(
-      scale_by_percent_delta(weight_decay, mask, stacked, axis_name), learning_rate, momentum,
-      nesterov, accumulator_dtype,
+  return multi_tensor.in_layout(
+      layout,
+      lambda scaling, flip_sign: layerwise.layerwise_sgd(scaling, learning_rate, momentum, nesterov,
+                                                          accumulator_dtype, flip_sign),
+      percent_delta_rate(), weight_decay, mask, stacked, axis_name,
   )

@@ -211,6 +211,12 @@ CASES = [
          base=_sgd_base, reference=_momentum_reference(_lars_rate)),
     Case("lars-optax_denominator", "lars", optim.lars, {**_LARS_KW, "denominator": "optax"},
          "optimizer", _CONVERGE_LARS, base=_sgd_base, reference=_momentum_reference(_lars_rate)),
+    # The multi-tensor layout (`multi_tensor`): the same optimizers on a few flat buffers.
+    Case("lars-flat", "lars", optim.lars, {**_LARS_KW, "layout": "flat"}, "optimizer", _CONVERGE_LARS,
+         base=_sgd_base, reference=_momentum_reference(_lars_rate)),
+    Case("lars-optax_denominator-flat", "lars", optim.lars,
+         {**_LARS_KW, "denominator": "optax", "layout": "flat"}, "optimizer", _CONVERGE_LARS,
+         base=_sgd_base, reference=_momentum_reference(_lars_rate)),
     Case("scale_by_lars", "scale_by_lars", optim.scale_by_lars,
          dict(trust_coefficient=1e-2, weight_decay=WEIGHT_DECAY), "scaling",
          dict(trust_coefficient=0.1, weight_decay=0.0, mask=select_all), tail_lr=1.0,
@@ -224,6 +230,11 @@ CASES = [
               weight_decay=WEIGHT_DECAY),
          "optimizer", dict(learning_rate=decay(0.05), weight_decay=0.0, mask=select_all),
          base=_adam_base, reference=_lamb_reference),
+    Case("lamb-flat", "lamb", optim.lamb,
+         dict(learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0,
+              weight_decay=WEIGHT_DECAY, layout="flat"),
+         "optimizer", dict(learning_rate=decay(0.05), weight_decay=0.0, mask=select_all),
+         base=_adam_base, reference=_lamb_reference),
     # On its own (after the raw gradient) the trust ratio makes normalised gradient descent:
     # a step of lr * ||w|| along g / ||g||.
     Case("scale_by_lamb_trust_ratio", "scale_by_lamb_trust_ratio", optim.scale_by_lamb_trust_ratio,
@@ -231,6 +242,8 @@ CASES = [
          tail_lr=0.05, base=_identity_base, reference=_scaling_reference(_lamb_ratio)),
     Case("percent_delta", "percent_delta", optim.percent_delta, _SGD_KW, "optimizer",
          _CONVERGE_SGD, base=_sgd_base, reference=_momentum_reference(_percent_delta_rate)),
+    Case("percent_delta-flat", "percent_delta", optim.percent_delta, {**_SGD_KW, "layout": "flat"},
+         "optimizer", _CONVERGE_SGD, base=_sgd_base, reference=_momentum_reference(_percent_delta_rate)),
     Case("scale_by_percent_delta", "scale_by_percent_delta", optim.scale_by_percent_delta,
          dict(weight_decay=WEIGHT_DECAY), "scaling", dict(weight_decay=0.0, mask=select_all),
          tail_lr=0.05, base=_identity_base, reference=_scaling_reference(_percent_delta_rate)),
