@@ -22,6 +22,7 @@ OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps"
 # What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
 # a non-finite step): the optimizer's settings but not which optimizer (its state would not fit).
 OPTIMIZER_FIELDS = ("optimizer", "lr", "scaling", "clip_global_norm")
+OPTIMIZER_STATE_FIELDS = ("name", "layout")  # optimizer fields that decide the structure of its state
 
 # Sections whose fields are the keyword arguments of the function the config names (lbjax.train.names):
 # a command-line override may add a field to them; elsewhere only existing fields can be set.
@@ -231,7 +232,7 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   """Raises if the workdir's checkpoint was written by a run with a different recipe.
 
   Operational fields (`OPERATIONAL_FIELDS`) may change between runs; with
-  `config.resume_with_changed_optimizer` so may `OPTIMIZER_FIELDS` (not `optimizer.name`); everything
+  `config.resume_with_changed_optimizer` so may `OPTIMIZER_FIELDS` (not `OPTIMIZER_STATE_FIELDS`); everything
   else must match. A field the checkpoint's config lacks (written before lbjax added it) counts as its
   default value.
 
@@ -248,11 +249,13 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   allowed = {}
   if config.resume_with_changed_optimizer:
     allowed = {k: [saved.get(k), current.get(k)] for k in differing if k in OPTIMIZER_FIELDS}
-    if "optimizer" in allowed and saved["optimizer"].get("name") != current["optimizer"].get("name"):
-      raise CheckpointMismatchError(
-          f"The workdir {workdir} holds a checkpoint of optimizer {saved['optimizer'].get('name')!r}, now "
-          f"{current['optimizer'].get('name')!r}: its optimizer state cannot continue another optimizer. Start a "
-          f"new run from its parameters instead: --config.init_from={workdir} --workdir=<a new workdir>.")
+    for field in OPTIMIZER_STATE_FIELDS:
+      if "optimizer" in allowed and saved["optimizer"].get(field) != current["optimizer"].get(field):
+        raise CheckpointMismatchError(
+            f"The workdir {workdir} holds a checkpoint of optimizer.{field}={saved['optimizer'].get(field)!r}, now "
+            f"{current['optimizer'].get(field)!r}: its optimizer state cannot continue in another optimizer or "
+            f"layout. Start a new run from its parameters instead: --config.init_from={workdir} "
+            "--workdir=<a new workdir>.")
   differing = [k for k in differing if k not in allowed]
   if differing:
     details = "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)

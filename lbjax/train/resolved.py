@@ -171,6 +171,14 @@ def resolve_parts(read: config_lib.FieldReads) -> tuple[dict[str, Any], list[str
     except (ValueError, TypeError) as e:  # a function of the section refuses its arguments
       problems.append(f"{section}: {e}")
   parts["batch"] = plan
+  split = {axis: read(f"mesh.{axis}") for axis in ("fsdp", "model", "stage")}
+  split = {axis: size for axis, size in split.items() if size > 1}
+  if "optimizer" in parts and parts["optimizer"].arguments.get("layout") == "flat" and split:
+    axes = ", ".join(f"mesh.{axis}={size}" for axis, size in split.items())
+    problems.append(f"config.optimizer.layout='flat' lays every parameter out in a few flat buffers, which with "
+                    f"the parameters split over devices ({axes}) would gather them whole on every device. Use "
+                    "layout='per_leaf' (the default) with a split mesh, or the flat layout with pure data "
+                    "parallelism (mesh.data).")
   if "model" in parts and parts["model"].language_model and read("loss.discard_fraction") > 0:
     problems.append("config.loss.discard_fraction applies to classification; a language model has no "
                     "per-example loss to rank. Set it to 0.")

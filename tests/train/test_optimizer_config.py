@@ -56,3 +56,15 @@ def test_an_optimizer_argument_the_transform_refuses_is_a_config_error_before_an
   config.optimizer.accumulator_dtype = "bfloat17"
   with pytest.raises(ConfigError, match=r"lbjax.optim.momentum refuses its arguments: accumulator_dtype must name"):
     validate(config)
+
+
+def test_the_flat_layout_with_parameters_split_over_devices_is_a_config_error():
+  """The flat layout concatenates the parameters: with fsdp/model/stage splitting them it would gather
+  them on every device, so the run is refused before any compute, saying what to use instead."""
+  config = default_config()
+  config.optimizer.name = "lars"
+  config.optimizer.layout = "flat"
+  validate(config)  # pure data parallelism: fine
+  config.mesh.fsdp = 2
+  with pytest.raises(ConfigError, match=r"layout='flat'.*\(mesh\.fsdp=2\).*layout='per_leaf'"):
+    validate(config)

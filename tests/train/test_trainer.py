@@ -262,3 +262,17 @@ def test_cifar10_from_tfds_trains_on_uint8_batches_and_resumes_mid_epoch_bit_ide
   assert full.step == resumed.step == 3 and np.isfinite(full.eval_metrics["loss"])
   helpers.assert_trees_equal(resumed.state, full.state)
   assert resumed.eval_metrics == full.eval_metrics
+
+
+def test_the_flat_optimizer_layout_trains_as_the_per_leaf_one_and_resumes_bit_identically(tmp_path):
+  """`optimizer.layout='flat'` (lbjax.optim.multi_tensor) over 8 devices: the same parameters as the
+  per-leaf layout to float32 rounding, and its state of flat buffers checkpointed and resumed exactly."""
+  overrides = {"optimizer.name": "lars", "lr.base": 1.0}
+  per_leaf = train_and_evaluate(helpers.tiny_resnet_config(**overrides), tmp_path / "per_leaf")
+  flat = {**overrides, "optimizer.layout": "flat"}
+  full = train_and_evaluate(helpers.tiny_resnet_config(**flat), tmp_path / "full")
+  helpers.assert_trees_close(full.state.params, per_leaf.state.params, rtol=2e-5, atol=2e-6)
+  train_and_evaluate(helpers.tiny_resnet_config(num_epochs=0.5, **flat), tmp_path / "resumed")
+  resumed = train_and_evaluate(helpers.tiny_resnet_config(**flat), tmp_path / "resumed")
+  assert resumed.step == full.step == 8
+  helpers.assert_trees_equal(resumed.state, full.state)

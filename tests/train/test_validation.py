@@ -103,3 +103,14 @@ def test_tfds_data_that_is_not_prepared_says_how_to_prepare_it(tmp_path, dataset
   with pytest.raises(FileNotFoundError, match=rf"TFDS dataset '{tfds_name}' is not prepared .*tfds build {tfds_name}"):
     train_and_evaluate(config, tmp_path / "run")
   assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("field, saved_value, now", [("name", "momentum", "lars"), ("layout", "per_leaf", "flat")])
+def test_a_changed_optimizer_may_not_change_the_structure_of_its_state(field, saved_value, now):
+  """Even with resume_with_changed_optimizer, another optimizer or layout cannot take the saved state."""
+  config = helpers.tiny_classifier_config(resume_with_changed_optimizer=True, optimizer={"name": "lars"})
+  saved = json.loads(config.to_json())
+  saved["optimizer"][field] = saved_value
+  config.optimizer[field] = now
+  with pytest.raises(ValueError, match=rf"optimizer\.{field}='{saved_value}', now '{now}'.*--config\.init_from=runs/x"):
+    check_resumable(json.dumps(saved), config, "runs/x")
