@@ -42,7 +42,7 @@ class RunRow:
     seconds: wall-clock seconds of the sessions that trained the run, a preempted one and the one that
       resumed it added up (`TRAINED_SECONDS`; 0 for a run read back, not trained now).
     device: the devices that trained it, e.g. "1x cpu" ("" in CSVs written before the column).
-    batch_size: the run's (first) global batch size.
+    batch_size: the run's (first) global batch size (None where a CSV written before the column does not say).
     same_as: for a sweep, the rule whose identical recipe this row repeats rather than trains again.
   """
   name: str
@@ -57,7 +57,7 @@ class RunRow:
   steps: int = 0
   seconds: float = 0.0
   device: str = ""
-  batch_size: int = 0
+  batch_size: int | None = None
   same_as: str = ""
 
 

@@ -200,7 +200,8 @@ def read_results(path: str | pathlib.Path) -> list[RunRow]:
   with open(path, newline="") as f:
     return [RunRow(r["name"], int(r["seed"]), r["split"], r["metric"], float(r["value"]), r["status"],
                    float(r["learning_rate"]), float(r["warmup_epochs"]), float(r["epochs"]),
-                   int(r["steps"]), float(r["seconds"]), r.get("device") or "", int(r.get("batch_size") or 0))
+                   int(r["steps"]), float(r["seconds"]), r.get("device") or "",
+                   int(r["batch_size"]) if r.get("batch_size") else None)
             for r in csv.DictReader(f)]
 
 
@@ -393,6 +394,11 @@ def write_outputs(table: Table, results: list[RunRow], out: str | pathlib.Path) 
   out = pathlib.Path(out)
   out.parent.mkdir(parents=True, exist_ok=True)
   run_records.write_csv(out.with_suffix(".csv"), CSV_FIELDS, results)
+  write_pages(table, results, out)
+
+
+def write_pages(table: Table, results: list[RunRow], out: pathlib.Path) -> None:
+  """Writes `<out>.md` (with the re-evaluations in `<out>.reevaluated.csv`) and `<out>.png`."""
   out.with_suffix(".md").write_text(markdown(table, results, run_records.read_evaluations(out)))
   plot(table, results, out.with_suffix(".png"))
 
@@ -461,12 +467,13 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
 
 
 def replot(table: Table, out: str | pathlib.Path) -> list[RunRow]:
-  """Rewrites `<out>.md` and `<out>.png` from the runs recorded in `<out>.csv` (none is trained)."""
+  """Rewrites `<out>.md` and `<out>.png` from the runs recorded in `<out>.csv` (none is trained; the CSV,
+  the record of the runs, is left as it is)."""
   csv_path = pathlib.Path(out).with_suffix(".csv")
   results = read_results(csv_path)
   if not results:
     raise ValueError(f"{csv_path} records no run: nothing to plot. Run the table first (without --replot).")
-  write_outputs(table, results, out)
+  write_pages(table, results, pathlib.Path(out))
   return results
 
 

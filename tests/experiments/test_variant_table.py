@@ -210,11 +210,18 @@ def test_a_perplexity_bar_plot_has_labels_apart_and_its_title_inside(monkeypatch
 
 
 def test_replot_rewrites_the_page_and_plot_from_the_csv_alone(finished_table, tmp_path):
+  """The CSV, the record of the runs, is not rewritten: not even a CSV from before the device and
+  batch-size columns, whose line ends are CRLF (once `--replot` added `batch_size` 0 to every line)."""
   table, out, _, _ = finished_table
   copy = tmp_path / "copy"
-  copy.with_suffix(".csv").write_text(out.with_suffix(".csv").read_text())  # as other tests left it
+  lines = out.with_suffix(".csv").read_text().splitlines()
+  older = [",".join(line.split(",")[:len(variant_table.CSV_FIELDS) - 2]) for line in lines]
+  copy.with_suffix(".csv").write_bytes("\r\n".join(older).encode() + b"\r\n")
+  recorded = copy.with_suffix(".csv").read_bytes()
   expected = variant_table.read_results(copy.with_suffix(".csv"))
+  assert {r.batch_size for r in expected} == {None} and {r.device for r in expected} == {""}
   assert variant_table.replot(table, copy) == expected
+  assert copy.with_suffix(".csv").read_bytes() == recorded
   assert copy.with_suffix(".md").read_text() == variant_table.markdown(table, expected)
   assert copy.with_suffix(".png").stat().st_size > 0
   with pytest.raises(SystemExit) as exit_info:  # nothing recorded: a message, exit 2
