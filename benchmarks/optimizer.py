@@ -416,21 +416,24 @@ def gpu_kernel_counts(target, trees, names):
 
 # The trainer's ResNet-50 step (bfloat16, the whole per-GPU batch in one call) with each optimizer section.
 STEP_CONFIG = ("resnet50_imagenet:batch=256", ["--config.max_device_batch=0"])
-STEP_OPTIMIZERS = {"lbjax lars (the config's)": None, "momentum SGD (lbjax momentum)": {"name": "momentum",
-                                                                                         "momentum": 0.9}}
+STEP_OPTIMIZERS = {  # row -> the optimizer section, from the config's
+    "lbjax lars (the config's)": lambda section: section,
+    "lbjax lars, flat layout (the config's)": lambda section: {**section, "layout": "flat"},
+    "momentum SGD (lbjax momentum)": lambda section: {"name": "momentum", "momentum": 0.9},
+}
 
 
 def gpu_step_kernel_counts(target):
   """Rows: the kernels of the trainer's ResNet-50 train step (`STEP_CONFIG`) compiled for the deviceless
-  GPU `target` with LARS and with momentum SGD: what the optimizer adds inside the step."""
+  GPU `target` with LARS (per leaf and in the flat layout) and with momentum SGD: what the optimizer adds
+  inside the step."""
   from lbjax import config_files  # pylint: disable=import-outside-toplevel  (the trainer: only for this row)
   from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
   devices = gpu_targets.devices(target)
   rows = []
   for name, section in STEP_OPTIMIZERS.items():
     config = config_files.load(*STEP_CONFIG).config
-    if section is not None:
-      config.optimizer = section
+    config.optimizer = section(config.optimizer.to_dict())
     train = compile_only.abstract_run(config, devices).programs[0]
     compiled, _ = compile_only.compile_program(train)
     rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", name, kernel_count(compiled)])
@@ -444,17 +447,18 @@ Kernels one update (with its apply_updates, jitted, donated) launches on the GPU
 this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times).
 The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and
-`lamb`. XLA:GPU fuses each leaf's momentum and weight update into one kernel (SGD: one per leaf)
-and adds one reduction kernel per sum and leaf; the one-flat-buffer experiment (the momentum kept
-in a block-padded flat buffer, w and g concatenated into it with their zero padding inside the
-concatenation, block sums, `segment_sum`, one elementwise pass) launches 4 concatenation kernels, 2
-`segment_sum` scatters, 2 elementwise kernels and 22 slice kernels that write the leaves back: XLA
-groups sibling slices of the buffer by element count, and ResNet-50's 161 leaves have 22 distinct
-sizes, so a design whose outputs are the leaves stays above 20 on this tree. bfloat16 LAMB moments
-add kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves).
-The train-step rows (`--step-kernels`) compile the trainer's whole ResNet-50 step (bfloat16, batch
-256 on one GPU, no accumulation loop) with the config's LARS and with momentum SGD: what LARS adds
-to the launches of a step (issue 29's target there: at most 1.02x the momentum step's time)."""
+`lamb`. In the per-leaf layout XLA:GPU fuses each leaf's momentum and weight update into one kernel
+(SGD: one per leaf) and adds one reduction kernel per sum and leaf. The flat layout
+(`layout="flat"`, `lbjax.optim.multi_tensor`: every leaf in one block-padded buffer per dtype, the
+optimizer's state in that layout, block sums and one `segment_sum` per sum, one elementwise pass)
+launches a few concatenation, scatter and elementwise kernels and one kernel per group of equally
+shaped leaves to write the weights back: XLA groups sibling slices of a buffer by shape, and
+ResNet-50's 161 leaves have 22 shapes, so a design whose outputs are the leaves stays above 20 on
+this tree. bfloat16 LAMB moments add kernels on the GPU (436 vs 289; 132 of them are copies of small
+bfloat16 moment leaves). The train-step rows (`--step-kernels`) compile the trainer's whole ResNet-50
+step (bfloat16, batch 256 on one GPU, no accumulation loop) with the config's LARS in both layouts and
+with momentum SGD: what LARS adds to the launches of a step (issue 29's target there: at most 1.02x the
+momentum step's time)."""
 
 
 def main() -> None:
@@ -475,8 +479,8 @@ def main() -> None:
                       help="count the kernels of each update compiled for this GPU, deviceless (times nothing; "
                            "needs JAX's CUDA plugin: lbjax.train.gpu_targets)")
   parser.add_argument("--step-kernels", action="store_true",
-                      help="with --kernels-for: also the trainer's ResNet-50 step with LARS and with momentum SGD "
-                           "(about 2.5 min of compiling each on 2 cores)")
+                      help="with --kernels-for: also the trainer's ResNet-50 step with LARS (both layouts) and "
+                           "momentum SGD (about 2.5 min of compiling each on 2 cores)")
   args = parser.parse_args()
   if args.rounds < 2 or args.seconds_per_round <= 0:
     parser.error("--rounds must be >= 2 and --seconds-per-round > 0")

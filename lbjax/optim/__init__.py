@@ -3,7 +3,8 @@
 One transform, `scale_by_layerwise_rate`, with a pluggable layer statistic; LARS (papers/000,
 Algorithm 1), LAMB's trust ratio and PercentDelta (sums: every layer of the tree at once) and the
 median-curvature LR (papers/003, eq. 20-24; leaf by leaf) are statistics of it.
-`trust_ratios(opt_state)` reads the last step's per-layer rates for logging.
+`trust_ratios(opt_state)` reads the last step's per-layer rates for logging. `lars`, `lamb` and
+`percent_delta` also run in the multi-tensor layout (`layout="flat"`, `lbjax.optim.multi_tensor`).
 """
 
 from lbjax.optim import compression

@@ -16,11 +16,13 @@ array, completes it across devices with one `psum` (under `shard_map`/`pmap`), c
 rate as one vector, and scales each leaf by its entry of that vector in one elementwise pass; the
 state keeps the vector. A statistic that is not a sum (MCLR's median) is a `LayerRate`, computed leaf
 by leaf with a `LayerReducer` that reduces across devices itself; its rates join the same vector.
-One flat buffer for all leaves was measured and not kept (the flat-buffer experiment of
-`benchmarks/optimizer.py`): on XLA:CPU the concatenation is materialised (more bytes and time than
-the per-leaf sums), and with parameters sharded under `jit` the SPMD partitioner gathers every
-sharded leaf to concatenate it (`--collectives`: 112 all-gathers and 40 all-to-alls per ResNet-50
-update over 8 devices, against one all-reduce for these stacked sums).
+This per-leaf layout is the default. The flat layout (`lbjax.optim.multi_tensor`, `layout="flat"`
+of `lars`, `lamb` and `percent_delta`) runs the whole optimizer on a few block-padded buffers, for
+GPUs, where an update is launch-bound; on XLA:CPU the concatenation it needs costs more bytes and
+time than the per-leaf sums, and with parameters sharded under `jit` the SPMD partitioner gathers
+every sharded leaf to concatenate it (`--collectives` of `benchmarks/optimizer.py`: 112 all-gathers
+and 40 all-to-alls per ResNet-50 update over 8 devices for the flat-buffer experiment, against one
+all-reduce for these stacked sums).
 
 Zero norms: every statistic is a coefficient times a quotient `num / den` of layer statistics
 (`||w|| / ||g||` and relatives). When `num` or `den` is zero or the quotient is not finite, the
