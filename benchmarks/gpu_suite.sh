@@ -15,10 +15,12 @@
 #   e2e_more       the rest of the grid (a second device call)
 #   loop           benchmarks/train_loop.py: whole loop vs bare step, MNIST LSTM (B=128) and ResNet-tiny,
 #                  also with 10 steps per device call (config.steps_per_call)
-#   optimizer      benchmarks/optimizer.py on the ResNet-50 tree (owned by the optimizer work; called as is)
+#   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
+#                  and optax's
 #   step_options   the ResNet-50 step alone, as configured and with each switch that trades speed for
-#                  numerics: --config.deterministic=True (issue 30) and
-#                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients)
+#                  numerics or layout: --config.deterministic=True (issue 30),
+#                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients) and
+#                  --config.optimizer.layout=flat (LARS in the multi-tensor layout)
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
 set -uo pipefail
