@@ -22,7 +22,9 @@ Costs: the update concatenates w and g into the layout (two full copies read and
 alias a concatenation), so on XLA:CPU, which is not launch-bound, the per-leaf layout is faster
 (benchmarks/README.md). With parameters sharded under `jit` (FSDP, tensor parallelism) the
 concatenation gathers them: use the flat layout with replicated parameters (data parallelism) or
-inside `shard_map`/`pmap` with `axis_name`, where each device lays out its own shards.
+inside `shard_map`/`pmap` with `axis_name`, where each device lays out its own shards. On a GPU the
+`segment_sum` is a scatter-add, whose order of addition may differ between runs (atomics) unless XLA is
+asked for deterministic operations (`--xla_gpu_deterministic_ops`, the trainer's `config.deterministic`).
 """
 
 import dataclasses
