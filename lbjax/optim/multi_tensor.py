@@ -77,14 +77,13 @@ class FlatLayout:
     treedef: the structure of the parameters, `optax.MaskedNode`s counted as leaves.
     places: per leaf, its `LeafPlace`, or None for a MaskedNode.
     dtypes: the dtype of each buffer.
-    selected: per leaf, whether the layer-wise rate applies to it.
-    rates: the `layerwise.RatesLayout` of the tree: the rate vectors are those of the per-leaf layout.
+    rates: the `layerwise.RatesLayout` of the tree (which leaves the mask selects, where their rates lie):
+      the rate vectors are those of the per-leaf layout.
   """
 
   treedef: Any
   places: tuple[LeafPlace | None, ...]
   dtypes: tuple[str, ...]
-  selected: tuple[bool, ...]
   rates: layerwise.RatesLayout
 
   @classmethod
@@ -104,7 +103,7 @@ class FlatLayout:
       places.append(place)
       blocks[buffer] += place.layers * place.layer_blocks
     rates = layerwise.RatesLayout.of(treedef, leaves, selected, ks)
-    return cls(treedef, tuple(places), tuple(dtypes), tuple(selected), rates)
+    return cls(treedef, tuple(places), tuple(dtypes), rates)
 
   def flatten(self, tree: Any) -> "FlatTree":
     """The leaves of `tree` (structured as the parameters) in this layout, padded with zeros."""
@@ -148,7 +147,8 @@ class FlatLayout:
   @functools.cached_property
   def block_layers(self) -> tuple[np.ndarray, ...]:
     """Per buffer, the position of each block's layer in its rate vector; for a block of a leaf the
-    mask leaves out, the vector's length (`segment_sum` drops it, `per_block` gives it rate 1)."""
+    mask leaves out, the vector's length (`segment_sum` drops it; `scale_by_summed_rate` reads the 1
+    it appends to the vector there)."""
     sizes = self.rates.sizes()
     ids = [[] for _ in self.dtypes]
     for place, slot in zip(self.places, self.rates.slots):
