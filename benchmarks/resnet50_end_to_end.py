@@ -10,7 +10,8 @@ apply and each has the accelerator's memory to itself:
   step   the trainer's compiled step for the run's config (`workloads.TrainerStep`, built on the
          `Run` the trainer drives) called back to back on one batch already on the device, in
          `--rounds` rounds of `--step-repeats` steps; with `--compare-momentum` the same step with
-         momentum SGD in the same rounds (the LARS / momentum ratio of issue 29).
+         LARS in the flat layout (`optimizer.layout=flat`) and with momentum SGD in the same rounds
+         (the LARS / momentum ratio of issue 29, per leaf and flat).
   loop   the real trainer, `python -m lbjax.main --config resnet50_imagenet:batch=B` (LARS, bf16,
          LEGW recipe) on that data, decoded by `--decode-workers` grain worker processes: the
          whole loop (stream, placement, metrics, hooks), no checkpoint and no evaluation in the
@@ -146,9 +147,11 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
   config = config_files.load(spec, overrides).config
   steps = {"lars": workloads.TrainerStep(config)}
   if momentum:
-    sgd = ml_collections.ConfigDict(config.to_dict())
-    sgd.optimizer = {"name": "momentum", "momentum": 0.9}
-    steps["momentum"] = workloads.TrainerStep(sgd)
+    for name, section in (("lars_flat", {**config.optimizer.to_dict(), "layout": "flat"}),
+                          ("momentum", {"name": "momentum", "momentum": 0.9})):
+      other = ml_collections.ConfigDict(config.to_dict())
+      other.optimizer = section
+      steps[name] = workloads.TrainerStep(other)
   try:
     times = report.round_seconds(steps, rounds=rounds, repeats=repeats)
   finally:
@@ -158,7 +161,8 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
             "step_seconds": {name: statistics.median(values) for name, values in times.items()},
             "step_seconds_quartiles": {name: report.Spread.of(values).format(1e3) for name, values in times.items()}}
   if momentum:
-    result["lars_over_momentum"] = report.paired_ratios(times, "lars", "momentum").format(digits=3)
+    for name, baseline in (("lars", "momentum"), ("lars_flat", "momentum"), ("lars_flat", "lars")):
+      result[f"{name}_over_{baseline}"] = report.paired_ratios(times, name, baseline).format(digits=3)
   return result
 
 
@@ -243,7 +247,8 @@ def measure(args) -> dict:
     row["fraction_of_step"] = row["loop_images_per_second"] / row["step_images_per_second"]
   if args.compare_momentum:
     row["momentum_step_images_per_second"] = batch / step["step_seconds"]["momentum"]
-    row["lars_over_momentum"] = step["lars_over_momentum"]
+    for ratio in ("lars_over_momentum", "lars_flat_over_momentum", "lars_flat_over_lars"):
+      row[ratio] = step[ratio]
   if args.results:
     with open(args.results, "a") as f:
       f.write(json.dumps(row) + "\n")
@@ -255,11 +260,12 @@ def table(rows: list[dict]) -> str:
   lines = [[r["device"], r["batch_per_device"], r["decode_workers"], r["xla_flags"] or "default",
             r["max_device_batch"], " ".join(r["overrides"]), f"{r['step_images_per_second']:,.0f}",
             f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
-            f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", "")]
+            f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", ""),
+            r.get("lars_flat_over_momentum", "")]
            for r in rows]
   return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
                                 "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
-                                "LARS / momentum step time"], lines)
+                                "LARS / momentum step time", "LARS flat layout / momentum step time"], lines)
 
 
 def write_table(results: pathlib.Path, no_readme: bool) -> None:
@@ -273,8 +279,8 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
            "`python -m lbjax.main --config resnet50_imagenet:batch=B` on ImageNet-like JPEGs (TFDS imagenet2012 "
            "written on the machine), decoded at reduced DCT scale by grain worker processes; the rate is the mean "
            "over the timed windows after the warm-up windows, no checkpoint or evaluation among them. LARS / "
-           "momentum: per-round ratio of step times, median [quartiles]. Each row's command and windows are in "
-           "the results file.")
+           "momentum (LARS per leaf, and in the flat layout, `optimizer.layout=flat`): per-round ratio of step "
+           "times in the same rounds, median [quartiles]. Each row's command and windows are in the results file.")
   body = report.header_lines() + "\n" + table(rows) + "\n\n" + notes
   print(body)
   if not no_readme:
@@ -289,7 +295,8 @@ def main() -> None:
                       help=f"one of {', '.join(XLA_FLAG_SETS)}, or literal XLA flags")
   parser.add_argument("--max-device-batch", type=int, default=0,
                       help="config.max_device_batch (0: the whole per-device batch in one pass; the config's is 128)")
-  parser.add_argument("--compare-momentum", action="store_true", help="also time the step with momentum SGD")
+  parser.add_argument("--compare-momentum", action="store_true",
+                      help="also time the step with LARS in the flat layout and with momentum SGD")
   parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
   parser.add_argument("--override", action="append", default=[],
                       help="one more --config.<field>=<value> for the step and the trainer, written "
