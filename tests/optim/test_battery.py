@@ -378,6 +378,21 @@ def run(opt, params, grads_seq, jit=True):
   return params, state, updates
 
 
+def run_under_shard_map(opt, mesh, spec, params, grads_seq):
+  """The parameters after `opt`'s updates with each gradient of `grads_seq`, every array split over
+  `mesh` by `spec` inside one jitted `shard_map`."""
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  def steps(p, gs):
+    state = opt.init(p)
+    for g in gs:
+      updates, state = opt.update(g, state, p)
+      p = optax.apply_updates(p, updates)
+    return p
+
+  return jax.jit(steps)(params, grads_seq)
+
+
 def assert_trees_close(actual, desired, rtol=1e-6, atol=1e-7, err_msg=""):
   assert jax.tree.structure(actual) == jax.tree.structure(desired), (
       f"{jax.tree.structure(actual)} != {jax.tree.structure(desired)}")
@@ -618,18 +633,7 @@ def test_shard_map_equals_global(case):
 
   grads_seq = [random_tree(1 + t, SHARDED_SHAPES, scale=0.1) for t in range(2)]
   want, _, _ = run(case.make(), params, grads_seq)
-  opt = case.make(**case.sharded)
-
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data"), P("data")),
-                     out_specs=P("data"))
-  def two_steps(p, gs):
-    state = opt.init(p)
-    for g in gs:
-      updates, state = opt.update(g, state, p)
-      p = optax.apply_updates(p, updates)
-    return p
-
-  got = jax.jit(two_steps)(params, grads_seq)
+  got = run_under_shard_map(case.make(**case.sharded), mesh, P("data"), params, grads_seq)
   assert_trees_close(got, want, rtol=1e-5, atol=1e-7)
 
 

@@ -3,7 +3,6 @@ per-leaf layout, a state of a few buffers, and on a GPU a number of kernels that
 number of leaves. The battery (test_battery.py) runs every optax-style check on the flat `lars`, `lamb`
 and `percent_delta` too."""
 
-import functools
 import json
 import os
 import pathlib
@@ -20,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from lbjax import optim
 from lbjax.optim import multi_tensor
 from lbjax.train import gpu_targets
+from tests.optim import test_battery as battery
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BLOCK = multi_tensor.BLOCK
@@ -144,31 +144,17 @@ def test_shard_map_with_stacked_layers_equals_the_global_computation():
   """Each device lays out its own shards; the per-layer sums of all buffers are completed in one psum."""
   mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
   params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 24)), jnp.float32)}
-  grads = [jax.tree.map(lambda p, t=t: 0.1 * jnp.sin(p + t), params) for t in range(2)]
+  grads_seq = [jax.tree.map(lambda p, t=t: 0.1 * jnp.sin(p + t), params) for t in range(2)]
   kwargs = dict(learning_rate=0.5, weight_decay=1e-3, trust_coefficient=1e-2, stacked=1, layout="flat")
-  opt = optim.lars(**kwargs)
-  p, state = params, opt.init(params)
-  for g in grads:
-    updates, state = opt.update(g, state, p)
-    p = optax.apply_updates(p, updates)
-  want = p
-  sharded = optim.lars(axis_name="data", **kwargs)
-
-  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(None, "data"), P(None, "data")), out_specs=P(None, "data"))
-  def two_steps(p, gs):
-    state = sharded.init(p)
-    for g in gs:
-      updates, state = sharded.update(g, state, p)
-      p = optax.apply_updates(p, updates)
-    return p
-
-  got = jax.jit(two_steps)(params, grads)
+  want, _, _ = battery.run(optim.lars(**kwargs), params, grads_seq)
+  got = battery.run_under_shard_map(optim.lars(axis_name="data", **kwargs), mesh, P(None, "data"), params, grads_seq)
   np.testing.assert_allclose(got["w"], want["w"], rtol=1e-5, atol=1e-7)
 
 
 COUNT_KERNELS = """
 import json
 from lbjax.train import gpu_targets
+from tests.optim import test_battery as battery
 gpu_targets.allow_plugin_without_cuda()
 import jax, jax.numpy as jnp, optax
 from benchmarks.optimizer import kernel_count
