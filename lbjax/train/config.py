@@ -249,13 +249,15 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   allowed = {}
   if config.resume_with_changed_optimizer:
     allowed = {k: [saved.get(k), current.get(k)] for k in differing if k in OPTIMIZER_FIELDS}
-    for field in OPTIMIZER_STATE_FIELDS:
-      if "optimizer" in allowed and saved["optimizer"].get(field) != current["optimizer"].get(field):
-        raise CheckpointMismatchError(
-            f"The workdir {workdir} holds a checkpoint of optimizer.{field}={saved['optimizer'].get(field)!r}, now "
-            f"{current['optimizer'].get(field)!r}: its optimizer state cannot continue in another optimizer or "
-            f"layout. Start a new run from its parameters instead: --config.init_from={workdir} "
-            "--workdir=<a new workdir>.")
+    structural = [f for f in OPTIMIZER_STATE_FIELDS
+                  if "optimizer" in allowed and saved["optimizer"].get(f) != current["optimizer"].get(f)]
+    if structural:
+      field = structural[0]
+      raise CheckpointMismatchError(
+          f"The workdir {workdir} holds a checkpoint of optimizer.{field}={saved['optimizer'].get(field)!r}, now "
+          f"{current['optimizer'].get(field)!r}: its optimizer state cannot continue in another optimizer or "
+          f"layout. Start a new run from its parameters instead: --config.init_from={workdir} "
+          "--workdir=<a new workdir>.")
   differing = [k for k in differing if k not in allowed]
   if differing:
     details = "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
