@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_suite.sh --prepare                 # here: build .whl/ (git-ignored, < 64 MiB) to carry
 #   bash benchmarks/gpu_suite.sh [--parts LIST] [--out DIR] # on the device machine (default --out: $OUT)
 #   bash benchmarks/gpu_suite.sh --dry-run [--out DIR]     # here: every part at tiny sizes on the CPU
-#   bash benchmarks/gpu_suite.sh --unpack ARCHIVE          # here: the archive's tables into benchmarks/README.md
+#   bash benchmarks/gpu_suite.sh --unpack ARCHIVE...       # here: the archives' tables into benchmarks/README.md
 #
 # Parts (in this order; --parts takes a comma-separated subset):
 #   install        unpack .whl/site-cp312.tar.xz into /tmp/site and drop every package the image already
@@ -13,7 +13,7 @@
 #   e2e            benchmarks/resnet50_end_to_end.py: the grid below (each point its own limit); the first
 #                  point also times the step with LARS in the flat layout and with momentum SGD in the same
 #                  rounds (ResNet-50 step, LARS per leaf and flat / momentum)
-#   e2e_more       the rest of the grid (a second device call)
+#   e2e_more       the rest of the grid (another device call)
 #   loop           benchmarks/train_loop.py: whole loop vs bare step, MNIST LSTM (B=128) and ResNet-tiny,
 #                  also with 10 steps per device call (config.steps_per_call)
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
@@ -33,13 +33,15 @@ SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
 PARTS="install,e2e,loop,optimizer,step_options"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
-ARCHIVE_IN=""
+ARCHIVES_IN=()
+E2E_RESULTS="benchmarks/resnet50_end_to_end.jsonl"  # every GPU session's end-to-end rows, committed
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) MODE=prepare ;;
     --dry-run) MODE=dry-run ;;
-    --unpack) MODE=unpack; ARCHIVE_IN="${2:?--unpack needs the archive}"; shift ;;
+    --unpack) MODE=unpack; shift; ARCHIVES_IN=("$@"); [ $# -gt 0 ] || { echo "--unpack needs archives" >&2; exit 2; }
+              break ;;
     --parts) PARTS="${2:?--parts needs a list}"; shift ;;
     --out) OUT_DIR="${2:?--out needs a folder}"; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;  # the comment block above
@@ -203,27 +205,34 @@ step_options_part() {
   done
 }
 
+# unpack ARCHIVE...: in the order given, each archive's sections that its run changed (the README it packed
+# against the one it started from) replace ours, and its end-to-end rows join $E2E_RESULTS, whose section is
+# then written from all of them.
 unpack() {
-  local tmp
-  tmp="$(mktemp -d)"
-  tar xzf "$ARCHIVE_IN" -C "$tmp" || exit 1
-  "$PYTHON" - "$tmp/README.md" "$ROOT/benchmarks/README.md" <<'EOF'
+  local archive tmp
+  for archive in "${ARCHIVES_IN[@]}"; do
+    tmp="$(mktemp -d)"
+    tar xzf "$archive" -C "$tmp" || exit 1
+    [ -f "$tmp/README.before.md" ] || { echo "$archive has no README.before.md (packed by an older gpu_suite.sh)"; exit 1; }
+    "$PYTHON" - "$tmp/README.before.md" "$tmp/README.md" "$ROOT/benchmarks/README.md" <<'EOF'
 import re, sys
-device, local = (open(p).read() for p in sys.argv[1:])
 pattern = re.compile(r"<!-- BEGIN (\S+) -->\n## (.*?)\n\n(.*?)\n<!-- END \1 -->", re.DOTALL)
-ours = {m.group(1): m.group(0) for m in pattern.finditer(local)}
-for match in pattern.finditer(device):
-  name = match.group(1)
-  if not (name.endswith(("-gpu", "-tpu")) or name == "resnet50-end-to-end") or ours.get(name) == match.group(0):
+before, after, local = (open(p).read() for p in sys.argv[1:])
+sections = lambda text: {m.group(1): m.group(0) for m in pattern.finditer(text)}
+started_from, ours = sections(before), sections(local)
+for name, section in sections(after).items():
+  if section == started_from.get(name) or name == "resnet50-end-to-end":  # that one: from the merged rows below
     continue
-  if name in ours:
-    local = local.replace(ours[name], match.group(0))
-  else:
-    local = local.rstrip("\n") + "\n\n" + match.group(0) + "\n"
-  print("section", name, "taken from the device's README")
-open(sys.argv[2], "w").write(local)
+  local = local.replace(ours[name], section) if name in ours else local.rstrip("\n") + "\n\n" + section + "\n"
+  print("section", name, "taken from", sys.argv[2])
+open(sys.argv[3], "w").write(local)
 EOF
-  echo "Logs and results (e2e.jsonl, env.log, one log per part) are in $tmp"
+    [ -s "$tmp/e2e.jsonl" ] && grep -v '"dry_run": true' "$tmp/e2e.jsonl" >> "$ROOT/$E2E_RESULTS"
+    echo "Logs and results of $archive (e2e.jsonl, env.log, one log per part) are in $tmp"
+  done
+  if [ -s "$ROOT/$E2E_RESULTS" ]; then
+    "$PYTHON" -m benchmarks.resnet50_end_to_end --table "$E2E_RESULTS" > /dev/null || exit 1
+  fi
 }
 
 case "$MODE" in
@@ -234,6 +243,7 @@ esac
 mkdir -p "$OUT_DIR"
 RESULTS="$(mktemp -d /tmp/gpu-suite-XXXX)"
 mkdir -p "$RESULTS/work"
+cp "$ROOT/benchmarks/README.md" "$RESULTS/README.before.md"  # --unpack takes only the sections this run changes
 if [ "$MODE" = dry-run ]; then
   SITE="$RESULTS/site-check"  # unpacked and pruned as on the device, but not imported (cp312 wheels)
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

@@ -239,7 +239,8 @@ def measure(args) -> dict:
          "decode_workers": args.decode_workers, "xla_flags": args.xla_flags, "max_device_batch": args.max_device_batch,
          "overrides": args.override, "image_size": args.image_size, "cpu_count": os.cpu_count(),
          "dry_run": args.dry_run, "step_images_per_second": batch / step["step_seconds"]["lars"],
-         "step_ms": step["step_seconds_quartiles"]["lars"], "data_write_seconds": round(write_seconds, 1)}
+         "step_ms": step["step_seconds_quartiles"]["lars"], "data_write_seconds": round(write_seconds, 1),
+         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
   if not args.step_only:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="rn50-e2e-", dir=args.work_root))
     loop = measure_loop(args, spec, run_overrides(args, data_dir, num_workers=args.decode_workers), env, workdir)
@@ -268,20 +269,43 @@ def table(rows: list[dict]) -> str:
                                 "LARS / momentum step time", "LARS flat layout / momentum step time"], lines)
 
 
+def row_command(row: dict) -> str:
+  """The command that measures `row`'s point."""
+  words = ["python -m benchmarks.resnet50_end_to_end", f"--batch-per-device {row['batch_per_device']}",
+           f"--decode-workers {row['decode_workers']}", f"--xla-flags {row['xla_flags']}"]
+  if row["max_device_batch"]:
+    words.append(f"--max-device-batch {row['max_device_batch']}")
+  words += [f"--override={override}" for override in row["overrides"]]
+  if "lars_over_momentum" in row:
+    words.append("--compare-momentum")
+  if "loop_images_per_second" not in row:
+    words.append("--step-only")
+  return " ".join(words)
+
+
 def write_table(results: pathlib.Path, no_readme: bool) -> None:
+  """The README section from every measured row of `results` (rows may come from several GPU sessions)."""
   from benchmarks import report  # pylint: disable=import-outside-toplevel
   rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
   rows = [r for r in rows if not r["dry_run"]]
   if not rows:
     raise SystemExit(f"{results} holds no measured (non dry-run) rows.")
-  notes = (f"{rows[0]['cpu_count']} CPU cores. Step: the trainer's compiled step (`resnet50_imagenet`: LARS, "
+  runs = {}  # machine -> when its rows were measured
+  for r in rows:
+    runs.setdefault(f"1 x {r['device']}, jax {r['jax']}, {r['cpu_count']} CPU cores", []).append(r["measured_at"])
+  machines = [f"{machine} ({', '.join(sorted(set(times)))})" for machine, times in runs.items()]
+  commands = "\n".join(f"    {row_command(r)}" for r in rows)
+  notes = ("Step: the trainer's compiled step (`resnet50_imagenet`: LARS, "
            "bfloat16 compute, ghost BN 32) on one batch on the device, median [quartiles] of its rounds. Loop: "
            "`python -m lbjax.main --config resnet50_imagenet:batch=B` on ImageNet-like JPEGs (TFDS imagenet2012 "
            "written on the machine), decoded at reduced DCT scale by grain worker processes; the rate is the mean "
            "over the timed windows after the warm-up windows, no checkpoint or evaluation among them. LARS / "
            "momentum (LARS per leaf, and in the flat layout, `optimizer.layout=flat`): per-round ratio of step "
-           "times in the same rounds, median [quartiles]. Each row's command and windows are in the results file.")
-  body = report.header_lines() + "\n" + table(rows) + "\n\n" + notes
+           "times in the same rounds, median [quartiles]. Each row's windows are in the results file.")
+  body = (f"Rows, in order (`bash benchmarks/gpu_suite.sh` runs them on the device machine; `--unpack` adds its "
+          f"rows to `{results}` and writes this section with `python -m benchmarks.resnet50_end_to_end --table "
+          f"{results}`; what each part does: the module's docstring):\n\n{commands}\n\n"
+          f"Machines: {'; '.join(machines)}\n\n{table(rows)}\n\n{notes}")
   print(body)
   if not no_readme:
     report.write_section("resnet50-end-to-end", TITLE, body, per_platform=False)

@@ -1,5 +1,7 @@
 """The end-to-end benchmark's data: ImageNet-like JPEGs as a TFDS imagenet2012 that lbjax's ImageNet stream reads."""
 
+import json
+
 import pytest
 
 pytest.importorskip("tensorflow_datasets")
@@ -21,3 +23,27 @@ def test_the_written_dataset_is_read_by_the_imagenet_stream_and_written_once(tmp
   assert batch["images"].shape == (12, 32, 32, 3) and sorted(batch["labels"]) == list(range(12))
   raw = imagenet.TfdsSource("imagenet2012", split="train", data_dir=tmp_path, encoded_features=("image",))
   assert raw.take([0])["image"][0] == raw.take([4])["image"][0]  # records cycle through the distinct JPEGs
+
+
+def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, capsys):
+  common = {"device": "NVIDIA H200", "jax": "0.11.2", "cpu_count": 16, "decode_workers": 14, "max_device_batch": 0,
+            "image_size": 224, "dry_run": False, "step_ms": "40.0 [40.0, 40.0]"}
+  rows = [{**common, "batch_per_device": 256, "xla_flags": "default", "overrides": [],
+           "measured_at": "2026-11-27 08:45 UTC", "step_images_per_second": 6400.0,
+           "loop_images_per_second": 6080.0, "fraction_of_step": 0.95,
+           "lars_over_momentum": "1.003 [1.003, 1.005]", "lars_flat_over_momentum": "1.005 [1.004, 1.007]"},
+          {**common, "batch_per_device": 384, "xla_flags": "latency_hiding", "max_device_batch": 128,
+           "overrides": ["--config.deterministic=True"], "measured_at": "2026-11-27 08:49 UTC",
+           "step_images_per_second": 4500.0},
+          {**common, "dry_run": True, "batch_per_device": 8, "xla_flags": "default", "overrides": [],
+           "measured_at": "2026-11-27 09:00 UTC", "step_images_per_second": 1.0}]
+  results = tmp_path / "e2e.jsonl"
+  results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+  resnet50_end_to_end.write_table(results, no_readme=True)
+  body = capsys.readouterr().out
+  assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-momentum\n" in body
+          and "--batch-per-device 384 --decode-workers 14 --xla-flags latency_hiding --max-device-batch 128 "
+              "--override=--config.deterministic=True --step-only\n" in body)
+  assert "Machines: 1 x NVIDIA H200, jax 0.11.2, 16 CPU cores (2026-11-27 08:45 UTC, 2026-11-27 08:49 UTC)\n" in body
+  assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |" in body
+  assert "| 4,500 | (step only) |" in body and "--batch-per-device 8 " not in body  # the dry run is left out
