@@ -5,6 +5,10 @@ Three ways to take a training step, timed in interleaved rounds in one process:
   hand step     a minimal hand-written `jax.jit` step (`workloads.HandStep`: value_and_grad, optax
                 momentum SGD, donated buffers) called back to back on one batch already on the device
   trainer step  the trainer's own compiled step (`workloads.TrainerStep`), called the same way
+  trainer call  the trainer's call of k steps (`workloads.TrainerCall`, the program `config.steps_per_call`
+                = k runs: a `lax.scan` of the step), called the same way, its time divided by k: whether
+                the scanned program itself is slower per step than the step (a device cost the host
+                cannot hide)
   loop          `train_and_evaluate` on the model's synthetic twin for `--steps` steps: input
                 pipeline, host -> device transfer, LR schedule, metrics, hooks; on accelerators
                 batch t+1 is drawn and placed on a background thread while step t runs
@@ -102,9 +106,12 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
   config = workloads.trainer_config(model, batch_size, num_train_examples=8192)
   trainer_step = workloads.TrainerStep(config)
   hand_step = workloads.HandStep(trainer_step)
+  trainer_call = workloads.TrainerCall(trainer_step, args.steps_per_call)
   repeats = args.steps - args.log_every  # as many steps as the loop's timed windows hold
+  calls = max(1, repeats // args.steps_per_call)
   variants = {"hand step": lambda: step_seconds(hand_step, repeats),
               "trainer step": lambda: step_seconds(trainer_step, repeats),
+              "trainer call": lambda: step_seconds(trainer_call, calls) / args.steps_per_call,
               "loop": Loop(config, args.steps, args.log_every),
               "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False),
               "loop, k per call": Loop(config, args.steps, args.log_every, steps_per_call=args.steps_per_call)}
@@ -199,21 +206,27 @@ def main() -> None:
     vs_plain = check.record(f"{model}: loop / loop without prefetching",
                             report.paired_ratios(times, "loop", "loop, no prefetch"))
     plain_vs_trainer = report.paired_ratios(times, "loop, no prefetch", "trainer step")
+    call_vs_step = check.record(f"{model}: trainer call of {args.steps_per_call} steps, per step / trainer step",
+                                report.paired_ratios(times, "trainer call", "trainer step"))
     calls_vs_trainer = check.record(f"{model}: loop with {args.steps_per_call} steps per call / trainer step",
                                     report.paired_ratios(times, "loop, k per call", "trainer step"))
     rate_rows.append([model, batch_size, spreads["hand step"].format(1e3), spreads["trainer step"].format(1e3),
-                      spreads["loop"].format(1e3), spreads["loop, no prefetch"].format(1e3),
+                      spreads["trainer call"].format(1e3), spreads["loop"].format(1e3),
+                      spreads["loop, no prefetch"].format(1e3),
                       spreads["loop, k per call"].format(1e3), vs_trainer.format(digits=3),
-                      plain_vs_trainer.format(digits=3), calls_vs_trainer.format(digits=3), vs_hand.format(digits=3),
+                      plain_vs_trainer.format(digits=3), call_vs_step.format(digits=3),
+                      calls_vs_trainer.format(digits=3), vs_hand.format(digits=3),
                       vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
                      [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "lr_scalar",
                                                        "schedules", "metrics")])
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
-      ["model", "global batch", "hand step ms", "trainer step ms", "loop ms per step",
+      ["model", "global batch", "hand step ms", "trainer step ms",
+       f"trainer call of {args.steps_per_call} steps, ms per step", "loop ms per step",
        "loop without prefetching ms per step", f"loop, {args.steps_per_call} steps per call, ms per step",
        "loop / trainer step", "loop without prefetching / trainer step",
+       f"trainer call of {args.steps_per_call} steps / trainer step",
        f"loop, {args.steps_per_call} steps per call / trainer step", "loop / hand step",
        "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
@@ -229,7 +242,8 @@ def main() -> None:
       "one's, dispatches the step and waits for the step before the previous one (at most two in "
       "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
       "the step just dispatched). With several steps per call (`config.steps_per_call`) the loop draws "
-      "and places their batches one by one and dispatches one program that scans the steps. Without "
+      "and places their batches one by one and dispatches one program that scans the steps; the trainer "
+      "call times that program alone, called back to back on one placed batch. Without "
       "prefetching (and on CPU devices, where "
       "`prefetch.overlaps_placement` is false) the batch is drawn and placed on the main thread. Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "

@@ -108,6 +108,28 @@ class TrainerStep:
       leaf.delete()
 
 
+class TrainerCall:
+  """The trainer's compiled call of `steps` steps (`config.steps_per_call`, `Run.step_call`'s program)
+  on `steps` references to a `TrainerStep`'s placed batch, ready to call repeatedly: the scanned
+  program's device time per step, without the loop's host work."""
+
+  def __init__(self, trainer_step: TrainerStep, steps: int):
+    run = trainer_step.run
+    self.trainer_step, self.steps = trainer_step, steps
+    self.batches = (trainer_step.batch,) * steps
+    self.learning_rates = (trainer_step.learning_rate,) * steps
+    self.compiled = run.parts.train_step_call(trainer_step.batch_size, 0.0, steps, trainer_step.state,
+                                              trainer_step.batch).lower(
+        trainer_step.state, self.batches, self.learning_rates).compile()
+
+  def __call__(self) -> Any:
+    """One call of `steps` steps on the fixed batch (the state is the trainer step's, passed on);
+    returns the stacked metrics."""
+    step = self.trainer_step
+    step.state, metrics = self.compiled(step.state, self.batches, self.learning_rates)
+    return metrics
+
+
 class HandStep:
   """A minimal user-written step: value_and_grad of the same loss, optax momentum SGD, donation.
 
