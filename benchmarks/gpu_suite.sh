@@ -61,7 +61,7 @@ if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowl
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py).
 E2E_FIRST=("256 14 default")
-E2E_MORE=("256 14 latency_hiding" "384 14 default")  # more: "256 14 no_command_buffers" "256 8 default"
+E2E_MORE=("384 14 latency_hiding" "512 14 latency_hiding")  # measured 2026-11-27: "256 14 latency_hiding" "384 14 default"
 
 # The packages lbjax needs beyond the device image (jax 0.11.2, flax 0.12.10 and their stack), pinned to
 # the versions the project's newest test environment runs. optax and orbax are fallbacks: the image's are
