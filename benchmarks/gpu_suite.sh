@@ -19,8 +19,9 @@
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
 #                  and optax's
 #   step_options   the ResNet-50 step alone, as configured and with each switch that trades speed for
-#                  numerics: --config.deterministic=True (issue 30) and
-#                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients)
+#                  numerics: --config.deterministic=True (issue 30),
+#                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients) and
+#                  --config.model_options.bn_group_size=256 (BN over the device's batch, not ghost BN 32)
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
 set -uo pipefail
@@ -197,9 +198,10 @@ e2e_table() {
 
 step_options_part() {
   local size=() option
-  [ "$MODE" = dry-run ] && size=(--dry-run)
+  local batch=256  # the step's batch per device: BN over all of it is the last option
+  [ "$MODE" = dry-run ] && size=(--dry-run) batch=8
   for option in --config.deterministic=False --config.deterministic=True \
-      --config.model_options.param_dtype_gradients=True; do
+      --config.model_options.param_dtype_gradients=True "--config.model_options.bn_group_size=$batch"; do
     "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only "--override=$option" \
         --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work" || return 1
   done
