@@ -25,6 +25,7 @@ TABLES=experiments/tables
 RESULTS=docs/results
 OUT_DIR=/tmp/gpu_tables/out
 RUNS=/tmp/gpu_tables/runs
+DATA=/tmp/gpu_tables/data  # PTB, unpacked from .whl/ptb.tar.xz (not into .whl, which then carries 5.7 MiB more)
 PYTHON=${PYTHON:-python3}  # the device image's; here, for a check of the mechanics, a venv's
 LANES=${LANES:-4}
 BUDGET_SECONDS=${BUDGET_SECONDS:-480}
@@ -61,10 +62,10 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 
 : "${OUT:?run this on the device machine, where OUT is set (or use --dry-run / --prepare here)}"
-mkdir -p .whl/data && tar xJf .whl/ptb.tar.xz -C .whl/data || exit 1
+mkdir -p "$DATA" && tar xJf .whl/ptb.tar.xz -C "$DATA" || exit 1
 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
-export PYTHONPATH="/tmp/site:$PWD" LBJAX_DATA_DIR="$PWD/.whl/data" PYTHONUNBUFFERED=1
+export PYTHONPATH="/tmp/site:$PWD" LBJAX_DATA_DIR="$DATA" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the lanes share the GPU's memory
 mkdir -p "$OUT_DIR" "$RUNS"
 for job in "${JOBS[@]}"; do  # start from the committed tables: only what they lack runs
