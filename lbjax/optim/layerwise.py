@@ -187,6 +187,13 @@ class SummedRate:
   sums: Callable[[jax.Array, jax.Array, Any, LayerReducer], tuple[jax.Array, ...]]
   rate: Callable[[tuple[jax.Array, ...], Any], jax.Array]
 
+  def global_rates(self, stacked_sums: jax.Array, weight_decay: Any, axis_name: str | None) -> jax.Array:
+    """Every layer's rate from this device's `stacked_sums` (one row per sum, one column per layer),
+    summed over the devices of `axis_name` first in one `psum`."""
+    if axis_name is not None:
+      stacked_sums = jax.lax.psum(stacked_sums, axis_name)
+    return self.rate(tuple(stacked_sums), weight_decay)
+
 
 def real_dtype(dtype: Any) -> jnp.dtype:
   """The dtype of a layer statistic of a leaf of `dtype`: real, float32 or wider.
@@ -424,9 +431,7 @@ def scale_by_layerwise_rate(
       # (number of sums, number of layers); each sum's vector first, so that XLA concatenates the
       # scalars of all leaves in one op instead of stacking every leaf's sums in a kernel of its own.
       stacked_sums = jnp.stack([jnp.concatenate(sum_of_each_leaf) for sum_of_each_leaf in zip(*group)])
-      if axis_name is not None:
-        stacked_sums = jax.lax.psum(stacked_sums, axis_name)
-      vectors.append(rate.rate(tuple(stacked_sums), weight_decay))
+      vectors.append(rate.global_rates(stacked_sums, weight_decay, axis_name))
     return vectors
 
   def leafwise_rates(flat_g, flat_w, ks, rates_layout):

@@ -262,13 +262,8 @@ def scale_by_summed_rate(
       reducer = BlockReducer(layout.block_layers[buffer], sizes[vector])
       buffer_sums = [s.astype(layout.rates.dtypes[vector]) for s in rate.sums(w, g, weight_decay, reducer)]
       sums[vector] = buffer_sums if sums[vector] is None else [a + b for a, b in zip(sums[vector], buffer_sums)]
-    vectors = []
-    for group, dtype in zip(sums, layout.rates.dtypes):
-      stacked_sums = jnp.stack(group)
-      if axis_name is not None:
-        stacked_sums = jax.lax.psum(stacked_sums, axis_name)
-      vectors.append(rate.rate(tuple(stacked_sums), weight_decay).astype(dtype))
-    return vectors
+    return [rate.global_rates(jnp.stack(group), weight_decay, axis_name).astype(dtype)
+            for group, dtype in zip(sums, layout.rates.dtypes)]
 
   def update_fn(updates, state, params=None):
     if params is None:
