@@ -207,9 +207,9 @@ step_options_part() {
   done
 }
 
-# unpack ARCHIVE...: in the order given, each archive's sections that its run changed (the README it packed
-# against the one it started from) replace ours, and its end-to-end rows join $E2E_RESULTS, whose section is
-# then written from all of them.
+# unpack ARCHIVE...: in the order given, each archive's accelerator sections that its run changed (the README
+# it packed against the one it started from) replace ours, and its measured end-to-end rows join $E2E_RESULTS,
+# whose section is then written from all of them.
 unpack() {
   local archive tmp
   for archive in "${ARCHIVES_IN[@]}"; do
@@ -223,13 +223,18 @@ before, after, local = (open(p).read() for p in sys.argv[1:])
 sections = lambda text: {m.group(1): m.group(0) for m in pattern.finditer(text)}
 started_from, ours = sections(before), sections(local)
 for name, section in sections(after).items():
-  if section == started_from.get(name) or name == "resnet50-end-to-end":  # that one: from the merged rows below
+  # Only accelerator sections (a dry run on a CPU rewrites CPU sections with its meaningless numbers); the
+  # end-to-end one is written from the merged rows below.
+  if section == started_from.get(name) or not name.endswith(("-gpu", "-tpu")):
     continue
   local = local.replace(ours[name], section) if name in ours else local.rstrip("\n") + "\n\n" + section + "\n"
   print("section", name, "taken from", sys.argv[2])
 open(sys.argv[3], "w").write(local)
 EOF
-    [ -s "$tmp/e2e.jsonl" ] && grep -v '"dry_run": true' "$tmp/e2e.jsonl" >> "$ROOT/$E2E_RESULTS"
+    if [ -s "$tmp/e2e.jsonl" ]; then  # the measured rows not already there (an archive unpacked twice adds none)
+      touch "$ROOT/$E2E_RESULTS"
+      grep -v '"dry_run": true' "$tmp/e2e.jsonl" | grep -vxF -f "$ROOT/$E2E_RESULTS" >> "$ROOT/$E2E_RESULTS"
+    fi
     echo "Logs and results of $archive (e2e.jsonl, env.log, one log per part) are in $tmp"
   done
   if [ -s "$ROOT/$E2E_RESULTS" ]; then
