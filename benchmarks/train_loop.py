@@ -9,6 +9,8 @@ Three ways to take a training step, timed in interleaved rounds in one process:
                 = k runs: a `lax.scan` of the step), called the same way, its time divided by k: whether
                 the scanned program itself is slower per step than the step (a device cost the host
                 cannot hide)
+  trainer call, unrolled  the same k steps with the scan unrolled (no device-side loop; the trainer
+                unrolls only on CPU devices): whether the loop is what costs
   loop          `train_and_evaluate` on the model's synthetic twin for `--steps` steps: input
                 pipeline, host -> device transfer, LR schedule, metrics, hooks; on accelerators
                 batch t+1 is drawn and placed on a background thread while step t runs
@@ -107,11 +109,13 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
   trainer_step = workloads.TrainerStep(config)
   hand_step = workloads.HandStep(trainer_step)
   trainer_call = workloads.TrainerCall(trainer_step, args.steps_per_call)
+  unrolled_call = workloads.TrainerCall(trainer_step, args.steps_per_call, unrolled=True)
   repeats = args.steps - args.log_every  # as many steps as the loop's timed windows hold
   calls = max(1, repeats // args.steps_per_call)
   variants = {"hand step": lambda: step_seconds(hand_step, repeats),
               "trainer step": lambda: step_seconds(trainer_step, repeats),
               "trainer call": lambda: step_seconds(trainer_call, calls) / args.steps_per_call,
+              "trainer call, unrolled": lambda: step_seconds(unrolled_call, calls) / args.steps_per_call,
               "loop": Loop(config, args.steps, args.log_every),
               "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False),
               "loop, k per call": Loop(config, args.steps, args.log_every, steps_per_call=args.steps_per_call)}
@@ -208,13 +212,18 @@ def main() -> None:
     plain_vs_trainer = report.paired_ratios(times, "loop, no prefetch", "trainer step")
     call_vs_step = check.record(f"{model}: trainer call of {args.steps_per_call} steps, per step / trainer step",
                                 report.paired_ratios(times, "trainer call", "trainer step"))
+    unrolled_vs_step = check.record(
+        f"{model}: trainer call of {args.steps_per_call} steps unrolled, per step / trainer step",
+        report.paired_ratios(times, "trainer call, unrolled", "trainer step"))
     calls_vs_trainer = check.record(f"{model}: loop with {args.steps_per_call} steps per call / trainer step",
                                     report.paired_ratios(times, "loop, k per call", "trainer step"))
     rate_rows.append([model, batch_size, spreads["hand step"].format(1e3), spreads["trainer step"].format(1e3),
-                      spreads["trainer call"].format(1e3), spreads["loop"].format(1e3),
+                      spreads["trainer call"].format(1e3), spreads["trainer call, unrolled"].format(1e3),
+                      spreads["loop"].format(1e3),
                       spreads["loop, no prefetch"].format(1e3),
                       spreads["loop, k per call"].format(1e3), vs_trainer.format(digits=3),
                       plain_vs_trainer.format(digits=3), call_vs_step.format(digits=3),
+                      unrolled_vs_step.format(digits=3),
                       calls_vs_trainer.format(digits=3), vs_hand.format(digits=3),
                       vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
@@ -223,10 +232,11 @@ def main() -> None:
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
       ["model", "global batch", "hand step ms", "trainer step ms",
-       f"trainer call of {args.steps_per_call} steps, ms per step", "loop ms per step",
+       f"trainer call of {args.steps_per_call} steps, ms per step", "the same unrolled, ms per step",
+       "loop ms per step",
        "loop without prefetching ms per step", f"loop, {args.steps_per_call} steps per call, ms per step",
        "loop / trainer step", "loop without prefetching / trainer step",
-       f"trainer call of {args.steps_per_call} steps / trainer step",
+       f"trainer call of {args.steps_per_call} steps / trainer step", "the same unrolled / trainer step",
        f"loop, {args.steps_per_call} steps per call / trainer step", "loop / hand step",
        "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
@@ -243,7 +253,8 @@ def main() -> None:
       "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
       "the step just dispatched). With several steps per call (`config.steps_per_call`) the loop draws "
       "and places their batches one by one and dispatches one program that scans the steps; the trainer "
-      "call times that program alone, called back to back on one placed batch. Without "
+      "call times that program alone, called back to back on one placed batch, and unrolled (no loop on "
+      "the device). Without "
       "prefetching (and on CPU devices, where "
       "`prefetch.overlaps_placement` is false) the batch is drawn and placed on the main thread. Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "

@@ -4,10 +4,12 @@
 twin (no files needed); `TrainerStep` is the trainer's own compiled step (built on
 `lbjax.train.run.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and
 `HandStep` the minimal `jax.jit` step a user would write for the same model, loss and optimizer
-(nnx.split/merge + optax, donated buffers).
+(nnx.split/merge + optax, donated buffers); `TrainerCall` the trainer's program of k steps.
 """
 
+import contextlib
 from typing import Any
+from unittest import mock
 
 from flax import nnx
 import jax
@@ -20,6 +22,7 @@ from lbjax import models
 from lbjax import train
 from lbjax.train import protocols
 from lbjax.train import run as run_lib
+from lbjax.train import step_calls
 from lbjax.train import step as train_step_lib
 
 MODELS = ("mnist_lstm", "ptb_lstm", "resnet_tiny", "resnet18", "resnet50")
@@ -111,16 +114,21 @@ class TrainerStep:
 class TrainerCall:
   """The trainer's compiled call of `steps` steps (`config.steps_per_call`, `Run.step_call`'s program)
   on `steps` references to a `TrainerStep`'s placed batch, ready to call repeatedly: the scanned
-  program's device time per step, without the loop's host work."""
+  program's device time per step, without the loop's host work. With `unrolled` the scan is unrolled
+  on every backend (the trainer unrolls it only where `step.loops_slow_down_convolutions`, on CPU
+  devices): the same steps without a device-side loop."""
 
-  def __init__(self, trainer_step: TrainerStep, steps: int):
+  def __init__(self, trainer_step: TrainerStep, steps: int, unrolled: bool = False):
     run = trainer_step.run
     self.trainer_step, self.steps = trainer_step, steps
     self.batches = (trainer_step.batch,) * steps
     self.learning_rates = (trainer_step.learning_rate,) * steps
-    self.compiled = run.parts.train_step_call(trainer_step.batch_size, 0.0, steps, trainer_step.state,
-                                              trainer_step.batch).lower(
-        trainer_step.state, self.batches, self.learning_rates).compile()
+    unroll = (mock.patch.object(step_calls, "loops_slow_down_convolutions", lambda params, mesh: True)
+              if unrolled else contextlib.nullcontext())
+    with unroll:
+      self.compiled = run.parts.train_step_call(trainer_step.batch_size, 0.0, steps, trainer_step.state,
+                                                trainer_step.batch).lower(
+          trainer_step.state, self.batches, self.learning_rates).compile()
 
   def __call__(self) -> Any:
     """One call of `steps` steps on the fixed batch (the state is the trainer step's, passed on);
