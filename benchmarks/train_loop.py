@@ -1,6 +1,6 @@
 """The whole training loop vs a bare jitted step on the same model and batch: the trainer's overhead.
 
-Three ways to take a training step, timed in interleaved rounds in one process:
+The ways to take training steps, timed in interleaved rounds in one process:
 
   hand step     a minimal hand-written `jax.jit` step (`workloads.HandStep`: value_and_grad, optax
                 momentum SGD, donated buffers) called back to back on one batch already on the device
