@@ -214,6 +214,8 @@ step_options_part() {
 # whose section is then written from all of them.
 unpack() {
   local archive tmp
+  "$PYTHON" -c "import lbjax, jax" 2> /dev/null \
+    || { echo "--unpack writes the end-to-end section with lbjax: $PYTHON cannot import it (set PYTHON)" >&2; exit 2; }
   for archive in "${ARCHIVES_IN[@]}"; do
     tmp="$(mktemp -d)"
     tar xzf "$archive" -C "$tmp" || exit 1
