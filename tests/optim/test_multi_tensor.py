@@ -154,7 +154,6 @@ def test_shard_map_with_stacked_layers_equals_the_global_computation():
 COUNT_KERNELS = """
 import json
 from lbjax.train import gpu_targets
-from tests.optim import test_battery as battery
 gpu_targets.allow_plugin_without_cuda()
 import jax, jax.numpy as jnp, optax
 from benchmarks.optimizer import kernel_count
