@@ -290,10 +290,11 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
   rows = [r for r in rows if not r["dry_run"]]
   if not rows:
     raise SystemExit(f"{results} holds no measured (non dry-run) rows.")
-  runs = {}  # machine -> when its rows were measured
+  dates_by_machine = {}
   for r in rows:
-    runs.setdefault(f"1 x {r['device']}, jax {r['jax']}, {r['cpu_count']} CPU cores", []).append(r["measured_at"])
-  machines = [f"{machine} ({', '.join(sorted(set(times)))})" for machine, times in runs.items()]
+    machine = f"1 x {r['device']}, jax {r['jax']}, {r['cpu_count']} CPU cores"
+    dates_by_machine.setdefault(machine, set()).add(r["measured_at"])
+  machines = [f"{machine} ({', '.join(sorted(dates))})" for machine, dates in dates_by_machine.items()]
   commands = "\n".join(f"    {row_command(r)}" for r in rows)
   notes = ("Step: the trainer's compiled step (`resnet50_imagenet`: LARS, "
            "bfloat16 compute, ghost BN 32) on one batch on the device, median [quartiles] of its rounds. Loop: "
