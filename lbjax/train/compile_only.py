@@ -26,6 +26,7 @@ import numpy as np
 from lbjax.train import abstract_data
 from lbjax.train import build
 from lbjax.train import compile_report
+from lbjax.train import determinism
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
 from lbjax.train import tasks
@@ -169,6 +170,8 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
   Raises:
     ConfigError: a config the trainer would refuse, or a topology libtpu does not know (or no libtpu).
   """
+  if not topology:  # the local devices compile what the run would: with its XLA flags
+    determinism.request(config)
   devices = topology_lib.topology_devices(topology) if topology else jax.devices()
   run = abstract_run(config, devices)
   device = run.mesh.devices.flat[0]
@@ -188,4 +191,17 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
       continue
     figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
                                                   run.state, seconds))
-  return compile_report.CompileReport.build(config, topology, run, device, memory, figures)
+  return compile_report.CompileReport.build(config, topology, run, device, memory, figures,
+                                            notes=_unapplied_settings(config, topology, device))
+
+
+def _unapplied_settings(config: ml_collections.ConfigDict, topology: str | None, device: Any) -> list[str]:
+  """What of the run a compile for named devices leaves out (`config.deterministic`'s XLA flags)."""
+  if not topology or config.deterministic is not True:
+    return []
+  if device.platform == "tpu":
+    return ["config.deterministic=True sets XLA's GPU flags; a TPU program is compiled without them, as the run "
+            "would be."]
+  return ["config.deterministic=True is not applied: XLA picks its deterministic GPU kernels only when it compiles "
+          "on a GPU (a compile without one is refused), so these figures are those of the program without them; "
+          "on GPUs the deterministic program can be slower (docs/faults.md)."]

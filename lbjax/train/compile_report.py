@@ -135,9 +135,11 @@ class CompileReport:
   steps: list[dict[str, Any]]
   epochs: float
   estimated_recipe_seconds: float | None
+  notes: list[str] = dataclasses.field(default_factory=list)  # settings of the run the compile leaves out
 
   @classmethod
-  def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures]) -> "CompileReport":
+  def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures],
+            notes: list[str] = ()) -> "CompileReport":
     epochs = epochs_per_batch_size(config)
     steps, recipe = [], 0.0
     for size in sorted({f.batch_size for f in figures if f.name != "eval"}):
@@ -149,7 +151,7 @@ class CompileReport:
         recipe = None
     steps += [cls._step([f], f.batch_size, None, 0.0, memory.bytes) for f in figures if f.name == "eval"]
     return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
-               memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe)
+               memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes))
 
   @staticmethod
   def _step(parts: list[ProgramFigures], size: int, steps_per_epoch: int | None, epochs: float,
@@ -207,6 +209,7 @@ class CompileReport:
         "estimated_recipe_seconds": self.estimated_recipe_seconds, "epochs": self.epochs,
         "estimates": "time figures are XLA's cost-model estimates (cost_analysis optimal_seconds), not measurements",
         "data_shapes_read_from_files": self.data_from_files,
+        "notes": self.notes,
         "steps": self.steps,
     }
 
@@ -259,7 +262,7 @@ class CompileReport:
     if self.data_from_files:
       out.append("(The batch shapes were read from one batch of the data: the dataset is not in "
                  "lbjax.train.abstract_data.SHAPES.)")
-    return out
+    return out + [f"Note: {note}" for note in self.notes]
 
   def _examples_that_fit(self, step: dict[str, Any], at_once: int) -> int:
     """A guess at the examples per device that fit: `at_once` scaled by HBM / memory needed (the compiler's

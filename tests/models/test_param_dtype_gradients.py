@@ -43,6 +43,24 @@ def test_a_float32_convolution_has_jaxs_own_value_and_gradients(batch, size, cin
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
 
 
+@pytest.mark.parametrize("numbers", [("NCHW", "OIHW", "NCHW"), ("NHWC", "OIHW", "NCHW"), ("CHWN", "HWOI", "HNWC")])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_1x1_kernel_gradient_is_jaxs_in_any_layout(numbers, stride):
+  """The 1x1 kernel gradient, a matrix product over the strided input (not a convolution): JAX's own
+  in layouts where batch, features and positions sit anywhere."""
+  rng = np.random.default_rng(4)
+  lhs_shape = {"N": 3, "C": 5, "H": 9, "W": 7}
+  x = jnp.asarray(rng.normal(size=[lhs_shape[d] for d in numbers[0]]), jnp.float32)
+  w = jnp.asarray(rng.normal(size=[{"O": 4, "I": 5, "H": 1, "W": 1}[d] for d in numbers[1]]), jnp.float32)
+
+  def loss(conv):
+    return lambda x, w: jnp.sum(jnp.sin(conv(x, w, (stride, stride), "VALID", dimension_numbers=numbers)))
+
+  for ours, jaxs in zip(jax.grad(loss(param_dtype_gradients.conv_general_dilated), (0, 1))(x, w),
+                        jax.grad(loss(lax.conv_general_dilated), (0, 1))(x, w)):
+    np.testing.assert_allclose(ours, jaxs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("batch,size,cin,cout,window,stride,padding", CONVOLUTIONS[:3])
 def test_a_bfloat16_convolution_gives_the_float32_kernel_gradient_of_its_bfloat16_products(
     batch, size, cin, cout, window, stride, padding):
@@ -98,13 +116,15 @@ def test_a_resnet_computes_the_same_and_makes_float32_gradients():
   head's) has a float32 output, as has the head's bias gradient: data parallelism all-reduces float32;
   the plain bfloat16 ResNet makes them in bfloat16. (XLA:CPU computes bfloat16 convolutions in float32, so
   the all-reduce itself is checked on a TPU compile: tests/train/test_compile_only.py.)"""
-  images = jnp.asarray(np.random.default_rng(3).normal(size=(8, 16, 16, 3)), jnp.float32)
+  images = jnp.asarray(np.random.default_rng(3).normal(size=(6, 16, 16, 3)), jnp.float32)
   kernel_gradient_types, bias_gradient_types, logits = {}, {}, {}
   for flag in (False, True):
     model = ResNet((1, 1), block="basic", num_classes=4, num_filters=8, small_inputs=True, dtype=jnp.bfloat16,
                    param_dtype_gradients=flag, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    kernel_shapes = {tuple(p.shape) for p in jax.tree.leaves(params) if p.ndim >= 2}
+    kernels = [p for p in jax.tree.leaves(params) if p.ndim >= 2]
+    # A 1x1 convolution's kernel gradient is a matrix product: [in, out], the window's 1s left out.
+    kernel_shapes = {tuple(p.shape) for p in kernels} | {p.shape[-2:] for p in kernels if p.shape[:-2] == (1, 1)}
 
     def loss(params, graphdef=graphdef, rest=rest):
       return jnp.mean(nnx.merge(graphdef, params, rest)(images, train=False) ** 2)

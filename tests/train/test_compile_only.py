@@ -6,6 +6,7 @@ it is absent. The others compile for the 8 simulated CPU devices.
 """
 
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import pytest
 from lbjax import main as cli
 from lbjax.train import compile_only
 from lbjax.train import datasets
+from lbjax.train import determinism
 from lbjax.train import hlo_analysis
 from lbjax.train import topology
 from tests.train import helpers
@@ -114,6 +116,22 @@ def test_a_users_dataset_is_read_for_its_shapes():
   report = compile_only.compile_run(config, evaluation=False)
   assert report.data_from_files and report.steps[0]["steps_per_epoch"] == 96 // 32
   assert "read from one batch of the data" in "\n".join(report.lines())
+
+
+def test_deterministic_is_applied_to_a_local_compile_or_the_report_says_why_not(monkeypatch):
+  """The local devices compile with the run's XLA flags (`determinism.request`, which refuses once the
+  backend started without them: tests/train/test_determinism.py); a TPU topology's program has none
+  to apply, and the report says so."""
+  asked = []
+  monkeypatch.setattr(determinism, "request", asked.append)
+  config = helpers.tiny_language_model_config(deterministic=True)
+  report = compile_only.compile_run(config, evaluation=False)
+  assert asked == [config] and report.notes == []
+  tpu = types.SimpleNamespace(platform="tpu")
+  unapplied = compile_only._unapplied_settings  # pylint: disable=protected-access
+  assert "a TPU program is compiled without them" in unapplied(config, "v5p:2x2x1", tpu)[0]
+  config.deterministic = False
+  assert unapplied(config, "h100:8", types.SimpleNamespace(platform="gpu")) == []
 
 
 def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():
