@@ -16,6 +16,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from lbjax.models import param_dtype_gradients as kernel_gradients
+from lbjax.models import pooling
 from lbjax.models import validation
 from lbjax.models.batch_norm import GhostBatchNorm
 
@@ -250,7 +251,7 @@ class ResNet(nnx.Module):
     x = images.astype(self.dtype)
     x = nnx.relu(self.stem_bn(self.stem_conv(x), train=train))
     if not self.small_inputs:
-      x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))  # nnx.max_pool's, without a scatter
     for block in self.blocks:
       x = block(x, train=train)
     x = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)
