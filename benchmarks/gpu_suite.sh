@@ -23,6 +23,9 @@
 #                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients) and
 #                  --config.model_options.bn_group_size=256 (BN over the device's batch, not ghost BN 32),
 #                  and --max-device-batch=128 (the resnet50_imagenet config's own: two accumulated halves)
+#   max_pool       benchmarks/max_pool.py: the ResNet stem's max-pool gradient, JAX's select-and-scatter vs
+#                  lbjax.models.pooling's placements (what the trainer uses on GPUs), with XLA's defaults and
+#                  with the deterministic-ops flags
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
 set -uo pipefail
@@ -33,7 +36,7 @@ PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
 SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
-PARTS="install,e2e,loop,optimizer,step_options"
+PARTS="install,e2e,loop,optimizer,step_options,max_pool"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
 ARCHIVES_IN=()
 E2E_RESULTS="benchmarks/resnet50_end_to_end.jsonl"  # every GPU session's end-to-end rows, committed
@@ -58,8 +61,9 @@ LIMIT_E2E_POINT=200
 LIMIT_LOOP=240
 LIMIT_OPTIMIZER=180
 LIMIT_STEP_OPTIONS=240
+LIMIT_MAX_POOL=60
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
-  LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200
+  LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py).
 E2E_FIRST=("256 14 default")
@@ -289,7 +293,16 @@ for name in ${PARTS//,/ }; do
             --optimizers "optax.lars;lbjax lars;lbjax lars, flat layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout"
       fi ;;
     step_options) part step_options "$LIMIT_STEP_OPTIONS" bash -c step_options_part; e2e_table ;;
-    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, step_options)" >&2; exit 2 ;;
+    max_pool)
+      if [ "$MODE" = dry-run ]; then
+        part max_pool "$LIMIT_MAX_POOL" "$PYTHON" -m benchmarks.max_pool --batch 2 --rounds 2 --no-readme --max-spread 1000
+      else  # each mode its own process: the deterministic flags are read when the backend starts
+        part max_pool "$LIMIT_MAX_POOL" "$PYTHON" -m benchmarks.max_pool --batch 256 --write-noisy
+        part max_pool_deterministic "$LIMIT_MAX_POOL" "$PYTHON" -m benchmarks.max_pool --batch 256 --deterministic \
+            --write-noisy
+      fi ;;
+    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, step_options, max_pool)" >&2
+       exit 2 ;;
   esac
 done
 pack
