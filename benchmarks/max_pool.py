@@ -2,8 +2,8 @@
 
 Both forms take the cotangent of the 3x3, stride-2 pooling of a bfloat16 [batch, 112, 112, 64] input
 (ResNet-50's stem at 224x224) back to the input, jitted on their own, in interleaved rounds on one
-device. On GPUs the trainer uses the placements (`lbjax.models.pooling`); this says what that saves
-there, and with `--deterministic` (XLA's deterministic-ops flags, `config.deterministic`), where the
+device. The trainer uses the placements everywhere but on TPUs (`lbjax.models.pooling`); this says what
+that saves, and with `--deterministic` (XLA's deterministic-ops flags, `config.deterministic`), where the
 scatter's atomics are not allowed, what it saves then. The table gives the time per gradient (median
 over rounds [quartiles]) and the per-round ratio placements / select-and-scatter.
 

@@ -17,7 +17,9 @@ input gradient is, for each window position k = (i, j),
 where `place_k` is `lax.pad` with interior padding `stride - 1`: no scatter, no atomics, the inputs
 JAX's gradient gives the cotangents to, and their sums (at most ceil(window / stride) cotangents per
 dimension meet at one input position) added in float32 and rounded once. `lax.platform_dependent`
-takes this form on GPUs and JAX's own elsewhere (the same numbers on CPUs and TPUs as `nnx.max_pool`).
+takes JAX's own on TPUs (the same numbers as `nnx.max_pool`) and this form everywhere else: on a CPU
+it takes 0.31x [0.27, 0.32] of select-and-scatter's time (`python -m benchmarks.max_pool --batch 8`, 2
+cores, noisy).
 """
 
 import functools
@@ -80,9 +82,9 @@ def _positions(window):
 
 def _max_pool_backward(pool, x, cotangent):
   # On TPUs select-and-scatter is native, and XLA's estimate of the ResNet-50 step (v5p:2x2x1, batch 256)
-  # grows from 12.98 to 17.30 ms with the placements: they are for GPUs only.
-  gpu = functools.partial(_gradient_without_scatter, pool)
-  return (lax.platform_dependent(x, cotangent, cuda=gpu, rocm=gpu, default=functools.partial(_jax_gradient, pool)),)
+  # grows from 12.98 to 17.30 ms with the placements: not there.
+  return (lax.platform_dependent(x, cotangent, tpu=functools.partial(_jax_gradient, pool),
+                                 default=functools.partial(_gradient_without_scatter, pool)),)
 
 
 def _jax_gradient(pool, x, cotangent):

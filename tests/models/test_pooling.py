@@ -1,6 +1,6 @@
 """Max pooling without a scatter in its gradient (lbjax.models.pooling): nnx.max_pool's values; JAX's
-gradient on CPUs and TPUs; on GPUs the same first-maximum assignment as select-and-scatter, the
-cotangents that meet at an input position summed in float32 and rounded once."""
+gradient on TPUs; elsewhere the same first-maximum assignment as select-and-scatter, the cotangents that
+meet at an input position summed in float32 and rounded once."""
 
 import itertools
 
@@ -43,25 +43,19 @@ def _exact_gradient(x, cotangent, window, strides, padding):
   return gradient[:, padding[0][0]:padding[0][0] + x.shape[1], padding[1][0]:padding[1][0] + x.shape[2]]
 
 
-@pytest.mark.parametrize("shape,window,strides,padding", POOLS)
-def test_the_values_and_the_cpu_gradient_are_nnx_max_pools(shape, window, strides, padding):
-  x = _tied(shape, jnp.float32)
-  ours, theirs = (lambda x: pooling.max_pool(x, window, strides, padding)), _nnx(window, strides, padding)
-  np.testing.assert_array_equal(ours(x), theirs(x))
-  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=theirs(x).shape), jnp.float32)
-  np.testing.assert_array_equal(jax.vjp(ours, x)[1](cotangent)[0], jax.vjp(theirs, x)[1](cotangent)[0])
-
-
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("shape,window,strides,padding", POOLS)
-def test_the_gpu_gradient_is_select_and_scatters_summed_in_float32(shape, window, strides, padding, dtype):
-  """The GPU form: the cotangent of each output at the first maximum of its window, as JAX's gradient
-  places it (the same inputs get a gradient), the overlapping windows' cotangents summed in float32 and
-  rounded once (JAX's scatter adds in the input's dtype, so its bfloat16 sums may differ in the last bit)."""
+def test_the_gradient_is_select_and_scatters_summed_in_float32(shape, window, strides, padding, dtype):
+  """nnx.max_pool's values; its gradient gives the cotangent of each output to the first maximum of its
+  window, as JAX's places it (the same inputs get a gradient), the overlapping windows' cotangents summed
+  in float32 and rounded once (JAX's scatter adds in the input's dtype, so its bfloat16 sums may differ in
+  the last bit)."""
   x = _tied(shape, dtype)
   theirs = _nnx(window, strides, padding)
+  pool = jax.jit(lambda x: pooling.max_pool(x, window, strides, padding))
+  np.testing.assert_array_equal(pool(x), theirs(x))
   cotangent = jnp.asarray(np.abs(np.random.default_rng(2).normal(size=theirs(x).shape)) + 0.1, dtype)  # > 0
-  ours = pooling._gradient_without_scatter((window, strides, padding), x, cotangent)  # pylint: disable=protected-access
+  ours = jax.vjp(pool, x)[1](cotangent)[0]
   assert ours.dtype == dtype and ours.shape == x.shape
   np.testing.assert_array_equal(ours != 0, jax.vjp(theirs, x)[1](cotangent)[0] != 0)
   exact = _exact_gradient(x, cotangent, window, strides, padding)
@@ -71,12 +65,19 @@ def test_the_gpu_gradient_is_select_and_scatters_summed_in_float32(shape, window
     np.testing.assert_allclose(ours, exact, rtol=4e-7)  # three float32 roundings at most
 
 
-def test_only_gpus_are_given_the_gradient_without_select_and_scatter():
-  gradient = jax.grad(lambda x: jnp.sum(pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))))
-  traced = jax.jit(gradient).trace(jnp.ones((2, 9, 9, 3)))
+def test_only_tpus_keep_select_and_scatter():
+  """The TPU form is JAX's own gradient, the same numbers as nnx.max_pool's."""
+  x = _tied((2, 9, 9, 3), jnp.float32)
+  pool = lambda x: pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))  # pylint: disable=unnecessary-lambda-assignment
+  gradient = jax.grad(lambda x: jnp.sum(pool(x)))
+  traced = jax.jit(gradient).trace(x)
   lowered = {platform: traced.lower(lowering_platforms=(platform,)).as_text() for platform in ("cuda", "tpu", "cpu")}
   assert {platform: "select_and_scatter" in text for platform, text in lowered.items()} == {
-      "cuda": False, "tpu": True, "cpu": True}
+      "cuda": False, "tpu": True, "cpu": False}
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, 5, 3)), jnp.float32)
+  theirs = jax.vjp(_nnx((3, 3), (2, 2), ((1, 1), (1, 1))), x)[1](cotangent)[0]
+  np.testing.assert_array_equal(pooling._jax_gradient(((3, 3), (2, 2), ((1, 1), (1, 1))), x, cotangent),  # pylint: disable=protected-access
+                                theirs)
 
 
 def test_a_window_per_spatial_dimension_is_required():
