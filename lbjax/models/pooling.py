@@ -33,7 +33,7 @@ import jax.numpy as jnp
 def max_pool(x: jax.Array, window: Sequence[int], strides: Sequence[int],
              padding: Sequence[tuple[int, int]]) -> jax.Array:
   """`flax.nnx.max_pool(x, window, strides, padding)` on `[batch, *spatial, features]` with explicit
-  padding: the same values and the same gradient, differentiated without a scatter (module doc).
+  padding: the same values; the gradient to the same inputs, without a scatter except on TPUs (module doc).
 
   Raises:
     ValueError: `window`, `strides` and `padding` not one per spatial dimension of `x`.
