@@ -15,7 +15,6 @@ mean is taken over max(sum(mask), 1) entries, i.e. it is 0.
 
 import jax
 import jax.numpy as jnp
-import optax
 
 
 def _check(logits: jax.Array, labels: jax.Array, mask: jax.Array | None, name: str) -> None:
@@ -43,18 +42,32 @@ def _masked_mean(values: jax.Array, mask: jax.Array | None) -> jax.Array:
   return total / jnp.maximum(jnp.sum(keep.astype(jnp.float32)), 1.0)
 
 
+def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """logsumexp(z) - z[y] in float32 as `optax.softmax_cross_entropy_with_integer_labels` (its values bit
+  for bit, its gradient to float32 rounding), with z[y] picked by comparing each class index with y
+  where optax gathers it (`take_along_axis`): the gather's gradient is a scatter-add into a zeroed
+  [..., K] buffer, which XLA runs with atomics on GPUs (or, under `config.deterministic`, in a slower
+  deterministic form), while the comparison's is a select fused with the softmax's. A label outside
+  [0, K) gives NaN, so that the trainer stops at it (optax's gather gives NaN for y >= K but wraps a
+  negative y around to class K + y)."""
+  logits = logits.astype(jnp.float32)
+  classes = logits.shape[-1]
+  picked = jnp.sum(jnp.where(jnp.arange(classes) == labels[..., None], logits, 0.0), axis=-1)
+  picked = jnp.where((labels >= 0) & (labels < classes), picked, jnp.nan)
+  return jax.nn.logsumexp(logits, axis=-1) - picked
+
+
 def per_example_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """ce = logsumexp(z) - z[y] in float32, shape [N] (or [N, T] for sequences)."""
   _check(logits, labels, None, "per_example_cross_entropy")
-  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+  return _cross_entropy(logits, labels)
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array,
                           mask: jax.Array | None = None) -> jax.Array:
   """Mean cross-entropy over the (unmasked) examples or tokens: sum(mask*ce)/sum(mask)."""
   _check(logits, labels, mask, "softmax_cross_entropy")
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
-  return _masked_mean(ce, mask)
+  return _masked_mean(_cross_entropy(logits, labels), mask)
 
 
 def accuracy(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> jax.Array:

@@ -71,7 +71,7 @@ class ClassificationTask:
     mask, labels = batch[protocols.MASK], batch["labels"]
     cross_entropy = models.per_example_cross_entropy(logits, labels)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    sums = {"loss_sum": jnp.sum(cross_entropy * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
+    sums = {"loss_sum": _masked_sum(cross_entropy, mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
     for k in self.dataset.top_k:
       label_logit = jnp.take_along_axis(logits, labels[:, None], axis=-1)
       in_top_k = (jnp.sum(logits > label_logit, axis=-1) < k).astype(jnp.float32)
@@ -111,7 +111,7 @@ class LanguageModelTask:
     logits, carry = model(batch["inputs"], carry, train=False)
     cross_entropy = models.per_example_cross_entropy(logits, batch["targets"])
     mask = batch[protocols.MASK]  # [N, T]: 0 where a window runs past the end of its row
-    return {"loss_sum": jnp.sum(cross_entropy * mask), "count": jnp.sum(mask)}, carry
+    return {"loss_sum": _masked_sum(cross_entropy, mask), "count": jnp.sum(mask)}, carry
 
   def summarize(self, sums):
     loss = sums["loss_sum"] / sums["count"]
@@ -119,6 +119,11 @@ class LanguageModelTask:
 
   def zero_carry(self, model, global_batch_size):
     return jax.tree.map(np.asarray, model.initial_carry(global_batch_size))
+
+
+def _masked_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """sum(mask * values) where a padded entry's value (a NaN from a padding label, say) cannot leak in."""
+  return jnp.sum(jnp.where(mask > 0, values * mask, 0.0))
 
 
 def _stack_option(run_stack) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from lbjax.models import accuracy, per_example_cross_entropy, perplexity, softmax_cross_entropy
@@ -76,3 +78,23 @@ def test_validation(fn):
 def test_mask_validation(fn):
   with pytest.raises(ValueError, match=r"mask of the labels' shape \[2\], got shape \(2, 1\)"):
     fn(LOGITS, LABELS, jnp.ones((2, 1)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_cross_entropy_is_optaxs(dtype):
+  """The label's logit is picked by a comparison, not gathered (no scatter in the gradient): optax's
+  value bit for bit, its gradient to float32 rounding (XLA fuses the two differently); a label outside
+  [0, K) gives NaN (optax's gather wraps a negative one around)."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(6, 5, 11)) * 4, dtype)
+  labels = jnp.asarray(rng.integers(0, 11, size=(6, 5)))
+  ours = jax.jit(jax.value_and_grad(lambda z: jnp.sum(jnp.sin(per_example_cross_entropy(z, labels)))))
+  theirs = jax.jit(jax.value_and_grad(lambda z: jnp.sum(jnp.sin(
+      optax.softmax_cross_entropy_with_integer_labels(z.astype(jnp.float32), labels)))))
+  (value, gradient), (optax_value, optax_gradient) = ours(logits), theirs(logits)
+  np.testing.assert_array_equal(value, optax_value)
+  np.testing.assert_allclose(np.asarray(gradient, np.float32), np.asarray(optax_gradient, np.float32), rtol=1e-6,
+                             atol=1e-7)
+  outside = labels.at[0, 0].set(11).at[1, 1].set(-1)  # optax's gather: NaN and the last class
+  ce = per_example_cross_entropy(logits, outside)
+  assert np.isnan(ce[0, 0]) and np.isnan(ce[1, 1]) and np.isfinite(ce).sum() == ce.size - 2
