@@ -23,6 +23,7 @@ cores, noisy).
 """
 
 import functools
+import itertools
 from typing import Sequence
 
 import jax
@@ -65,19 +66,10 @@ def _window_views(x: jax.Array, output_shape, window, strides, padding):
   """For each window position k (row-major), x at the output grid's k-th window elements (padded with -inf)."""
   padded = jnp.pad(x, ((0, 0), *padding, (0, 0)), constant_values=-jnp.inf)
   outputs = output_shape[1:-1]
-  for offsets in _positions(window):
+  for offsets in itertools.product(*map(range, window)):  # row-major
     starts = (0, *offsets, 0)
     limits = (x.shape[0], *(o + s * (n - 1) + 1 for o, s, n in zip(offsets, strides, outputs)), x.shape[-1])
     yield offsets, lax.slice(padded, starts, limits, (1, *strides, 1))
-
-
-def _positions(window):
-  if not window:
-    yield ()
-    return
-  for first in range(window[0]):
-    for rest in _positions(window[1:]):
-      yield (first, *rest)
 
 
 def _max_pool_backward(pool, x, cotangent):
