@@ -421,13 +421,16 @@ STEP_OPTIMIZERS = {  # row -> the optimizer section, from the config's
     "lbjax lars, flat layout (the config's)": lambda section: {**section, "layout": "flat"},
     "momentum SGD (lbjax momentum)": lambda section: {"name": "momentum", "momentum": 0.9},
 }
+# The step rows compiled once more with the train state in the layouts XLA prefers (workloads.STATE_LAYOUTS).
+STEP_ROWS_IN_XLA_LAYOUTS = ("lbjax lars (the config's)", "momentum SGD (lbjax momentum)")
 
 
 def gpu_step_kernel_counts(target):
   """Rows: the kernels of the trainer's ResNet-50 train step (`STEP_CONFIG`) compiled for the deviceless
   GPU `target` with LARS (per leaf and in the flat layout) and with momentum SGD: what the optimizer adds
-  inside the step."""
-  from lbjax import config_files  # pylint: disable=import-outside-toplevel  (the trainer: only for this row)
+  inside the step; and `STEP_ROWS_IN_XLA_LAYOUTS` with the state in the layouts XLA prefers."""
+  from benchmarks import workloads  # pylint: disable=import-outside-toplevel  (the trainer: only for these rows)
+  from lbjax import config_files  # pylint: disable=import-outside-toplevel
   from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
   devices = gpu_targets.devices(target)
   rows = []
@@ -435,9 +438,13 @@ def gpu_step_kernel_counts(target):
     config = config_files.load(*STEP_CONFIG).config
     config.optimizer = section(config.optimizer.to_dict())
     train = compile_only.abstract_run(config, devices).programs[0]
-    compiled, _ = compile_only.compile_program(train)
-    rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", name, kernel_count(compiled)])
-    print(rows[-1], flush=True)
+    variants = {name: train}
+    if name in STEP_ROWS_IN_XLA_LAYOUTS:
+      variants[f"{name}, state in XLA's layouts"] = workloads.with_state_layouts_chosen_by_xla(train)
+    for row_name, program in variants.items():
+      compiled, _ = compile_only.compile_program(program)
+      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, kernel_count(compiled)])
+      print(rows[-1], flush=True)
   return rows
 
 
@@ -458,7 +465,11 @@ this tree. bfloat16 LAMB moments add kernels on the GPU (436 vs 289; 132 of them
 bfloat16 moment leaves). The train-step rows (`--step-kernels`) compile the trainer's whole ResNet-50
 step (bfloat16, batch 256 on one GPU, no accumulation loop) with the config's LARS in both layouts and
 with momentum SGD: what LARS adds to the launches of a step (issue 29's target there: at most 1.02x the
-momentum step's time)."""
+momentum step's time). "State in XLA's layouts": the same step compiled with `Layout.AUTO` for the train
+state (`benchmarks.workloads.STATE_LAYOUTS`; the trainer places it row-major): XLA then keeps the 4-d
+convolution kernels and their optimizer state in cuDNN's OHWI order (O the major dimension) instead of
+transposing them between the parameters' HWIO and OHWI around the convolutions. The suite's
+`step_options` part times both (`--compare-state-layouts`)."""
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ apply and each has the accelerator's memory to itself:
          `Run` the trainer drives) called back to back on one batch already on the device, in
          `--rounds` rounds of `--step-repeats` steps; with `--compare-momentum` the same step with
          LARS in the flat layout (`optimizer.layout=flat`) and with momentum SGD in the same rounds
-         (the LARS / momentum ratio of issue 29, per leaf and flat).
+         (the LARS / momentum ratio of issue 29, per leaf and flat); with `--compare-state-layouts` the
+         same step with its state in the layouts XLA prefers for it (`workloads.STATE_LAYOUTS`).
   loop   the real trainer, `python -m lbjax.main --config resnet50_imagenet:batch=B` (LARS, bf16,
          LEGW recipe) on that data, decoded by `--decode-workers` grain worker processes: the
          whole loop (stream, placement, metrics, hooks), no checkpoint and no evaluation in the
@@ -23,8 +24,8 @@ Reported: images/s of the step and of the loop, and the loop's fraction of the s
 run appends one JSON line to `--results`; `--table FILE` writes the README section from such a file.
 
     python -m benchmarks.resnet50_end_to_end [--batch-per-device 256] [--decode-workers 14]
-        [--xla-flags FLAGS] [--max-device-batch 0] [--compare-momentum] [--step-only]
-        [--override --config.FIELD=VALUE ...] [--results FILE]
+        [--xla-flags FLAGS] [--max-device-batch 0] [--compare-momentum] [--compare-state-layouts]
+        [--step-only] [--override --config.FIELD=VALUE ...] [--results FILE]
     python -m benchmarks.resnet50_end_to_end --dry-run    # the same path at tiny sizes on a CPU
     python -m benchmarks.resnet50_end_to_end --table FILE [--no-readme]
 
@@ -137,8 +138,10 @@ def _environment(args) -> dict[str, str]:
   return env
 
 
-def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, momentum: bool) -> dict:
-  """Runs in the step process: the trainer's compiled step (and momentum SGD's) on a placed batch."""
+def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, momentum: bool,
+                 state_layouts: bool = False) -> dict:
+  """Runs in the step process: the trainer's compiled step (and momentum SGD's, and the step with the
+  state in XLA's layouts) on a placed batch."""
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
   from benchmarks import report  # pylint: disable=import-outside-toplevel
@@ -152,6 +155,8 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
       other = ml_collections.ConfigDict(config.to_dict())
       other.optimizer = section
       steps[name] = workloads.TrainerStep(other)
+  if state_layouts:
+    steps["lars_xla_layouts"] = workloads.TrainerStep(config, state_layouts="xla")
   try:
     times = report.round_seconds(steps, rounds=rounds, repeats=repeats)
   finally:
@@ -163,6 +168,8 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
   if momentum:
     for name, baseline in (("lars", "momentum"), ("lars_flat", "momentum"), ("lars_flat", "lars")):
       result[f"{name}_over_{baseline}"] = report.paired_ratios(times, name, baseline).format(digits=3)
+  if state_layouts:
+    result["lars_xla_layouts_over_lars"] = report.paired_ratios(times, "lars_xla_layouts", "lars").format(digits=3)
   return result
 
 
@@ -218,7 +225,8 @@ def measure_loop(args, spec: str, overrides: list[str], env: dict[str, str], wor
 def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str]) -> dict:
   command = [sys.executable, "-m", "benchmarks.resnet50_end_to_end", "--measure-step", spec,
              f"--rounds={args.rounds}", f"--step-repeats={args.step_repeats}"]
-  command += ["--compare-momentum"] * args.compare_momentum + ["--", *overrides]
+  command += ["--compare-momentum"] * args.compare_momentum + ["--compare-state-layouts"] * args.compare_state_layouts
+  command += ["--", *overrides]
   done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.step_timeout, check=False)
   lines = [line for line in done.stdout.splitlines() if line.startswith(STEP_RESULT)]
   if done.returncode or not lines:
@@ -250,6 +258,8 @@ def measure(args) -> dict:
     row["momentum_step_images_per_second"] = batch / step["step_seconds"]["momentum"]
     for ratio in ("lars_over_momentum", "lars_flat_over_momentum", "lars_flat_over_lars"):
       row[ratio] = step[ratio]
+  if args.compare_state_layouts:
+    row["lars_xla_layouts_over_lars"] = step["lars_xla_layouts_over_lars"]
   if args.results:
     with open(args.results, "a") as f:
       f.write(json.dumps(row) + "\n")
@@ -262,11 +272,12 @@ def table(rows: list[dict]) -> str:
             r["max_device_batch"], " ".join(r["overrides"]), f"{r['step_images_per_second']:,.0f}",
             f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
             f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", ""),
-            r.get("lars_flat_over_momentum", "")]
+            r.get("lars_flat_over_momentum", ""), r.get("lars_xla_layouts_over_lars", "")]
            for r in rows]
   return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
                                 "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
-                                "LARS / momentum step time", "LARS flat layout / momentum step time"], lines)
+                                "LARS / momentum step time", "LARS flat layout / momentum step time",
+                                "XLA's state layouts / row-major step time"], lines)
 
 
 def row_command(row: dict) -> str:
@@ -278,6 +289,8 @@ def row_command(row: dict) -> str:
   words += [f"--override={override}" for override in row["overrides"]]
   if "lars_over_momentum" in row:
     words.append("--compare-momentum")
+  if "lars_xla_layouts_over_lars" in row:
+    words.append("--compare-state-layouts")
   if "loop_images_per_second" not in row:
     words.append("--step-only")
   return " ".join(words)
@@ -301,8 +314,10 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
            "`python -m lbjax.main --config resnet50_imagenet:batch=B` on ImageNet-like JPEGs (TFDS imagenet2012 "
            "written on the machine), decoded at reduced DCT scale by grain worker processes; the rate is the mean "
            "over the timed windows after the warm-up windows, no checkpoint or evaluation among them. LARS / "
-           "momentum (LARS per leaf, and in the flat layout, `optimizer.layout=flat`): per-round ratio of step "
-           "times in the same rounds, median [quartiles]. Each row's windows are in the results file.")
+           "momentum (LARS per leaf, and in the flat layout, `optimizer.layout=flat`), and XLA's state layouts / "
+           "row-major (the step compiled with `Layout.AUTO` for the state, which is placed in what XLA chose; the "
+           "trainer places it row-major): per-round ratio of step times in the same rounds, median [quartiles]. "
+           "Each row's windows are in the results file.")
   body = (f"Rows, in order (`bash benchmarks/gpu_suite.sh` runs them on the device machine; `--unpack` adds its "
           f"rows to `{results}` and writes this section with `python -m benchmarks.resnet50_end_to_end --table "
           f"{results}`; what each part does: the module's docstring):\n\n{commands}\n\n"
@@ -322,6 +337,9 @@ def main() -> None:
                       help="config.max_device_batch (0: the whole per-device batch in one pass; the config's is 128)")
   parser.add_argument("--compare-momentum", action="store_true",
                       help="also time the step with LARS in the flat layout and with momentum SGD")
+  parser.add_argument("--compare-state-layouts", action="store_true",
+                      help="also time the step with the train state in the layouts XLA prefers for it "
+                           "(benchmarks.workloads.STATE_LAYOUTS; the trainer places it row-major)")
   parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
   parser.add_argument("--override", action="append", default=[],
                       help="one more --config.<field>=<value> for the step and the trainer, written "
@@ -349,7 +367,8 @@ def main() -> None:
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the `finally`s stop the children
   if args.measure_step:
     overrides = [a for a in rest if a != "--"]
-    result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum)
+    result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum,
+                          args.compare_state_layouts)
     print(STEP_RESULT + json.dumps(result), flush=True)
     return
   if rest:

@@ -5,14 +5,23 @@ twin (no files needed); `TrainerStep` is the trainer's own compiled step (built 
 `lbjax.train.run.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and
 `HandStep` the minimal `jax.jit` step a user would write for the same model, loss and optimizer
 (nnx.split/merge + optax, donated buffers); `TrainerCall` the trainer's program of k steps.
+
+`STATE_LAYOUTS`: how the train state sits in device memory. "default": row-major, as the trainer places
+it. "xla": the layouts XLA's layout assignment prefers for the step, which it picks when the step is
+compiled with `Layout.AUTO` for the state (an experiment of issue 29: on a GPU XLA then keeps the 4-d
+convolution kernels and their optimizer state in cuDNN's OHWI order instead of transposing them around
+every convolution; the trainer does not do this).
 """
 
 import contextlib
+import dataclasses
 from typing import Any
 from unittest import mock
 
 from flax import nnx
 import jax
+from jax.experimental.layout import Format
+from jax.experimental.layout import Layout
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -31,6 +40,21 @@ MODEL_CLASSES = {"mnist_lstm": "MnistLSTM", "ptb_lstm": "PtbLSTM", "resnet_tiny"
                  "resnet18": "ResNet18", "resnet50": "ResNet50"}
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9
+STATE_LAYOUTS = ("default", "xla")
+
+
+def layouts_chosen_by_xla(shardings: Any) -> Any:
+  """`shardings` (a tree of them) as `in_shardings`/`out_shardings` that leave each array's layout to XLA."""
+  return jax.tree.map(lambda sharding: Format(Layout.AUTO, sharding), shardings)
+
+
+def with_state_layouts_chosen_by_xla(program: Any) -> Any:
+  """A `lbjax.train.compile_only.Program` of a train step (state, batch, learning rate) -> (state,
+  metrics) whose state, in and out, is laid out as XLA prefers (`STATE_LAYOUTS`)."""
+  state_in, *other_in = program.in_shardings
+  state_out, *other_out = program.out_shardings
+  return dataclasses.replace(program, in_shardings=(layouts_chosen_by_xla(state_in), *other_in),
+                             out_shardings=(layouts_chosen_by_xla(state_out), *other_out))
 
 
 def trainer_config(model: str, batch_size: int, *, num_train_examples: int = 4096,
@@ -75,7 +99,10 @@ def trainer_config(model: str, batch_size: int, *, num_train_examples: int = 409
 class TrainerStep:
   """The trainer's compiled step for one config, ready to call repeatedly on one placed batch."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, config: ml_collections.ConfigDict, state_layouts: str = "default"):
+    if state_layouts not in STATE_LAYOUTS:
+      raise ValueError(f"state_layouts must be one of {', '.join(STATE_LAYOUTS)}, got {state_layouts!r}.")
+    self.state_layouts = state_layouts
     self.run = run_lib.Run(config)
     self.batch_size = config.batch_size
     self.state = self.run.state
@@ -87,18 +114,25 @@ class TrainerStep:
     self.batch = run_lib.global_batch(local, self.run.parts.batch_sharding)
     self.learning_rate = run_lib.host_scalar(LEARNING_RATE, self.run.parts.replicated)
     self.compiled = self.compile()
+    if state_layouts == "xla":  # once, before timing: the state moved into the layouts the step was compiled for
+      self.state = jax.device_put(self.state, self.compiled.input_formats[0][0])
 
   def compile(self) -> jax.stages.Compiled:
     """Compiles the step as `Run.train_step` does: `make_train_step` with the run's micro-batch
-    count, jitted with the state's and batch's shardings and the state donated."""
+    count, jitted with the state's and batch's shardings and the state donated (with
+    `state_layouts="xla"`, the state in and out in the layouts XLA chooses)."""
     run = self.run
     step = train_step_lib.make_train_step(run.parts.graphdef, run.task, run.parts.optimizer, run.mesh,
                                           run.resolved.batch.num_microbatches(self.batch_size, run.data_parallel_size))
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+    state = self.state
+    if self.state_layouts == "xla":  # lowered with shapes: an array's own layout would contradict AUTO
+      state_shardings = layouts_chosen_by_xla(state_shardings)
+      state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     batch_shardings = jax.tree.map(lambda x: x.sharding, self.batch)
     return jax.jit(step, in_shardings=(state_shardings, batch_shardings, run.parts.replicated),
                    out_shardings=(state_shardings, run.parts.replicated), donate_argnums=(0,),
-                   ).lower(self.state, self.batch, self.learning_rate).compile()
+                   ).lower(state, self.batch, self.learning_rate).compile()
 
   def __call__(self) -> Any:
     """One step on the fixed batch; returns the metrics (device arrays)."""

@@ -35,6 +35,9 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
           {**common, "batch_per_device": 384, "xla_flags": "latency_hiding", "max_device_batch": 128,
            "overrides": ["--config.deterministic=True"], "measured_at": "2026-11-27 08:49 UTC",
            "step_images_per_second": 4500.0},
+          {**common, "batch_per_device": 256, "xla_flags": "default", "overrides": [],
+           "measured_at": "2026-11-28 08:45 UTC", "step_images_per_second": 6500.0,
+           "lars_xla_layouts_over_lars": "0.980 [0.975, 0.985]"},
           {**common, "dry_run": True, "batch_per_device": 8, "xla_flags": "default", "overrides": [],
            "measured_at": "2026-11-27 09:00 UTC", "step_images_per_second": 1.0}]
   results = tmp_path / "e2e.jsonl"
@@ -44,6 +47,10 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
   assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-momentum\n" in body
           and "--batch-per-device 384 --decode-workers 14 --xla-flags latency_hiding --max-device-batch 128 "
               "--override=--config.deterministic=True --step-only\n" in body)
-  assert "Machines: 1 x NVIDIA H200, jax 0.11.2, 16 CPU cores (2026-11-27 08:45 UTC, 2026-11-27 08:49 UTC)\n" in body
-  assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |" in body
+  assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-state-layouts --step-only\n"
+          in body)
+  assert ("Machines: 1 x NVIDIA H200, jax 0.11.2, 16 CPU cores (2026-11-27 08:45 UTC, 2026-11-27 08:49 UTC, "
+          "2026-11-28 08:45 UTC)\n" in body)
+  assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |  |" in body
+  assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] |" in body
   assert "| 4,500 | (step only) |" in body and "--batch-per-device 8 " not in body  # the dry run is left out
