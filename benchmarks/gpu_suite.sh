@@ -18,8 +18,9 @@
 #                  also with 10 steps per device call (config.steps_per_call) and that program alone
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
 #                  and optax's
-#   step_options   the ResNet-50 step alone, as configured (and, in the same rounds, with the state in the
-#                  layouts XLA prefers: --compare-state-layouts) and with each switch that trades speed for
+#   step_options   the ResNet-50 step alone, as configured and with LARS in the flat layout (each also, in the
+#                  same rounds, with the state in the layouts XLA prefers: --compare-state-layouts) and with
+#                  each switch that trades speed for
 #                  numerics: --config.deterministic=True (issue 30),
 #                  --config.model_options.param_dtype_gradients=True (float32 kernel gradients) and
 #                  --config.model_options.bn_group_size=256 (BN over the device's batch, not ghost BN 32),
@@ -61,7 +62,7 @@ LIMIT_INSTALL=60
 LIMIT_E2E_POINT=200
 LIMIT_LOOP=240
 LIMIT_OPTIMIZER=180
-LIMIT_STEP_OPTIONS=300
+LIMIT_STEP_OPTIONS=360
 LIMIT_MAX_POOL=60
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
   LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
@@ -206,8 +207,10 @@ step_options_part() {
   local size=() option
   local batch=256 half=128  # the step's batch per device; the config's own max_device_batch (two halves)
   [ "$MODE" = dry-run ] && size=(--dry-run) batch=8 half=8  # ghost BN 8 there: no halves, the path only
-  # the first: as configured, and in the same rounds with the state in XLA's layouts (--compare-state-layouts)
+  # the first two: as configured and with LARS in the flat layout, each in the same rounds with the state in
+  # XLA's layouts (--compare-state-layouts; the flat layout with XLA's layouts compiles to the fewest kernels)
   for option in "--compare-state-layouts --override=--config.deterministic=False" \
+      "--compare-state-layouts --override=--config.optimizer.layout=flat" \
       --override=--config.deterministic=True \
       --override=--config.model_options.param_dtype_gradients=True \
       "--override=--config.model_options.bn_group_size=$batch" "--max-device-batch=$half"; do

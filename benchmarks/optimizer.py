@@ -421,14 +421,12 @@ STEP_OPTIMIZERS = {  # row -> the optimizer section, from the config's
     "lbjax lars, flat layout (the config's)": lambda section: {**section, "layout": "flat"},
     "momentum SGD (lbjax momentum)": lambda section: {"name": "momentum", "momentum": 0.9},
 }
-# The step rows compiled once more with the train state in the layouts XLA prefers (workloads.STATE_LAYOUTS).
-STEP_ROWS_IN_XLA_LAYOUTS = ("lbjax lars (the config's)", "momentum SGD (lbjax momentum)")
 
 
 def gpu_step_kernel_counts(target):
   """Rows: the kernels of the trainer's ResNet-50 train step (`STEP_CONFIG`) compiled for the deviceless
   GPU `target` with LARS (per leaf and in the flat layout) and with momentum SGD: what the optimizer adds
-  inside the step; and `STEP_ROWS_IN_XLA_LAYOUTS` with the state in the layouts XLA prefers."""
+  inside the step; each also with the train state in the layouts XLA prefers (`workloads.STATE_LAYOUTS`)."""
   from benchmarks import workloads  # pylint: disable=import-outside-toplevel  (the trainer: only for these rows)
   from lbjax import config_files  # pylint: disable=import-outside-toplevel
   from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
@@ -438,9 +436,7 @@ def gpu_step_kernel_counts(target):
     config = config_files.load(*STEP_CONFIG).config
     config.optimizer = section(config.optimizer.to_dict())
     train = compile_only.abstract_run(config, devices).programs[0]
-    variants = {name: train}
-    if name in STEP_ROWS_IN_XLA_LAYOUTS:
-      variants[f"{name}, state in XLA's layouts"] = workloads.with_state_layouts_chosen_by_xla(train)
+    variants = {name: train, f"{name}, state in XLA's layouts": workloads.with_state_layouts_chosen_by_xla(train)}
     for row_name, program in variants.items():
       compiled, _ = compile_only.compile_program(program)
       rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, kernel_count(compiled)])
