@@ -42,3 +42,17 @@ def test_the_step_with_the_state_in_xlas_layouts_trains_as_the_trainer_step():
 def test_the_state_layouts_are_checked():
   with pytest.raises(ValueError, match="state_layouts must be one of default, xla"):
     workloads.TrainerStep(workloads.trainer_config("mnist_lstm", 8, num_train_examples=64), state_layouts="auto")
+
+
+def test_a_program_with_xlas_state_layouts_leaves_only_the_state_s_layouts_to_xla():
+  from jax.experimental.layout import Format, Layout
+  from lbjax.train import compile_only
+  config = workloads.trainer_config("mnist_lstm", 8, num_train_examples=64)
+  program = compile_only.abstract_run(config, jax.devices()[:1]).programs[0]
+  chosen = workloads.with_state_layouts_chosen_by_xla(program)
+  for tree in (chosen.in_shardings[0], chosen.out_shardings[0]):
+    formats = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Format))
+    assert formats and all(isinstance(f, Format) and f.layout == Layout.AUTO for f in formats)
+  assert chosen.in_shardings[1:] == program.in_shardings[1:] and chosen.out_shardings[1:] == program.out_shardings[1:]
+  compiled, _ = compile_only.compile_program(chosen)
+  assert len(jax.tree.leaves(compiled.input_formats[0][0])) == len(jax.tree.leaves(program.in_shardings[0]))
