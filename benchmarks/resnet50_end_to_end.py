@@ -299,6 +299,9 @@ def row_command(row: dict) -> str:
 def write_table(results: pathlib.Path, no_readme: bool) -> None:
   """The README section from every measured row of `results` (rows may come from several GPU sessions)."""
   from benchmarks import report  # pylint: disable=import-outside-toplevel
+  if not results.is_file():
+    raise SystemExit(f"--table {results}: no such file; --table reads a results file that --results wrote "
+                     f"(the GPU suite keeps them in benchmarks/resnet50_end_to_end.jsonl) and measures nothing.")
   rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
   rows = [r for r in rows if not r["dry_run"]]
   if not rows:

@@ -54,3 +54,8 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
   assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |  |" in body
   assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] |" in body
   assert "| 4,500 | (step only) |" in body and "--batch-per-device 8 " not in body  # the dry run is left out
+
+
+def test_a_missing_results_file_for_the_table_is_named_without_a_traceback(tmp_path):
+  with pytest.raises(SystemExit, match="no such file; --table reads a results file that --results wrote"):
+    resnet50_end_to_end.write_table(tmp_path / "missing.jsonl", no_readme=True)
