@@ -227,7 +227,12 @@ def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str])
              f"--rounds={args.rounds}", f"--step-repeats={args.step_repeats}"]
   command += ["--compare-momentum"] * args.compare_momentum + ["--compare-state-layouts"] * args.compare_state_layouts
   command += ["--", *overrides]
-  done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.step_timeout, check=False)
+  try:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.step_timeout, check=False)
+  except subprocess.TimeoutExpired as e:
+    raise SystemExit(f"The step process (compiling and timing {spec}) ran past --step-timeout "
+                     f"{args.step_timeout:.0f} s and was stopped; give it more (a CPU compiles ResNet-50 for "
+                     f"minutes) or fewer --rounds/--step-repeats.") from e
   lines = [line for line in done.stdout.splitlines() if line.startswith(STEP_RESULT)]
   if done.returncode or not lines:
     raise RuntimeError(f"The step process failed (status {done.returncode}):\n{done.stderr[-3000:]}")
