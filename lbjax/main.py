@@ -117,7 +117,9 @@ def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str]) -
 
 
 def _check_workdir(workdir: str) -> None:
-  """A workdir is a directory, new or holding a run: a file at its path, or above it, is a user error."""
+  """A workdir is a directory, new or holding a run, that this process can write: a file at its path or
+  above it, or a directory the system refuses to create or write (a read-only or virtual file system,
+  no permission), is a user error. Creates the directory."""
   path = pathlib.Path(workdir)
   for candidate in (path, *path.parents):
     if candidate.exists() and not candidate.is_dir():
@@ -125,7 +127,15 @@ def _check_workdir(workdir: str) -> None:
       raise ConfigError(f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to "
                         "resume.")
     if candidate.exists():
-      return
+      break
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"--workdir {workdir!r} cannot be created: {e.strerror}. Name a directory this process can "
+                      "create and write.") from e
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ConfigError(f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and "
+                      "lock go there. Name a directory it can write, or change its permissions.")
 
 
 def _compile_only(args, loaded: config_files.LoadedConfig) -> int:

@@ -128,3 +128,21 @@ def test_a_workdir_that_is_a_file_is_a_two_line_message(tmp_path, under):
       + ", not a directory: name a new directory or one holding a run to resume.",
       "(Set LBJAX_TRACEBACK=1 for the traceback.)"]
   assert existing.read_text() == "not a run"
+
+
+def test_a_workdir_the_system_refuses_is_named_before_training(tmp_path, monkeypatch):
+  def refuse(self, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", str(self))
+
+  monkeypatch.setattr(cli.pathlib.Path, "mkdir", refuse)
+  with pytest.raises(cli.ConfigError, match=r"--workdir '.*new' cannot be created: Permission denied\. Name a "):
+    cli._check_workdir(str(tmp_path / "new"))  # pylint: disable=protected-access
+  monkeypatch.undo()
+  monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+  with pytest.raises(cli.ConfigError, match="is not writable by this process: the run's checkpoints"):
+    cli._check_workdir(str(tmp_path))  # pylint: disable=protected-access
+
+
+def test_a_new_workdir_is_created_before_training(tmp_path):
+  cli._check_workdir(str(tmp_path / "a" / "run"))  # pylint: disable=protected-access
+  assert (tmp_path / "a" / "run").is_dir()
