@@ -53,15 +53,19 @@ def training_devices() -> str:
 
 
 def write_csv(path: str | pathlib.Path, fields: Sequence[str], rows: Sequence[Any]) -> None:
-  """`path` as a CSV of `fields` (attributes of each row), replaced atomically: a reader, such as another
-  process sharing a table, never sees half a file."""
+  """`path` as a CSV of `fields` (attributes of each row), replaced atomically (`write_csv_rows`)."""
+  write_csv_rows(path, fields, [[getattr(row, field) for field in fields] for row in rows])
+
+
+def write_csv_rows(path: str | pathlib.Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+  """`path` as a CSV of `header` and `rows` (lists of cells), replaced atomically: a reader, such as
+  another process sharing a table, never sees half a file."""
   path = pathlib.Path(path)
   partial = path.with_suffix(path.suffix + ".partial")
   with open(partial, "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(fields)
-    for row in rows:
-      writer.writerow([getattr(row, field) for field in fields])
+    writer.writerow(header)
+    writer.writerows(rows)
   os.replace(partial, path)
 
 

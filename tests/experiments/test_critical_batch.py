@@ -7,7 +7,12 @@ import pathlib
 
 import pytest
 
-from experiments import critical_batch
+from experiments import run_records
+from experiments.critical_batch import branches
+from experiments.critical_batch import cli
+from experiments.critical_batch import grid
+from experiments.critical_batch import measure
+from experiments.critical_batch import warmup
 from lbjax.train import optimizer as optimizer_lib
 
 TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
@@ -17,20 +22,20 @@ REFERENCE = f"{TINY}:run=legw,large_batch=16,epochs=1"
 
 
 def _measure(tmp_path, *extra):
-  critical_batch.main(["measure", "--config", REFERENCE, "--checkpoints", "0,0.5", "--batch_sizes", "16,32,64",
-                       "--budget_epochs", "0.5", "--tolerance", "0.05", "--out", str(tmp_path / "cbs"),
-                       "--workdir", str(tmp_path / "runs"), *extra])
+  cli.main(["measure", "--config", REFERENCE, "--checkpoints", "0,0.5", "--batch_sizes", "16,32,64",
+            "--budget_epochs", "0.5", "--tolerance", "0.05", "--out", str(tmp_path / "cbs"),
+            "--workdir", str(tmp_path / "runs"), *extra])
   with open(tmp_path / "cbs_branches.csv", newline="") as f:
     return list(csv.DictReader(f))
 
 
 def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrained(tmp_path):
-  branches = _measure(tmp_path)
-  assert len(branches) == 6 and {int(b["examples"]) for b in branches} == {128}
-  assert {(int(b["batch_size"]), int(b["updates"])) for b in branches} == {(16, 8), (32, 4), (64, 2)}
-  curve = critical_batch.run_records.eval_curve(tmp_path / "runs" / "reference")
+  recorded = _measure(tmp_path)
+  assert len(recorded) == 6 and {int(b["examples"]) for b in recorded} == {128}
+  assert {(int(b["batch_size"]), int(b["updates"])) for b in recorded} == {(16, 8), (32, 4), (64, 2)}
+  curve = run_records.eval_curve(tmp_path / "runs" / "reference")
   evals = {round(r["epoch"], 3): r["loss"] for r in curve}
-  reference = {float(b["checkpoint_epoch"]): float(b["loss"]) for b in branches if b["batch_size"] == "16"}
+  reference = {float(b["checkpoint_epoch"]): float(b["loss"]) for b in recorded if b["batch_size"] == "16"}
   # The B0 branch of 128 examples from epoch 0 (0.5) is the reference run itself at epoch 0.5 (1.0).
   assert reference[0.0] == pytest.approx(evals[0.5], rel=1e-5)
   assert reference[0.5] == pytest.approx(evals[1.0], rel=1e-5)
@@ -41,13 +46,13 @@ def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrai
   assert [r["checkpoint_epoch"] for r in rows] == ["0.0", "0.5"]
   assert all(int(r["critical_batch_size"]) in (16, 32, 64) and float(r["noise_scale"]) != 0 for r in rows)
 
-  kept = [b for b in branches if not (b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")]
+  kept = [b for b in recorded if not (b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")]
   with open(tmp_path / "cbs_branches.csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(branches[0]))
+    writer = csv.DictWriter(f, fieldnames=list(recorded[0]))
     writer.writeheader()
     writer.writerows(kept)
   again = _measure(tmp_path)
-  lost = next(b for b in branches if b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")
+  lost = next(b for b in recorded if b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")
   retrained = next(b for b in again if b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")
   assert float(retrained["loss"]) == pytest.approx(float(lost["loss"]), rel=1e-5)
   assert [b for b in again if b is not retrained] == [b for b in kept]
@@ -57,20 +62,20 @@ def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrai
     ({16: 1.0, 32: 1.01, 64: 1.5}, 32), ({16: 1.0, 32: 1.5, 64: 1.0}, 16), ({16: 1.0, 32: 0.9, 64: 1.02}, 64),
     ({16: 1.0, 32: float("inf"), 64: 1.0}, 16)])
 def test_the_cbs_is_the_largest_batch_with_every_smaller_one_within_the_tolerance(losses, critical):
-  assert critical_batch.critical_batch_size(losses, tolerance=0.02) == critical
+  assert measure.critical_batch_size(losses, tolerance=0.02) == critical
 
 
 def test_the_warmup_never_shrinks_stays_in_bounds_and_stops_at_the_end_of_training():
   curve = [(0.0, 8), (0.25, 64), (0.5, 32), (1.0, 512), (2.0, 1024)]
-  assert critical_batch.warmup_schedule(curve, 16, 256, num_epochs=2.0) == ((16, 64, 256), (0.25, 1.0))
+  assert warmup.warmup_schedule(curve, 16, 256, num_epochs=2.0) == ((16, 64, 256), (0.25, 1.0))
 
 
 def test_the_warmup_lr_at_each_batch_is_the_branch_lr_at_that_batch():
-  config = critical_batch.load_config(REFERENCE)
-  schedule = critical_batch.rule_at_batch_in_force(config.lr.base, batch_sizes=(16, 64), boundaries=(0.25,),
-                                                    recipe=critical_batch.recipe_json(config))
+  config = grid.load_config(REFERENCE)
+  schedule = warmup.rule_at_batch_in_force(config.lr.base, batch_sizes=(16, 64), boundaries=(0.25,),
+                                           recipe=warmup.recipe_json(config))
   for epoch, batch in ((0.05, 16), (0.2, 16), (0.3, 64), (0.6, 64), (0.9, 64)):
-    branch = optimizer_lib.learning_rate_schedule(critical_batch.at_batch(config, batch))
+    branch = optimizer_lib.learning_rate_schedule(grid.at_batch(config, batch))
     assert schedule(epoch) == pytest.approx(branch(epoch)), (epoch, batch)
 
 
@@ -78,25 +83,25 @@ def test_the_warmup_comparison_trains_every_run_and_reports_validation_and_test(
   table = tmp_path / "cbs.csv"
   table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.0,1.0,1.5,16\n"
                    "0.5,1.0,1.04,16\n")
-  assert critical_batch.read_cbs_curve(table) == [(0.0, 16), (0.5, 16)]
-  critical_batch.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--tolerance", "0.05",
-                       "--seeds", "0", "--targets", "0.0", "--out", str(tmp_path / "warmup"),
-                       "--workdir", str(tmp_path / "runs")])
+  assert measure.read_cbs_curve(table) == [(0.0, 16), (0.5, 16)]
+  cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--tolerance", "0.05",
+            "--seeds", "0", "--targets", "0.0", "--out", str(tmp_path / "warmup"),
+            "--workdir", str(tmp_path / "runs")])
   page = (tmp_path / "warmup.md").read_text()
   assert "16 from epoch 0 → 32 from epoch 0.5" in page
   assert "## Target: the baseline's final test accuracy" in page and "## Target: a fixed test accuracy, 0.00%" in page
-  for run in critical_batch.WARMUP_RUNS:
+  for run in warmup.WARMUP_RUNS:
     assert page.count(f"| {run} | 1/1 |") == 2
   assert "| baseline | 1/1 |" in page.split("## Target: a fixed")[1] and "(0 of 1)" not in page.split("a fixed")[1]
-  sizes = {r["batch_size"] for r in critical_batch.run_records.read_records(tmp_path / "runs" / "cbs_warmup_seed0",
+  sizes = {r["batch_size"] for r in run_records.read_records(tmp_path / "runs" / "cbs_warmup_seed0",
                                                                            "train")}
   assert sizes == {16, 32}
 
 
 def test_a_grid_that_does_not_fit_the_reference_is_refused_before_training():
-  config = critical_batch.load_config(REFERENCE)
+  config = grid.load_config(REFERENCE)
   with pytest.raises(ValueError) as error:
-    critical_batch.make_grid(config, (0.0, 0.3, 2.0), (32, 24), 0.5, -1.0, (1.0,), 256)
+    grid.make_grid(config, (0.0, 0.3, 2.0), (32, 24), 0.5, -1.0, (1.0,), 256)
   message = str(error.value)
   for expected in ("--batch_sizes must be increasing", "--checkpoints must be increasing", "not multiples",
                    "--tolerance must be >= 0"):
@@ -104,15 +109,15 @@ def test_a_grid_that_does_not_fit_the_reference_is_refused_before_training():
 
 
 def test_the_ptb_lstm_branches_restore_its_carried_state_and_count_rows_of_windows(tmp_path):
-  critical_batch.main(["measure", "--config", f"{TINY_PTB}:run=legw,large_batch=16,epochs=1", "--checkpoints",
-                       "0,0.5", "--batch_sizes", "16,32", "--budget_epochs", "0.25", "--out", str(tmp_path / "cbs"),
-                       "--workdir", str(tmp_path / "runs")])
+  cli.main(["measure", "--config", f"{TINY_PTB}:run=legw,large_batch=16,epochs=1", "--checkpoints",
+            "0,0.5", "--batch_sizes", "16,32", "--budget_epochs", "0.25", "--out", str(tmp_path / "cbs"),
+            "--workdir", str(tmp_path / "runs")])
   with open(tmp_path / "cbs_branches.csv", newline="") as f:
-    branches = list(csv.DictReader(f))
+    recorded = list(csv.DictReader(f))
   # 8,000 tokens in windows of 10 at B=16: 49 windows x 16 rows an epoch; a quarter is 6 updates of 32 rows.
-  assert {(b["batch_size"], b["updates"], b["examples"]) for b in branches} == {("16", "12", "192"),
+  assert {(b["batch_size"], b["updates"], b["examples"]) for b in recorded} == {("16", "12", "192"),
                                                                                ("32", "6", "192")}
-  assert all(b["split"] == "valid" and float(b["loss"]) < 10 for b in branches)
+  assert all(b["split"] == "valid" and float(b["loss"]) < 10 for b in recorded)
   assert "| CBS | B_noise |" in (tmp_path / "cbs.md").read_text()
 
 
@@ -120,21 +125,21 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
   for command in (["measure", "--config", REFERENCE, "--batch_sizes", "32,24"],
                   ["warmup", "--config", TINY, "--cbs", str(tmp_path / "none.csv")]):
     with pytest.raises(SystemExit) as exit_info:
-      critical_batch.main([*command, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+      cli.main([*command, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
     assert exit_info.value.code == 2
   errors = capsys.readouterr().err
   assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
 
 
 def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_path):
-  grid = critical_batch.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05)
+  two_batches = grid.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05)
 
   def branch(size, multiplier, loss):
-    return critical_batch.Branch(0.0, 0.0, 0, size, multiplier, 0.1, 64 // size, 64, "test", loss, "accuracy",
-                                 0.9, 1.0, "1x cpu")
+    return branches.Branch(0.0, 0.0, 0, size, multiplier, 0.1, 64 // size, 64, "test", loss, "accuracy",
+                           0.9, 1.0, "1x cpu")
 
   partial = [branch(16, 0.5, 1.2), branch(16, 1.0, 1.0), branch(32, 0.5, 1.04)]
-  row, = critical_batch.cbs_rows(grid, partial, tmp_path, {0.0: None})
+  row, = measure.cbs_rows(two_batches, partial, tmp_path, {0.0: None})
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size is None and row.noise_scale is None
-  row, = critical_batch.cbs_rows(grid, partial + [branch(32, 1.0, float("inf"))], tmp_path, {0.0: None})
+  row, = measure.cbs_rows(two_batches, partial + [branch(32, 1.0, float("inf"))], tmp_path, {0.0: None})
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size == 32

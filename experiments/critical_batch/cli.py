@@ -1,0 +1,105 @@
+"""The command line of `python -m experiments.critical_batch` (`measure` and `warmup`)."""
+
+import argparse
+import pathlib
+import shlex
+import sys
+from typing import Sequence
+
+from experiments import adaptive_batch
+from experiments import config_spec
+from experiments import critical_batch
+from experiments.critical_batch import measure as measure_lib
+from experiments.critical_batch import warmup as warmup_lib
+from experiments.critical_batch.grid import load_config, make_grid, train_examples
+from lbjax import train
+from lbjax.train.errors import WorkdirInUseError
+
+
+def _numbers(text: str, kind, flag: str, parser: argparse.ArgumentParser) -> tuple:
+  try:
+    return tuple(kind(v) for v in text.split(",") if v.strip())
+  except ValueError:
+    parser.error(f"{flag} must be comma-separated numbers, got {text!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """Command-line entry; see the package docstring."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser = argparse.ArgumentParser(prog="python -m experiments.critical_batch",
+                                   description=critical_batch.__doc__.split("\n\n")[0])
+  commands = parser.add_subparsers(dest="command", required=True)
+  for name in ("measure", "warmup"):
+    sub = commands.add_parser(name)
+    sub.add_argument("--config", required=True)
+    sub.add_argument("--overrides", default="", help="field=value settings, space-separated, e.g. "
+                     "'data_options.eval_split=validation batch.micro_batch_size=64'")
+    sub.add_argument("--out", required=True, help="output prefix, e.g. docs/results/critical_batch_mnist")
+    sub.add_argument("--workdir", required=True)
+    sub.add_argument("--title", default="")
+  measure_parser, warmup_parser = commands.choices["measure"], commands.choices["warmup"]
+  measure_parser.add_argument("--checkpoints", default="0,0.25,0.5,1,2,4", help="epochs of the reference run")
+  measure_parser.add_argument("--batch_sizes", default="128,256,512,1024,2048,4096,8192",
+                              help="the grid; the first is the reference batch")
+  measure_parser.add_argument("--budget_epochs", type=float, default=0.5,
+                              help="examples per branch, in epochs (rounded to a whole number of the largest batch)")
+  measure_parser.add_argument("--tolerance", type=float, default=0.02,
+                              help="relative: B is within the CBS while loss(B) <= (1 + tolerance) loss(B0)")
+  measure_parser.add_argument("--lr_multipliers", default="1", help="e.g. 0.5,1,2: the best LR per branch")
+  warmup_parser.add_argument("--cbs", required=True,
+                             help="a `measure` table, e.g. docs/results/critical_batch_mnist.csv")
+  warmup_parser.add_argument("--seeds", default="0,1,2")
+  warmup_parser.add_argument("--max_batch", type=int, default=0, help="cap of the warm-up's batch (0: none)")
+  warmup_parser.add_argument("--targets", default="", help="more targets besides the baseline's final metric: "
+                             "accuracy as a fraction (0.97), perplexity as it is")
+  warmup_parser.add_argument("--tolerance", type=float, default=None,
+                             help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
+  args = parser.parse_args(argv)
+  command = "python -m experiments.critical_batch " + shlex.join(argv)
+  try:  # a bad grid, config or table: the message and exit status 2, as lbjax-train does
+    (_measure_command if args.command == "measure" else _warmup_command)(args, parser, command)
+  except ValueError as e:
+    parser.exit(2, f"{e}\n")
+
+
+def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
+  config = load_config(args.config,
+                       shlex.split(args.overrides) + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
+  train.validate(config, data_parallel_size=1)
+  grid = make_grid(config, _numbers(args.checkpoints, float, "--checkpoints", parser),
+                   _numbers(args.batch_sizes, int, "--batch_sizes", parser), args.budget_epochs, args.tolerance,
+                   _numbers(args.lr_multipliers, float, "--lr_multipliers", parser), train_examples(config))
+  measure_lib.measure(config, grid, pathlib.Path(args.workdir), pathlib.Path(args.out), command,
+          args.title or "Critical batch size vs the gradient noise scale")
+
+
+def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
+  overrides = shlex.split(args.overrides)
+  out, workdir = pathlib.Path(args.out), pathlib.Path(args.workdir)
+  if not pathlib.Path(args.cbs).is_file():
+    raise ValueError(f"--cbs {args.cbs} not found: give the table `measure` wrote (<out>.csv).")
+  seeds = _numbers(args.seeds, int, "--seeds", parser)
+  extra_targets = _numbers(args.targets, float, "--targets", parser)
+  if args.tolerance is not None and not args.tolerance >= 0:
+    parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+  curve = measure_lib.read_cbs_curve(args.cbs, args.tolerance)
+  source = f"the CBS of {args.cbs}" + ("" if args.tolerance is None else f" at tolerance {args.tolerance:g}")
+  if not curve:
+    parser.exit(2, f"{args.cbs} holds no measured CBS yet; run `measure` first.\n")
+  probe = load_config(config_spec(args.config, "run=baseline"), overrides)
+  sizes, boundaries = warmup_lib.warmup_schedule(curve, probe.batch_size, args.max_batch or max(c for _, c in curve),
+                                      probe.num_epochs)
+  if len(sizes) < 2:
+    parser.exit(2, f"the CBS curve of {args.cbs} never exceeds the baseline batch {probe.batch_size} before "
+                   f"epoch {probe.num_epochs}: there is no warm-up to compare.\n")
+  configs = warmup_lib.warmup_configs(args.config, overrides, seeds, sizes, boundaries)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  title = args.title or "Batch warm-up from the measured CBS"
+  for key, run_config in configs.items():  # the outputs after each run, from every run finished so far
+    try:
+      adaptive_batch.train_runs({key: run_config}, str(workdir))
+    except WorkdirInUseError:
+      print(f"[critical_batch] {key[0]} seed {key[1]}: another process trains it", flush=True)
+      continue
+    warmup_lib.write_warmup(configs, workdir, seeds, out, command, title, sizes, boundaries, source, extra_targets)
+
