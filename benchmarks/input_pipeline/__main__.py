@@ -9,7 +9,8 @@ from benchmarks.input_pipeline.imagenet_decode import imagenet_part
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=input_pipeline.__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.input_pipeline",
+                                   description=input_pipeline.__doc__.splitlines()[0])
   parser.add_argument("--part", choices=("all", "host", "imagenet", "decoders"), default="all")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--seconds", type=float, default=0.5, help="per timed round")
