@@ -7,7 +7,7 @@ import fcntl
 import math
 import pathlib
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import ml_collections
@@ -16,7 +16,7 @@ from experiments import run_records
 from experiments.critical_batch.grid import at_batch
 from lbjax import train
 from lbjax.train import batch_policy as batch_policy_lib
-from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.checkpointing import Checkpointer
 
 BRANCH_FIELDS = ("checkpoint_epoch", "start_epoch", "start_step", "batch_size", "lr_multiplier", "learning_rate",
                  "updates", "examples", "split", "loss", "metric", "value", "seconds", "device")
@@ -27,7 +27,6 @@ class BranchPoint:
   """Where branches start: a reference checkpoint (or the initial state, `step` None) and its epoch."""
   epoch: float  # the requested epoch
   step: int | None
-  meta: dict[str, Any] | None
 
 
 def branch_points(reference_dir: pathlib.Path, epochs: Sequence[float]) -> list[BranchPoint]:
@@ -39,19 +38,18 @@ def branch_points(reference_dir: pathlib.Path, epochs: Sequence[float]) -> list[
   checkpointer = Checkpointer(reference_dir, max_to_keep=None)
   try:
     saved = sorted((checkpointer.read_meta_verified(step)["epoch"], step) for step in checkpointer.all_steps())
-    metas = {step: checkpointer.read_meta_verified(step) for _, step in saved}
   finally:
     checkpointer.close()
   points = []
   for epoch in epochs:
     if epoch == 0:
-      points.append(BranchPoint(0.0, None, None))
+      points.append(BranchPoint(0.0, None))
       continue
     later = [(e, step) for e, step in saved if e >= epoch - 1e-9]
     if not later:
       raise ValueError(f"{reference_dir} has no checkpoint at epoch {epoch} (its last: "
                        f"{saved[-1][0] if saved else 'none'}); train the reference run further.")
-    points.append(BranchPoint(epoch, later[0][1], metas[later[0][1]]))
+    points.append(BranchPoint(epoch, later[0][1]))
   return points
 
 
@@ -101,13 +99,7 @@ class BranchTrainer:
       run.stream.set_state(stream_state)
       run.examples_seen, run.carry_batch_size = 0, None
       return
-    meta = point.meta
-    carry_batch_size = meta["carry_batch_size"]
-    target = run.state._replace(carry=run.train_carry(carry_batch_size, meta.get("carry_micro_batches"))
-                                if carry_batch_size else None)
-    run.state = self.checkpointer.restore_verified(point.step, meta, abstract_like(target), run.parts.replicated)
-    run.stream.set_state(meta["stream"])
-    run.examples_seen, run.carry_batch_size = meta["examples_seen"], carry_batch_size
+    run.restore_checkpoint(self.checkpointer, point.step)
 
   def train(self, point: BranchPoint, batch_size: int, lr_multiplier: float, budget_examples: int,
             metric: str) -> Branch:

@@ -17,7 +17,7 @@ from experiments.sweep import METRIC_KEYS
 from lbjax import schedules
 from lbjax import train
 from lbjax.train import optimizer as optimizer_lib
-from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.checkpointing import Checkpointer
 
 WARMUP_RUNS = ("baseline", "legw", "adaptive", "cbs_warmup")
 TEST_FILE = "test_metrics.json"  # in a warm-up run's directory: its final state on the test split
@@ -134,11 +134,7 @@ def test_metrics(config: ml_collections.ConfigDict, run_dir: pathlib.Path) -> di
   checkpointer = Checkpointer(run_dir, max_to_keep=None)
   try:
     step = checkpointer.latest_step()
-    meta = checkpointer.read_meta_verified(step)
-    carry_batch_size = meta["carry_batch_size"]
-    target = run.state._replace(carry=run.train_carry(carry_batch_size, meta.get("carry_micro_batches"))
-                                if carry_batch_size else None)
-    run.state = checkpointer.restore_verified(step, meta, abstract_like(target), run.parts.replicated)
+    run.restore_checkpoint(checkpointer, step)
     metrics = dict(run.evaluate(), step=step)
   finally:
     checkpointer.close()

@@ -42,7 +42,7 @@ from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.batch_policy import BatchPolicy
 from lbjax.train.build import StepParts, global_batch, host_scalar  # pylint: disable=unused-import
-from lbjax.train.checkpointing import state_checksums
+from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.errors import ConfigError
 from lbjax.train.evaluation import Evaluator, LipschitzProbe
 from lbjax.train.mesh import data_parallel_size
@@ -160,17 +160,38 @@ class Run:
       else:
         self.start = Start(initial)
       self.state = self.start.state
-      meta = self.start.meta
-      if meta:
-        self.stream.set_state(meta["stream"])
-        if "batch_policy" in meta:  # checkpoints written before lbjax had batch policies have none
-          self.batch_policy.load_state_dict(meta["batch_policy"])
-      self.examples_seen, self.carry_batch_size = meta.get("examples_seen", 0), meta.get("carry_batch_size")
-      self.step_count = int(jax.device_get(self.state.step))
-      self.batch_size = self.batch_policy.batch_size(self.epoch)
+      self._take_position(self.start.meta)
     except BaseException:
       self.close()
       raise
+
+  def _take_position(self, meta: dict[str, Any]) -> None:
+    """The run's clock from a checkpoint's `meta` (or the start of training, `meta` {}): the stream's
+    position, the batch policy's state, examples seen, the carry's batch size, the state's step."""
+    if meta:
+      self.stream.set_state(meta["stream"])
+      if "batch_policy" in meta:  # checkpoints written before lbjax had batch policies have none
+        self.batch_policy.load_state_dict(meta["batch_policy"])
+    self.examples_seen, self.carry_batch_size = meta.get("examples_seen", 0), meta.get("carry_batch_size")
+    self.step_count = int(jax.device_get(self.state.step))
+    self.batch_size = self.batch_policy.batch_size(self.epoch)
+
+  def restore_checkpoint(self, checkpointer: Checkpointer, step: int) -> dict[str, Any]:
+    """Puts the run at checkpoint `step` of `checkpointer`, another run's of the same recipe (a branch
+    point, a finished run to evaluate again): its state (the carried state at the batch size it was
+    saved for), the data position, the batch policy's state and the examples seen, as a resume would;
+    this run's workdir and its checkpoints are not touched. Returns the checkpoint's meta.
+
+    Raises:
+      CheckpointCorruptError: the checkpoint fails its checksum or cannot be read.
+    """
+    meta = checkpointer.read_meta_verified(step)
+    carry_batch_size = meta["carry_batch_size"]
+    target = self.state._replace(carry=self.train_carry(carry_batch_size, meta.get("carry_micro_batches"))
+                                 if carry_batch_size else None)
+    self.state = checkpointer.restore_verified(step, meta, abstract_like(target), self.parts.replicated)
+    self._take_position(meta)
+    return meta
 
   def _check_data_sizes(self) -> None:
     """Refuses, before any compute, a batch larger than the training set and an empty evaluation split."""

@@ -65,6 +65,30 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path, make_config):
   assert resumed.eval_metrics == full.eval_metrics
 
 
+
+@pytest.mark.parametrize("make_config", [helpers.tiny_classifier_config, helpers.tiny_language_model_config])
+def test_a_run_without_a_workdir_restored_from_another_runs_checkpoint_continues_it_exactly(tmp_path, make_config):
+  """`Run.restore_checkpoint` (branching from a reference run): the state, data position, examples seen
+  and (PTB) the carried LSTM state of a checkpoint mid-epoch; the rest of the steps end where the
+  uninterrupted run ends, and nothing is written to the checkpoint's workdir."""
+  full = train_and_evaluate(make_config(), tmp_path / "full")
+  train_and_evaluate(make_config(num_epochs=make_config().num_epochs * 3 / 8), tmp_path / "half")
+  checkpointer = Checkpointer(tmp_path / "half")
+  saved = sorted(path.name for path in (tmp_path / "half").rglob("*"))
+  run = Run(make_config())
+  try:
+    step = checkpointer.latest_step()
+    meta = run.restore_checkpoint(checkpointer, step)
+    assert run.step_count == step == full.step * 3 // 8 and run.examples_seen == meta["examples_seen"] > 0
+    while run.step_count < full.step:
+      run.step(run.next_batch())
+    helpers.assert_trees_equal(run.state, full.state)
+    assert run.evaluate()["loss"] == full.eval_metrics["loss"]
+  finally:
+    run.close()
+    checkpointer.close()
+  assert sorted(path.name for path in (tmp_path / "half").rglob("*")) == saved
+
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
   """A batch of NaNs at step 5: the run stops naming step 5; checkpoints 1-5 hold finite states."""
   next_batch = lbdata.TrainStream.next_batch
