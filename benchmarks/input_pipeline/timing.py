@@ -6,8 +6,6 @@ import statistics
 import time
 
 
-
-
 def rate(function, batch_size: int, rounds: int, seconds: float) -> float:
   """Median examples/s of `function()` (one batch per call) over `rounds` timed rounds."""
   function()

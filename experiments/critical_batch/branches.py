@@ -158,7 +158,6 @@ def branches_csv(out: pathlib.Path) -> pathlib.Path:
   return out.with_name(out.name + "_branches.csv")
 
 
-
 def lock_branch(workdir: pathlib.Path, name: str):
   """An exclusive, non-blocking lock of a branch (released when the process ends), or None if held."""
   directory = workdir / "branches"
