@@ -120,7 +120,7 @@ def warmup_configs(config: str, overrides: Sequence[str], seeds: Sequence[int], 
   return configs
 
 
-def test_metrics(config: ml_collections.ConfigDict, run_dir: pathlib.Path) -> dict[str, float]:
+def final_test_metrics(config: ml_collections.ConfigDict, run_dir: pathlib.Path) -> dict[str, float]:
   """The run's final state on the test split: its final evaluation when it evaluated on the test split,
   else evaluated once (`<run_dir>/test_metrics.json`)."""
   if config.data_options.get("eval_split", "test") == "test":
@@ -172,7 +172,7 @@ def summarize_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int],
       if final is not None:
         summary.final.append(final[metric])
         summary.updates.append(final["step"])
-        summary.test.append(test_metrics(configs[(run, seed)], directory)[metric])
+        summary.test.append(final_test_metrics(configs[(run, seed)], directory)[metric])
       reached = next((r for r in evals if adaptive_batch.meets(r[metric], target, metric)), None)
       if reached is not None:
         summary.updates_to_target.append(reached["step"])
