@@ -99,7 +99,7 @@ def _final(directory: pathlib.Path) -> dict[str, Any] | None:
 
 def train_runs(configs: dict, workdir: str) -> None:
   """Trains every (run, seed) of `configs` (`load_configs`) neither finished nor diverged in `workdir`;
-  stops at a preempted run (KeyboardInterrupt), which resumes from its checkpoint on the next call."""
+  stops at a preempted run (`RunPreempted`), which resumes from its checkpoint on the next call."""
   for (run, seed), run_config in configs.items():
     row = runner.run_once(run_config, run_dir(workdir, run, seed), name=run, prefix="[adaptive_batch]")
     if row.seconds:

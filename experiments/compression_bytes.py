@@ -47,6 +47,7 @@ import jax
 
 from experiments import run_records, runner, simulated_devices
 from lbjax import config_files
+from lbjax.train.errors import exit_on_user_errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,4 +228,5 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
 
 
 if __name__ == "__main__":
-  main()
+  with exit_on_user_errors("python -m experiments.compression_bytes"):
+    main()

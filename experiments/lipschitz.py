@@ -41,6 +41,7 @@ from lbjax import train
 from lbjax.train import config as config_lib
 from lbjax.train import names
 from lbjax.train import tasks
+from lbjax.train.errors import exit_on_user_errors
 
 CSV_COLUMNS = ("batch_size", "step", "epoch", "examples_seen", "lipschitz")
 # Training-set sizes of the datasets with fixed splits; synthetic ones take their num_train_examples.
@@ -78,7 +79,7 @@ class LipschitzSpec:
 
 
 def check_spec(spec: LipschitzSpec) -> None:
-  """Raises ValueError naming every problem of `spec` before any training."""
+  """Raises ConfigError naming every problem of `spec` before any training."""
   errors = []
   config = config_spec(spec.config, spec.variant)
   try:
@@ -100,7 +101,7 @@ def check_spec(spec: LipschitzSpec) -> None:
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got {spec.max_device_batch!r}.")
   if errors:
-    raise ValueError("Invalid Lipschitz experiment:\n  - " + "\n  - ".join(errors))
+    raise train.ConfigError("Invalid Lipschitz experiment:\n  - " + "\n  - ".join(errors))
 
 
 def _dataset_argument(config: ml_collections.ConfigDict, name: str):
@@ -115,7 +116,7 @@ def train_set_size(config: ml_collections.ConfigDict) -> int:
   """Examples in one epoch of the config's training set.
 
   Raises:
-    ValueError: for a dataset whose size is not known here (language models count tokens, not examples).
+    ConfigError: for a dataset whose size is not known here (language models count tokens, not examples).
   """
   if config.dataset in ("synthetic_mnist", "synthetic_images"):
     return int(_dataset_argument(config, "num_train_examples"))
@@ -123,8 +124,9 @@ def train_set_size(config: ml_collections.ConfigDict) -> int:
     return TRAIN_SET_SIZES["mnist"] - int(_dataset_argument(config, "num_validation_examples"))
   if config.dataset in TRAIN_SET_SIZES:
     return TRAIN_SET_SIZES[config.dataset]
-  raise ValueError(f"the Lipschitz experiment counts iterations of classification datasets "
-                   f"({', '.join(TRAIN_SET_SIZES)} or synthetic images); got config.dataset={config.dataset!r}.")
+  raise train.ConfigError(f"the Lipschitz experiment counts iterations of classification datasets "
+                          f"({', '.join(TRAIN_SET_SIZES)} or synthetic images); "
+                          f"got config.dataset={config.dataset!r}.")
 
 
 def run_config(spec: LipschitzSpec, batch_size: int) -> ml_collections.ConfigDict:
@@ -236,7 +238,7 @@ def run_experiment(spec: LipschitzSpec) -> dict[int, list[dict[str, float]]]:
     {batch size: its `lipschitz` records}.
 
   Raises:
-    ValueError: an invalid spec or run config (all checked before any training).
+    ConfigError: an invalid spec or run config (all checked before any training).
     train.NonFiniteError: a run diverged (L is not defined past that point; lower the LR).
   """
   check_spec(spec)
@@ -276,4 +278,5 @@ def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with exit_on_user_errors("python -m experiments.lipschitz"):
+    main(sys.argv[1:])

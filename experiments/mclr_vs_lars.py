@@ -38,6 +38,7 @@ from experiments import run_records
 from experiments import runner
 from lbjax import config_files
 from lbjax import train
+from lbjax.train.errors import exit_on_user_errors
 
 OPTIMIZERS = ("lars", "mclr")
 CSV_COLUMNS = ("optimizer", "learning_rate", "selected", "split", "step", "epoch", "loss", "accuracy")
@@ -114,7 +115,7 @@ class RunResult:
 
 
 def check_spec(spec: ComparisonSpec) -> None:
-  """Raises ValueError naming every problem of `spec` before any training."""
+  """Raises ConfigError naming every problem of `spec` before any training."""
   errors = []
   try:
     config_files.config_module(spec.config.partition(":")[0])
@@ -142,7 +143,7 @@ def check_spec(spec: ComparisonSpec) -> None:
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got {spec.max_device_batch!r}.")
   if errors:
-    raise ValueError("Invalid comparison:\n  - " + "\n  - ".join(errors))
+    raise train.ConfigError("Invalid comparison:\n  - " + "\n  - ".join(errors))
 
 
 def run_config(spec: ComparisonSpec, optimizer: str, learning_rate: float) -> ml_collections.ConfigDict:
@@ -279,7 +280,7 @@ def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
     The results of all runs of the grid, finished earlier or now.
 
   Raises:
-    ValueError: an invalid spec or run config (all checked before any training).
+    ConfigError: an invalid spec or run config (all checked before any training).
   """
   check_spec(spec)
   points = [(name, lr) for name in OPTIMIZERS for lr in spec.learning_rates[name]]
@@ -287,8 +288,8 @@ def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
   for config in configs.values():
     train.validate(config, data_parallel_size=1)
     if config.dataset in ("ptb", "synthetic_ptb"):
-      raise ValueError(f"{spec.config} trains a language model; the comparison reports accuracy and "
-                       "needs a classification config.")
+      raise train.ConfigError(f"{spec.config} trains a language model; the comparison reports accuracy and "
+                              "needs a classification config.")
   results = []
   for point in points:
     run_dir = run_directory(spec, *point)
@@ -334,4 +335,5 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with exit_on_user_errors("python -m experiments.mclr_vs_lars"):
+    main(sys.argv[1:])

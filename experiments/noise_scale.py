@@ -33,6 +33,7 @@ from experiments import run_records
 from experiments import runner
 from lbjax import config_files
 from lbjax import train
+from lbjax.train.errors import exit_on_user_errors
 
 CSV_COLUMNS = ("step", "epoch", "batch_size", "learning_rate", "loss", "accuracy", "grad_norm_sq", "trace_sigma",
                "gradient_noise_scale")
@@ -69,7 +70,7 @@ def run_config(spec: NoiseScaleSpec) -> ml_collections.ConfigDict:
 
 
 def check_spec(spec: NoiseScaleSpec, config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming every problem of `spec` (its `config` built) before any training."""
+  """Raises ConfigError naming every problem of `spec` (its `config` built) before any training."""
   errors = []
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 1:
     errors.append(f"max_device_batch must be a positive integer, got {spec.max_device_batch!r}.")
@@ -83,22 +84,22 @@ def check_spec(spec: NoiseScaleSpec, config: ml_collections.ConfigDict) -> None:
   if not isinstance(spec.log_every, int) or spec.log_every < 1:
     errors.append(f"log_every must be an integer >= 1, got {spec.log_every!r}.")
   if errors:
-    raise ValueError("Invalid noise-scale experiment:\n  - " + "\n  - ".join(errors))
+    raise train.ConfigError("Invalid noise-scale experiment:\n  - " + "\n  - ".join(errors))
 
 
 def noise_scale_records(workdir: str | pathlib.Path) -> list[dict[str, Any]]:
   """The run's `train` records that carry a noise-scale estimate (as floats, `inf` kept), by step.
 
   Raises:
-    ValueError: if the run logged none (it did not accumulate micro-batches).
+    ConfigError: if the run logged none (it did not accumulate micro-batches).
   """
   records = [r for r in run_records.read_records(workdir, "train") if "gradient_noise_scale" in r]
   for r in records:  # the metrics writer stores non-finite values (B_simple when |G|^2 <= 0) as strings
     for key in ("gradient_noise_scale", "noise_scale_grad_norm_sq", "noise_scale_trace_sigma"):
       r[key] = float(r[key])
   if not records:
-    raise ValueError(f"the run in {workdir} logged no gradient noise scale: it did not accumulate "
-                     "micro-batches (set config.max_device_batch below the per-device batch).")
+    raise train.ConfigError(f"the run in {workdir} logged no gradient noise scale: it did not accumulate "
+                            "micro-batches (set config.max_device_batch below the per-device batch).")
   return records
 
 
@@ -180,7 +181,7 @@ def run_experiment(spec: NoiseScaleSpec) -> list[dict[str, Any]]:
   """Trains the accumulating run unless finished, then writes the outputs; returns its records.
 
   Raises:
-    ValueError: an invalid spec or config (before any training), or a run without estimates.
+    ConfigError: an invalid spec or config (before any training), or a run without estimates.
   """
   config = run_config(spec)
   check_spec(spec, config)
@@ -212,4 +213,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  with exit_on_user_errors("python -m experiments.noise_scale"):
+    main(sys.argv[1:])

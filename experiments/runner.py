@@ -2,8 +2,9 @@
 
 `run_once(config, run_dir, name=...)` trains `config` in `run_dir` unless the run finished there (its
 final evaluation is in `metrics.jsonl`) or diverged there (`diverged.txt` holds the trainer's message);
-an interrupted run resumes from its checkpoint, a preempted one stops the experiment (KeyboardInterrupt)
-so that running it again resumes. It returns a `RunRow`: the one row type of the experiments' tables.
+an interrupted run resumes from its checkpoint, a preempted one stops the experiment (`RunPreempted`,
+a KeyboardInterrupt) so that running it again resumes. It returns a `RunRow`: the one row type of the
+experiments' tables.
 `ints` and `floats` are the scripts' comma-separated list arguments.
 """
 
@@ -19,6 +20,7 @@ from experiments import run_records
 from lbjax import train
 from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train.errors import RunPreempted
 
 DIVERGED_NOTE = "diverged.txt"  # in a run's directory: the message of the non-finite step that stopped it
 TRAINED_SECONDS = "trained_seconds.txt"  # in a run's directory: wall-clock seconds of the sessions that trained it
@@ -95,7 +97,7 @@ def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
   instead of stopping the experiment; `prefix` starts the progress lines.
 
   Raises:
-    KeyboardInterrupt: the run was preempted (SIGTERM); running the experiment again resumes it.
+    RunPreempted: the run was preempted (SIGTERM or SIGINT); running the experiment again resumes it.
   """
   run_dir = pathlib.Path(run_dir)
   row = read_row(config, run_dir, name=name, metric=metric)
@@ -113,7 +115,7 @@ def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
   finally:
     seconds = _add_trained_seconds(run_dir, time.time() - start)
   if preempted:
-    raise KeyboardInterrupt(f"{name} seed {config.seed} was preempted (SIGTERM); its checkpoint in {run_dir} "
+    raise RunPreempted(f"{name} seed {config.seed} was preempted (SIGTERM or SIGINT); its checkpoint in {run_dir} "
                             "resumes when the experiment runs again.")
   return read_row(config, run_dir, name=name, metric=metric, seconds=seconds)
 

@@ -16,6 +16,7 @@ from experiments.critical_batch.branches import (Branch, BranchTrainer, branch_k
 from experiments.critical_batch.grid import Grid
 from experiments.sweep import METRIC_KEYS
 from lbjax import train
+from lbjax.train.errors import RunPreempted
 from lbjax.train.errors import WorkdirInUseError
 
 REFERENCE = "reference"  # the reference run's directory in the workdir
@@ -191,8 +192,8 @@ def train_reference(config: ml_collections.ConfigDict, reference_dir: pathlib.Pa
       time.sleep(30)
       continue
     if result.preempted:
-      raise KeyboardInterrupt(f"the reference run was preempted; its checkpoint in {reference_dir} resumes when "
-                              "the command runs again.")
+      raise RunPreempted(f"the reference run was preempted; its checkpoint in {reference_dir} resumes when "
+                         "the command runs again.")
 
 
 def measure(config: ml_collections.ConfigDict, grid: Grid, workdir: pathlib.Path, out: pathlib.Path,

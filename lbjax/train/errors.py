@@ -3,7 +3,8 @@
 They subclass `ValueError` (a bad value) or `FileNotFoundError` (missing data), so code that drives
 the trainer from Python catches them as usual. `print_error` is the one format of such a message on
 the console; `exit_on_user_errors` ends a command-line program (`lbjax-train`'s siblings, the
-experiment scripts) with it.
+experiment scripts) with it. A run preempted by SIGTERM or SIGINT (`RunPreempted`) ends an experiment
+script the same way, with `PREEMPTED_EXIT_STATUS`: nothing is wrong, the same command resumes it.
 """
 
 import contextlib
@@ -37,6 +38,15 @@ class DataMismatchError(ValueError):
   """The checkpoint was trained on different data than the run now reads."""
 
 
+class RunPreempted(KeyboardInterrupt):
+  """A run of an experiment saved its checkpoint on SIGTERM or SIGINT and stopped; the message says which
+  and where. A `KeyboardInterrupt`, so it stops the experiment as Ctrl-C does (no `except Exception`
+  catches it); running the same command again resumes the run."""
+
+
+# Exit status of an experiment script stopped by `RunPreempted`: BSD's EX_TEMPFAIL ("try again later").
+PREEMPTED_EXIT_STATUS = 75
+
 # Errors whose message says what to change: printed without a traceback, exit status 2.
 USER_ERRORS = (ConfigError, CheckpointMismatchError, DataMismatchError, CheckpointCorruptError, WorkdirInUseError,
                FileNotFoundError)
@@ -50,9 +60,13 @@ def print_error(prog: str, error: BaseException) -> None:
 @contextlib.contextmanager
 def exit_on_user_errors(prog: str):
   """Ends a command-line program (the experiment scripts) on an error of `USER_ERRORS`, such as a missing
-  data folder, with its message and exit status 2 instead of a traceback (kept with LBJAX_TRACEBACK=1)."""
+  data folder, with its message and exit status 2 instead of a traceback (kept with LBJAX_TRACEBACK=1),
+  and on a preempted run (`RunPreempted`) with its message and `PREEMPTED_EXIT_STATUS`."""
   try:
     yield
+  except RunPreempted as e:
+    print(f"{prog}: {e}", file=sys.stderr)
+    sys.exit(PREEMPTED_EXIT_STATUS)
   except USER_ERRORS as e:
     if os.environ.get(TRACEBACK_ENV):
       raise

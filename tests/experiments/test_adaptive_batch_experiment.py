@@ -11,6 +11,7 @@ from experiments import adaptive_batch
 from experiments import run_records
 from experiments import runner
 from lbjax.train import batch_policy
+from lbjax.train import errors
 
 TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
 TINY_PTB = str(pathlib.Path(__file__).with_name("tiny_adaptive_ptb_config.py"))
@@ -52,7 +53,7 @@ def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_pat
       os.kill(os.getpid(), signal.SIGTERM)
 
   monkeypatch.setattr(batch_policy.BatchPolicy, "after_step", terminate_after)
-  with pytest.raises(KeyboardInterrupt, match="adaptive seed 0 was preempted"):
+  with pytest.raises(errors.RunPreempted, match="adaptive seed 0 was preempted"):
     adaptive_batch.main(args)
   monkeypatch.undo()
   baseline_metrics = (tmp_path / "runs" / "baseline_seed0" / "metrics.jsonl").read_text()

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments import runner
+from lbjax.train.errors import RunPreempted
 from tests.train import helpers
 
 
@@ -25,7 +26,7 @@ def test_a_resumed_runs_seconds_add_up_its_sessions(tmp_path, monkeypatch):
 
   monkeypatch.setattr(runner.train, "train_and_evaluate", train_and_evaluate)
   config, run_dir = helpers.tiny_classifier_config(), tmp_path / "run"
-  with pytest.raises(KeyboardInterrupt, match="was preempted"):
+  with pytest.raises(RunPreempted, match="row seed 0 was preempted"):
     runner.run_once(config, run_dir, name="row")
   row = runner.run_once(config, run_dir, name="row")
   assert row.seconds == pytest.approx(75.0) and row.value == 0.5 and row.status == "done"
