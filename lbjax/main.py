@@ -169,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   parser = _parser()
   args, rest = parser.parse_known_args(argv)
-  overrides = [a for a in rest if a.startswith("--config.")]
-  unexpected = [a for a in rest if not a.startswith("--config.")]
+  overrides, unexpected = config_files.split_overrides(rest)
   if unexpected:
     parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
   if args.list:

@@ -1,22 +1,28 @@
 """Per-layer norms at the first iteration of a config's run: papers/000 Table 2 for your model.
 
-  python -m lbjax.train.layer_table --config configs/resnet50_imagenet.py:smoke --out layers.csv
+  python -m lbjax.train.layer_table --config resnet50_imagenet:smoke=true --out layers.csv
+  python -m lbjax.train.layer_table --config mnist_lstm --config.batch_size=8192
 
 prints, for every parameter leaf, ||w||, ||grad||, ||w||/||grad|| and mean |grad| at the initial
 parameters on the run's first training batch, and writes them as CSV. LARS's local LR is
 eta times the ratio column (with weight decay 0); a ratio that varies by orders of magnitude between
-layers is why one global LR fails at large batch (papers/000 §4).
+layers is why one global LR fails at large batch (papers/000 §4). The config is named as for
+`lbjax-train`: a packaged config or a file, an optional `:key=value,...` variant, then any number of
+`--config.<field>=<value>` overrides; a mistake in them or missing data prints what to change and exits
+with status 2.
 """
 
-from absl import app
-from absl import flags
+import argparse
+import sys
+
 from flax import nnx
 import jax
 import ml_collections
-from ml_collections import config_flags
 
+from lbjax import config_files
 from lbjax import diagnostics
 from lbjax.train.any_batch import whole_batch
+from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
 
 
@@ -36,18 +42,23 @@ def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostic
   return diagnostics.layer_norms(run.state.params, grads)
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py[:arg]).")
-_OUT = flags.DEFINE_string("out", None, "CSV file to write (optional).")
-
-
-def main(argv):
-  del argv
-  rows = first_step_layer_norms(_CONFIG.value)
+def main(argv: list[str] | None = None) -> list[diagnostics.LayerNormRow]:
+  """Command-line entry; see the module docstring."""
+  parser = argparse.ArgumentParser(prog="python -m lbjax.train.layer_table", description=__doc__.split("\n")[0])
+  parser.add_argument("--config", required=True, help="a packaged config (see lbjax-train --list) or a .py file, "
+                      "with an optional :key=value,... variant; then --config.<field>=<value> overrides")
+  parser.add_argument("--out", help="CSV file to write (optional)")
+  args, rest = parser.parse_known_args(argv)
+  overrides, unexpected = config_files.split_overrides(rest)
+  if unexpected:
+    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
+  rows = first_step_layer_norms(config_files.load(args.config, overrides).config)
   print(diagnostics.format_table(rows))
-  if _OUT.value:
-    diagnostics.write_csv(rows, _OUT.value)
+  if args.out:
+    diagnostics.write_csv(rows, args.out)
+  return rows
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  app.run(main)
+  with exit_on_user_errors("python -m lbjax.train.layer_table"):
+    main(sys.argv[1:])

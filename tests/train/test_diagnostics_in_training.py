@@ -1,14 +1,17 @@
 """papers/001 §4, papers/003 §3 and McCandlish et al. as trainer options."""
 
+import csv
 import json
+import pathlib
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lbjax import config_files
+from lbjax.train import layer_table
 from lbjax.train import train_and_evaluate
 from lbjax.train.datasets import Dataset
-from lbjax.train.layer_table import first_step_layer_norms
 from lbjax.train.tasks import ClassificationTask
 from tests.train import helpers
 
@@ -88,7 +91,7 @@ def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, 
 
 def test_layer_table_of_the_first_step_matches_a_direct_computation():
   """papers/000 Table 2 for a config: ||w||/||grad|| per layer at the initial parameters."""
-  rows = first_step_layer_norms(helpers.tiny_classifier_config())
+  rows = layer_table.first_step_layer_norms(helpers.tiny_classifier_config())
   by_layer = {row.layer: row for row in rows}
   assert set(by_layer) == {"cell/bias", "cell/kernel", "classifier/bias", "classifier/kernel",
                            "transform/bias", "transform/kernel"}
@@ -99,11 +102,27 @@ def test_layer_table_of_the_first_step_matches_a_direct_computation():
 
 def test_layer_table_of_the_any_batch_step_equals_the_ordinary_steps():
   """The same first batch, laid out as micro-batches (`lbjax.train.any_batch`), gives the same table."""
-  ordinary = first_step_layer_norms(helpers.tiny_classifier_config())
-  any_batch = first_step_layer_norms(helpers.tiny_classifier_config(**{"batch.micro_batch_size": 8}))
+  ordinary = layer_table.first_step_layer_norms(helpers.tiny_classifier_config())
+  any_batch = layer_table.first_step_layer_norms(helpers.tiny_classifier_config(**{"batch.micro_batch_size": 8}))
   assert [row.layer for row in any_batch] == [row.layer for row in ordinary]
   for got, want in zip(any_batch, ordinary):
     assert got.shape == want.shape and got.weight_norm == want.weight_norm
     assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
     assert got.ratio == pytest.approx(want.ratio, rel=1e-5)
     assert got.mean_abs_grad == pytest.approx(want.mean_abs_grad, rel=1e-5)
+
+
+def test_the_layer_table_command_applies_the_overrides_and_writes_the_table(tmp_path):
+  """`python -m lbjax.train.layer_table --config <file> --config.<field>=<value> --out`: the config as
+  lbjax-train resolves it (here a seed that changes the initial weights), its table in the CSV."""
+  config = str(pathlib.Path(__file__).parents[1] / "experiments" / "tiny_image_config.py")
+  out = tmp_path / "layers.csv"
+  rows = layer_table.main(["--config", config, "--config.seed=3", "--out", str(out)])
+  with open(out) as f:
+    written = list(csv.DictReader(f))
+  assert [r["layer"] for r in written] == [row.layer for row in rows]
+  assert [float(r["weight_norm"]) for r in written] == [row.weight_norm for row in rows]
+  seed_3 = layer_table.first_step_layer_norms(config_files.load(config, ["--config.seed=3"]).config)
+  seed_0 = layer_table.first_step_layer_norms(config_files.load(config).config)
+  assert [row.weight_norm for row in rows] == [row.weight_norm for row in seed_3]
+  assert [row.weight_norm for row in rows] != [row.weight_norm for row in seed_0]
