@@ -31,6 +31,7 @@ import numpy as np
 from benchmarks.collectives import collective_bytes
 from experiments import simulated_devices
 from lbjax.train import default_config
+from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
 
 LAYOUTS = {
@@ -111,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--width", type=int, default=200, help="embedding and LSTM size D = H")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
+  too_small = [f"--{name} {value}" for name, value in (("steps", args.steps), ("repeats", args.repeats),
+                                                          ("seq_len", args.seq_len)) if value < 1]
+  if too_small:
+    parser.error(f"{', '.join(too_small)}: each must be >= 1.")
   simulated_devices.require(parser, 8, exact=True)
   rows = measure(args.steps, args.repeats, args.batch_size, args.seq_len, args.vocab, args.width)
   command = simulated_devices.command("experiments.model_parallel_layouts", argv)
@@ -132,4 +137,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-  main()
+  with exit_on_user_errors("python -m experiments.model_parallel_layouts"):
+    main()

@@ -49,6 +49,21 @@ def _loss(forward, target):
   return lambda params: jnp.mean((forward(params) - target) ** 2)
 
 
+def argument_problems(stages_list, microbatches_list, num_layers, width, batch_size, repeats) -> list[str]:
+  """What is wrong with the command's arguments (an empty list: nothing), said before any compute."""
+  problems = [f"--{name} must be integers >= 1, got {','.join(map(str, values))}."
+              for name, values in (("stages", stages_list), ("microbatches", microbatches_list)) if min(values) < 1]
+  problems += [f"--{name} must be >= 1, got {value}." for name, value in
+               (("num_layers", num_layers), ("width", width), ("batch_size", batch_size), ("repeats", repeats))
+               if value < 1]
+  if not problems:
+    problems += [f"--num_layers {num_layers} must be divisible by every stage count (--stages {s}): each stage "
+                 "holds L/S layers." for s in stages_list if num_layers % s]
+    problems += [f"--batch_size {batch_size} must be divisible by every micro-batch count (--microbatches {m})."
+                 for m in microbatches_list if batch_size % m]
+  return problems
+
+
 def build_steps(stages_list, microbatches_list, num_layers, width, batch_size):
   params = stacks.init_mlp_stack(jax.random.key(0), num_layers, width)
   x = jax.random.normal(jax.random.key(1), (batch_size, width))
@@ -136,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   simulated_devices.require(parser, max(args.stages), reason=f"--stages up to {max(args.stages)}")
+  problems = argument_problems(args.stages, args.microbatches, args.num_layers, args.width, args.batch_size,
+                               args.repeats)
+  if problems:
+    parser.error(" ".join(problems))
   params, steps, schedules = build_steps(args.stages, args.microbatches, args.num_layers, args.width,
                                          args.batch_size)
   times = time_steps(params, steps, args.repeats)

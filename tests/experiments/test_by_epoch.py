@@ -42,3 +42,12 @@ def test_bad_requests_are_refused_before_reading(tmp_path):
     by_epoch.curves([("x", str(tmp_path / "a"))], "accuracy")
   with pytest.raises(SystemExit):
     by_epoch.main(["--out", str(tmp_path / "o"), "--run", "no-equals-sign"])
+
+
+def test_the_command_ends_a_bad_request_with_the_message_and_status_2(tmp_path, capsys):
+  _write_run(tmp_path / "a", [(1.0, 212.4)], final=True)
+  for argv, message in ((["--out", str(tmp_path / "o")], "no runs given"),
+                        (["--out", str(tmp_path / "o"), "--run", f"x={tmp_path / 'a'}"], "have no 'accuracy'")):
+    with pytest.raises(SystemExit) as stop:
+      by_epoch.main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -51,3 +51,9 @@ def test_the_markdown_has_a_row_per_layout_and_the_command(table):
   assert [line.split(" | ")[0][2:] for line in table_rows] == list(rows)
   for line, row in zip(table_rows, rows.values()):
     assert f"| {row['loss']:.6f} | {row['max_rel_diff']:.1e} |" in line
+
+
+def test_steps_repeats_or_sequence_length_below_1_are_a_usage_error(tmp_path, capsys):
+  with pytest.raises(SystemExit) as stop:
+    model_parallel_layouts.main([*ARGV, "--steps", "0", "--seq_len", "0", "--out", str(tmp_path / "table")])
+  assert stop.value.code == 2 and "--steps 0, --seq_len 0: each must be >= 1." in capsys.readouterr().err

@@ -29,3 +29,17 @@ def test_more_stages_than_devices_is_a_usage_error(tmp_path, capsys):
   with pytest.raises(SystemExit) as stop:
     pipeline_bubble.main(["--stages", "16", "--out", str(tmp_path / "bubble")])
   assert stop.value.code == 2 and "--stages up to 16 needs at least 16 devices, jax sees 8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--stages", "0"], "--stages must be integers >= 1, got 0."),
+    (["--microbatches", "2,0"], "--microbatches must be integers >= 1, got 2,0."),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0."),
+    (["--stages", "3"], "--num_layers 8 must be divisible by every stage count (--stages 3)"),
+    (["--microbatches", "3"], "--batch_size 512 must be divisible by every micro-batch count (--microbatches 3)."),
+])
+def test_arguments_that_cannot_run_are_a_usage_error_before_any_compute(argv, message, tmp_path, capsys):
+  with pytest.raises(SystemExit) as stop:
+    pipeline_bubble.main([*argv, "--out", str(tmp_path / "bubble")])
+  assert stop.value.code == 2 and message in capsys.readouterr().err
+  assert not list(tmp_path.iterdir())
