@@ -147,15 +147,18 @@ def memory_bytes(compiled) -> tuple[int, int]:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   report.add_spread_arguments(parser, rounds=9)
-  parser.add_argument("--seconds-per-round", type=float, default=1.0)
+  parser.add_argument("--seconds-per-round", type=report.positive_float, default=1.0)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   parser.add_argument("--any-batch", action="store_true", help="the any-batch step vs the per-size steps")
   parser.add_argument("--case", action="append", default=[], metavar="MODEL:BATCH:MICRO",
                       help="--any-batch cases instead of the default ones, e.g. mnist_lstm:512:512")
   parser.add_argument("--loop", action="store_true",
                       help="--any-batch in the trainer's host loop (data, batch policy) instead of one placed batch")
-  parser.add_argument("--adapt-every", type=int, default=1, help="--loop: updates between `batch` records")
+  parser.add_argument("--adapt-every", type=report.positive_int, default=1,
+                      help="--loop: updates between `batch` records")
   args = parser.parse_args()
+  if not args.any_batch and (args.case or args.loop):
+    parser.error("--case and --loop choose what --any-batch measures; add --any-batch.")
   if args.any_batch:
     any_batch_main(args)
     return
@@ -211,8 +214,6 @@ def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
 
 
 def any_batch_main(args) -> None:
-  if args.loop and args.adapt_every < 1:
-    raise SystemExit(f"--adapt-every must be >= 1, got {args.adapt_every}.")
   table = report.markdown_table(
       ["model", "global batch", "micro-batch", "k", "any-batch ms", "scan ms", "k=1 ms",
        "wall: scan / any-batch", "wall: k=1 / any-batch", "CPU: scan / any-batch", "CPU: k=1 / any-batch"],

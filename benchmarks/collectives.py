@@ -187,6 +187,9 @@ def main() -> None:
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   wanted = args.models.split(",")
+  unknown = sorted(set(wanted) - {c[0] for c in CASES})
+  if unknown:
+    parser.error(f"--models {','.join(unknown)}: not measured here; choose from {','.join(c[0] for c in CASES)}.")
   rows = []
   for model, batch_size, image_size in CASES:
     if model not in wanted:

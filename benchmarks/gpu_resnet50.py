@@ -46,11 +46,11 @@ line."""
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--peak-tflops", type=float, help="the chip's dense peak in the compute dtype")
-  parser.add_argument("--batch", type=int, default=256)
+  parser.add_argument("--batch", type=report.positive_int, default=256)
   parser.add_argument("--image-size", type=int, default=224)
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-  parser.add_argument("--rounds", type=int, default=7)
-  parser.add_argument("--steps", type=int, default=20, help="steps per round")
+  parser.add_argument("--rounds", type=report.positive_int, default=7)
+  parser.add_argument("--steps", type=report.positive_int, default=20, help="steps per round")
   parser.add_argument("--pending", action="store_true",
                       help="only write the README section saying the figures are not yet measured")
   parser.add_argument("--no-readme", action="store_true", help="print only")

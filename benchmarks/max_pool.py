@@ -20,10 +20,10 @@ POOL = ((3, 3), (2, 2), ((1, 1), (1, 1)))  # window, strides, padding: the ResNe
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=8, help="images (256: ResNet-50's batch per GPU)")
+  parser.add_argument("--batch", type=report.positive_int, default=8, help="images (256: ResNet-50's batch per GPU)")
   parser.add_argument("--deterministic", action="store_true",
                       help="XLA's deterministic-ops flags (config.deterministic) for this process")
-  parser.add_argument("--seconds-per-round", type=float, default=0.2)
+  parser.add_argument("--seconds-per-round", type=report.positive_float, default=0.2)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   report.add_spread_arguments(parser, rounds=21)
   args = parser.parse_args()

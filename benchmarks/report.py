@@ -8,6 +8,7 @@ than --max-spread of it): the script then exits with status 3 and leaves its REA
 was.
 """
 
+import argparse
 from collections.abc import Callable, Sequence
 import dataclasses
 import datetime
@@ -208,11 +209,27 @@ class SpreadCheck:
       sys.exit(self.EXIT_TOO_NOISY)
 
 
+def positive_int(text: str) -> int:
+  """An argparse type: an integer >= 1 (a count of rounds, repeats, steps)."""
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+  return value
+
+
+def positive_float(text: str) -> float:
+  """An argparse type: a number > 0 (a spread, a number of seconds)."""
+  value = float(text)
+  if not value > 0:
+    raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+  return value
+
+
 def add_spread_arguments(parser, *, rounds: int, max_spread: float = 0.1) -> None:
   """The `--rounds`, `--max-spread` and `--write-noisy` options every timing benchmark shares."""
-  parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+  parser.add_argument("--rounds", type=positive_int, default=rounds, help="interleaved rounds")
   parser.add_argument(
-      "--max-spread", type=float, default=max_spread,
+      "--max-spread", type=positive_float, default=max_spread,
       help="widest 95%% confidence interval of a reported ratio's median, as a fraction of the "
            f"median, before the run is declared too noisy (exit {SpreadCheck.EXIT_TOO_NOISY}, "
            "README untouched unless --write-noisy)")

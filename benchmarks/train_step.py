@@ -56,7 +56,7 @@ def main() -> None:
   parser.add_argument("--models", default=DEFAULT_MODELS,
                       help=f"comma-separated, from {', '.join(workloads.MODELS)}")
   report.add_spread_arguments(parser, rounds=21)
-  parser.add_argument("--seconds-per-round", type=float, default=0.1)
+  parser.add_argument("--seconds-per-round", type=report.positive_float, default=0.1)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   models = [m.strip() for m in args.models.split(",") if m.strip()]

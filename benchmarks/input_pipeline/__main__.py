@@ -3,6 +3,7 @@
 import argparse
 
 from benchmarks import input_pipeline
+from benchmarks import report
 from benchmarks.input_pipeline.decoders import decoder_part
 from benchmarks.input_pipeline.host import host_part
 from benchmarks.input_pipeline.imagenet_decode import imagenet_part
@@ -12,14 +13,14 @@ def main() -> None:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.input_pipeline",
                                    description=input_pipeline.__doc__.splitlines()[0])
   parser.add_argument("--part", choices=("all", "host", "imagenet", "decoders"), default="all")
-  parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--seconds", type=float, default=0.5, help="per timed round")
-  parser.add_argument("--imagenet-target", type=float, default=3000.0)
-  parser.add_argument("--imagenet-images", type=int, default=64)
-  parser.add_argument("--imagenet-sizes", type=int, nargs="+", default=[224, 128],
+  parser.add_argument("--rounds", type=report.positive_int, default=5)
+  parser.add_argument("--seconds", type=report.positive_float, default=0.5, help="per timed round")
+  parser.add_argument("--imagenet-target", type=report.positive_float, default=3000.0)
+  parser.add_argument("--imagenet-images", type=report.positive_int, default=64)
+  parser.add_argument("--imagenet-sizes", type=report.positive_int, nargs="+", default=[224, 128],
                       help="output sides; the first is used for the worker rows")
-  parser.add_argument("--worker-batch", type=int, default=32)
-  parser.add_argument("--worker-batches", type=int, default=8)
+  parser.add_argument("--worker-batch", type=report.positive_int, default=32)
+  parser.add_argument("--worker-batches", type=report.positive_int, default=8)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   if args.part in ("all", "host"):

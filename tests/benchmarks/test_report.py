@@ -1,5 +1,6 @@
 """The statistics the benchmarks report (no timing is asserted here: benchmarks are not tests)."""
 
+import argparse
 import math
 
 import pytest
@@ -65,3 +66,14 @@ def test_a_table_measured_on_an_accelerator_goes_to_its_own_section(tmp_path, mo
   assert "<!-- BEGIN optimizer -->\n## Optimizer\n\ncpu table\n<!-- END optimizer -->" in text
   assert "<!-- BEGIN optimizer-gpu -->\n## Optimizer, on " in text and "gpu table\n<!-- END optimizer-gpu -->" in text
   assert "<!-- BEGIN gpu-resnet50 -->\n## ResNet-50\n\nonly here" in text
+
+
+def test_the_shared_timing_options_refuse_counts_below_1_and_spreads_not_above_0(capsys):
+  parser = argparse.ArgumentParser(prog="bench")
+  report.add_spread_arguments(parser, rounds=9)
+  assert parser.parse_args(["--rounds", "3", "--max-spread", "0.2"]).rounds == 3
+  for argv, message in ((["--rounds", "0"], "argument --rounds: must be an integer >= 1, got 0"),
+                        (["--max-spread", "0"], "argument --max-spread: must be a number > 0, got 0")):
+    with pytest.raises(SystemExit) as stop:
+      parser.parse_args(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
