@@ -215,12 +215,6 @@ def parse_override(item: str) -> tuple[str, str]:
   return path, value
 
 
-def split_overrides(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
-  """Command-line `arguments` left by argparse -> (the `--config.<field>=<value>` overrides, the others)."""
-  overrides = [a for a in arguments if a.startswith("--config.")]
-  return overrides, [a for a in arguments if not a.startswith("--config.")]
-
-
 def parse_variant(variant: str, declared: Mapping[str, Variant], source: str) -> dict[str, str]:
   """`"batch=8192,rule=legw"` -> {"batch": "8192", "rule": "legw"}, keys checked against `declared`."""
   parsed = {}

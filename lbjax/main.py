@@ -14,6 +14,10 @@ status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRA
 traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
 same command resumes. `--config.deterministic=True` asks XLA for deterministic GPU kernels.
 
+Look at the first step without training: `--layer-table` prints papers/000 Table 2 for the run (per layer
+||w||, ||grad||, their ratio and mean |grad| at the initial parameters on the first batch;
+lbjax.train.layer_table), and with --workdir writes it to <workdir>/layer_table.csv.
+
 Compile without training: `--compile-only` builds and compiles the run's steps from abstract arrays (no
 data read, nothing initialised) for the local devices, or with `--topology v3:32x32` (any TPU topology
 name; needs `pip install 'lbjax[tpu]'`) for a TPU pod, or `--topology h100:8` (NVIDIA H100 or H200 GPUs:
@@ -81,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--compile-only", action="store_true", help="compile the run's steps from abstract arrays, "
                       "report memory, FLOPs, collectives and estimated times (compile.json in --workdir); exit 4 "
                       "when a step does not fit")
+  parser.add_argument("--layer-table", action="store_true", help="print ||w||, ||grad||, their ratio and mean |grad| "
+                      "per layer at the initial parameters on the first batch (papers/000 Table 2; "
+                      "<workdir>/layer_table.csv with --workdir) and exit")
   parser.add_argument("--topology", help="with --compile-only: compile for this TPU topology (v3:32x32, "
                       "v4:8x8x16, v5p:8x16x16, ...; needs lbjax[tpu]) or these GPUs (h100, h100:8, h200:2x8; needs "
                       "jax[cuda12-local]) instead of the local devices")
@@ -151,6 +158,21 @@ def _compile_only(args, loaded: config_files.LoadedConfig) -> int:
   return 0
 
 
+def _layer_table(args, loaded: config_files.LoadedConfig) -> int:
+  """`--layer-table`: papers/000 Table 2 of the run on the console, and in <workdir>/layer_table.csv."""
+  from lbjax import diagnostics  # pylint: disable=import-outside-toplevel
+  from lbjax.train import layer_table  # pylint: disable=import-outside-toplevel
+  if args.workdir:
+    _check_workdir(args.workdir)
+  rows = layer_table.first_step_layer_norms(loaded.config)
+  print(diagnostics.format_table(rows))
+  if args.workdir:
+    path = pathlib.Path(args.workdir) / "layer_table.csv"
+    diagnostics.write_csv(rows, path)
+    print(f"Written: {path}")
+  return 0
+
+
 def _env_int(name: str) -> int | None:
   """An integer from the environment (JAX reads JAX_COORDINATOR_ADDRESS itself, not these two)."""
   value = os.environ.get(name)
@@ -169,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   parser = _parser()
   args, rest = parser.parse_known_args(argv)
-  overrides, unexpected = config_files.split_overrides(rest)
+  overrides = [a for a in rest if a.startswith("--config.")]
+  unexpected = [a for a in rest if not a.startswith("--config.")]
   if unexpected:
     parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
   if args.list:
@@ -187,9 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     loaded = config_files.load(args.config, overrides)
     # Names, arguments and values now; what depends on the devices once they are known.
     resolved = validation.validate(loaded.config)
+    if args.layer_table and (args.dry_run or args.compile_only or args.topology):
+      parser.error("--layer-table computes the first step's gradients on this machine's devices; drop --dry-run, "
+                   "--compile-only and --topology, or run them as a command of their own.")
     if args.dry_run:
       print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
+    if args.layer_table:
+      return _layer_table(args, loaded)
     if args.topology and not args.compile_only:
       parser.error("--topology compiles for a TPU pod or GPUs without training: add --compile-only.")
     if args.compile_only:

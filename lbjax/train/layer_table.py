@@ -1,28 +1,20 @@
 """Per-layer norms at the first iteration of a config's run: papers/000 Table 2 for your model.
 
-  python -m lbjax.train.layer_table --config resnet50_imagenet:smoke=true --out layers.csv
-  python -m lbjax.train.layer_table --config mnist_lstm --config.batch_size=8192
+  lbjax-train --config resnet50_imagenet:smoke=true --layer-table --workdir runs/layers
+  lbjax-train --config mnist_lstm --config.batch_size=8192 --layer-table
 
-prints, for every parameter leaf, ||w||, ||grad||, ||w||/||grad|| and mean |grad| at the initial
-parameters on the run's first training batch, and writes them as CSV. LARS's local LR is
-eta times the ratio column (with weight decay 0); a ratio that varies by orders of magnitude between
-layers is why one global LR fails at large batch (papers/000 §4). The config is named as for
-`lbjax-train`: a packaged config or a file, an optional `:key=value,...` variant, then any number of
-`--config.<field>=<value>` overrides; a mistake in them or missing data prints what to change and exits
-with status 2.
+print, for every parameter leaf, ||w||, ||grad||, ||w||/||grad|| and mean |grad| at the initial
+parameters on the run's first training batch (with --workdir also as <workdir>/layer_table.csv).
+LARS's local LR is eta times the ratio column (with weight decay 0); a ratio that varies by orders of
+magnitude between layers is why one global LR fails at large batch (papers/000 §4).
 """
-
-import argparse
-import sys
 
 from flax import nnx
 import jax
 import ml_collections
 
-from lbjax import config_files
 from lbjax import diagnostics
 from lbjax.train.any_batch import whole_batch
-from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
 
 
@@ -41,24 +33,3 @@ def first_step_layer_norms(config: ml_collections.ConfigDict) -> list[diagnostic
   grads = jax.jit(jax.grad(loss))(run.state.params, arrays, carry)
   return diagnostics.layer_norms(run.state.params, grads)
 
-
-def main(argv: list[str] | None = None) -> list[diagnostics.LayerNormRow]:
-  """Command-line entry; see the module docstring."""
-  parser = argparse.ArgumentParser(prog="python -m lbjax.train.layer_table", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="a packaged config (see lbjax-train --list) or a .py file, "
-                      "with an optional :key=value,... variant; then --config.<field>=<value> overrides")
-  parser.add_argument("--out", help="CSV file to write (optional)")
-  args, rest = parser.parse_known_args(argv)
-  overrides, unexpected = config_files.split_overrides(rest)
-  if unexpected:
-    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
-  rows = first_step_layer_norms(config_files.load(args.config, overrides).config)
-  print(diagnostics.format_table(rows))
-  if args.out:
-    diagnostics.write_csv(rows, args.out)
-  return rows
-
-
-if __name__ == "__main__":
-  with exit_on_user_errors("python -m lbjax.train.layer_table"):
-    main(sys.argv[1:])

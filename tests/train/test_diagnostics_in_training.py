@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lbjax import config_files
+from lbjax import main
 from lbjax.train import layer_table
 from lbjax.train import train_and_evaluate
 from lbjax.train.datasets import Dataset
@@ -112,17 +113,17 @@ def test_layer_table_of_the_any_batch_step_equals_the_ordinary_steps():
     assert got.mean_abs_grad == pytest.approx(want.mean_abs_grad, rel=1e-5)
 
 
-def test_the_layer_table_command_applies_the_overrides_and_writes_the_table(tmp_path):
-  """`python -m lbjax.train.layer_table --config <file> --config.<field>=<value> --out`: the config as
-  lbjax-train resolves it (here a seed that changes the initial weights), its table in the CSV."""
+def test_lbjax_train_layer_table_applies_the_overrides_and_writes_the_table(tmp_path, capsys):
+  """`lbjax-train --config <file> --config.<field>=<value> --layer-table --workdir`: the config as a training
+  run resolves it (here a seed that changes the initial weights), its table on the console and in the CSV."""
   config = str(pathlib.Path(__file__).parents[1] / "experiments" / "tiny_image_config.py")
-  out = tmp_path / "layers.csv"
-  rows = layer_table.main(["--config", config, "--config.seed=3", "--out", str(out)])
-  with open(out) as f:
-    written = list(csv.DictReader(f))
-  assert [r["layer"] for r in written] == [row.layer for row in rows]
-  assert [float(r["weight_norm"]) for r in written] == [row.weight_norm for row in rows]
+  assert main.main(["--config", config, "--config.seed=3", "--layer-table", "--workdir", str(tmp_path)]) == 0
+  assert "| layer " in capsys.readouterr().out
+  with open(tmp_path / "layer_table.csv") as f:
+    written = [float(r["weight_norm"]) for r in csv.DictReader(f)]
   seed_3 = layer_table.first_step_layer_norms(config_files.load(config, ["--config.seed=3"]).config)
   seed_0 = layer_table.first_step_layer_norms(config_files.load(config).config)
-  assert [row.weight_norm for row in rows] == [row.weight_norm for row in seed_3]
-  assert [row.weight_norm for row in rows] != [row.weight_norm for row in seed_0]
+  assert written == [row.weight_norm for row in seed_3] != [row.weight_norm for row in seed_0]
+  with pytest.raises(SystemExit) as stop:
+    main.main(["--config", config, "--layer-table", "--dry-run"])
+  assert stop.value.code == 2 and "--layer-table computes the first step's gradients" in capsys.readouterr().err
