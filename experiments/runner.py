@@ -116,7 +116,7 @@ def run_once(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
     seconds = _add_trained_seconds(run_dir, time.time() - start)
   if preempted:
     raise RunPreempted(f"{name} seed {config.seed} was preempted (SIGTERM or SIGINT); its checkpoint in {run_dir} "
-                            "resumes when the experiment runs again.")
+                       "resumes when the experiment runs again.")
   return read_row(config, run_dir, name=name, metric=metric, seconds=seconds)
 
 
