@@ -2,6 +2,7 @@
 
 `run_once(config, run_dir, name=...)` trains `config` in `run_dir` unless the run finished there (its
 final evaluation is in `metrics.jsonl`) or diverged there (`diverged.txt` holds the trainer's message);
+a run that finished far worse than a uniform guess (`DIVERGED_ABOVE_UNIFORM_NATS`) counts as diverged too;
 an interrupted run resumes from its checkpoint, a preempted one stops the experiment (`RunPreempted`,
 a KeyboardInterrupt) so that running it again resumes. It returns a `RunRow`: the one row type of the
 experiments' tables.
@@ -19,9 +20,15 @@ import ml_collections
 from experiments import run_records
 from lbjax import train
 from lbjax.train import config as config_lib
+from lbjax.train import abstract_data
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train import validation
 from lbjax.train.errors import RunPreempted
 
+# A run diverged when it ended this many nats above a uniform guess's loss (`uniform_guess_loss`): its
+# predictions e times worse than uniform on average. An initialised model starts within a fraction of a nat
+# of the uniform guess, and one that trained too little (a tiny LR) ends just below or above it: not diverged.
+DIVERGED_ABOVE_UNIFORM_NATS = 1.0
 DIVERGED_NOTE = "diverged.txt"  # in a run's directory: the message of the non-finite step that stopped it
 TRAINED_SECONDS = "trained_seconds.txt"  # in a run's directory: wall-clock seconds of the sessions that trained it
 
@@ -35,8 +42,11 @@ class RunRow:
     seed: the run's `config.seed` (initialisation and shuffling).
     split: the split evaluated (`data_options.eval_split`: "test", "validation", "valid").
     metric: "accuracy" or "perplexity".
-    value: the final evaluation's `metric` (accuracy in [0, 1] or perplexity); NaN if it diverged.
-    status: "done", or "diverged" (a non-finite loss or update stopped it).
+    value: the final evaluation's `metric` (accuracy in [0, 1] or perplexity); NaN if a non-finite step
+      stopped it.
+    status: "done", or "diverged": a non-finite loss or update stopped it, or its final evaluation loss
+      is `DIVERGED_ABOVE_UNIFORM_NATS` above `uniform_guess_loss` (the value is then kept: e.g. a
+      perplexity in the millions).
     learning_rate: the peak learning rate after the scaling rule.
     warmup_epochs: the warm-up after the scaling rule (0 without one).
     epochs: epochs trained (to the last record of a diverged run).
@@ -70,6 +80,17 @@ def finished(run_dir: str | pathlib.Path) -> bool:
       (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None)
 
 
+def uniform_guess_loss(config: ml_collections.ConfigDict) -> float:
+  """ln K for a task of K classes (a language model's K: its vocabulary): the cross-entropy of predicting
+  each class with probability 1/K, about where an untrained model starts (ln 10,000 = 9.21 for PTB,
+  perplexity 10,000). A run that ends a nat above it (`DIVERGED_ABOVE_UNIFORM_NATS`) has learned less
+  than nothing: it diverged without a non-finite step (e.g. LEGW's LR 5.66 at B=640 on one PTB seed: test
+  perplexity 3.6e7). Infinite for a dataset whose model takes neither `num_classes` nor `vocab_size`."""
+  arguments = abstract_data.data_shapes(validation.validate(config).dataset).dataset.model_arguments
+  classes = arguments.get("vocab_size", arguments.get("num_classes"))
+  return math.log(classes) if classes else math.inf
+
+
 def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
              metric: str | None = None, seconds: float = 0.0) -> RunRow | None:
   """The row of the run of `config` in `run_dir`; None while it has not ended. `metric` None: the final
@@ -83,8 +104,10 @@ def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
   final = None if (run_dir / DIVERGED_NOTE).is_file() else run_records.final_eval(run_dir)
   last = final or (logged[-1] if logged else {"epoch": 0.0, "step": 0})
   metric = metric or next((m for m in ("accuracy", "perplexity") if final and m in final), "accuracy")
+  learned = final is not None and not (
+      "loss" in final and float(final["loss"]) > uniform_guess_loss(config) + DIVERGED_ABOVE_UNIFORM_NATS)
   return RunRow(name, config.seed, config.data_options.get("eval_split", "test"), metric,
-                float(final[metric]) if final else math.nan, "done" if final else "diverged", recipe.learning_rate,
+                float(final[metric]) if final else math.nan, "done" if learned else "diverged", recipe.learning_rate,
                 recipe.warmup_epochs if has_warmup else 0.0, last["epoch"], last["step"], seconds,
                 run_records.training_devices(), config_lib.batch_sizes(config)[0])
 

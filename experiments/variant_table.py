@@ -227,19 +227,22 @@ def _mean_sd(values: list[float]) -> str:
   return text + (f" ± {statistics.stdev(finite):.2f}" if len(finite) > 1 else "")
 
 
-def _evaluations_section(table: Table, evaluations: Sequence[run_records.Evaluation]) -> list[str]:
+def _evaluations_section(table: Table, evaluations: Sequence[run_records.Evaluation],
+                         diverged: set[tuple[str, int]]) -> list[str]:
   """The page's lines for the runs evaluated again (`experiments.reevaluate`): one line per (row, label)
-  with the metric as trained and under the label's settings over seeds, then one line per run."""
+  with the metric as trained and under the label's settings over the seeds that did not diverge (the
+  (name, seed) pairs in `diverged`), then one line per run."""
   lines = ["", "## Evaluated again", "",
            "The runs above, each evaluated once more from its final parameters under other settings "
            "(`python -m experiments.reevaluate`); `as trained` is the run's own final evaluation. Mean ± "
-           "sample sd over seeds.", "",
+           "sample sd over the seeds that did not diverge.", "",
            f"| row | settings | split | {table.metric} as trained | {table.metric} re-evaluated | "
            "Δ (mean of per-seed differences) | seeds |",
            "|---|---|---|---:|---:|---:|---:|"]
   for row in table.rows:
     for label in dict.fromkeys(e.label for e in evaluations):
-      runs = sorted((e for e in evaluations if e.name == row.name and e.label == label), key=lambda e: e.seed)
+      runs = sorted((e for e in evaluations if e.name == row.name and e.label == label
+                     and (e.name, e.seed) not in diverged), key=lambda e: e.seed)
       if runs:
         lines.append(f"| `{row.name}` | `{label}`: `{runs[0].settings}` | {runs[0].split} | "
                      f"{_mean_sd([e.trained_value for e in runs])} | {_mean_sd([e.value for e in runs])} | "
@@ -276,6 +279,10 @@ def markdown(table: Table, results: list[RunRow], evaluations: Sequence[run_reco
         f"{scale * (mean - reference):+.2f}"
     lines.append(f"| `{row.name}` | {row.tests} | `{_describe(row)}` | {runs[0].split} | {cell} | {delta} | "
                  f"{finished}/{len(runs)} | {runs[0].steps} |")
+  if any(r.status == "diverged" for r in results):
+    lines += ["", "A run diverged when a non-finite step stopped it or it ended a nat above a uniform guess's loss "
+              "(ln K for K classes or words; perplexity e·K), having learned less than nothing; it is left out "
+              "of its row's mean and listed below with its value."]
   lines += ["", "Runs (peak LR and warm-up as trained):", "",
             "| row | seed | peak LR | warm-up epochs | epochs | updates | seconds | device | "
             f"{table.metric} | status |",
@@ -286,7 +293,7 @@ def markdown(table: Table, results: list[RunRow], evaluations: Sequence[run_reco
                  f"{r.steps} | {r.seconds:.0f} | {r.device or 'not recorded'} | {_format(r.value, table.metric)} | "
                  f"{r.status} |")
   if evaluations:
-    lines += _evaluations_section(table, evaluations)
+    lines += _evaluations_section(table, evaluations, {(r.name, r.seed) for r in results if r.status != "done"})
   return "\n".join(lines) + "\n"
 
 
@@ -314,12 +321,18 @@ def _plain_log_axis(axis) -> None:
   axis.set_minor_locator(ticker.NullLocator())
 
 
-def _draw_lines(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float, x_label: str):
+def _draw_lines(axes, rows: list[TableRow], stats: list[tuple[float, float, int]], scale: float, x_label: str,
+                diverged: list[int]):
+  """One line per series; a point whose row has diverged runs (`diverged`, per row) says how many."""
   for series in dict.fromkeys(row.series for row in rows):
-    points = sorted((row.x, mean, std) for row, (mean, std, _) in zip(rows, stats)
+    points = sorted((row.x, mean, std, lost) for row, (mean, std, _), lost in zip(rows, stats, diverged)
                     if row.series == series and not math.isnan(mean))
-    axes.errorbar([p[0] for p in points], [scale * p[1] for p in points], marker="o", capsize=3, label=series,
-                  yerr=[0.0 if math.isnan(p[2]) else scale * p[2] for p in points])
+    line = axes.errorbar([p[0] for p in points], [scale * p[1] for p in points], marker="o", capsize=3,
+                         label=series, yerr=[0.0 if math.isnan(p[2]) else scale * p[2] for p in points])
+    for x, mean, _, lost in points:
+      if lost:
+        axes.annotate(f"{lost} diverged", (x, scale * mean), textcoords="offset points", xytext=(-8, 6), ha="right",
+                      fontsize=8, color=line.lines[0].get_color())
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   axes.set_xscale("log", base=2)
   sizes = sorted({row.x for row, (mean, _, _) in zip(rows, stats) if not math.isnan(mean)})
@@ -366,7 +379,8 @@ def plot(table: Table, results: list[RunRow], path: str | pathlib.Path) -> None:
   label = f"{results[0].split if results else 'test'} {table.metric}" + (" (%)" if table.metric == "accuracy" else "")
   if table.x_label:
     figure, axes = plt.subplots(figsize=(6, 4))
-    _draw_lines(axes, rows, stats, scale, table.x_label)
+    _draw_lines(axes, rows, stats, scale, table.x_label,
+                [sum(r.name == row.name and r.status != "done" for r in results) for row in rows])
     axes.set_ylabel(label)
     if table.metric == "perplexity":
       axes.set_yscale("log")

@@ -1,11 +1,13 @@
 """`experiments.runner.run_once`: the row of a run, trained once, however many sessions it took."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
 
 from experiments import runner
+from lbjax import config_files
 from lbjax.train.errors import RunPreempted
 from tests.train import helpers
 
@@ -31,3 +33,21 @@ def test_a_resumed_runs_seconds_add_up_its_sessions(tmp_path, monkeypatch):
   row = runner.run_once(config, run_dir, name="row")
   assert row.seconds == pytest.approx(75.0) and row.value == 0.5 and row.status == "done"
   assert runner.run_once(config, run_dir, name="row").seconds == 0.0  # read back, not trained now
+
+
+@pytest.mark.parametrize("loss, status", [(2.0, "done"), (2.4, "done"), (3.4, "diverged")])
+def test_a_run_that_ends_far_worse_than_a_uniform_guess_diverged(tmp_path, loss, status):
+  """10 classes: a final evaluation loss a nat above ln 10 = 2.303 (a uniform guess's) is a run that
+  diverged without a non-finite step, its value kept in the row; just above it is a run that learned little."""
+  config, run_dir = helpers.tiny_classifier_config(), tmp_path / "run"
+  run_dir.mkdir()
+  final = {"kind": "eval", "step": 8, "epoch": 1.0, "loss": loss, "accuracy": 0.09, "final": True}
+  (run_dir / "metrics.jsonl").write_text(json.dumps(final) + "\n")
+  assert runner.uniform_guess_loss(config) == pytest.approx(2.302585)
+  row = runner.read_row(config, run_dir, name="row")
+  assert (row.status, row.value) == (status, 0.09)
+
+
+def test_a_language_models_uniform_guess_is_its_vocabulary():
+  """PTB's 10,000 words: perplexity 10,000 is the line (nothing is read: the vocabulary is published)."""
+  assert runner.uniform_guess_loss(config_files.load("ptb_lstm").config) == pytest.approx(math.log(10_000))

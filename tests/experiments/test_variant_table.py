@@ -109,6 +109,17 @@ def test_a_diverging_row_is_recorded_as_such(tmp_path, monkeypatch):
   assert "diverged" in (tmp_path / "t.md").read_text()
 
 
+def test_a_run_worse_than_a_uniform_guess_is_left_out_of_its_rows_mean():
+  """Three seeds of one row, the third ended at perplexity 3.6e7 (`runner.read_row`: diverged, its value kept):
+  the row is the mean of the two that learned, and says one diverged; the run is listed with its value."""
+  table = _table(metric="perplexity", rows=[{"name": "base", "tests": "t"}])
+  results = [runner.RunRow("base", seed, "test", "perplexity", value, status)
+             for seed, value, status in ((0, 150.0, "done"), (1, 160.0, "done"), (2, 3.6e7, "diverged"))]
+  page = variant_table.markdown(table, results)
+  assert "| test | 155.00 ± 7.07 (1 diverged) |" in page and "| 2/3 |" in page
+  assert "| 36000000.00 | diverged |" in page and "uniform guess" in page
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"rows": []}, "'rows' must be a non-empty list"),
     ({"rows": [{"name": "a", "tests": "t"}, {"name": "a", "tests": "t"}]}, "repeated: a"),
@@ -168,13 +179,14 @@ def test_plots_label_the_batch_sizes_run_and_plain_perplexities(tmp_path):
   rows = [variant_table.TableRow(f"b{b}", "t", series="legw", x=b) for b in (20, 40, 80, 160, 320, 640)]
   stats = [(110.0 + b / 10, 1.0, 1) for b in (20, 40, 80, 160, 320, 640)]
   figure, axes = plt.subplots()
-  variant_table._draw_lines(axes, rows, stats, 1.0, "batch size")
+  variant_table._draw_lines(axes, rows, stats, 1.0, "batch size", [0, 0, 0, 0, 0, 1])
   axes.set_yscale("log")
   variant_table._plain_log_axis(axes.yaxis)
   figure.canvas.draw()
   assert [t.get_text() for t in axes.get_xticklabels()] == ["20", "40", "80", "160", "320", "640"]
   y_labels = [t.get_text() for t in axes.get_yticklabels() if t.get_text()]
   assert y_labels and all(label.replace(",", "").isdigit() for label in y_labels), y_labels
+  assert [t.get_text() for t in axes.texts] == ["1 diverged"]  # B=640's point: the mean of the others
   plt.close(figure)
 
 
