@@ -203,8 +203,8 @@ e2e_table() {
   pack
 }
 
-step_options_part() {
-  local size=() option
+step_options_part() {  # each option in turn; one that fails (an XLA abort) does not keep the rest from running
+  local size=() option failed=0
   local batch=256 half=128  # the step's batch per device; the config's own max_device_batch (two halves)
   [ "$MODE" = dry-run ] && size=(--dry-run) batch=8 half=8  # ghost BN 8 there: no halves, the path only
   # the first two: as configured and with LARS in the flat layout, each in the same rounds with the state in
@@ -216,8 +216,9 @@ step_options_part() {
       "--override=--config.model_options.bn_group_size=$batch" "--max-device-batch=$half"; do
     # shellcheck disable=SC2086  # $option: one or two words
     "$PYTHON" -m benchmarks.resnet50_end_to_end "${size[@]}" --step-only $option \
-        --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work" || return 1
+        --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work" || failed=1
   done
+  return "$failed"
 }
 
 # unpack ARCHIVE...: in the order given, each archive's accelerator sections that its run changed (the README

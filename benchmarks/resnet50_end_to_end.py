@@ -39,6 +39,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import re
 import signal
 import statistics
 import subprocess
@@ -222,6 +223,15 @@ def measure_loop(args, spec: str, overrides: list[str], env: dict[str, str], wor
           "loop_exit_status": process.returncode, "loop_wall_seconds": time.perf_counter() - start}
 
 
+def _failure_of(stderr: str, tail_chars: int = 3000) -> str:
+  """What a failed process's stderr says: its fatal log lines (XLA's `F1128 ... Check failed: ...`, which a
+  native abort's stack trace then buries) and Python errors, then the tail."""
+  fatal = [line for line in stderr.splitlines()
+           if re.match(r"[EF]\d{4} ", line) or "Check failed" in line or re.match(r"\w+(Error|Exception): ", line)]
+  head = ["(fatal lines)", *fatal[:20], "(the end of stderr)", ""] if fatal else []
+  return "\n".join(head) + stderr[-tail_chars:]
+
+
 def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str]) -> dict:
   command = [sys.executable, "-m", "benchmarks.resnet50_end_to_end", "--measure-step", spec,
              f"--rounds={args.rounds}", f"--step-repeats={args.step_repeats}"]
@@ -235,7 +245,7 @@ def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str])
                      f"minutes) or fewer --rounds/--step-repeats.") from e
   lines = [line for line in done.stdout.splitlines() if line.startswith(STEP_RESULT)]
   if done.returncode or not lines:
-    raise RuntimeError(f"The step process failed (status {done.returncode}):\n{done.stderr[-3000:]}")
+    raise RuntimeError(f"The step process failed (status {done.returncode}):\n{_failure_of(done.stderr)}")
   return json.loads(lines[-1][len(STEP_RESULT):])
 
 

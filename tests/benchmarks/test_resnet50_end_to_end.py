@@ -59,3 +59,13 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
 def test_a_missing_results_file_for_the_table_is_named_without_a_traceback(tmp_path):
   with pytest.raises(SystemExit, match="no such file; --table reads a results file that --results wrote"):
     resnet50_end_to_end.write_table(tmp_path / "missing.jsonl", no_readme=True)
+
+
+def test_a_native_abort_keeps_its_check_message_ahead_of_the_stack_trace():
+  """XLA's `F... Check failed` line comes before thousands of characters of stack trace: the error shows it."""
+  stderr = ("W1128 03:21:00 some warning\nF1128 03:21:07.1 gemm_fusion.cc:123] Check failed: dot is supported\n"
+            + "    @     0x7fcf  xla::HloInstruction::Accept<>()\n" * 200)
+  shown = resnet50_end_to_end._failure_of(stderr)
+  assert shown.startswith("(fatal lines)\nF1128 03:21:07.1 gemm_fusion.cc:123] Check failed: dot is supported\n")
+  assert shown.endswith(stderr[-3000:]) and "some warning" not in shown.split("(the end of stderr)")[0]
+  assert resnet50_end_to_end._failure_of("plain\ntail") == "plain\ntail"
