@@ -94,7 +94,12 @@ class _Conv:
     for dimension, stride in zip(lhs_spec[2:], self.window_strides):
       strided[dimension] = slice(None, None, stride)
     contracted = ((lhs_spec[0], *lhs_spec[2:]), (out_spec[0], *out_spec[2:]))
-    product = lax.dot_general(lhs[tuple(strided)], cotangent, (contracted, ((), ())), precision=self.precision,
+    sampled = lhs[tuple(strided)]
+    if any(stride > 1 for stride in self.window_strides):
+      # Materialised first: XLA:GPU 0.11.2 (jax 0.11.2) aborts compiling a GEMM that fuses the strided slice
+      # ("triton_tiling_propagation.cc: Check failed: subdim_size_accumulator == dim_size (784 vs. 56)").
+      sampled = lax.optimization_barrier(sampled)
+    product = lax.dot_general(sampled, cotangent, (contracted, ((), ())), precision=self.precision,
                               preferred_element_type=dtype)  # [in features, out features]
     kernel = product.reshape(product.shape + (1,) * (lhs.ndim - 2))  # axes: in, out, the 1x1 window
     return jnp.transpose(kernel, np.argsort((rhs_spec[1], rhs_spec[0], *rhs_spec[2:])))
