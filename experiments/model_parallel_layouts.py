@@ -28,6 +28,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from benchmarks import report
 from benchmarks.collectives import collective_bytes
 from experiments import simulated_devices
 from lbjax.train import default_config
@@ -104,18 +105,14 @@ def _parameters_per_device(run: Run) -> int:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=10)
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--steps", type=report.positive_int, default=10)
+  parser.add_argument("--repeats", type=report.positive_int, default=3)
   parser.add_argument("--batch_size", type=int, default=64)
-  parser.add_argument("--seq_len", type=int, default=20)
+  parser.add_argument("--seq_len", type=report.positive_int, default=20)
   parser.add_argument("--vocab", type=int, default=10000, help="vocabulary size V")
   parser.add_argument("--width", type=int, default=200, help="embedding and LSTM size D = H")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  too_small = [f"--{name} {value}" for name, value in (("steps", args.steps), ("repeats", args.repeats),
-                                                          ("seq_len", args.seq_len)) if value < 1]
-  if too_small:
-    parser.error(f"{', '.join(too_small)}: each must be >= 1.")
   simulated_devices.require(parser, 8, exact=True)
   rows = measure(args.steps, args.repeats, args.batch_size, args.seq_len, args.vocab, args.width)
   command = simulated_devices.command("experiments.model_parallel_layouts", argv)

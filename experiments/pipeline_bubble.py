@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType
 
+from benchmarks import report
 from experiments import runner
 from experiments import simulated_devices
 from lbjax.parallel import pipeline, stacks
@@ -49,13 +50,11 @@ def _loss(forward, target):
   return lambda params: jnp.mean((forward(params) - target) ** 2)
 
 
-def argument_problems(stages_list, microbatches_list, num_layers, width, batch_size, repeats) -> list[str]:
-  """What is wrong with the command's arguments (an empty list: nothing), said before any compute."""
+def argument_problems(stages_list, microbatches_list, num_layers, batch_size) -> list[str]:
+  """What is wrong with the command's stage and micro-batch counts (an empty list: nothing), said before
+  any compute (the single counts are `report.positive_int`s)."""
   problems = [f"--{name} must be integers >= 1, got {','.join(map(str, values))}."
               for name, values in (("stages", stages_list), ("microbatches", microbatches_list)) if min(values) < 1]
-  problems += [f"--{name} must be >= 1, got {value}." for name, value in
-               (("num_layers", num_layers), ("width", width), ("batch_size", batch_size), ("repeats", repeats))
-               if value < 1]
   if not problems:
     problems += [f"--num_layers {num_layers} must be divisible by every stage count (--stages {s}): each stage "
                  "holds L/S layers." for s in stages_list if num_layers % s]
@@ -144,15 +143,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--stages", type=runner.ints, default=(2, 4))
   parser.add_argument("--microbatches", type=runner.ints, default=(1, 2, 4, 8, 16))
-  parser.add_argument("--num_layers", type=int, default=8)
-  parser.add_argument("--width", type=int, default=256)
-  parser.add_argument("--batch_size", type=int, default=512)
-  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--num_layers", type=report.positive_int, default=8)
+  parser.add_argument("--width", type=report.positive_int, default=256)
+  parser.add_argument("--batch_size", type=report.positive_int, default=512)
+  parser.add_argument("--repeats", type=report.positive_int, default=7)
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
   simulated_devices.require(parser, max(args.stages), reason=f"--stages up to {max(args.stages)}")
-  problems = argument_problems(args.stages, args.microbatches, args.num_layers, args.width, args.batch_size,
-                               args.repeats)
+  problems = argument_problems(args.stages, args.microbatches, args.num_layers, args.batch_size)
   if problems:
     parser.error(" ".join(problems))
   params, steps, schedules = build_steps(args.stages, args.microbatches, args.num_layers, args.width,

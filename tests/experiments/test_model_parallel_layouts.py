@@ -56,4 +56,4 @@ def test_the_markdown_has_a_row_per_layout_and_the_command(table):
 def test_steps_repeats_or_sequence_length_below_1_are_a_usage_error(tmp_path, capsys):
   with pytest.raises(SystemExit) as stop:
     model_parallel_layouts.main([*ARGV, "--steps", "0", "--seq_len", "0", "--out", str(tmp_path / "table")])
-  assert stop.value.code == 2 and "--steps 0, --seq_len 0: each must be >= 1." in capsys.readouterr().err
+  assert stop.value.code == 2 and "argument --steps: must be an integer >= 1, got 0" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def test_more_stages_than_devices_is_a_usage_error(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--stages", "0"], "--stages must be integers >= 1, got 0."),
     (["--microbatches", "2,0"], "--microbatches must be integers >= 1, got 2,0."),
-    (["--repeats", "0"], "--repeats must be >= 1, got 0."),
+    (["--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+    (["--width", "-4"], "argument --width: must be an integer >= 1, got -4"),
     (["--stages", "3"], "--num_layers 8 must be divisible by every stage count (--stages 3)"),
     (["--microbatches", "3"], "--batch_size 512 must be divisible by every micro-batch count (--microbatches 3)."),
 ])
