@@ -7,7 +7,8 @@
 #   2. seeds 1 and 2 of the best B=640 setting found (`decay_from_10_clip_0.25` of ptb_lstm_640_hypotheses).
 # Done on 2026-11-26 and committed: the headline both ways (ptb_lstm_headline.md, "Evaluated again"; the
 # stream evaluation needs the runs' checkpoints, so it is `experiments.reevaluate` on the machine that
-# trained them), the five hypotheses rows, and seed 1 of Figure 5.2's LEGW rows.
+# trained them), the five hypotheses rows, and seed 1 of Figure 5.2's LEGW rows. Done on 2026-11-28
+# (BUDGET_SECONDS=400, one 421 s call): Figure 5.2's seeds 1-2 but Adam B=20 seed 2, Figure 6.2's LEGW seed 2.
 #
 # Here, once (.whl/, ignored by .gitignore: the ml-collections wheel the device image lacks, and the PTB files, xz):
 #   bash experiments/gpu_tables.sh --prepare
