@@ -19,8 +19,8 @@ import ml_collections
 
 from experiments import run_records
 from lbjax import train
-from lbjax.train import config as config_lib
 from lbjax.train import abstract_data
+from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
 from lbjax.train.errors import RunPreempted
