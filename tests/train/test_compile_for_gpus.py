@@ -74,6 +74,13 @@ def test_a_deviceless_gpu_has_the_memory_jax_takes_of_it():
   assert "75%" in memory.source and "XLA_PYTHON_CLIENT_MEM_FRACTION" in memory.source
 
 
+def _compile_in_a_fresh_process(command: list[str]) -> subprocess.CompletedProcess:
+  """`command` (an `lbjax.main --compile-only` line) in a fresh process on the CPU platform, as a user runs it."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
+  return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
+                        env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
+
+
 @pytest.mark.skipif(not gpu_targets.plugin_installed(),
                     reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
 def test_mnist_lstm_compiles_for_eight_h100s_with_the_gradient_all_reduce(tmp_path):
@@ -84,9 +91,7 @@ def test_mnist_lstm_compiles_for_eight_h100s_with_the_gradient_all_reduce(tmp_pa
   command = [sys.executable, "-m", "lbjax.main", "--config", "mnist_lstm", "--compile-only", "--topology", "h100:8",
              f"--config.model_options.transform_size={transform}", f"--config.model_options.hidden_size={hidden}",
              "--config.deterministic=True", "--workdir", str(tmp_path)]
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
-  done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
-                        env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
+  done = _compile_in_a_fresh_process(command)
   assert done.returncode == 0, done.stderr[-2000:]
   report = json.loads((tmp_path / "compile.json").read_text())
   assert report["topology"] == "h100:8" and report["devices"] == 8 and report["platform"] == "gpu"
@@ -111,8 +116,6 @@ def test_a_bfloat16_resnet_with_float32_kernel_gradients_compiles_for_an_h100(tm
   command = [sys.executable, "-m", "lbjax.main", "--config", "resnet_tiny_synthetic_cifar", "--compile-only",
              "--topology", "h100", "--config.model_options.dtype=bfloat16",
              "--config.model_options.param_dtype_gradients=True", "--workdir", str(tmp_path)]
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
-  done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
-                        env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
+  done = _compile_in_a_fresh_process(command)
   assert done.returncode == 0, done.stderr[:2000]
   assert json.loads((tmp_path / "compile.json").read_text())["fits"] is True
