@@ -317,6 +317,7 @@ def test_a_failed_save_without_mount_rights_stops_with_a_short_message_and_keeps
       process.kill()
       process.wait(timeout=60)
     reader.join(timeout=60)
+    process.stderr.close()
   stderr = "".join(lines)
   assert process.returncode == 3, stderr[-3000:]
   start = "lbjax-train: Saving checkpoint"
