@@ -264,11 +264,21 @@ class EvaluateAndSave:
     metrics = run.evaluate()
     self.writer.write("eval", run.step_count, dict(metrics, epoch=run.epoch, **extra))
     self.progress.evaluation(run.step_count, run.epoch, metrics, self.eval_split)
+    self._record(metrics)
+    return metrics
+
+  def recall(self, evaluations: list[tuple[int, dict[str, float]]], step: int | None) -> None:
+    """On a resume from `step`: `evaluations`, the `(step, metrics)` the run recorded up to it, count
+    for the best so far, and the one at `step` (if any) is the latest."""
+    for _, metrics in evaluations:
+      self._record(metrics)
+    self.last = evaluations[-1][1] if evaluations and evaluations[-1][0] == step else {}
+
+  def _record(self, metrics: dict[str, float]) -> None:
     key, better = ("accuracy", max) if "accuracy" in metrics else ("loss", min)
     if not self.best or better(metrics[key], self.best[key]) == metrics[key]:
       self.best = dict(metrics)
     self.last = metrics
-    return metrics
 
 
 class Checkpoint:

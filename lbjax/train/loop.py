@@ -12,6 +12,7 @@ import pathlib
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
@@ -73,12 +74,13 @@ def _device_change(run: Run) -> str:
           "are the same, drawn per row of the global batch whatever the devices and micro-batches).")
 
 
-def _start_metrics(run: Run, writer: MetricsWriter) -> dict[str, float]:
+def _start_metrics(run: Run, writer: MetricsWriter) -> list[tuple[int, dict[str, float]]]:
   """On a resume: drops the records that `metrics.jsonl` holds past the checkpoint's step (written
-  after it, by the run that stopped) and marks the resume with a `resume` record. Returns the last
-  evaluation at the checkpoint's step, if the file has one (a finished run is not evaluated twice)."""
+  after it, by the run that stopped) and marks the resume with a `resume` record. Returns the
+  evaluations recorded up to the checkpoint's step, as `(step, metrics)` (the best so far counts
+  them, and a finished run is not evaluated twice)."""
   if run.resumed_from is None:
-    return {}
+    return []
   dropped = writer.truncate_after(run.resumed_from)
   values = {"epoch": run.epoch, "dropped_records": dropped, "data_parallel_size": run.data_parallel_size}
   if run.start.saved_data_parallel_size is not None:
@@ -89,7 +91,21 @@ def _start_metrics(run: Run, writer: MetricsWriter) -> dict[str, float]:
   note = _device_change(run)
   if note:
     logging.warning("%s", note)
-  return writer.last_record("eval", run.resumed_from)
+  return writer.records("eval")
+
+
+def _recorded_final_evaluation(run: Run, last: dict[str, float]) -> dict[str, float]:
+  """For a resumed run that took no step (it was finished): `last`, the evaluation `metrics.jsonl`
+  holds at its step, as process 0 read it ({} if none: preempted at its last step), on every process,
+  so that all of them evaluate again or none (an evaluation is a collective). {} if it took steps."""
+  if run.step_count != run.resumed_from:
+    return {}
+  if jax.process_count() == 1:
+    return last
+  text = json.dumps(last).encode()
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(len(text))))
+  local = np.frombuffer(text, np.uint8) if run.process_index == 0 else np.zeros(size, np.uint8)
+  return json.loads(bytes(multihost_utils.broadcast_one_to_all(local)))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir: str | pathlib.Path, *,
@@ -119,13 +135,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
   except BaseException:
     run.close()
     raise
-  evaluated_before = _start_metrics(run, writer)
   progress = ProgressLine(resolved.num_epochs, resolved.num_steps, enabled=run.process_index == 0 and watch.progress)
   progress.reset_window(run.examples_seen, run.epoch, run.step_count)
   start_examples = run.examples_seen
   metrics = hooks.WriteMetrics(writer, progress, watch.log_every, layerwise_rates=run.parts.has_layerwise_rates)
   evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, watch.eval_every_epochs, run.epoch,
                                      num_epochs=resolved.num_epochs, eval_split=run.task.dataset.eval_split)
+  evaluation.recall(_start_metrics(run, writer), run.resumed_from)
   preemption = hooks.SaveOnPreemption(
       metrics.flush, checkpoint_directory=run.checkpoints.directory if run.checkpoints is not None else None,
       announce=watch.progress and run.process_index == 0)
@@ -144,8 +160,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
     metrics.flush(run)
     decisions.flush()
     if not preemption.stopped:
-      if run.step_count == run.resumed_from and evaluated_before:  # resumed a finished run: nothing new
-        evaluation.last = evaluation.best = evaluated_before
+      recorded = _recorded_final_evaluation(run, evaluation.last)
+      if recorded:  # a resumed finished run: not evaluated twice
+        evaluation.last = recorded
       else:
         evaluation.evaluate(run, final=True)
       run.save()

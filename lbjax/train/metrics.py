@@ -71,15 +71,15 @@ class MetricsWriter:
       self._file = self.path.open("a")
     return dropped
 
-  def last_record(self, kind: str, step: int) -> dict[str, float]:
-    """The values of the last `kind` record at `step` in the file ({} if none)."""
+  def records(self, kind: str) -> list[tuple[int, dict[str, float]]]:
+    """The `(step, values)` of the file's `kind` records, in file order ([] if none)."""
     if not self._enabled or not self.path.exists():
-      return {}
-    found = {}
+      return []
+    found = []
     for line in self.path.read_text().splitlines():
       record = json.loads(line)
-      if record.get("kind") == kind and record.get("step") == step:
-        found = {k: v for k, v in record.items() if k not in ("kind", "step", "epoch", "final")}
+      if record.get("kind") == kind:
+        found.append((record["step"], {k: v for k, v in record.items() if k not in ("kind", "step", "epoch", "final")}))
     return found
 
   def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
@@ -103,13 +103,15 @@ class MetricsWriter:
 
 class ProgressLine:
   """The console: a progress line per log interval (epoch, step, loss, LR, batch size, examples/s and
-  an ETA that respects both stop rules, epochs and steps), one line per evaluation, and a summary."""
+  an ETA that respects both stop rules, epochs and steps), one line per evaluation, and a summary.
+  `stream`: where the lines go; default the `sys.stdout` of the moment the run starts (so
+  `contextlib.redirect_stdout` and a notebook's output capture take them)."""
 
-  def __init__(self, num_epochs: float, num_steps: int = 0, *, enabled: bool = True, stream: TextIO = sys.stdout):
+  def __init__(self, num_epochs: float, num_steps: int = 0, *, enabled: bool = True, stream: TextIO | None = None):
     self._num_epochs = num_epochs
     self._num_steps = num_steps
     self._enabled = enabled
-    self._stream = stream
+    self._stream = sys.stdout if stream is None else stream
     self._start = time.perf_counter()
     self.reset_window(0, 0.0, 0)
 

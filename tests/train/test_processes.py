@@ -68,21 +68,29 @@ def test_sigterm_saves_a_restorable_checkpoint_and_exits_0(tmp_path):
   assert resumed.step == step + 8 and not resumed.preempted
 
 
+def _start_two_processes(workdir: pathlib.Path, out: pathlib.Path, *mode: str) -> list[subprocess.Popen]:
+  """Starts `multihost_worker` (in `mode`) as 2 processes of 2 devices each."""
+  port = _free_port()
+  return [subprocess.Popen(
+      [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(workdir), str(out), *mode],
+      env=_env(2), cwd=REPO, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def _wait_for_success(workers: list[subprocess.Popen]) -> None:
+  for worker in workers:
+    _, stderr = worker.communicate(timeout=600)
+    assert worker.returncode == 0, stderr[-3000:]
+
+
 def _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path: pathlib.Path, *mode: str):
   """Runs `multihost_worker` (in `mode`) as 2 processes of 2 devices each and, at the same time, as 1
   process of 4 devices; asserts they save the same values and returns them."""
-  port = _free_port()
-  workers = [subprocess.Popen(
-      [sys.executable, "-m", "tests.train.multihost_worker", str(i), "2", str(port), str(tmp_path / "multi"),
-       str(tmp_path / "multi.npz"), *mode], env=_env(2), cwd=REPO, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+  workers = _start_two_processes(tmp_path / "multi", tmp_path / "multi.npz", *mode)
   single = subprocess.run(
       [sys.executable, "-m", "tests.train.multihost_worker", "0", "1", "0", str(tmp_path / "single"),
        str(tmp_path / "single.npz"), *mode], env=_env(4), cwd=REPO, capture_output=True, text=True, timeout=600)
   assert single.returncode == 0, single.stderr[-3000:]
-  for worker in workers:
-    _, stderr = worker.communicate(timeout=600)
-    assert worker.returncode == 0, stderr[-3000:]
+  _wait_for_success(workers)
   multi, one = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
   assert multi["devices"] == one["devices"] == 4
   assert sorted(multi.files) == sorted(one.files)
@@ -102,6 +110,18 @@ def test_two_processes_draw_the_dropout_masks_of_one_process(tmp_path):
   assert helpers.tiny_language_model_config().model_options.dropout_rate > 0
   values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "dropout")
   assert values["step"] == 4
+
+
+def test_two_processes_resuming_a_finished_run_agree_that_it_was_evaluated(tmp_path):
+  """Only process 0 reads `metrics.jsonl`, which says whether a finished run's last step was evaluated;
+  the processes must agree on it, or one would wait in the evaluation's collectives alone."""
+  for out in ("first.npz", "again.npz"):
+    _wait_for_success(_start_two_processes(tmp_path / "multi", tmp_path / out))
+  first, again = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
+  assert again["step"] == first["step"] == 8 and again["accuracy"] == first["accuracy"]
+  with open(tmp_path / "multi" / "metrics.jsonl") as f:
+    records = [r["kind"] for r in map(json.loads, f)]
+  assert records.count("eval") == 1 and records.count("resume") == 1
 
 
 @pytest.mark.parametrize("mode", ["until_sigterm", "until_sigterm_in_calls"])

@@ -209,6 +209,20 @@ def test_sigterm_right_after_an_evaluation_keeps_its_checkpoint_and_resumes(tmp_
   assert not resumed.preempted and resumed.step == 8
 
 
+def test_the_best_evaluation_of_a_resumed_run_counts_the_evaluations_before_the_resume(tmp_path, monkeypatch,
+                                                                                      capfd):
+  """The summary's `best` line is the best of the whole run, not of the process that finished it."""
+  accuracies = iter([0.9, 0.5, 0.6, 0.7])  # epochs 0.25, 0.5 (first process), 0.75, 1.0 (resumed)
+  monkeypatch.setattr(Run, "evaluate", lambda self: (lambda a: {"accuracy": a, "loss": 1 - a})(next(accuracies)))
+  train_and_evaluate(helpers.tiny_classifier_config(num_epochs=0.5, eval_every_epochs=0.25), tmp_path)
+  capfd.readouterr()
+  resumed = train_and_evaluate(helpers.tiny_classifier_config(eval_every_epochs=0.25, progress=True), tmp_path)
+  assert resumed.step == 8 and resumed.eval_metrics["accuracy"] == 0.7
+  summary = capfd.readouterr().out.splitlines()[-2:]
+  assert summary == ["final   accuracy 0.7000  loss 0.3000", "best    accuracy 0.9000  loss 0.1000"]
+  assert [r["accuracy"] for r in _records(tmp_path, "eval")] == [0.9, 0.5, 0.6, 0.7]
+
+
 def test_workdir_of_another_run_is_refused(tmp_path):
   train_and_evaluate(helpers.tiny_classifier_config(num_epochs=0.25), tmp_path)
   with pytest.raises(ValueError, match="holds a checkpoint of a different run.*lr"):
