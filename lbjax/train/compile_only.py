@@ -14,12 +14,14 @@ The one place that turns the trainer's parts into programs is `abstract_run`; ev
 works on the `Program`s it returns.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+import contextlib
 import dataclasses
 import time
 from typing import Any
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 import numpy as np
 
@@ -158,6 +160,28 @@ def compile_program(program: Program) -> tuple[Any, float]:
   return lowered.compile(), time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def persistent_cache_set_aside() -> Iterator[None]:
+  """Compiles inside neither read nor write JAX's persistent compilation cache; after, it is as before.
+
+  A compile for devices that are not here (a TPU topology, named GPUs) runs on a compile-only client: it
+  cannot load a cached executable (JAX warns `Error reading persistent compilation cache entry ...
+  PjRtCompiler must be constructed with a Client to call DeserializeLoadedExecutable` for every program
+  found) and would write entries that no process on this machine can load. JAX decides at a process's
+  first compile whether it uses the cache, and keeps that decision until `reset_cache`.
+  """
+  if not (jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir):
+    yield
+    return
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", True)
+    compilation_cache.reset_cache()
+
+
 def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
                 log: Callable[[str], None] = lambda line: None, *, evaluation: bool = True
                 ) -> compile_report.CompileReport:
@@ -177,20 +201,21 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
   device = run.mesh.devices.flat[0]
   memory = topology_lib.device_memory(device, local_devices=len(jax.local_devices()) if not topology else 1)
   figures = []
-  for program in run.programs:
-    if program.name == "eval" and not evaluation:
-      continue
-    log(f"compiling the {program.name} step at batch {program.batch_size} for {run.mesh.size} {device.device_kind} "
-        "device(s)...")
-    try:
-      compiled, seconds = compile_program(program)
-    except Exception as e:  # pylint: disable=broad-except  (XLA's out-of-memory is a JaxRuntimeError)
-      if not _is_out_of_memory(e):
-        raise
-      figures.append(compile_report.out_of_memory_figures(program, str(e)))
-      continue
-    figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
-                                                  run.state, seconds))
+  with persistent_cache_set_aside() if topology else contextlib.nullcontext():
+    for program in run.programs:
+      if program.name == "eval" and not evaluation:
+        continue
+      log(f"compiling the {program.name} step at batch {program.batch_size} for {run.mesh.size} "
+          f"{device.device_kind} device(s)...")
+      try:
+        compiled, seconds = compile_program(program)
+      except Exception as e:  # pylint: disable=broad-except  (XLA's out-of-memory is a JaxRuntimeError)
+        if not _is_out_of_memory(e):
+          raise
+        figures.append(compile_report.out_of_memory_figures(program, str(e)))
+        continue
+      figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
+                                                    run.state, seconds))
   return compile_report.CompileReport.build(config, topology, run, device, memory, figures,
                                             notes=_unapplied_settings(config, topology, device))
 

@@ -7,8 +7,10 @@ it is absent. The others compile for the 8 simulated CPU devices.
 
 import json
 import types
+import warnings
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import pytest
 
@@ -255,6 +257,33 @@ def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_told_otherwise(
   assert all_reduce["plain"][0] < 0.6 and all_reduce["plain"][1] > 0.4
   for name in ("per_device", "param_dtype"):  # float32 sums (per_device: a bf16[10] operand summed into an f32)
     assert 1.0 <= all_reduce[name][0] < 1.1 and all_reduce[name][1] == 0
+
+
+@pytest.fixture
+def empty_compilation_cache(tmp_path):
+  """JAX's persistent compilation cache in an empty directory for this test (conftest's shared one after)."""
+  shared = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax-cache"))
+  compilation_cache.reset_cache()
+  yield tmp_path / "jax-cache"
+  jax.config.update("jax_compilation_cache_dir", shared)
+  compilation_cache.reset_cache()
+
+
+@needs_libtpu
+def test_a_topology_compile_neither_reads_nor_writes_the_persistent_cache(empty_compilation_cache):
+  """A compile-only client cannot load cached executables: twice the same TPU compile writes no entry and
+  warns of none, and a local compile after it is cached again."""
+  config = helpers.tiny_classifier_config(dataset="mnist")
+  config.data_options = {}
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+      assert compile_only.compile_run(config, "v3:2x2").fits
+  assert not [w for w in caught if "compilation cache" in str(w.message)]
+  assert not empty_compilation_cache.exists() or not any(empty_compilation_cache.iterdir())
+  jax.jit(lambda x: x * 3.0 + 1.0)(jnp.arange(5.0)).block_until_ready()
+  assert any(empty_compilation_cache.iterdir())
 
 
 @needs_libtpu
