@@ -86,6 +86,12 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
                         all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes, steps_per_call=program.steps_per_call)
 
 
+# XLA:TPU's out-of-memory message, needed then available HBM: libtpu 0.0.50.1 (with jax 0.12) says "the total memory
+# required for HLO temporaries (43.56G) exceeds available HBM (15.48G)", libtpu 0.0.40 (jax 0.10) "Used 43.02G of
+# 15.48G hbm".
+COMPILER_HBM_FIGURES = (r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", r"Used ([\d.]+)G of ([\d.]+)G hbm")
+
+
 def out_of_memory_figures(program, message: str) -> ProgramFigures:
   """A program the compiler refused for lack of memory, with the compiler's own figures."""
   lines = [line.strip() for line in message.splitlines() if line.strip()]
@@ -268,7 +274,8 @@ class CompileReport:
     """A guess at the examples per device that fit: `at_once` scaled by HBM / memory needed (the compiler's
     figures where it refused the step), since activations grow with the examples; the largest divisor of
     `at_once` below that, so that the share splits into whole micro-batches."""
-    found = re.search(r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", step["compiler_message"])
+    found = next(filter(None, (re.search(pattern, step["compiler_message"]) for pattern in COMPILER_HBM_FIGURES)),
+                 None)
     if found:
       need, available = float(found.group(1)), float(found.group(2))
     else:

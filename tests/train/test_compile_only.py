@@ -16,6 +16,7 @@ import pytest
 
 from lbjax import main as cli
 from lbjax.train import compile_only
+from lbjax.train import compile_report
 from lbjax.train import datasets
 from lbjax.train import determinism
 from lbjax.train import hlo_analysis
@@ -284,6 +285,22 @@ def test_a_topology_compile_neither_reads_nor_writes_the_persistent_cache(empty_
   assert not empty_compilation_cache.exists() or not any(empty_compilation_cache.iterdir())
   jax.jit(lambda x: x * 3.0 + 1.0)(jnp.arange(5.0)).block_until_ready()
   assert any(empty_compilation_cache.iterdir())
+
+
+@pytest.mark.parametrize("refusal", [
+    "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO "
+    "temporaries (43.56G) exceeds available HBM (15.48G). HLO module: jit_step.",  # libtpu 0.0.50.1 (jax 0.12)
+    "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of memory in memory "
+    "space hbm. Used 43.02G of 15.48G hbm. Exceeded hbm capacity by 27.54G.",  # libtpu 0.0.40 (jax 0.10)
+])
+def test_the_batch_that_fits_is_scaled_by_the_compilers_own_figures(refusal):
+  """7,500 examples per device need about 43G of 15.48G: 2,665 would fit, and 2,500 divides the 7,500."""
+  train = types.SimpleNamespace(name="train", batch_size=60_000, num_microbatches=1, per_step=1.0, steps_per_call=1)
+  step = compile_report.CompileReport._step([compile_report.out_of_memory_figures(train, refusal)], 60_000, 1, 25.0,
+                                            16 * 2**30)
+  report = compile_report.CompileReport("v3:2x2", "tpu", 8, "TPU v3", {"data": 8, "fsdp": 1, "stage": 1, "model": 1},
+                                        16 * 2**30, "table", False, [step], 25.0, None)
+  assert "--config.max_device_batch=2500 (now 7500" in report.does_not_fit_message()
 
 
 @needs_libtpu
