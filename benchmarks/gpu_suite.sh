@@ -65,7 +65,7 @@ LIMIT_OPTIMIZER=180
 LIMIT_STEP_OPTIONS=360
 LIMIT_MAX_POOL=60
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
-  LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
+  LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py).
 E2E_FIRST=("256 14 default")
