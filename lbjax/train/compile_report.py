@@ -127,6 +127,42 @@ def epochs_per_batch_size(config: ml_collections.ConfigDict) -> dict[int, float]
   return epochs
 
 
+def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | None, epochs: float,
+                hbm: int | None) -> dict[str, Any]:
+  """One step (a train step, the any-batch pair at one batch size, or the eval step) as a report record.
+
+  `hbm` is the device memory the step must fit in (None: unknown); `steps_per_epoch` None for the eval step.
+  """
+  first = parts[0]
+  known = all(p.estimated_seconds is not None for p in parts)
+  seconds = sum(p.per_step * p.estimated_seconds for p in parts) if known else None
+  if first.name == "eval":
+    seconds = first.estimated_seconds
+  flops = (sum((p.per_step or 1.0) * p.flops_per_device for p in parts)
+           if all(p.flops_per_device is not None for p in parts) else None)
+  record = {
+      "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
+      "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
+      "programs": [p.name for p in parts],
+      "memory_per_device_bytes": max((p.memory_per_device_bytes or 0) for p in parts) if all(
+          p.memory_per_device_bytes is not None for p in parts) else None,
+      "memory": parts[0].memory if len(parts) == 1 else {p.name: p.memory for p in parts},
+      "fits": all(p.fits(hbm) for p in parts),
+      "flops_per_device": flops,
+      "collective_bytes": {k: sum(int((p.per_step or 1.0) * p.collective_bytes[k]) for p in parts)
+                           for k in COLLECTIVES},
+      "all_reduce_16bit_bytes": sum(int((p.per_step or 1.0) * p.all_reduce_16bit_bytes) for p in parts),
+      "estimated_step_seconds": seconds,
+      "compile_seconds": sum(p.compile_seconds or 0.0 for p in parts),
+      "compiler_message": " ".join(p.compiler_message for p in parts if p.compiler_message),
+  }
+  if steps_per_epoch is not None:
+    epoch = None if seconds is None else seconds * steps_per_epoch
+    record.update(steps_per_epoch=steps_per_epoch, estimated_epoch_seconds=epoch, epochs=epochs,
+                  estimated_recipe_seconds=None if epoch is None else epoch * epochs)
+  return record
+
+
 @dataclasses.dataclass
 class CompileReport:
   """The run's compiled steps and their figures (`compile_only.compile_run`)."""
@@ -150,47 +186,14 @@ class CompileReport:
     steps, recipe = [], 0.0
     for size in sorted({f.batch_size for f in figures if f.name != "eval"}):
       parts = [f for f in figures if f.batch_size == size and f.name != "eval"]
-      steps.append(cls._step(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), memory.bytes))
+      steps.append(step_record(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), memory.bytes))
       if recipe is not None and steps[-1]["estimated_recipe_seconds"] is not None:
         recipe += steps[-1]["estimated_recipe_seconds"]
       else:
         recipe = None
-    steps += [cls._step([f], f.batch_size, None, 0.0, memory.bytes) for f in figures if f.name == "eval"]
+    steps += [step_record([f], f.batch_size, None, 0.0, memory.bytes) for f in figures if f.name == "eval"]
     return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
                memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes))
-
-  @staticmethod
-  def _step(parts: list[ProgramFigures], size: int, steps_per_epoch: int | None, epochs: float,
-            hbm: int | None) -> dict[str, Any]:
-    """One step (a train step, the any-batch pair at one batch size, or the eval step) as a record."""
-    first = parts[0]
-    known = all(p.estimated_seconds is not None for p in parts)
-    seconds = sum(p.per_step * p.estimated_seconds for p in parts) if known else None
-    if first.name == "eval":
-      seconds = first.estimated_seconds
-    flops = (sum((p.per_step or 1.0) * p.flops_per_device for p in parts)
-             if all(p.flops_per_device is not None for p in parts) else None)
-    record = {
-        "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
-        "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
-        "programs": [p.name for p in parts],
-        "memory_per_device_bytes": max((p.memory_per_device_bytes or 0) for p in parts) if all(
-            p.memory_per_device_bytes is not None for p in parts) else None,
-        "memory": parts[0].memory if len(parts) == 1 else {p.name: p.memory for p in parts},
-        "fits": all(p.fits(hbm) for p in parts),
-        "flops_per_device": flops,
-        "collective_bytes": {k: sum(int((p.per_step or 1.0) * p.collective_bytes[k]) for p in parts)
-                             for k in COLLECTIVES},
-        "all_reduce_16bit_bytes": sum(int((p.per_step or 1.0) * p.all_reduce_16bit_bytes) for p in parts),
-        "estimated_step_seconds": seconds,
-        "compile_seconds": sum(p.compile_seconds or 0.0 for p in parts),
-        "compiler_message": " ".join(p.compiler_message for p in parts if p.compiler_message),
-    }
-    if steps_per_epoch is not None:
-      epoch = None if seconds is None else seconds * steps_per_epoch
-      record.update(steps_per_epoch=steps_per_epoch, estimated_epoch_seconds=epoch, epochs=epochs,
-                    estimated_recipe_seconds=None if epoch is None else epoch * epochs)
-    return record
 
   @property
   def fits(self) -> bool:

@@ -296,8 +296,8 @@ def test_a_topology_compile_neither_reads_nor_writes_the_persistent_cache(empty_
 def test_the_batch_that_fits_is_scaled_by_the_compilers_own_figures(refusal):
   """7,500 examples per device need about 43G of 15.48G: 2,665 would fit, and 2,500 divides the 7,500."""
   train = types.SimpleNamespace(name="train", batch_size=60_000, num_microbatches=1, per_step=1.0, steps_per_call=1)
-  step = compile_report.CompileReport._step([compile_report.out_of_memory_figures(train, refusal)], 60_000, 1, 25.0,
-                                            16 * 2**30)
+  step = compile_report.step_record([compile_report.out_of_memory_figures(train, refusal)], 60_000, 1, 25.0,
+                                    16 * 2**30)
   report = compile_report.CompileReport("v3:2x2", "tpu", 8, "TPU v3", {"data": 8, "fsdp": 1, "stage": 1, "model": 1},
                                         16 * 2**30, "table", False, [step], 25.0, None)
   assert "--config.max_device_batch=2500 (now 7500" in report.does_not_fit_message()
