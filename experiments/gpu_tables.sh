@@ -3,8 +3,8 @@
 # processes ("lanes") share one GPU, working down the tables in order of priority; a packer writes
 # $OUT/tables.tgz every 30 s, so a call cut off at its limit still returns what finished.
 #
-#   seeds 1 and 2 of the PTB Figure 7.2 table (what the committed CSV lacks: 9 runs of 3,600 updates,
-#   about 90 s each alone on an H200, some 3 h each on the 2-core CPU; seeds 1-2 of LEGW and seed 1 of LR 0.8 ran on the CPU).
+#   seeds 1 and 2 of the PTB Figure 7.2 table (what the committed CSV lacks: 8 runs of 3,600 updates,
+#   about 90 s each alone on an H200, some 3 h each on the 2-core CPU; seeds 1-2 of LEGW and LR 0.8 ran on the CPU).
 # Done on 2026-11-26 and committed: the headline both ways (ptb_lstm_headline.md, "Evaluated again"; the
 # stream evaluation needs the runs' checkpoints, so it is `experiments.reevaluate` on the machine that
 # trained them), the five hypotheses rows, and seed 1 of Figure 5.2's LEGW rows. Done on 2026-11-28
