@@ -134,17 +134,19 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
   `hbm` is the device memory the step must fit in (None: unknown); `steps_per_epoch` None for the eval step.
   """
   first = parts[0]
-  known = all(p.estimated_seconds is not None for p in parts)
-  seconds = sum(p.per_step * p.estimated_seconds for p in parts) if known else None
   if first.name == "eval":
     seconds = first.estimated_seconds
+  elif all(p.estimated_seconds is not None for p in parts):
+    seconds = sum(p.per_step * p.estimated_seconds for p in parts)
+  else:
+    seconds = None
   flops = (sum((p.per_step or 1.0) * p.flops_per_device for p in parts)
            if all(p.flops_per_device is not None for p in parts) else None)
   record = {
       "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
       "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
       "programs": [p.name for p in parts],
-      "memory_per_device_bytes": max((p.memory_per_device_bytes or 0) for p in parts) if all(
+      "memory_per_device_bytes": max(p.memory_per_device_bytes for p in parts) if all(
           p.memory_per_device_bytes is not None for p in parts) else None,
       "memory": parts[0].memory if len(parts) == 1 else {p.name: p.memory for p in parts},
       "fits": all(p.fits(hbm) for p in parts),
