@@ -187,6 +187,32 @@ def _origin(loaded: config_files.LoadedConfig) -> str:
   return " ".join([loaded.source + (f":{loaded.variant}" if loaded.variant else ""), *loaded.overrides])
 
 
+def _refuse_conflicting_modes(parser: argparse.ArgumentParser, args) -> None:
+  """A flag that the chosen mode would not use is refused (exit 2, before the config is read), never ignored.
+
+  --dry-run may be added to any training command line, multi-host flags included, to see the run it resolves.
+  """
+  multi_host = [flag for flag, given in (("--distributed", args.distributed),
+                                         ("--coordinator_address", args.coordinator_address is not None),
+                                         ("--num_processes", args.num_processes is not None),
+                                         ("--process_id", args.process_id is not None)) if given]
+  if args.topology and not args.compile_only:
+    parser.error("--topology compiles for a TPU pod or GPUs without training: add --compile-only.")
+  if args.layer_table and (args.dry_run or args.compile_only):
+    parser.error("--layer-table computes the first step's gradients on this machine's devices; drop --dry-run, "
+                 "--compile-only and --topology, or run them as a command of their own.")
+  if args.dry_run and args.compile_only:
+    parser.error("--dry-run prints the resolved run and compiles nothing; --compile-only compiles its steps: "
+                 "keep one, or run them as two commands.")
+  if multi_host and (args.compile_only or args.layer_table):
+    mode = "--compile-only" if args.compile_only else "--layer-table"
+    pod = " (for a pod, name it: --topology v5p:8x16x16)" if args.compile_only else ""
+    parser.error(f"{mode} runs in this one process{pod}; drop {', '.join(multi_host)}.")
+  if multi_host and not (args.distributed or args.coordinator_address is not None):
+    parser.error(f"{', '.join(multi_host)} set up jax.distributed for a multi-host run: add --distributed "
+                 "(or --coordinator_address host:port).")
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   parser = _parser()
@@ -198,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.list:
     print(list_configs())
     return 0
+  _refuse_conflicting_modes(parser, args)
   if args.topology:
     # Before JAX starts its backends. Compiling for named devices uses no local accelerator: without
     # JAX_PLATFORMS=cpu, JAX would try libtpu's and the CUDA plugin's on a machine without them (dozens of lines of
@@ -210,16 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     loaded = config_files.load(args.config, overrides)
     # Names, arguments and values now; what depends on the devices once they are known.
     resolved = validation.validate(loaded.config)
-    if args.layer_table and (args.dry_run or args.compile_only or args.topology):
-      parser.error("--layer-table computes the first step's gradients on this machine's devices; drop --dry-run, "
-                   "--compile-only and --topology, or run them as a command of their own.")
     if args.dry_run:
       print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
     if args.layer_table:
       return _layer_table(args, loaded)
-    if args.topology and not args.compile_only:
-      parser.error("--topology compiles for a TPU pod or GPUs without training: add --compile-only.")
     if args.compile_only:
       return _compile_only(args, loaded)
     if not args.workdir:

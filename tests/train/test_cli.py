@@ -62,6 +62,30 @@ def test_help_shows_usage(capsys):
   assert "\n  lbjax-train --list\n  lbjax-train --config mnist_lstm --workdir runs/mnist_lstm\n" in out
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--topology", "v5p:2x2x1", "--workdir", "w"], "add --compile-only"),
+    (["--dry-run", "--compile-only"], "keep one, or run them as two commands"),
+    (["--layer-table", "--dry-run"], "--layer-table computes the first step's gradients"),
+    (["--compile-only", "--distributed"], "--compile-only runs in this one process (for a pod, name it: --topology"),
+    (["--layer-table", "--coordinator_address", "127.0.0.1:1234"], "--layer-table runs in this one process; drop "
+                                                                   "--coordinator_address"),
+    (["--num_processes", "2", "--process_id", "0", "--workdir", "w"], "--num_processes, --process_id set up "
+                                                                       "jax.distributed for a multi-host run: add "
+                                                                       "--distributed"),
+])
+def test_a_flag_the_chosen_mode_would_not_use_is_refused_before_the_config_is_read(capsys, flags, message):
+  """The config is a typo on purpose: the refusal comes first, so no flag is ever silently dropped."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--config", "no_such_config", *flags])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_dry_run_may_be_added_to_a_multi_host_command_line(capsys):
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--distributed", "--num_processes", "2", "--dry-run")
+  assert status == 0 and "128 (global)" in out
+
+
 def test_a_whole_argument_section_on_the_command_line_swaps_its_function(capsys):
   """`--config.optimizer=adamw` drops the arguments set for the config's optimizer (issue 27: mnist_lstm's
   momentum=0.9 made `--config.optimizer.name=adamw` fail); a dict literal gives the new arguments."""
