@@ -521,6 +521,11 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
                       help="rewrite <out>.md and <out>.png from <out>.csv, training nothing")
   args = parser.parse_args(argv)
   if args.replot:
+    unused = [flag for flag, given in (("--workdir", args.workdir), ("--seeds", args.seeds), ("--rows", args.rows))
+              if given]
+    if unused:
+      parser.error(f"--replot rewrites <out>.md and <out>.png from <out>.csv and runs nothing: drop "
+                   f"{', '.join(unused)}.")
     try:
       return replot(load_table(args.table), args.out)
     except ValueError as e:

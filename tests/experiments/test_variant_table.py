@@ -241,6 +241,14 @@ def test_replot_rewrites_the_page_and_plot_from_the_csv_alone(finished_table, tm
   assert exit_info.value.code == 2
 
 
+
+def test_replot_refuses_the_flags_of_a_run(capsys, tmp_path):
+  with pytest.raises(SystemExit) as exit_info:
+    variant_table.main([str(TABLES / "ptb_lstm_headline.json"), "--out", str(tmp_path / "t"), "--replot", "--rows",
+                        "baseline_b20", "--workdir", str(tmp_path)])
+  assert exit_info.value.code == 2 and "runs nothing: drop --workdir, --rows." in capsys.readouterr().err
+
+
 def test_series_without_x_or_axis_label_is_refused():
   with pytest.raises(ValueError, match="a line plot needs 'series' and 'x' on every row"):
     _table(rows=[{"name": "a", "tests": "t", "series": "s", "x": 32}])
