@@ -56,6 +56,11 @@ def main() -> None:
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   if args.pending:
+    unused = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+              if name != "pending" and value != parser.get_default(name)]
+    if unused:
+      parser.error(f"--pending only writes the README section saying the figures are not yet measured: drop "
+                   f"{', '.join(unused)}.")
     report.write_section("gpu-resnet50", TITLE, HOW_TO + "\n\n**Not yet measured**: no accelerator "
                          "was available where these benchmarks were last run.", per_platform=False)
     return

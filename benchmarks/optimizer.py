@@ -489,6 +489,20 @@ def main() -> None:
                       help="with --kernels-for: also the trainer's ResNet-50 step with LARS (both layouts) and "
                            "momentum SGD (about 2.5 min of compiling each on 2 cores)")
   args = parser.parse_args()
+  if args.step_kernels and not args.kernels_for:
+    parser.error("--step-kernels adds the train step's kernels to those --kernels-for counts: add --kernels-for h100 "
+                 "(or h200).")
+  if args.kernels_for and args.collectives:
+    parser.error("--kernels-for counts kernels on a GPU, --collectives collectives over 8 CPU devices: keep one, or "
+                 "run them as two commands.")
+  mode = f"--kernels-for {args.kernels_for}" if args.kernels_for else "--collectives" if args.collectives else ""
+  timing = [flag for flag, dest in (("--rounds", "rounds"), ("--seconds-per-round", "seconds_per_round"),
+                                    ("--max-spread", "max_spread"), ("--write-noisy", "write_noisy"))
+            if getattr(args, dest) != parser.get_default(dest)]
+  if mode and timing:
+    parser.error(f"{mode} times nothing: drop {', '.join(timing)}.")
+  if args.collectives and args.trees != parser.get_default("trees"):
+    parser.error("--collectives counts on the FSDP-sharded ResNet-50 tree alone: drop --trees.")
   if args.rounds < 2 or args.seconds_per_round <= 0:
     parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
   trees = [t.strip() for t in args.trees.split(",") if t.strip()]

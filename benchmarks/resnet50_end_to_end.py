@@ -391,6 +391,19 @@ def main() -> None:
     return
   if rest:
     parser.error(f"unexpected arguments {rest}")
+  if args.table:
+    unused = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+              if name not in ("table", "no_readme") and value != parser.get_default(name)]
+    if unused:
+      parser.error(f"--table writes the README section from a results file and measures nothing: drop "
+                   f"{', '.join(unused)}, or run the measurement as a command of its own.")
+  elif args.no_readme:
+    parser.error("--no-readme goes with --table: a measurement writes no README section (its row goes to --results).")
+  if args.dry_run:
+    sized = [f"--{name.replace('_', '-')}" for name in DRY_RUN if getattr(args, name) != parser.get_default(name)]
+    if sized:
+      parser.error(f"--dry-run measures at its own tiny sizes: drop {', '.join(sized)}, or drop --dry-run to "
+                   "measure at those.")
   if any(not o.startswith("--config.") or "=" not in o for o in args.override):
     parser.error(f"--override takes --config.<field>=<value>, got {args.override}")
   if args.table:

@@ -42,3 +42,21 @@ def variant_fields(spec: str) -> set[str]:
   source, _, variant = spec.partition(":")
   declared = getattr(config_files.config_module(source), "VARIANTS", {})
   return {declared[key].field or key for key in config_files.parse_variant(variant, declared, source)}
+
+
+def fields_the_experiment_sets(given: set[str], set_by: dict[str, str], where: str) -> str:
+  """The refusal of settings an experiment would overwrite run by run, or "" when `given` has none.
+
+  `given`: the fields a user set (`variant_fields(spec)`, override keys); `set_by`: each field (or section, such as
+  "optimizer", which covers "optimizer.momentum") that the experiment sets itself -> what sets it ("--lrs", "each
+  run"); `where`: where the user set them, for the message.
+  """
+  def owner(field: str) -> str | None:
+    return next((key for key in set_by if field == key or field.startswith(f"{key}.")), None)
+
+  fixed = sorted(f for f in given if owner(f))
+  if not fixed:
+    return ""
+  sources = ", ".join(dict.fromkeys(set_by[owner(f)] for f in fixed))
+  return (f"{where} sets {', '.join(fixed)}, which the experiment sets itself ({sources}): drop "
+          f"{'it' if len(fixed) == 1 else 'them'} there.")

@@ -30,9 +30,11 @@ import sys
 from typing import Any, Sequence
 
 from experiments import config_spec
+from experiments import fields_the_experiment_sets
 from experiments import run_records
 from experiments import runner
 from experiments import sweep_table
+from experiments import variant_fields
 from experiments.sweep import METRIC_KEYS
 from lbjax import config_files
 from lbjax import train
@@ -264,6 +266,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                            "perplexity as it is (e.g. 150); met at >= for accuracy, <= for perplexity")
   parser.add_argument("--title", default="", help="default: the first line of the config's docstring")
   args = parser.parse_args(argv)
+  spec = config_spec(args.config, args.variant)
+  if refusal := fields_the_experiment_sets(variant_fields(spec), {"run": "--runs", "seed": "--seeds"},
+                                           f"the variant of {spec!r}"):
+    parser.error(refusal)
   runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
   seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
   extra_targets = tuple(float(t) for t in args.targets.split(",") if t.strip())

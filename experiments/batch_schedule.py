@@ -18,8 +18,10 @@ import sys
 from typing import Any, Sequence
 
 from experiments import config_spec
+from experiments import fields_the_experiment_sets
 from experiments import run_records
 from experiments import runner
+from experiments import variant_fields
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
@@ -127,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
   args = parser.parse_args(argv)
+  spec = config_spec(args.config, args.variant)
+  if refusal := fields_the_experiment_sets(variant_fields(spec), {"schedule": "--schedules"},
+                                           f"the variant of {spec!r}"):
+    parser.error(refusal)
   schedules = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
   run_schedules(args.config, args.workdir, schedules, args.variant, args.max_device_batch)
   write_outputs(args.workdir, args.out, schedules, args.title)

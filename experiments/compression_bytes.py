@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import jax
 
-from experiments import run_records, runner, simulated_devices
+from experiments import fields_the_experiment_sets, run_records, runner, simulated_devices, variant_fields
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
@@ -218,6 +218,10 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
   args = parser.parse_args(argv)
   if any(not lr > 0 for lr in args.lrs):
     parser.error(f"--lrs must be positive numbers, got {','.join(f'{lr:g}' for lr in args.lrs)}.")
+  set_by = {"batch_size": "--batch_size", "num_epochs": "--epochs", "seed": "--seed",
+            **({"lr.base": "--lrs"} if args.lrs else {})}
+  if refusal := fields_the_experiment_sets(variant_fields(args.config), set_by, f"the variant of {args.config!r}"):
+    parser.error(refusal)
   command = simulated_devices.command("experiments.compression_bytes", argv)
   common = [f"--config.seed={args.seed}"]
   results = []

@@ -19,8 +19,10 @@ import sys
 from typing import Sequence
 
 from experiments import config_spec
+from experiments import fields_the_experiment_sets
 from experiments import run_records
 from experiments import runner
+from experiments import variant_fields
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
@@ -90,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> float:
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
   parser.add_argument("--title", default="Baseline learning-rate grid")
   args = parser.parse_args(argv)
+  spec = config_spec(args.config, args.variant)
+  if refusal := fields_the_experiment_sets(variant_fields(spec), {"lr.base": "--lrs"}, f"the variant of {spec!r}"):
+    parser.error(refusal)
   finals = run_grid(args.config, args.lrs, args.workdir, args.variant, args.metric)
   best = write_outputs(finals, args.out, args.metric, args.title, eval_split(args.config, args.variant))
   print(f"[lr_grid] best learning rate {best:g}", flush=True)

@@ -34,8 +34,10 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from experiments import fields_the_experiment_sets
 from experiments import run_records
 from experiments import runner
+from experiments import variant_fields
 from lbjax import config_files
 from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
@@ -325,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   parser.add_argument("--max_device_batch", type=int, default=0)
   parser.add_argument("--title", default="MCLR vs LARS")
   args = parser.parse_args(argv)
+  set_by = {"batch_size": "--batch_size", "num_epochs": "--epochs", "optimizer": "--lars_lrs/--mclr_lrs and the "
+            "optimizer flags", "scaling": "the LR recipe flags", "lr": "the LR recipe flags"}
+  if refusal := fields_the_experiment_sets(variant_fields(args.config), set_by, f"the variant of {args.config!r}"):
+    parser.error(refusal)
   spec = ComparisonSpec(
       config=args.config, learning_rates={"lars": args.lars_lrs, "mclr": args.mclr_lrs}, out=args.out,
       workdir=args.workdir, batch_size=args.batch_size, epochs=args.epochs, warmup_epochs=args.warmup_epochs,

@@ -202,6 +202,9 @@ def main(argv=None) -> None:
   parser.add_argument("--only", default="", help="comma-separated entry keys to compile (default: all)")
   parser.add_argument("--render-only", action="store_true", help="render <out>.md from <out>.json, compile nothing")
   args = parser.parse_args(argv)
+  if args.render_only and args.only:
+    parser.error("--render-only renders <out>.md from <out>.json and compiles nothing: drop --only, or drop "
+                 "--render-only to compile those entries.")
   out = pathlib.Path(args.out)
   store = out.with_suffix(".json")
   results = json.loads(store.read_text()) if store.exists() else {}

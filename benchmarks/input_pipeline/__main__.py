@@ -23,6 +23,15 @@ def main() -> None:
   parser.add_argument("--worker-batches", type=report.positive_int, default=8)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
+  used_by = {"imagenet_target": ("imagenet",), "worker_batch": ("imagenet",), "worker_batches": ("imagenet",),
+             "imagenet_images": ("imagenet", "decoders"), "imagenet_sizes": ("imagenet", "decoders")}
+  unused = [name for name, parts in used_by.items()
+            if args.part not in ("all", *parts) and getattr(args, name) != parser.get_default(name)]
+  if unused:
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused)
+    parts = sorted(set.intersection(*(set(used_by[name]) for name in unused)))
+    parser.error(f"--part {args.part} does not use {flags}: drop {'it' if len(unused) == 1 else 'them'}, or run "
+                 f"--part {' or '.join(parts)}.")
   if args.part in ("all", "host"):
     host_part(args)
   if args.part in ("all", "imagenet"):

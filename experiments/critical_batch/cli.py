@@ -9,6 +9,8 @@ from typing import Sequence
 from experiments import adaptive_batch
 from experiments import config_spec
 from experiments import critical_batch
+from experiments import fields_the_experiment_sets
+from experiments import variant_fields
 from experiments.critical_batch import measure as measure_lib
 from experiments.critical_batch import warmup as warmup_lib
 from experiments.critical_batch.grid import load_config, make_grid, train_examples
@@ -75,6 +77,10 @@ def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, 
 
 def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
   overrides = shlex.split(args.overrides)
+  given = variant_fields(args.config) | {o.partition("=")[0].strip() for o in overrides}
+  set_by = {"run": "each run", "seed": "--seeds", "large_batch": "each run", "batch.max_batch_size": "each run"}
+  if refusal := fields_the_experiment_sets(given, set_by, f"--config {args.config!r} or --overrides"):
+    parser.error(refusal)
   out, workdir = pathlib.Path(args.out), pathlib.Path(args.workdir)
   if not pathlib.Path(args.cbs).is_file():
     raise ValueError(f"--cbs {args.cbs} not found: give the table `measure` wrote (<out>.csv).")

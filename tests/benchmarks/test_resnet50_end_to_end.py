@@ -1,6 +1,7 @@
 """The end-to-end benchmark's data: ImageNet-like JPEGs as a TFDS imagenet2012 that lbjax's ImageNet stream reads."""
 
 import json
+import sys
 
 import pytest
 
@@ -59,6 +60,25 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
 def test_a_missing_results_file_for_the_table_is_named_without_a_traceback(tmp_path):
   with pytest.raises(SystemExit, match="no such file; --table reads a results file that --results wrote"):
     resnet50_end_to_end.write_table(tmp_path / "missing.jsonl", no_readme=True)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--table", "e2e.jsonl", "--batch-per-device", "128", "--step-only"],
+     "--table writes the README section from a results file and measures nothing: drop --batch-per-device, "
+     "--step-only, or run the measurement as a command of its own."),
+    (["--no-readme"], "--no-readme goes with --table: a measurement writes no README section"),
+    (["--dry-run", "--batch-per-device", "64", "--windows", "3"],
+     "--dry-run measures at its own tiny sizes: drop --batch-per-device, --windows, or drop --dry-run"),
+])
+def test_a_flag_the_mode_would_ignore_or_replace_is_refused_before_anything_runs(monkeypatch, capsys, flags, message):
+  monkeypatch.setattr(resnet50_end_to_end.signal, "signal", lambda *a: None)  # the SIGTERM handler: not in pytest
+  monkeypatch.setattr(resnet50_end_to_end, "measure", lambda args: pytest.fail("measured"))
+  monkeypatch.setattr(resnet50_end_to_end, "write_table", lambda *a: pytest.fail("table written"))
+  monkeypatch.setattr(sys, "argv", ["resnet50_end_to_end", *flags])
+  with pytest.raises(SystemExit) as exit_info:
+    resnet50_end_to_end.main()
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and message in err and "Traceback" not in err
 
 
 def test_a_native_abort_keeps_its_check_message_ahead_of_the_stack_trace():

@@ -27,6 +27,21 @@ def test_the_experiment_writes_its_table_with_updates_and_wall_time_to_the_basel
   assert "batch" in (tmp_path / "out.csv").read_text()
 
 
+@pytest.mark.parametrize("config, variant, message", [
+    (TINY, "seed=1", "the variant of '{TINY}:seed=1' sets seed, which the experiment sets itself (--seeds): drop it"),
+    (TINY + ":run=legw", "epochs=1", "the variant of '{TINY}:run=legw,epochs=1' sets run, which the experiment sets "
+                                     "itself (--runs)"),
+])
+def test_a_variant_that_sets_the_run_or_the_seed_is_refused_before_training(tmp_path, capsys, config, variant,
+                                                                           message):
+  """Each run sets `run=` and `seed=` after the variant's keys: the variant's would silently win over --runs/--seeds."""
+  with pytest.raises(SystemExit) as exit_info:
+    adaptive_batch.main(["--config", config, "--variant", variant, "--seeds", "0,1", "--out", str(tmp_path / "out"),
+                         "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2 and message.format(TINY=TINY) in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
+
+
 def test_unknown_runs_are_refused_before_training():
   with pytest.raises(ValueError, match="must be a non-empty subset"):
     adaptive_batch.load_configs(TINY, ("baseline", "bigger"), (0,))

@@ -72,3 +72,30 @@ def test_every_lr_diverging_is_refused_with_a_message(tmp_path):
   variant = compression_bytes.Variant("none", {"name": "no_compression"})
   with pytest.raises(SystemExit, match="every learning rate of \\[1e\\+30\\] diverged"):
     compression_bytes.variant_result(variant, _args(tmp_path, lrs=(1e30,)), [])
+
+
+@pytest.mark.parametrize("config, flags, message", [
+    ("resnet_tiny_synthetic_cifar:batch=64,seed=1", [], "the variant of 'resnet_tiny_synthetic_cifar:batch=64,seed=1' "
+     "sets batch_size, seed, which the experiment sets itself (--batch_size, --seed): drop them there."),
+    ("resnet_tiny_synthetic_cifar:lr=0.2", ["--lrs", "0.1,0.2"],
+     "sets lr.base, which the experiment sets itself (--lrs)"),
+])
+def test_a_variant_that_the_flags_would_override_is_refused_before_training(tmp_path, capsys, config, flags, message):
+  with pytest.raises(SystemExit) as exit_info:
+    compression_bytes.main(["--config", config, *flags, "--out", str(tmp_path / "out"),
+                            "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2 and message in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
+
+
+def test_a_variant_learning_rate_is_accepted_without_lrs(tmp_path, monkeypatch):
+  class Trained(Exception):
+    pass
+
+  def variant_result(variant, args, common):
+    raise Trained(args.config)
+
+  monkeypatch.setattr(compression_bytes, "variant_result", variant_result)
+  with pytest.raises(Trained):
+    compression_bytes.main(["--config", "resnet_tiny_synthetic_cifar:lr=0.2", "--out", str(tmp_path / "out"),
+                            "--workdir", str(tmp_path / "runs")])

@@ -131,6 +131,16 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
   assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
 
 
+def test_warmup_refuses_a_run_or_seed_set_in_the_config_or_the_overrides(tmp_path, capsys):
+  """warmup appends each run's `run=` and `seed=`: the variant's would be dropped, an override would beat --seeds."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:run=legw", "--overrides", "seed=3", "--cbs", str(tmp_path / "none.csv"),
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2
+  assert (f"--config '{TINY}:run=legw' or --overrides sets run, seed, which the experiment sets itself (each run, "
+          "--seeds): drop them there." in capsys.readouterr().err)
+
+
 def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_path):
   two_batches = grid.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05)
 

@@ -108,6 +108,15 @@ def lipschitz_curves(tmp_path_factory):
   return spec, lipschitz.run_experiment(spec)
 
 
+def test_comparison_refuses_a_variant_it_would_replace(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    mclr_vs_lars.main(["--config", TINY_CONFIG + ":lr=0.3,epochs=2", "--lars_lrs", "1", "--mclr_lrs", "0.001",
+                       "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2 and "sets lr.base, num_epochs, which the experiment sets itself (the LR recipe " \
+      "flags, --epochs): drop them there." in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
+
+
 def test_lipschitz_csv_has_every_logged_step_of_every_batch_size(lipschitz_curves):
   spec, curves = lipschitz_curves
   rows = _read_csv(pathlib.Path(spec.out).with_suffix(".csv"))

@@ -137,6 +137,16 @@ def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
     lr_grid.run_grid(TINY_CONFIG, [0.0], str(tmp_path / "runs"))
 
 
+def test_lr_grid_refuses_a_variant_that_sets_the_learning_rate(tmp_path, capsys):
+  from experiments import lr_grid  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as exit_info:
+    lr_grid.main(["--config", TINY_CONFIG, "--variant", "lr=0.3", "--lrs", "0.05,0.5", "--out",
+                  str(tmp_path / "grid"), "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2 and "sets lr.base, which the experiment sets itself (--lrs): drop it there." \
+      in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
+
+
 def test_zoom_panel_only_when_collapsed_runs_flatten_the_good_ones():
   assert sweep_table._zoom_limits([98.96, 98.25, 10.28], "accuracy") == pytest.approx((95.96, 99.46))
   assert sweep_table._zoom_limits([98.96, 98.25, 97.1], "accuracy") is None
@@ -178,6 +188,17 @@ def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
   assert all(c.num_epochs == 5.0 and c.max_device_batch == 128 for c in trained.values())
   with pytest.raises(ValueError, match="must be a non-empty subset"):
     batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow",))
+
+
+def test_batch_schedule_refuses_a_variant_that_sets_the_schedule(monkeypatch, tmp_path, capsys):
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(batch_schedule.runner, "run_once", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    batch_schedule.main(["--config", "batch_schedule_mnist:schedule=hybrid", "--out", str(tmp_path / "out"),
+                         "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "the variant of 'batch_schedule_mnist:schedule=hybrid' sets schedule, which " \
+      "the experiment sets itself (--schedules): drop it there." in err
 
 
 def test_seeds_run_each_point_once_per_seed_and_report_mean_and_spread(tmp_path, capsys):

@@ -3,6 +3,8 @@ published v3-8 time. (Compiling the entries needs libtpu and minutes per pod ent
 
 import json
 
+import pytest
+
 from experiments import tpu_pod_plan
 
 
@@ -31,3 +33,12 @@ def test_entries_not_compiled_yet_are_listed_with_their_record():
     assert f"| {entry.key} | `" in text
   assert text.count(" | not compiled yet |") == len(tpu_pod_plan.ENTRIES)
   assert "The calibration entry is not compiled yet." in text
+
+
+def test_render_only_refuses_only_which_it_would_not_compile(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(tpu_pod_plan, "compile_entry", lambda entry: pytest.fail("compiled"))
+  with pytest.raises(SystemExit) as exit_info:
+    tpu_pod_plan.main(["--out", str(tmp_path / "plan"), "--render-only", "--only", "mnist_lstm_8k"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "compiles nothing: drop --only" in err and "Traceback" not in err
+  assert not (tmp_path / "plan.md").exists()
