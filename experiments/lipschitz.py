@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 
 from experiments import config_spec
+from experiments import fields_the_experiment_sets
 from experiments import run_records
 from experiments import runner
 from experiments import variant_fields
@@ -83,8 +84,10 @@ def check_spec(spec: LipschitzSpec) -> None:
   errors = []
   config = config_spec(spec.config, spec.variant)
   try:
-    if {"batch_size", "batch_sizes", "num_epochs", "num_steps"} & variant_fields(config):
-      errors.append(f"variant of {config!r} must not set batch or epochs: the experiment sets them.")
+    set_by = {"batch_size": "--batch_sizes", "batch_sizes": "--batch_sizes", "num_epochs": "--steps",
+              "num_steps": "--steps"}
+    if refusal := fields_the_experiment_sets(variant_fields(config), set_by, f"the variant of {config!r}"):
+      errors.append(refusal)
   except train.ConfigError as e:  # an unknown config or variant key
     errors.append(str(e))
   if not spec.batch_sizes:

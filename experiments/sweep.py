@@ -36,6 +36,7 @@ import numpy as np
 
 from experiments import compare
 from experiments import config_spec
+from experiments import fields_the_experiment_sets
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
@@ -90,10 +91,10 @@ def check_spec(spec: SweepSpec) -> None:
   except train.ConfigError as e:  # an unknown config or variant key
     errors.append(str(e))
     fields = set()
-  if {"batch_size", "batch_sizes", "scaling.rule"} & fields:
-    errors.append(f"variant of {config!r} must not set batch or rule: the sweep sets them.")
-  if "seed" in fields and spec.seeds:
-    errors.append("the variant sets the seed and --seeds is given; give the seeds with --seeds only.")
+  set_by = {"batch_size": "--batch_sizes", "batch_sizes": "--batch_sizes", "scaling.rule": "--rules",
+            **({"seed": "--seeds"} if spec.seeds else {})}
+  if refusal := fields_the_experiment_sets(fields, set_by, f"the variant of {config!r}"):
+    errors.append(refusal)
   if not spec.rules:
     errors.append("no scaling rules given; pass e.g. --rules none,linear,sqrt,legw.")
   unknown = [r for r in spec.rules if r not in RULES]

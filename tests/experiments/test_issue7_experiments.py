@@ -146,7 +146,7 @@ def test_lipschitz_run_length_is_counted_in_iterations(tmp_path):
   config = lipschitz.run_config(spec, 128)
   assert config.num_epochs == 50.0  # 100 iterations x 128 / 256 examples
   assert config.diagnostics.lipschitz_every == 2 and config.eval_every_epochs == config.num_epochs
-  with pytest.raises(ValueError, match="must not set batch or epochs"):
+  with pytest.raises(ValueError, match=r"sets num_epochs, which the experiment sets itself \(--steps\)"):
     lipschitz.check_spec(lipschitz.LipschitzSpec(TINY_CONFIG, (32,), "o", "w", variant="epochs=3"))
   with pytest.raises(ValueError, match="every must be"):
     lipschitz.check_spec(lipschitz.LipschitzSpec(TINY_CONFIG, (32,), "o", "w", steps=4, every=5))

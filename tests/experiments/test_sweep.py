@@ -102,9 +102,9 @@ def test_csv_round_trip_keeps_diverged_points(tmp_path):
     (dict(config="mnist_lstn"), "Did you mean 'mnist_lstm'"),
     (dict(variant="bacth=64"), "unknown variant key 'bacth'"),
     (dict(metric="bleu"), "metric must be"),
-    (dict(variant="batch=64"), "must not set batch or rule"),
-    (dict(variant="epochs=2,rule=legw"), "must not set batch or rule"),
-    (dict(config=TINY_CONFIG + ":batch=64"), "must not set batch or rule"),
+    (dict(variant="batch=64"), r"sets batch_size, which the experiment sets itself \(--batch_sizes\)"),
+    (dict(variant="epochs=2,rule=legw"), r"sets scaling.rule, which the experiment sets itself \(--rules\)"),
+    (dict(config=TINY_CONFIG + ":batch=64"), "sets batch_size, which the experiment sets itself"),
     (dict(max_device_batch=-1), "max_device_batch must be"),
     (dict(metric="perplexity"), "--metric accuracy"),
 ])
@@ -220,7 +220,7 @@ def test_seeds_run_each_point_once_per_seed_and_report_mean_and_spread(tmp_path,
 
 
 def test_seeds_given_twice_are_refused(tmp_path):
-  with pytest.raises(ValueError, match="variant sets the seed"):
+  with pytest.raises(ValueError, match=r"sets seed, which the experiment sets itself \(--seeds\)"):
     sweep.run_sweep(_spec(tmp_path, config="mnist_lstm", variant="seed=1", seeds=(0, 1)))
   with pytest.raises(ValueError, match="distinct integers"):
     sweep.run_sweep(_spec(tmp_path, seeds=(1, 1)))
