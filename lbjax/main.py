@@ -8,7 +8,8 @@
 Settings: a packaged config (`--list` shows them with their variant keys) or a config file, with an
 optional `:key=value,...` variant, then any number of `--config.<field>=<value>` overrides; a variant
 key and the override of its field are the same setting. A mistake in any of them, a missing data set,
-or a workdir holding another run's checkpoint or in use by a running one prints what to change and
+a workdir holding another run's checkpoint or in use by a running one, or a flag that the chosen mode would
+not use (--topology without --compile-only, --process_id without --distributed) prints what to change and
 exits with status 2. Training stopped by a non-finite step prints why and what is kept and exits with
 status 1; by a failed save (e.g. a full disk), likewise with status 3. LBJAX_TRACEBACK=1 shows the
 traceback. SIGTERM and Ctrl-C (SIGINT) save a checkpoint at the next step and exit 0; rerunning the
