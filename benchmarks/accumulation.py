@@ -162,8 +162,7 @@ def main() -> None:
   if args.adapt_every is not None and not args.loop:
     parser.error("--adapt-every sets how often --loop writes `batch` records; add --any-batch --loop, or drop it.")
   args.adapt_every = args.adapt_every or 1
-  unchecked = [flag for flag, given in (("--max-spread", args.max_spread != parser.get_default("max_spread")),
-                                        ("--write-noisy", args.write_noisy)) if given]
+  unchecked = report.flags_given(parser, args, ["max_spread", "write_noisy"])
   if args.any_batch and unchecked:
     parser.error(f"--any-batch reports its ratios without a spread check: drop {', '.join(unchecked)}.")
   if args.any_batch:

@@ -56,8 +56,7 @@ def main() -> None:
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   if args.pending:
-    unused = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-              if name != "pending" and value != parser.get_default(name)]
+    unused = report.flags_given(parser, args, [name for name in vars(args) if name != "pending"])
     if unused:
       parser.error(f"--pending only writes the README section saying the figures are not yet measured: drop "
                    f"{', '.join(unused)}.")

@@ -496,9 +496,7 @@ def main() -> None:
     parser.error("--kernels-for counts kernels on a GPU, --collectives collectives over 8 CPU devices: keep one, or "
                  "run them as two commands.")
   mode = f"--kernels-for {args.kernels_for}" if args.kernels_for else "--collectives" if args.collectives else ""
-  timing = [flag for flag, dest in (("--rounds", "rounds"), ("--seconds-per-round", "seconds_per_round"),
-                                    ("--max-spread", "max_spread"), ("--write-noisy", "write_noisy"))
-            if getattr(args, dest) != parser.get_default(dest)]
+  timing = report.flags_given(parser, args, ["rounds", "seconds_per_round", "max_spread", "write_noisy"])
   if mode and timing:
     parser.error(f"{mode} times nothing: drop {', '.join(timing)}.")
   if args.collectives and args.trees != parser.get_default("trees"):

@@ -209,6 +209,12 @@ class SpreadCheck:
       sys.exit(self.EXIT_TOO_NOISY)
 
 
+def flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
+  """The `--flag` names of `dests` whose value differs from the parser's default (a flag given at its
+  default value is not told apart), in the order of `dests`; for refusing what a mode would not use."""
+  return [f"--{dest.replace('_', '-')}" for dest in dests if getattr(args, dest) != parser.get_default(dest)]
+
+
 def positive_int(text: str) -> int:
   """An argparse type: an integer >= 1 (a count of rounds, repeats, steps)."""
   value = int(text)
