@@ -345,6 +345,25 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
     report.write_section("resnet50-end-to-end", TITLE, body, per_platform=False)
 
 
+def _refuse_flags_the_mode_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """Exit 2 on a flag that `--table` or `--dry-run` would not use. `report` (which imports jax) is imported
+  only in those two modes: the measurement's parent process stays without jax."""
+  if args.table:
+    from benchmarks import report  # pylint: disable=import-outside-toplevel
+    unused = report.flags_given(parser, args, [name for name in vars(args) if name not in ("table", "no_readme")])
+    if unused:
+      parser.error(f"--table writes the README section from a results file and measures nothing: drop "
+                   f"{', '.join(unused)}, or run the measurement as a command of its own.")
+  elif args.no_readme:
+    parser.error("--no-readme goes with --table: a measurement writes no README section (its row goes to --results).")
+  if args.dry_run:
+    from benchmarks import report  # pylint: disable=import-outside-toplevel
+    sized = report.flags_given(parser, args, DRY_RUN)
+    if sized:
+      parser.error(f"--dry-run measures at its own tiny sizes: drop {', '.join(sized)}, or drop --dry-run to "
+                   "measure at those.")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch-per-device", type=int, default=256)
@@ -391,19 +410,7 @@ def main() -> None:
     return
   if rest:
     parser.error(f"unexpected arguments {rest}")
-  if args.table:
-    unused = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-              if name not in ("table", "no_readme") and value != parser.get_default(name)]
-    if unused:
-      parser.error(f"--table writes the README section from a results file and measures nothing: drop "
-                   f"{', '.join(unused)}, or run the measurement as a command of its own.")
-  elif args.no_readme:
-    parser.error("--no-readme goes with --table: a measurement writes no README section (its row goes to --results).")
-  if args.dry_run:
-    sized = [f"--{name.replace('_', '-')}" for name in DRY_RUN if getattr(args, name) != parser.get_default(name)]
-    if sized:
-      parser.error(f"--dry-run measures at its own tiny sizes: drop {', '.join(sized)}, or drop --dry-run to "
-                   "measure at those.")
+  _refuse_flags_the_mode_ignores(parser, args)
   if any(not o.startswith("--config.") or "=" not in o for o in args.override):
     parser.error(f"--override takes --config.<field>=<value>, got {args.override}")
   if args.table:
