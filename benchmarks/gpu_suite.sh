@@ -226,6 +226,9 @@ step_options_part() {  # each option in turn; one that fails (an XLA abort) does
 # whose section is then written from all of them.
 unpack() {
   local archive tmp
+  # Writing the table needs no device: without this, JAX's CUDA plugin (the gpu-compile extra) prints its
+  # failed start on a machine without a GPU.
+  export JAX_PLATFORMS=cpu
   "$PYTHON" -c "import lbjax, jax" 2> /dev/null \
     || { echo "--unpack writes the end-to-end section with lbjax: $PYTHON cannot import it (set PYTHON)" >&2; exit 2; }
   for archive in "${ARCHIVES_IN[@]}"; do
