@@ -154,14 +154,13 @@ def main() -> None:
                       help="--any-batch cases instead of the default ones, e.g. mnist_lstm:512:512")
   parser.add_argument("--loop", action="store_true",
                       help="--any-batch in the trainer's host loop (data, batch policy) instead of one placed batch")
-  parser.add_argument("--adapt-every", type=report.positive_int,
+  parser.add_argument("--adapt-every", type=report.positive_int, default=1,
                       help="--loop: updates between `batch` records (default 1)")
   args = parser.parse_args()
   if not args.any_batch and (args.case or args.loop):
     parser.error("--case and --loop choose what --any-batch measures; add --any-batch.")
-  if args.adapt_every is not None and not args.loop:
+  if report.flags_given(parser, args, ["adapt_every"]) and not args.loop:
     parser.error("--adapt-every sets how often --loop writes `batch` records; add --any-batch --loop, or drop it.")
-  args.adapt_every = args.adapt_every or 1
   unchecked = report.flags_given(parser, args, ["max_spread", "write_noisy"])
   if args.any_batch and unchecked:
     parser.error(f"--any-batch reports its ratios without a spread check: drop {', '.join(unchecked)}.")
