@@ -28,6 +28,9 @@
 #   max_pool       benchmarks/max_pool.py: the ResNet stem's max-pool gradient, JAX's select-and-scatter vs
 #                  lbjax.models.pooling's placements (what the trainer uses on GPUs), with XLA's defaults and
 #                  with the deterministic-ops flags
+#   repeatability  benchmarks/repeatability.py: the PTB LSTM and ResNet-tiny (synthetic data) trained twice,
+#                  each run in a process of its own, with XLA's defaults and with config.deterministic=True;
+#                  are the two final states bit-identical?
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
 set -uo pipefail
@@ -38,7 +41,7 @@ PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
 SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
-PARTS="install,e2e,loop,optimizer,step_options,max_pool"
+PARTS="install,e2e,loop,optimizer,step_options,max_pool,repeatability"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
 ARCHIVES_IN=()
 E2E_RESULTS="benchmarks/resnet50_end_to_end.jsonl"  # every GPU session's end-to-end rows, committed
@@ -64,8 +67,10 @@ LIMIT_LOOP=240
 LIMIT_OPTIMIZER=180
 LIMIT_STEP_OPTIONS=360
 LIMIT_MAX_POOL=60
+LIMIT_REPEATABILITY=240
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
   LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
+  LIMIT_REPEATABILITY=600
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py), and
 # optionally one config override. At 384 per GPU, as configured and with BatchNorm over the device's batch
@@ -317,7 +322,14 @@ for name in ${PARTS//,/ }; do
         part max_pool_deterministic "$LIMIT_MAX_POOL" "$PYTHON" -m benchmarks.max_pool --batch 256 --deterministic \
             --write-noisy
       fi ;;
-    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, step_options, max_pool)" >&2
+    repeatability)
+      if [ "$MODE" = dry-run ]; then
+        part repeatability "$LIMIT_REPEATABILITY" "$PYTHON" -m benchmarks.repeatability --steps 2 --no-readme
+      else
+        part repeatability "$LIMIT_REPEATABILITY" "$PYTHON" -m benchmarks.repeatability --steps 50
+      fi ;;
+    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, step_options, max_pool," \
+            "repeatability)" >&2
        exit 2 ;;
   esac
 done
