@@ -29,6 +29,10 @@ compile. The host work of one loop iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
   global_batch    host -> device (`run.global_batch`: one `make_array_from_process_local_data` call)
+  k in one call   the same for the k batches of one call (`--steps-per-call`) in one call, per batch
+  k stacked       the k batches copied into one [k, B, ...] array per input on the host and placed as
+                  such, per batch: what placing a call's batches together would cost (not what the loop
+                  does: it places them one by one)
   lr_scalar       the learning rate as the step's device scalar (`Run.learning_rate_scalar`: placed
                   only when its value changes, so at the constant LR of these runs a lookup)
   schedules       the host learning-rate and batch-size schedules
@@ -51,6 +55,8 @@ import time
 from unittest import mock
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+import numpy as np
 
 from benchmarks import report
 from benchmarks import workloads
@@ -127,21 +133,32 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
     shift = round_index % len(names)
     for name in names[shift:] + names[:shift]:
       times[name].append(variants[name]())
-  times["host"] = host_seconds(trainer_step, repeats=50)
+  times["host"] = host_seconds(trainer_step, args.steps_per_call, repeats=50)
   times["host"]["metrics"] = metrics_seconds(trainer_step, args.log_every, repeats=10)
   trainer_step.close()
   return times
 
 
-def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str, float]:
-  """Median seconds of each piece of one loop iteration's host work."""
+def host_seconds(trainer_step: workloads.TrainerStep, steps_per_call: int, repeats: int) -> dict[str, float]:
+  """Median seconds of each piece of one loop iteration's host work (the placements of a call's
+  `steps_per_call` batches per batch)."""
   run, size = trainer_step.run, trainer_step.batch_size
   stream = run.task.dataset.make_train_stream(0, 1)
   local = stream.next_batch(size)
   local.pop("reset_carry", None)
+  sharding = run.parts.batch_sharding
+  stacked_sharding = NamedSharding(sharding.mesh, P(None, *sharding.spec))
+  call = [local] * steps_per_call
+
+  def place_stacked():
+    stacked = {name: np.stack([batch[name] for batch in call]) for name in local}
+    return jax.make_array_from_process_local_data(stacked_sharding, stacked)
+
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
-      "global_batch": lambda: run_lib.global_batch(local, run.parts.batch_sharding),
+      "global_batch": lambda: run_lib.global_batch(local, sharding),
+      "k in one call": lambda: jax.make_array_from_process_local_data(sharding, call),
+      "k stacked": place_stacked,
       "lr_scalar": lambda: run.learning_rate_scalar(0.1),
       "schedules": lambda: (run.batch_policy.learning_rate(0.5, size), run.batch_policy.batch_size(0.5)),
   }
@@ -153,6 +170,8 @@ def host_seconds(trainer_step: workloads.TrainerStep, repeats: int) -> dict[str,
       jax.block_until_ready(function())
       samples.append(time.perf_counter() - start)
     times[name] = statistics.median(samples)
+  for name in ("k in one call", "k stacked"):
+    times[name] /= steps_per_call
   return times
 
 
@@ -227,8 +246,8 @@ def main() -> None:
                       calls_vs_trainer.format(digits=3), vs_hand.format(digits=3),
                       vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
-                     [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "lr_scalar",
-                                                       "schedules", "metrics")])
+                     [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "k in one call", "k stacked",
+                                                       "lr_scalar", "schedules", "metrics")])
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
       ["model", "global batch", "hand step ms", "trainer step ms",
@@ -241,7 +260,9 @@ def main() -> None:
        "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
-       "lr_scalar ms", "schedules ms", "metrics ms"], host_rows)
+       f"{args.steps_per_call} batches in one call, ms per batch",
+       f"{args.steps_per_call} batches stacked, ms per batch", "lr_scalar ms", "schedules ms", "metrics ms"],
+      host_rows)
   notes = (
       f"One {jax.devices()[0].device_kind} device, momentum SGD, synthetic twins. Times per step: median over "
       f"{args.rounds} interleaved rounds [first and third quartiles], in ms; ratios: per-round ratios, median "
@@ -260,7 +281,11 @@ def main() -> None:
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "
       "learning rate when its value changed (`Run.learning_rate_scalar`; a constant LR, as here, "
-      "is placed once). metrics: one window's `train` record (`hooks.WriteMetrics`) per step of the window.")
+      "is placed once). metrics: one window's `train` record (`hooks.WriteMetrics`) per step of the window. "
+      f"{args.steps_per_call} batches in one call: the placement of a call's batches in one "
+      "`make_array_from_process_local_data` call; stacked: copied into one [k, B, ...] array per input on the "
+      "host (`np.stack`) and placed as such; both per batch, what placing a call's batches together would cost "
+      "(the loop places them one by one).")
   body = (report.header_lines() + "\n" + check.warning() + rates +
           "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)
