@@ -5,7 +5,7 @@ and once with `config.deterministic=True` (XLA's deterministic-ops flags, `lbjax
 and the two runs' final train states (parameters, optimizer state, BatchNorm statistics) are compared
 leaf by leaf. A process of its own, because a GPU chooses some kernels by timing them when a process
 compiles its program, and two runs in one process would share that choice. The cases run on the
-synthetic twins of their data, so nothing needs a dataset:
+synthetic twins of their data, so nothing needs a dataset, each on one device (the first):
 
 - `ptb_lstm`: the 2x200 PTB LSTM at B=20 on PTB-shaped tokens (vocabulary 10,000). Its embedding
   gradient is a scatter-add, which a GPU sums with atomics in whatever order its threads finish (issue
@@ -30,8 +30,15 @@ import sys
 import tempfile
 import time
 
+import jax
+import numpy as np
+
 from benchmarks import report
+from lbjax import config_files
 from lbjax.train import determinism
+from lbjax.train import train_and_evaluate
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Each case: the packaged config and the overrides that put it on its synthetic twin.
 CASES = {
@@ -44,17 +51,13 @@ MODES = {"XLA's defaults": False, "config.deterministic=True": True}
 
 
 def train_once(case: str, deterministic: bool, steps: int, out: pathlib.Path) -> None:
-  """In a fresh process: trains `case` for `steps` steps and writes its final state's leaves and final
-  evaluation loss to `out` (an .npz)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from lbjax import config_files  # pylint: disable=import-outside-toplevel
-  from lbjax.train import train_and_evaluate  # pylint: disable=import-outside-toplevel
-
+  """In a fresh process: trains `case` for `steps` steps on one device (the first) and writes its final
+  state's leaves and final evaluation loss to `out` (an .npz). Importing JAX starts no backend:
+  `train_and_evaluate` starts it, with XLA's deterministic flags when `deterministic`."""
   spec, overrides = CASES[case]
   config = config_files.load(spec, [*overrides, f"--config.num_steps={steps}", "--config.progress=False",
-                                    f"--config.deterministic={deterministic}"]).config
-  with tempfile.TemporaryDirectory() as workdir:  # the backend starts here, with the run's flags
+                                    "--config.mesh.num_devices=1", f"--config.deterministic={deterministic}"]).config
+  with tempfile.TemporaryDirectory() as workdir:
     result = train_and_evaluate(config, workdir)
   leaves = {f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(jax.device_get(result.state)))}
   np.savez(out, eval_loss=np.float64(result.eval_metrics["loss"]), **leaves)
@@ -62,7 +65,6 @@ def train_once(case: str, deterministic: bool, steps: int, out: pathlib.Path) ->
 
 def compare(first: pathlib.Path, second: pathlib.Path) -> dict:
   """Whether two runs' final states are bit-identical, their largest relative difference, their losses."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
   with np.load(first) as a, np.load(second) as b:
     names = [name for name in a.files if name.startswith("leaf")]
     identical = all(np.array_equal(a[name], b[name]) for name in names)
@@ -78,16 +80,16 @@ def compare(first: pathlib.Path, second: pathlib.Path) -> dict:
 
 def run_twice(case: str, deterministic: bool, steps: int, folder: pathlib.Path) -> dict:
   """Trains `case` twice, each in a process of its own; their comparison and the seconds each took."""
+  mode = "deterministic" if deterministic else "defaults"
   outputs, seconds = [], []
   for index in (1, 2):
-    out = folder / f"{case}_{'deterministic' if deterministic else 'default'}_{index}.npz"
+    out = folder / f"{case}_{mode}_{index}.npz"
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "benchmarks.repeatability", "--train-once",
                            json.dumps([case, deterministic, steps, str(out)])],
-                          capture_output=True, text=True, check=False)
+                          cwd=REPO, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-      sys.exit(f"{case} ({'deterministic' if deterministic else 'defaults'}), run {index} failed "
-               f"(exit {done.returncode}):\n{done.stderr[-3000:]}")
+      sys.exit(f"{case} ({mode}), run {index} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     seconds.append(time.perf_counter() - start)
     outputs.append(out)
   return {**compare(*outputs), "seconds": seconds}

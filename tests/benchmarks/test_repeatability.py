@@ -45,3 +45,16 @@ def test_refuses_bad_input_before_training(monkeypatch, capsys, flags, env, mess
     repeatability.main()
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_two_runs_in_their_own_processes_are_compared_end_to_end(tmp_path):
+  # The packaged PTB config on its synthetic twin, one step, deterministic: each child starts its backend with
+  # XLA's deterministic flags (train_and_evaluate refuses a backend started without them, so an import that
+  # started it would fail here). CPU runs are bit-identical.
+  result = repeatability.run_twice("ptb_lstm", True, 1, tmp_path)
+  assert result["identical"] and result["largest_difference"] == 0.0
+  assert result["leaves"] > 10  # the LSTM's parameters and momentum, not an empty state
+  first_loss, second_loss = result["eval_losses"]
+  assert first_loss == second_loss and 0 < first_loss < 12  # ln(10,000) = 9.2 for a uniform guess
+  assert len(result["seconds"]) == 2 and sorted(p.name for p in tmp_path.iterdir()) == [
+      "ptb_lstm_deterministic_1.npz", "ptb_lstm_deterministic_2.npz"]
