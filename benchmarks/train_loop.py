@@ -34,8 +34,9 @@ compile. The host work of one loop iteration is then timed piece by piece:
                   such, per batch: what placing a call's batches together would cost (not what the loop
                   does: it places them one by one)
   as uint8        `global_batch` with the float32 inputs as uint8 arrays of the same shape: a quarter of
-                  the bytes, what handing over uint8 pixels (normalised in the step, as the ImageNet and
-                  CIFAR-10 streams do) would cost
+                  the bytes, what handing over uint8 pixels (normalised in the step, as the ImageNet,
+                  CIFAR-10 and MNIST streams do) would cost the ResNet's float32 synthetic images (the
+                  MNIST LSTM's batch is uint8 already: there it is `global_batch` again)
   lr_scalar       the learning rate as the step's device scalar (`Run.learning_rate_scalar`: placed
                   only when its value changes, so at the constant LR of these runs a lookup)
   schedules       the host learning-rate and batch-size schedules
@@ -292,8 +293,9 @@ def main() -> None:
       "`make_array_from_process_local_data` call; stacked: copied into one [k, B, ...] array per input on the "
       "host (`np.stack`) and placed as such; both per batch, what placing a call's batches together would cost "
       "(the loop places them one by one). As uint8: the same batch with its float32 inputs as uint8 arrays of "
-      "the same shape, a quarter of the bytes (MNIST's pixels and these twins' images are float32 today; the "
-      "ImageNet and CIFAR-10 streams hand over uint8, normalised in the step).")
+      "the same shape, a quarter of the bytes (the ResNet's synthetic images are float32; the ImageNet, CIFAR-10 "
+      "and, since 2026-11-30, MNIST streams hand over uint8, normalised in the step, so for the MNIST LSTM it is "
+      "global_batch again).")
   body = (report.header_lines() + "\n" + check.warning() + rates +
           "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)

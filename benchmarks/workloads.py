@@ -185,7 +185,7 @@ class HandStep:
     zero_carry = run.task.zero_carry(model, trainer_step.batch_size)  # host arrays, or None
     self.language_model = zero_carry is not None
     optimizer = optax.sgd(LEARNING_RATE, momentum=MOMENTUM)
-    graphdef, language_model = self.graphdef, self.language_model
+    graphdef, language_model, images = self.graphdef, self.language_model, run.task.images
 
     def loss_fn(params, model_state, batch, carry):
       model = nnx.merge(graphdef, params, model_state)
@@ -193,7 +193,7 @@ class HandStep:
         logits, carry = model(batch["inputs"], carry, train=True)
         loss = models.softmax_cross_entropy(logits, batch["targets"])
       else:
-        logits = model(batch["images"], train=True)
+        logits = model(images(batch), train=True)  # the dataset's normalisation of uint8 pixels, as the trainer's
         loss = models.softmax_cross_entropy(logits, batch["labels"])
       return loss, (nnx.to_pure_dict(nnx.state(model, nnx.BatchStat)), carry)
 

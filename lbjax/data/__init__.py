@@ -6,7 +6,7 @@
   crops           crop geometry (one `Box`) of the ImageNet transforms, for every decoder
   jpeg            JPEG decoding at the DCT scale a crop needs, and the resampler
   libturbojpeg    decoding only a crop's region (libjpeg-turbo's TurboJPEG 3 API, ctypes)
-  normalization   per-channel normalisation, applied by the training step on the device
+  normalization   uint8 images to the model's float32 inputs, applied by the training step on the device
   imagenet, cifar the two image datasets' transforms and streams
   mnist, ptb      MNIST idx files / TFDS, Penn Treebank text
   synthetic, synthetic_jpeg   data shaped like the real sets, for tests and benchmarks
@@ -31,8 +31,10 @@ from lbjax.data.imagenet import imagenet_eval_batches
 from lbjax.data.imagenet import imagenet_train_stream
 from lbjax.data.imagenet import random_resized_crop
 from lbjax.data.mnist import load_mnist_idx
+from lbjax.data.mnist import MNIST_NORMALIZATION
 from lbjax.data.mnist import load_mnist_tfds
 from lbjax.data.normalization import Normalization
+from lbjax.data.normalization import PixelScale
 from lbjax.data.ptb import PtbCorpus
 from lbjax.data.ptb import PtbStream
 from lbjax.data.ptb import check_carry_state

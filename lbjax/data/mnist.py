@@ -1,8 +1,10 @@
 """MNIST (LeCun et al.) from the original idx files or from TFDS, as an in-memory `ArraySource`.
 
-Both loaders give the same format: `images` float32 [N, 28, 28] in [0, 1] (pixel / 255) and
+Both loaders give the same format: `images` uint8 [N, 28, 28], the files' pixels (0-255), and
 `labels` int32 [N] in 0..9, with N = 60,000 (train) and 10,000 (test), in the files' order. The
-LSTM of `papers/001` section 5.1.1 reads each image as 28 steps of 28 pixels.
+model reads `MNIST_NORMALIZATION(images)`, float32 pixel / 255 in [0, 1], computed by the training
+step on the device (a quarter of the bytes to place per batch; the values the host division gives,
+bit for bit). The LSTM of `papers/001` section 5.1.1 reads each image as 28 steps of 28 pixels.
 """
 
 import gzip
@@ -14,11 +16,13 @@ import zlib
 import numpy as np
 
 from lbjax.data.data_dir import default_data_dir
+from lbjax.data.normalization import PixelScale
 from lbjax.data.stream import ArraySource
 
 MNIST_SPLITS = ("train", "test")
 IMAGE_SIZE = 28
 NUM_CLASSES = 10
+MNIST_NORMALIZATION = PixelScale(255.0)  # pixel / 255: what the model reads
 
 _IMAGES_MAGIC = 0x00000803
 _LABELS_MAGIC = 0x00000801
@@ -115,8 +119,7 @@ def _parse_images(data: bytes, path: pathlib.Path) -> np.ndarray:
     raise ValueError(
         f"MNIST file {path} is corrupt: {len(data)} bytes, expected {expected_size} for "
         f"{count} images of {rows}x{cols}. {_WHERE_TO_GET}")
-  pixels = np.frombuffer(data, dtype=np.uint8, offset=16).reshape(count, rows, cols)
-  return pixels.astype(np.float32) / np.float32(255.0)
+  return np.frombuffer(data, dtype=np.uint8, offset=16).reshape(count, rows, cols).copy()
 
 
 def _parse_labels(data: bytes, path: pathlib.Path) -> np.ndarray:
@@ -148,7 +151,8 @@ def load_mnist_idx(data_dir: str | os.PathLike[str] | None, split: str, *,
     verify: also check each file's sha256 against the published sums (`MNIST_SHA256`).
 
   Returns:
-    `ArraySource(images=float32 [N, 28, 28] in [0, 1], labels=int32 [N])`.
+    `ArraySource(images=uint8 [N, 28, 28], labels=int32 [N])`; `MNIST_NORMALIZATION(images)` is the
+    float32 [0, 1] input of the model.
 
   Raises:
     FileNotFoundError: a file is missing (the message says where to get it).
@@ -187,7 +191,7 @@ def load_mnist_tfds(split: str, data_dir: str | os.PathLike[str] | None = None, 
       network access, e.g. in Colab); if False (the default) nothing is downloaded.
 
   Returns:
-    `ArraySource(images=float32 [N, 28, 28] in [0, 1], labels=int32 [N])`.
+    `ArraySource(images=uint8 [N, 28, 28], labels=int32 [N])`, as `load_mnist_idx`.
 
   Raises:
     ImportError: tensorflow-datasets is not installed (`pip install 'lbjax[tfds]'`).
@@ -217,4 +221,4 @@ def load_mnist_tfds(split: str, data_dir: str | os.PathLike[str] | None = None, 
   images = np.stack([np.asarray(r["image"], dtype=np.uint8).reshape(IMAGE_SIZE, IMAGE_SIZE)
                      for r in records])
   labels = np.asarray([r["label"] for r in records], dtype=np.int32)
-  return ArraySource(images=images.astype(np.float32) / np.float32(255.0), labels=labels)
+  return ArraySource(images=images, labels=labels)

@@ -1,9 +1,13 @@
-"""Per-channel normalisation of uint8 images, applied by the training step on the device.
+"""Normalisation of uint8 images, applied by the training step on the device.
 
-The image streams (ImageNet, CIFAR-10) hand over uint8 NHWC batches: a quarter of the bytes of
+The image streams (ImageNet, CIFAR-10, MNIST) hand over uint8 batches: a quarter of the bytes of
 float32 to copy to the device and no float arithmetic on the host, as big_vision and DALI pipelines
-do. A dataset names its `Normalization` and the task applies it inside the compiled step
-(`lbjax.train.tasks`); `normalize_images` computes the same values on the host.
+do. A dataset names its normalisation and the task applies it inside the compiled step
+(`lbjax.train.tasks`); called on a numpy array, the same object computes the same values on the host.
+
+- `Normalization`: per-channel `(x - mean) / stddev` (ImageNet, CIFAR-10).
+- `PixelScale`: `x / divisor` exactly as the host divides, through a 256-entry table (MNIST's
+  pixel / 255, the [0, 1] values its LSTM has always read).
 """
 
 from collections.abc import Sequence
@@ -45,3 +49,32 @@ def normalize_images(images: np.ndarray, mean: Sequence[float], stddev: Sequence
         f"normalize_images: images have {images.shape[-1] if images.ndim else 0} channels (shape "
         f"{images.shape}) but mean/stddev have {len(mean)}/{len(stddev)} values.")
   return Normalization(tuple(mean), tuple(stddev))(images)
+
+
+@dataclasses.dataclass(frozen=True)
+class PixelScale:
+  """uint8 pixels as float32 `x / divisor`, bit for bit the host's correctly rounded quotients.
+
+  The step looks each pixel up in a 256-entry table computed on the host instead of dividing on the
+  device: XLA turns a division by a constant into a multiplication by its reciprocal, and
+  `x * (1 / 255)` is one ulp off `x / 255` for 126 of the 256 pixel values, so an MNIST run would no
+  longer give the numbers of the runs that read float32 pixels made on the host. Images of any shape
+  (MNIST's [N, 28, 28] has no channel axis).
+  """
+  divisor: float
+
+  def __post_init__(self):
+    if not self.divisor > 0:
+      raise ValueError(f"PixelScale divisor must be positive, got {self.divisor!r}.")
+
+  def table(self) -> np.ndarray:
+    """float32 [256]: entry v is `float32(v) / float32(divisor)`."""
+    return np.arange(256, dtype=np.float32) / np.float32(self.divisor)
+
+  def __call__(self, images):
+    """float32 `images / divisor` of uint8 `images`, a numpy or a jax array (in a jitted step: on the
+    device, a gather from the table)."""
+    if images.dtype != np.uint8:
+      raise ValueError(f"PixelScale takes uint8 pixels (0-255), got {images.dtype} images.")
+    array_namespace = images.__array_namespace__()
+    return array_namespace.asarray(self.table())[images]

@@ -85,7 +85,8 @@ def synthetic_mnist(num_examples: int, seed: int, *, split: str = "train",
   """Class-prototype digits in the format of `load_mnist_idx`.
 
   Example i is `clip(prototype[label_i] + noise * N(0, 1), 0, 1)` with a fixed uniform [0, 1]
-  prototype per digit class and uniformly drawn labels.
+  prototype per digit class and uniformly drawn labels, as uint8 pixels (times 255, rounded):
+  `MNIST_NORMALIZATION` gives the model its [0, 1] values, as for MNIST.
 
   Args:
     num_examples: N.
@@ -94,14 +95,15 @@ def synthetic_mnist(num_examples: int, seed: int, *, split: str = "train",
     noise: per-pixel noise standard deviation (larger is harder).
 
   Returns:
-    `ArraySource(images=float32 [N, 28, 28] in [0, 1], labels=int32 [N] in 0..9)`.
+    `ArraySource(images=uint8 [N, 28, 28], labels=int32 [N] in 0..9)`.
   """
   _check_positive("num_examples", num_examples)
   _check_seed_and_split(seed, split)
   _check_noise(noise)
   prototypes = np.random.default_rng([seed, 0]).uniform(size=(10, 28, 28)).astype(np.float32)
   images, labels = _class_examples(num_examples, prototypes, noise, seed, split)
-  return ArraySource(images=np.clip(images, 0.0, 1.0), labels=labels)
+  pixels = np.rint(np.clip(images, 0.0, 1.0) * np.float32(255)).astype(np.uint8)
+  return ArraySource(images=pixels, labels=labels)
 
 
 def synthetic_ptb_tokens(num_tokens: int, vocab_size: int, seed: int, *, split: str = "train",

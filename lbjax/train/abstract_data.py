@@ -96,13 +96,14 @@ def _tokens(seq_len: int, train_tokens: int, vocab_size: int, eval_split: str) -
 
 def _mnist(a):
   train = SPLIT_SIZES["mnist"] - (a["num_validation_examples"] if a["eval_split"] == "validation" else 0)
-  return _image_classes(28, 1, np.float32, train, 10, a["eval_split"])
+  return _image_classes(28, 1, np.uint8, train, 10, a["eval_split"], lbdata.MNIST_NORMALIZATION)
 
 
 # Each dataset function of `lbjax.train.datasets` -> its shapes from its (complete) arguments.
 SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
     datasets.mnist: _mnist,
-    datasets.synthetic_mnist: lambda a: _image_classes(28, 1, np.float32, a["num_train_examples"], 10, "test"),
+    datasets.synthetic_mnist: lambda a: _image_classes(28, 1, np.uint8, a["num_train_examples"], 10, "test",
+                                                       lbdata.MNIST_NORMALIZATION),
     datasets.synthetic_images: lambda a: _image_classes(a["image_size"], 3, np.float32, a["num_train_examples"],
                                                         a["num_classes"], a["eval_split"]),
     datasets.imagenet: lambda a: _image_classes(a["image_size"], 3, np.uint8, SPLIT_SIZES["imagenet"], 1000,

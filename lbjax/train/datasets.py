@@ -46,11 +46,13 @@ class Dataset:
     fingerprint: what identifies the data of each split ("train", "eval"), recorded in every
       checkpoint so that a resume against other data is refused: a SHA-256 of the arrays read
       (`array_fingerprint`), or the TFDS name, version and size.
-    fingerprinted_arrays: the arrays each split's `array_fingerprint` was taken of (empty for other
-      fingerprints), so that `fingerprint_like` can take it again in a checkpoint's kind.
-    image_normalization: for streams of uint8 images (ImageNet, CIFAR-10), the per-channel
-      `(x - mean) / stddev` the task applies inside the compiled step, on the device; None where the
-      batches hold the model's inputs as they are.
+    fingerprinted_arrays: the arrays each split's fingerprint was taken of (empty for other
+      fingerprints), as the stream hands them over, so that `fingerprint_like` can take it again in
+      a checkpoint's kind (`input_fingerprint`).
+    image_normalization: for streams of uint8 images (ImageNet, CIFAR-10, MNIST), what the task
+      applies to them inside the compiled step, on the device (`lbjax.data.Normalization`'s
+      per-channel `(x - mean) / stddev`, MNIST's `PixelScale`); None where the batches hold the
+      model's inputs as they are.
   """
   kind: Literal["classification", "language_model"]
   make_train_stream: TrainStreamFactory
@@ -61,7 +63,7 @@ class Dataset:
   fingerprint: dict[str, str] = dataclasses.field(default_factory=dict)
   fingerprinted_arrays: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
                                                                              compare=False)
-  image_normalization: lbdata.Normalization | None = None
+  image_normalization: lbdata.Normalization | lbdata.PixelScale | None = None
 
   def fingerprint_like(self, saved: dict[str, str]) -> dict[str, str]:
     """This data's fingerprint with each split taken in the kind `saved` holds it (all bytes or a
@@ -71,7 +73,7 @@ class Dataset:
     for split, arrays in self.fingerprinted_arrays.items():
       kind = _fingerprint_kind(saved.get(split, ""))
       if kind is not None and kind != _fingerprint_kind(like.get(split, "")):
-        like[split] = array_fingerprint(arrays, sampled=kind == SAMPLED)
+        like[split] = input_fingerprint(arrays, self.image_normalization, sampled=kind == SAMPLED)
     return like
 
 
@@ -120,21 +122,30 @@ def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = N
   return f"{SAMPLED if sampled else FULL}{digest.hexdigest()[:16]} ({length} rows)"
 
 
+def input_fingerprint(arrays: dict[str, np.ndarray], image_normalization=None, *, sampled: bool | None = None) -> str:
+  """`array_fingerprint` of `arrays` as the model reads them: uint8 `images` through the dataset's
+  `image_normalization` (on the host, for the time of the hash). So the fingerprint names the
+  examples, not the dtype they travel in: MNIST's checkpoints saved when its stream handed over float32
+  pixel / 255 resume now that it hands over the uint8 pixels."""
+  if image_normalization is not None:
+    arrays = {**arrays, "images": image_normalization(arrays["images"])}
+  return array_fingerprint(arrays, sampled=sampled)
+
+
 def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *, seed: int,
                    model_arguments: dict[str, Any], eval_split: str, top_k: tuple[int, ...] = (),
-                   train_transform=None, eval_transform=None) -> Dataset:
+                   image_normalization: lbdata.PixelScale | None = None) -> Dataset:
 
   def make_train_stream(process_index, process_count):
-    return lbdata.TrainStream(train, seed=seed, process_index=process_index, process_count=process_count,
-                              transform=train_transform)
+    return lbdata.TrainStream(train, seed=seed, process_index=process_index, process_count=process_count)
 
   def make_eval_batches(batch_size, process_index, process_count):
-    return lbdata.eval_batches(evaluation, batch_size, process_index=process_index,
-                               process_count=process_count, transform=eval_transform)
+    return lbdata.eval_batches(evaluation, batch_size, process_index=process_index, process_count=process_count)
 
   arrays = {"train": train.arrays, "eval": evaluation.arrays}
   return Dataset("classification", make_train_stream, make_eval_batches, model_arguments, eval_split, top_k,
-                 {split: array_fingerprint(a) for split, a in arrays.items()}, arrays)
+                 {split: input_fingerprint(a, image_normalization) for split, a in arrays.items()}, arrays,
+                 image_normalization)
 
 
 def _split_off_validation(train: lbdata.ArraySource, num_validation: int) -> tuple[lbdata.ArraySource, ...]:
@@ -178,7 +189,8 @@ def mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
   if eval_split == "validation":
     train, test = _split_off_validation(train, num_validation_examples)
   return _array_dataset(train, test, seed=seed, eval_split=eval_split,
-                        model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1})
+                        model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1},
+                        image_normalization=lbdata.MNIST_NORMALIZATION)
 
 
 def synthetic_mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
@@ -195,7 +207,8 @@ def synthetic_mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int
   train = lbdata.synthetic_mnist(num_train_examples, seed=seed, split="train")
   test = lbdata.synthetic_mnist(num_eval_examples, seed=seed, split=evaluation_split)
   return _array_dataset(train, test, seed=seed, eval_split=eval_split,
-                        model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1})
+                        model_arguments={"num_classes": 10, "small_inputs": True, "input_channels": 1},
+                        image_normalization=lbdata.MNIST_NORMALIZATION)
 
 
 def _synthetic_eval_split(function: str, eval_split: str, splits: dict[str, str]) -> str:

@@ -8,8 +8,8 @@ class per kind implements the `lbjax.train.protocols.Task` protocol the steps an
 
 - `ClassificationTask`: images (or MNIST rows-as-time-steps) -> labels; cross-entropy, top-1 (and
   top-5 where the dataset asks for it) accuracy. Where the dataset streams uint8 images
-  (`Dataset.image_normalization`: ImageNet, CIFAR-10), the per-channel `(x - mean) / stddev` runs
-  here, inside the compiled step, on the device.
+  (`Dataset.image_normalization`: ImageNet and CIFAR-10's per-channel `(x - mean) / stddev`, MNIST's
+  pixel / 255), the normalisation runs here, inside the compiled step, on the device.
 - `LanguageModelTask`: token windows with the LSTM state carried across consecutive batches
   (truncated BPTT), reset where the stream says; perplexity.
 """

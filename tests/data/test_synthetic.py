@@ -20,9 +20,9 @@ def test_synthetic_mnist_has_the_idx_format_and_is_learnable():
   train = data.synthetic_mnist(300, seed=0)
   test = data.synthetic_mnist(200, seed=0, split="test")
   images, labels = train.arrays["images"], train.arrays["labels"]
-  assert images.shape == (300, 28, 28) and images.dtype == np.float32
+  assert images.shape == (300, 28, 28) and images.dtype == np.uint8  # MNIST's pixels, 0-255
   assert labels.dtype == np.int32 and set(labels) == set(range(10))
-  assert images.min() >= 0.0 and images.max() <= 1.0
+  assert images.min() == 0 and images.max() == 255  # clipped: both ends are reached
   assert not np.array_equal(images[:200], test.arrays["images"])
   assert class_mean_accuracy(train, test) > 0.95
   # Labels depend on the seed's prototypes: another task is not learned from this one.

@@ -122,6 +122,23 @@ def test_fingerprint_like_takes_each_split_in_the_checkpoints_kind():
   assert dataset.fingerprint_like({}) == dataset.fingerprint
 
 
+def test_mnist_fingerprint_is_that_of_the_float32_pixels_it_streamed_before():
+  """MNIST now streams uint8 pixels; its fingerprint is taken of pixel / 255 as the model reads them, the
+  arrays it streamed until 2026-11-30, so the checkpoints saved then resume."""
+  from lbjax import data  # pylint: disable=import-outside-toplevel
+  pixels = np.random.default_rng(0).integers(0, 256, (17 * 2**20 // (28 * 28 * 4) + 1, 28, 28), dtype=np.uint8)
+  labels = np.arange(len(pixels), dtype=np.int32) % 10
+  as_streamed_before = {"images": pixels.astype(np.float32) / np.float32(255), "labels": labels}
+  arrays = {"images": pixels, "labels": labels}
+  assert datasets.array_fingerprint(as_streamed_before).startswith("sampled-sha256:")
+  assert (datasets.input_fingerprint(arrays, data.MNIST_NORMALIZATION)
+          == datasets.array_fingerprint(as_streamed_before))
+  dataset = datasets.Dataset("classification", None, None, {}, "test", fingerprinted_arrays={"train": arrays},
+                             image_normalization=data.MNIST_NORMALIZATION)
+  full = {"train": datasets.array_fingerprint(as_streamed_before, sampled=False)}
+  assert dataset.fingerprint_like(full) == full  # a checkpoint of the every-byte kind
+
+
 def test_classification_task_normalises_uint8_images_in_the_step_as_the_host_did():
   pytest.importorskip("cv2")
   from lbjax.data import cifar, imagenet, normalization  # pylint: disable=import-outside-toplevel
@@ -145,7 +162,7 @@ def test_classification_task_normalises_uint8_images_in_the_step_as_the_host_did
     np.testing.assert_allclose(inputs, host, rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="normalises uint8 images in the step, but the batch's images are float32"):
     task.train_loss(model, {**batch, "images": batch["images"].astype(jnp.float32)}, None, None)
-  # Datasets without a normalisation (MNIST, synthetic images) hand the model their images as they are.
+  # Datasets without a normalisation (synthetic images) hand the model their images as they are.
   plain = ClassificationTask(None, datasets.Dataset("classification", None, None, {}, "test"), "")
   assert plain.images({"images": host}) is host
   assert cifar.CIFAR10_NORMALIZATION.mean == cifar.CIFAR10_MEAN_RGB

@@ -79,10 +79,11 @@ def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, 
   """papers/004 compressors in the shard_map step over 8 devices; the compressor state (QSGD key,
   per-device error-feedback residual, PowerSGD's Q and memories) is checkpointed, so resume stays exact."""
   make = lambda **kw: helpers.tiny_classifier_config(
-      **{"compression.name": name, **options, "num_epochs": 4.0, "lr.base": 0.2, **kw})
+      **{"compression.name": name, **options, "num_epochs": 8.0, "lr.base": 0.1, **kw})
   full = train_and_evaluate(make(), tmp_path / "full")
-  assert full.eval_metrics["loss"] < 2.2  # it learns: the loss at chance is ln(10) = 2.30
-  train_and_evaluate(make(num_epochs=2.0), tmp_path / "resumed")
+  # It learns: the loss at chance is ln(10) = 2.30; 0.60-1.48 over seeds 0-3 of this recipe (2026-11-30).
+  assert full.eval_metrics["loss"] < 1.8
+  train_and_evaluate(make(num_epochs=4.0), tmp_path / "resumed")
   resumed = train_and_evaluate(make(), tmp_path / "resumed")
   helpers.assert_trees_equal(resumed.state, full.state)
   bits = _records(tmp_path / "full", "compression")[0]

@@ -157,7 +157,7 @@ def test_adaptive_batches_are_prefetched_only_between_decisions(tmp_path, monkey
 
 
 def test_the_thread_ends_with_the_run_on_a_non_finite_stop(tmp_path, monkeypatch):
-  """The third batch, drawn on the thread, is NaN: the run stops naming its step (2, counted from 0), and the
+  """The third batch, drawn on the thread, has a NaN loss: the run stops naming its step (2, counted from 0), and the
   thread ends with it."""
   next_batch = lbdata.TrainStream.next_batch
   draws = []
@@ -165,9 +165,7 @@ def test_the_thread_ends_with_the_run_on_a_non_finite_stop(tmp_path, monkeypatch
   def poisoned_next_batch(self, global_batch_size):
     batch = next_batch(self, global_batch_size)
     draws.append(threading.current_thread().name)
-    if len(draws) == 3:
-      batch["images"] = np.full_like(batch["images"], np.nan)
-    return batch
+    return helpers.poisoned(batch) if len(draws) == 3 else batch
 
   monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
   with pytest.raises(NonFiniteError, match="Non-finite loss or update at step 2: the loss"):

@@ -118,7 +118,7 @@ def test_a_run_stopped_by_sigterm_in_a_call_resumes_to_the_unbroken_run(tmp_path
 
 
 def test_a_non_finite_step_inside_a_call_is_named_from_its_own_batch(tmp_path, monkeypatch):
-  """The second step of a call of 3 gets a NaN image: the stop names that step and its batch."""
+  """The second step of a call of 3 gets labels with a NaN loss: the stop names that step and its batch."""
   helpers.poison_train_batch(monkeypatch, 5)
   with pytest.raises(NonFiniteError, match=r"at step 4: the loss is not finite \(on the latest batch\)"):
     train_and_evaluate(helpers.tiny_classifier_config(steps_per_call=3, log_every=6), tmp_path)

@@ -90,16 +90,14 @@ def test_a_run_without_a_workdir_restored_from_another_runs_checkpoint_continues
   assert sorted(path.name for path in (tmp_path / "half").rglob("*")) == saved
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-  """A batch of NaNs at step 5: the run stops naming step 5; checkpoints 1-5 hold finite states."""
+  """A batch with a NaN loss at step 5: the run stops naming step 5; checkpoints 1-5 hold finite states."""
   next_batch = lbdata.TrainStream.next_batch
   calls = []
 
   def poisoned_next_batch(self, global_batch_size):
     batch = next_batch(self, global_batch_size)
     calls.append(None)
-    if len(calls) == 6:
-      batch["images"] = np.full_like(batch["images"], np.nan)
-    return batch
+    return helpers.poisoned(batch) if len(calls) == 6 else batch
 
   monkeypatch.setattr(lbdata.TrainStream, "next_batch", poisoned_next_batch)
   config = helpers.tiny_classifier_config(checkpoint_every_steps=1, log_every=100)
