@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lbjax.data.normalization import Normalization
 from lbjax.data.stream import ArraySource
 
 SYNTHETIC_SPLITS = ("train", "valid", "test")
@@ -50,12 +51,16 @@ def _check_noise(noise: Any) -> None:
 
 
 def synthetic_images(num_examples: int, image_size: int, channels: int, num_classes: int,
-                     seed: int, *, split: str = "train", noise: float = 1.0) -> ArraySource:
-  """Class-prototype images in the format of the ImageNet/CIFAR pipelines' output.
+                     seed: int, *, split: str = "train", noise: float = 1.0,
+                     pixels_for: Normalization | None = None) -> ArraySource:
+  """Class-prototype images: normalised float32 values, or the uint8 pixels of the ImageNet/CIFAR streams.
 
-  Example i is `prototype[label_i] + noise * N(0, 1)` with a fixed standard-normal prototype per
+  Example i is `x_i = prototype[label_i] + noise * N(0, 1)` with a fixed standard-normal prototype per
   class and uniformly drawn labels: float32 NHWC values on the scale of per-channel normalised
-  images (about zero mean and unit variance per prototype).
+  images (about zero mean and unit variance per prototype). With `pixels_for`, a stream's
+  `Normalization`, the images are instead the uint8 pixels `mean + stddev * x_i`, rounded and
+  clipped to 0-255, that this normalisation maps back to `x_i` (up to the rounding, and the clip
+  beyond about two standard deviations): what the ImageNet and CIFAR-10 streams hand over.
 
   Args:
     num_examples: N.
@@ -65,9 +70,11 @@ def synthetic_images(num_examples: int, image_size: int, channels: int, num_clas
     seed: non-negative integer; fixes the class prototypes.
     split: 'train', 'valid' or 'test': independent examples of the same classes.
     noise: per-pixel noise standard deviation (larger is harder).
+    pixels_for: None (float32 values), or the `Normalization` whose uint8 pixels to give.
 
   Returns:
-    `ArraySource(images=float32 [N, image_size, image_size, channels], labels=int32 [N])`.
+    `ArraySource(images=float32 (uint8 with `pixels_for`) [N, image_size, image_size, channels],
+    labels=int32 [N])`.
   """
   for name, value in (("num_examples", num_examples), ("image_size", image_size),
                       ("channels", channels), ("num_classes", num_classes)):
@@ -77,6 +84,11 @@ def synthetic_images(num_examples: int, image_size: int, channels: int, num_clas
   prototypes = np.random.default_rng([seed, 0]).normal(
       size=(num_classes, image_size, image_size, channels)).astype(np.float32)
   images, labels = _class_examples(num_examples, prototypes, noise, seed, split)
+  if pixels_for is not None:
+    if len(pixels_for.mean) != channels:
+      raise ValueError(f"pixels_for normalises {len(pixels_for.mean)} channels but the images have {channels}.")
+    scaled = np.asarray(pixels_for.mean, np.float32) + np.asarray(pixels_for.stddev, np.float32) * images
+    images = np.rint(np.clip(scaled, 0, 255)).astype(np.uint8)
   return ArraySource(images=images, labels=labels)
 
 

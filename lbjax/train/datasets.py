@@ -221,21 +221,32 @@ def _synthetic_eval_split(function: str, eval_split: str, splits: dict[str, str]
 def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_examples: int = 512,
                      image_size: int = 32, num_classes: int = 10, noise: float = 1.0,
                      eval_split: Literal["test", "validation"] = "test") -> Dataset:
-  """Class-prototype RGB images shaped like the ImageNet/CIFAR pipelines' output (tests, benchmarks).
+  """Class-prototype RGB images, float32 values on the scale of normalised images (tests, benchmarks; the
+  twins of ImageNet and CIFAR-10, `synthetic_imagenet` and `synthetic_cifar10`, hand over uint8 pixels as they do).
 
   `noise`: the per-pixel noise standard deviation around each class prototype (larger is harder; see
   `lbjax.data.synthetic_images`). `eval_split`: "test" evaluates on the generator's test draws,
   "validation" on its independent validation draws of the same classes: choose hyper-parameters this way.
   """
+  return _class_prototype_images(seed=seed, num_train_examples=num_train_examples,
+                                 num_eval_examples=num_eval_examples, image_size=image_size, num_classes=num_classes,
+                                 noise=noise, eval_split=eval_split, pixels_for=None)
+
+
+def _class_prototype_images(*, seed: int, num_train_examples: int, num_eval_examples: int, image_size: int,
+                            num_classes: int, noise: float, eval_split: str,
+                            pixels_for: lbdata.Normalization | None) -> Dataset:
+  """`synthetic_images`' dataset; with `pixels_for`, of uint8 pixels that the task normalises with it in the step
+  (the twins of the uint8 image streams, ImageNet and CIFAR-10)."""
   if eval_split not in ("test", "validation"):
     raise ValueError(f"synthetic_images: eval_split must be 'test' or 'validation', got {eval_split!r}.")
-  kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes, noise=noise)
+  kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes, noise=noise, pixels_for=pixels_for)
   train = lbdata.synthetic_images(num_train_examples, **kwargs, seed=seed, split="train")
   evaluation = lbdata.synthetic_images(num_eval_examples, **kwargs, seed=seed,
                                        split="valid" if eval_split == "validation" else "test")
   return _array_dataset(train, evaluation, seed=seed, eval_split=eval_split, top_k=(5,) if num_classes > 5 else (),
                         model_arguments={"num_classes": num_classes, "small_inputs": image_size <= 64,
-                                         "input_channels": 3})
+                                         "input_channels": 3}, image_normalization=pixels_for)
 
 
 def _tfds_fingerprint(name: str, data_dir, splits: tuple[str, str]) -> dict[str, str]:
@@ -288,13 +299,15 @@ def synthetic_imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: 
                        eval_split: str = "validation", decode: Literal["reduced", "full"] = "reduced",
                        num_workers: int = 0, skip_undecodable: bool = False, num_classes: int = 1000,
                        num_train_examples: int = 256, num_eval_examples: int = 128) -> Dataset:
-  """Class-prototype images shaped like `imagenet`'s batches (its twin): `image_size` and `eval_split`
-  ("validation": the generator's validation draws; "train" or "test": its test draws) as there, top-5
-  accuracy. The prototypes take `num_classes * image_size**2 * 12` bytes (600 MB at 1000 x 224)."""
+  """Class-prototype images shaped like `imagenet`'s batches (its twin): uint8 pixels normalised in the step
+  with ImageNet's statistics, `image_size` and `eval_split` ("validation": the generator's validation draws;
+  "train" or "test": its test draws) as there, top-5 accuracy. The prototypes take
+  `num_classes * image_size**2 * 12` bytes (600 MB at 1000 x 224)."""
   del data_dir, decode, num_workers, skip_undecodable
-  return synthetic_images(seed=seed, num_train_examples=num_train_examples, num_eval_examples=num_eval_examples,
-                          image_size=image_size, num_classes=num_classes,
-                          eval_split="validation" if eval_split == "validation" else "test")
+  return _class_prototype_images(seed=seed, num_train_examples=num_train_examples,
+                                 num_eval_examples=num_eval_examples, image_size=image_size, num_classes=num_classes,
+                                 noise=1.0, eval_split="validation" if eval_split == "validation" else "test",
+                                 pixels_for=lbdata.IMAGENET_NORMALIZATION)
 
 
 def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
@@ -312,11 +325,12 @@ def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, ev
 def synthetic_cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",
                       num_workers: int = 0, skip_undecodable: bool = False, num_train_examples: int = 2048,
                       num_eval_examples: int = 512) -> Dataset:
-  """Class-prototype 32x32 images shaped like `cifar10`'s batches (its twin); `eval_split` "test" or
-  "validation" (the generator's test or validation draws)."""
+  """Class-prototype 32x32 images shaped like `cifar10`'s batches (its twin): uint8 pixels normalised in the step
+  with CIFAR-10's statistics; `eval_split` "test" or "validation" (the generator's test or validation draws)."""
   del data_dir, num_workers, skip_undecodable
-  return synthetic_images(seed=seed, num_train_examples=num_train_examples, num_eval_examples=num_eval_examples,
-                          image_size=32, num_classes=10, eval_split=eval_split)
+  return _class_prototype_images(seed=seed, num_train_examples=num_train_examples,
+                                 num_eval_examples=num_eval_examples, image_size=32, num_classes=10, noise=1.0,
+                                 eval_split=eval_split, pixels_for=lbdata.CIFAR10_NORMALIZATION)
 
 
 EVAL_PROTOCOLS = ("windows", "stream")

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from lbjax import config_files
+from lbjax.train import abstract_data
 from lbjax.train import datasets
+from lbjax.train import protocols
 from lbjax.train import train_and_evaluate
 
 REAL_DATASETS = ("mnist", "ptb", "imagenet", "cifar10")
@@ -37,6 +39,24 @@ def test_every_dataset_has_a_twin_that_takes_its_options_with_the_same_defaults(
   twin = inspect.signature(getattr(datasets, f"synthetic_{name}")).parameters
   assert set(real) <= set(twin), f"synthetic_{name} lacks {sorted(set(real) - set(twin))}"
   assert {p: twin[p].default for p in real} == {p: real[p].default for p in real}
+
+
+@pytest.mark.parametrize("name", REAL_DATASETS)
+def test_a_twin_hands_over_the_batches_its_dataset_does(name):
+  """The twin's training batches have the dtypes and example shapes of its dataset's (`abstract_data.SHAPES`, what
+  `--compile-only` compiles the real run for) and the task normalises them in the step as it does the data's
+  (uint8 pixels for ImageNet, CIFAR-10 and MNIST): a run on the twin runs the real run's step."""
+  real_function, twin_function = getattr(datasets, name), getattr(datasets, f"synthetic_{name}")
+  options = {"image_size": 16} if name == "imagenet" else {}
+  sizes = {"num_classes": 10, "num_train_examples": 8, "num_eval_examples": 8} if name == "imagenet" else {}
+  bound = inspect.signature(real_function).bind_partial(**options)
+  bound.apply_defaults()
+  real = abstract_data.SHAPES[real_function](dict(bound.arguments))
+  twin = twin_function(**options, **sizes)
+  batch = twin.make_train_stream(0, 1).next_batch(4)
+  protocols.take_carry_reset(batch)
+  assert {key: (value.shape[1:], value.dtype) for key, value in batch.items()} == real.example
+  assert twin.image_normalization == real.dataset.image_normalization
 
 
 @pytest.mark.parametrize("name", config_files.packaged_names())

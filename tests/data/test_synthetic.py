@@ -39,6 +39,21 @@ def test_synthetic_images_have_the_vision_pipeline_format_and_are_learnable():
   assert class_mean_accuracy(train, test) > 0.95
 
 
+def test_synthetic_images_as_a_streams_pixels_normalise_back_to_the_float_images():
+  normalization = data.Normalization((120.0, 110.0, 100.0), (60.0, 50.0, 40.0))
+  kwargs = dict(image_size=8, channels=3, num_classes=5, seed=0)
+  values = data.synthetic_images(50, **kwargs).arrays
+  pixels = data.synthetic_images(50, **kwargs, pixels_for=normalization).arrays
+  assert pixels["images"].dtype == np.uint8
+  np.testing.assert_array_equal(pixels["labels"], values["labels"])
+  back = normalization(pixels["images"])
+  inside = (back > normalization(np.zeros((1, 3), np.uint8))) & (back < normalization(np.full((1, 3), 255, np.uint8)))
+  assert inside.mean() > 0.9  # the clip at 0 and 255 takes the tails, about two standard deviations out
+  np.testing.assert_allclose(back[inside], values["images"][inside], atol=0.5 / 40 + 1e-6)  # half a pixel step
+  with pytest.raises(ValueError, match="normalises 3 channels but the images have 1"):
+    data.synthetic_images(5, image_size=4, channels=1, num_classes=2, seed=0, pixels_for=normalization)
+
+
 def test_same_seed_same_data():
   a, b = data.synthetic_mnist(20, seed=3), data.synthetic_mnist(20, seed=3)
   for key in ("images", "labels"):
