@@ -18,7 +18,8 @@ The ways to take training steps, timed in interleaved rounds in one process:
   loop, no prefetch  the same with every batch drawn and placed when its step needs it (the loop
                 before prefetching)
   loop, k per call  the loop with `config.steps_per_call` = k (`--steps-per-call`): k steps in one
-                device call (`lbjax.train.step_calls`), the host dispatching once per k steps
+                device call (`lbjax.train.step_calls`), the host dispatching once per k steps and placing
+                the call's k batches in one transfer (stacked on the host)
 
 The loop's time per step comes from its `train` records (each covers `--log-every` steps; the first
 window, which holds the first step after compilation, is dropped). Each round gives the ratios
@@ -31,8 +32,8 @@ compile. The host work of one loop iteration is then timed piece by piece:
   global_batch    host -> device (`run.global_batch`: one `make_array_from_process_local_data` call)
   k in one call   the same for the k batches of one call (`--steps-per-call`) in one call, per batch
   k stacked       the k batches copied into one [k, B, ...] array per input on the host and placed as
-                  such, per batch: what placing a call's batches together would cost (not what the loop
-                  does: it places them one by one)
+                  such, per batch (`build.global_call_batches`: what the loop with k per call does since
+                  2026-11-30; before, it placed them one by one, `global_batch` each)
   as uint8        `global_batch` with the float32 inputs as uint8 arrays of the same shape: a quarter of
                   the bytes, what handing over uint8 pixels (normalised in the step, as the ImageNet,
                   CIFAR-10 and MNIST streams do) would cost the ResNet's float32 synthetic images (the
@@ -59,7 +60,6 @@ import time
 from unittest import mock
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from benchmarks import report
@@ -151,19 +151,14 @@ def host_seconds(trainer_step: workloads.TrainerStep, steps_per_call: int, repea
   local = stream.next_batch(size)
   local.pop("reset_carry", None)
   sharding = run.parts.batch_sharding
-  stacked_sharding = NamedSharding(sharding.mesh, P(None, *sharding.spec))
   call = [local] * steps_per_call
   as_uint8 = {name: value.astype(np.uint8) if value.dtype == np.float32 else value for name, value in local.items()}
-
-  def place_stacked():
-    stacked = {name: np.stack([batch[name] for batch in call]) for name in local}
-    return jax.make_array_from_process_local_data(stacked_sharding, stacked)
 
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
       "global_batch": lambda: run_lib.global_batch(local, sharding),
       "k in one call": lambda: jax.make_array_from_process_local_data(sharding, call),
-      "k stacked": place_stacked,
+      "k stacked": lambda: run_lib.global_call_batches(call, run.parts.call_batch_sharding),
       "as uint8": lambda: run_lib.global_batch(as_uint8, sharding),
       "lr_scalar": lambda: run.learning_rate_scalar(0.1),
       "schedules": lambda: (run.batch_policy.learning_rate(0.5, size), run.batch_policy.batch_size(0.5)),
@@ -280,7 +275,8 @@ def main() -> None:
       "one's, dispatches the step and waits for the step before the previous one (at most two in "
       "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
       "the step just dispatched). With several steps per call (`config.steps_per_call`) the loop draws "
-      "and places their batches one by one and dispatches one program that scans the steps; the trainer "
+      "their batches one by one on the host, stacks them and places them in one transfer (since 2026-11-30; "
+      "before, one placement per batch), and dispatches one program that scans the steps; the trainer "
       "call times that program alone, called back to back on one placed batch, and unrolled (no loop on "
       "the device). Without "
       "prefetching (and on CPU devices, where "
@@ -291,8 +287,8 @@ def main() -> None:
       "is placed once). metrics: one window's `train` record (`hooks.WriteMetrics`) per step of the window. "
       f"{args.steps_per_call} batches in one call: the placement of a call's batches in one "
       "`make_array_from_process_local_data` call; stacked: copied into one [k, B, ...] array per input on the "
-      "host (`np.stack`) and placed as such; both per batch, what placing a call's batches together would cost "
-      "(the loop places them one by one). As uint8: the same batch with its float32 inputs as uint8 arrays of "
+      "host (`np.stack`) and placed as such (`build.global_call_batches`, what the loop does); both per batch. "
+      "As uint8: the same batch with its float32 inputs as uint8 arrays of "
       "the same shape, a quarter of the bytes (the ResNet's synthetic images are float32; the ImageNet, CIFAR-10 "
       "and, since 2026-11-30, MNIST streams hand over uint8, normalised in the step, so for the MNIST LSTM it is "
       "global_batch again).")

@@ -147,7 +147,7 @@ class TrainerStep:
 
 class TrainerCall:
   """The trainer's compiled call of `steps` steps (`config.steps_per_call`, `Run.step_call`'s program)
-  on `steps` references to a `TrainerStep`'s placed batch, ready to call repeatedly: the scanned
+  on `steps` copies of a `TrainerStep`'s batch, stacked and placed once, ready to call repeatedly: the scanned
   program's device time per step, without the loop's host work. With `unrolled` the scan is unrolled
   on every backend (the trainer unrolls it only where `step.loops_slow_down_convolutions`, on CPU
   devices): the same steps without a device-side loop."""
@@ -155,13 +155,13 @@ class TrainerCall:
   def __init__(self, trainer_step: TrainerStep, steps: int, unrolled: bool = False):
     run = trainer_step.run
     self.trainer_step, self.steps = trainer_step, steps
-    self.batches = (trainer_step.batch,) * steps
+    self.batches = run_lib.global_call_batches([trainer_step.host_batch] * steps, run.parts.call_batch_sharding)
     self.learning_rates = (trainer_step.learning_rate,) * steps
     unroll = (mock.patch.object(step_calls, "loops_slow_down_convolutions", lambda params, mesh: True)
               if unrolled else contextlib.nullcontext())
     with unroll:
       self.compiled = run.parts.train_step_call(trainer_step.batch_size, 0.0, steps, trainer_step.state,
-                                                trainer_step.batch).lower(
+                                                self.batches).lower(
           trainer_step.state, self.batches, self.learning_rates).compile()
 
   def __call__(self) -> Any:

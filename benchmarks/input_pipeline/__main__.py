@@ -26,9 +26,9 @@ def main() -> None:
   used_by = {"imagenet_target": ("imagenet",), "worker_batch": ("imagenet",), "worker_batches": ("imagenet",),
              "imagenet_images": ("imagenet", "decoders"), "imagenet_sizes": ("imagenet", "decoders")}
   unused = [name for name, parts in used_by.items()
-            if args.part not in ("all", *parts) and getattr(args, name) != parser.get_default(name)]
+            if args.part not in ("all", *parts) and report.flags_given(parser, args, [name])]
   if unused:
-    flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused)
+    flags = ", ".join(report.flags_given(parser, args, unused))
     parts = sorted(set.intersection(*(set(used_by[name]) for name in unused)))
     parser.error(f"--part {args.part} does not use {flags}: drop {'it' if len(unused) == 1 else 'them'}, or run "
                  f"--part {' or '.join(parts)}.")

@@ -17,7 +17,8 @@ step per batch size of `resolved.batch.sizes` and loss variant, or the any-batch
 """
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from flax import nnx
 import jax
@@ -42,6 +43,17 @@ def global_batch(local: HostBatch, sharding) -> dict[str, jax.Array]:
   count = jax.process_count()
   return jax.make_array_from_process_local_data(
       sharding, local, {k: (v.shape[0] * count,) + v.shape[1:] for k, v in local.items()})
+
+
+def global_call_batches(local_batches: Sequence[HostBatch], sharding) -> dict[str, jax.Array]:
+  """A call's batches (`config.steps_per_call`; every process's share of each) as global [k, B, ...]
+  arrays split by `sharding` (`mesh.call_batch_sharding`), placed in one call: each input stacked over
+  the k batches on the host, one copy of them for one transfer instead of k (benchmarks/README.md,
+  section train-loop: per batch on a CPU 0.013-0.015 ms stacked against 0.071-0.074 placed alone)."""
+  stacked = {k: np.stack([local[k] for local in local_batches]) for k in local_batches[0]}
+  count = jax.process_count()
+  return jax.make_array_from_process_local_data(
+      sharding, stacked, {k: (v.shape[0], v.shape[1] * count) + v.shape[2:] for k, v in stacked.items()})
 
 
 def host_scalar(value: float, sharding) -> jax.Array:
@@ -80,6 +92,7 @@ class StepParts:
     model: the abstract model (`nnx.eval_shape`), `graphdef` its graph.
     optimizer, compressor: the run's optimizer (learning rate injected) and gradient compressor.
     mesh, batch_sharding, replicated: the mesh, a batch's sharding, the replicated sharding.
+    call_batch_sharding: that of a call's batches stacked [k, B, ...] (`config.steps_per_call`).
     param_shardings, model_state_shardings, opt_state_shardings: the state's shardings.
     abstract_params, abstract_opt_state: their shapes.
     has_layerwise_rates: whether the optimizer state holds layer-wise trust ratios (for the metrics).
@@ -94,6 +107,7 @@ class StepParts:
   compressor: compression.GradientCompressor | None
   mesh: jax.sharding.Mesh
   batch_sharding: jax.sharding.Sharding
+  call_batch_sharding: jax.sharding.Sharding
   replicated: jax.sharding.Sharding
   param_shardings: Any
   model_state_shardings: Any
@@ -125,7 +139,8 @@ class StepParts:
     return cls(
         task=task, train_task=dataclasses.replace(task, run_stack=resolved.mesh.pipeline_runner(mesh)), model=model,
         graphdef=graphdef, optimizer=optimizer, compressor=resolved.build_compressor(), mesh=mesh,
-        batch_sharding=mesh_lib.batch_sharding(mesh), replicated=replicated,
+        batch_sharding=mesh_lib.batch_sharding(mesh), call_batch_sharding=mesh_lib.call_batch_sharding(mesh),
+        replicated=replicated,
         param_shardings=mesh_lib.parameter_shardings(mesh, abstract_params, specs),
         model_state_shardings=jax.tree.map(lambda _: replicated, abstract_model_state),
         opt_state_shardings=mesh_lib.parameter_shardings(mesh, abstract_opt_state, specs),
@@ -203,18 +218,20 @@ class StepParts:
     (state, batch, learning rate)."""
     return self._jit_step(self.train_function(global_batch_size, discard_fraction), state, batch, self.replicated)
 
-  def train_step_call(self, global_batch_size: int, discard_fraction: float, steps: int, state: Any, batch: Any
+  def train_step_call(self, global_batch_size: int, discard_fraction: float, steps: int, state: Any, batches: Any
                       ) -> Callable[..., Any]:
-    """The jitted call of `steps` such train steps (`train_function`), shardings as in `train_step`; the
-    state is donated. Lower it with (state, a tuple of `steps` batches like `batch`, a tuple of `steps`
-    learning rates)."""
+    """The jitted call of `steps` such train steps (`train_function`), its shardings those of `state` and
+    of `batches`, the call's batches stacked [steps, B, ...] (`global_call_batches`; arrays or
+    ShapeDtypeStructs); the state is donated. Lower it with (state, batches, a tuple of `steps` learning
+    rates)."""
     return self._jit_step(self.train_function(global_batch_size, discard_fraction, steps), state,
-                          (batch,) * steps, (self.replicated,) * steps)
+                          batches, (self.replicated,) * steps)
 
   def train_function(self, global_batch_size: int, discard_fraction: float, steps: int = 1) -> Callable[..., Any]:
     """The train step of one global batch size and loss variant, not jitted: `make_train_step` with the
     plan's micro-batches, called (state, batch, learning rate); with `steps` > 1 the call of that many
-    (`lbjax.train.step_calls.make_step_call`), called with tuples of `steps` batches and learning rates."""
+    (`lbjax.train.step_calls.make_step_call`), called with the `steps` batches stacked and a tuple of
+    their learning rates."""
     step = make_train_step(self.graphdef, self.train_task, self.optimizer, self.mesh,
                            self.batch.num_microbatches(global_batch_size, self.data_parallel_size),
                            discard_fraction, self.compressor)

@@ -108,8 +108,11 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
     k = resolved.steps_per_call
     step = parts.train_function(size, 0.0, k)
     run_state = state._replace(carry=carry(size))
-    batch = build.abstract(data.train_batch(size), batch_sharding)
-    batch, rate = ((batch,) * k, (learning_rate,) * k) if k > 1 else (batch, learning_rate)
+    if k > 1:  # the call's batches stacked [k, B, ...] (`build.global_call_batches`), one rate per step
+      stacked = {name: jax.ShapeDtypeStruct((k, *x.shape), x.dtype) for name, x in data.train_batch(size).items()}
+      batch, rate = build.abstract(stacked, parts.call_batch_sharding), (learning_rate,) * k
+    else:
+      batch, rate = build.abstract(data.train_batch(size), batch_sharding), learning_rate
     return Program("train", size, step, (run_state, batch, rate),
                    (_shardings(run_state), _shardings(batch), _shardings(rate)), (_shardings(run_state), replicated),
                    (0,), 1.0 / k, resolved.batch.num_microbatches(size, data_parallel), k)

@@ -81,6 +81,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA_AXES))
 
 
+def call_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """A call's batches stacked [k, B, ...] (`config.steps_per_call`): the step axis whole, the example
+  axis split as a batch's."""
+  return NamedSharding(mesh, P(None, DATA_AXES))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

@@ -12,8 +12,8 @@ step at a time:
     while not run.finished():
       metrics = run.step(run.next_batch())
 
-(`lbjax.train.step_calls.take_steps` draws several batches and runs them in one device call with
-`config.steps_per_call` > 1: `run.step_call(batches)`.)
+(`lbjax.train.step_calls.take_steps` draws several batches on the host, `run.next_host_batch()`, and runs
+them in one device call with `config.steps_per_call` > 1: `run.step_call(batches)`.)
 
 `train_and_evaluate` (`lbjax.train.loop`) drives a `Run` with the hooks of `lbjax.train.hooks`
 around its steps; `lbjax.train.layer_table` and the benchmarks use one to look at a step.
@@ -41,7 +41,7 @@ from lbjax.train import step_calls
 from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.batch_policy import BatchPolicy
-from lbjax.train.build import StepParts, global_batch, host_scalar  # pylint: disable=unused-import
+from lbjax.train.build import StepParts, global_batch, global_call_batches, host_scalar  # pylint: disable=unused-import
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.errors import ConfigError
 from lbjax.train.evaluation import Evaluator, LipschitzProbe
@@ -57,14 +57,17 @@ class NonFiniteError(FloatingPointError):
 
 
 class Batch(NamedTuple):
-  """One training batch, placed on the mesh, and what its step needs besides (`Run.next_batch`)."""
+  """One training batch, placed on the mesh (`Run.next_batch`) or still on the host (`Run.next_host_batch`),
+  and what its step needs besides."""
   size: int  # the global batch size
-  arrays: dict[str, jax.Array] | list[dict[str, jax.Array]]  # the batch, or its micro-batches (any-batch step)
+  # Placed: the batch, or its micro-batches (any-batch step); None while the batch is on the host.
+  arrays: dict[str, jax.Array] | list[dict[str, jax.Array]] | None
   learning_rate: jax.Array  # a replicated float32 scalar
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
   reset_carry: bool  # the step starts from the zero carry (a new row of batches, or a new batch size)
   start_epoch: float  # the run's clock when the batch was chosen
   end_epoch: float  # the clock once it was drawn (after its step, the run's epoch)
+  host_arrays: protocols.HostBatch | None = None  # this process's share, for a batch left on the host
 
 
 class NewCompile(NamedTuple):
@@ -245,29 +248,50 @@ class Run:
     return self.any_batch.zero_carries(num_microbatches)
 
   def next_batch(self) -> Batch:
-    """The next training batch at the current epoch: its size and learning rate from the batch
-    policy, the loss variant; its step resets the carried state where the stream starts a new row of
-    batches or the batch size changed (the stream then re-lays the rest of the epoch into the new
-    rows, where the old carries have no meaning)."""
+    """The next training batch at the current epoch, placed on the mesh (drawn and placed while the
+    previous step ran, `lbjax.train.prefetch`, and the next one started): its size and learning rate
+    from the batch policy, the loss variant; its step resets the carried state where the stream starts
+    a new row of batches or the batch size changed (the stream then re-lays the rest of the epoch into
+    the new rows, where the old carries have no meaning)."""
+    return self._next(placed=True)
+
+  def next_host_batch(self) -> Batch:
+    """The next training batch as `next_batch` gives it, but left on the host (`arrays` None,
+    `host_arrays` this process's share) and nothing prefetched: a call's batches, which `step_call`
+    places together (`step` places one alone)."""
+    return self._next(placed=False)
+
+  def _next(self, placed: bool) -> Batch:
     epoch = self.stream.epoch()  # after the batches drawn so far
     if not self.drawn_ahead:
       self._stepped_epoch = epoch
     size = self.batch_policy.batch_size(epoch)
-    reset_carry, arrays = self.stream.next_prepared(size)  # drawn and placed while the previous step ran
+    if placed:
+      host_arrays, (reset_carry, arrays) = None, self.stream.next_prepared(size)
+    else:
+      host_arrays = self.stream.next_batch(size)
+      reset_carry, arrays = protocols.take_carry_reset(host_arrays), None
     self.drawn_ahead += 1
-    self.stream.prefetch(prefetch.decided_next_batch_size(self))
+    if placed:
+      self.stream.prefetch(prefetch.decided_next_batch_size(self))
     # `carry_batch_size` is that of the carry once the batches drawn so far are stepped (None: no carry yet).
     reset_carry = reset_carry or self.carry_batch_size not in (None, size)
     if reset_carry:
       self.carry_batch_size = size
     return Batch(size, arrays, self.learning_rate_scalar(self.batch_policy.learning_rate(epoch, size)),
-                 self.resolved.discard_fraction_at(epoch), reset_carry, epoch, self.stream.epoch())
+                 self.resolved.discard_fraction_at(epoch), reset_carry, epoch, self.stream.epoch(), host_arrays)
 
   def _prepare_batch(self, local: dict[str, np.ndarray], size: int) -> tuple[bool, Any]:
     """A drawn host batch's carry-reset flag and its arrays placed on the mesh (on the prefetch thread)."""
     reset_carry = protocols.take_carry_reset(local)
-    arrays = self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.parts.batch_sharding)
-    return reset_carry, arrays
+    return reset_carry, self._place(local, size)
+
+  def _place(self, local: dict[str, np.ndarray], size: int) -> Any:
+    return self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.parts.batch_sharding)
+
+  def placed(self, batch: Batch) -> Batch:
+    """`batch` with its arrays on the mesh (placed now if it was left on the host)."""
+    return batch if batch.arrays is not None else batch._replace(arrays=self._place(batch.host_arrays, batch.size))
 
   def learning_rate_scalar(self, value: float) -> jax.Array:
     """`value` as the step's replicated float32 device scalar, placed again only when its float32 bits
@@ -294,6 +318,7 @@ class Run:
     Raises:
       CheckpointSaveError: the background save started before this step failed.
     """
+    batch = self.placed(batch)
     self._start(batch)
     if self.any_batch:
       self.state, metrics, seconds = self.any_batch.step(self.state, batch.arrays, batch.learning_rate,
@@ -310,9 +335,10 @@ class Run:
     return metrics
 
   def step_call(self, batches: list[Batch]) -> dict[str, jax.Array]:
-    """Takes the steps of `batches` (one size and loss variant, no carry reset after the first) in one
-    device call (`lbjax.train.step_calls`), compiled once per size and loss variant; returns their
-    metrics, each stacked over the steps, still on the device.
+    """Takes the steps of `batches` (from `next_host_batch`: one size and loss variant, no carry reset after
+    the first) in one device call (`lbjax.train.step_calls`), compiled once per size and loss variant, their
+    arrays stacked and placed in one transfer; returns their metrics, each stacked over the steps, still on
+    the device.
 
     Raises:
       CheckpointSaveError: the background save started before this call failed.
@@ -320,11 +346,12 @@ class Run:
     first = batches[0]
     self._start(first)
     key = (first.size, first.discard_fraction)
-    arrays, learning_rates = tuple(b.arrays for b in batches), tuple(b.learning_rate for b in batches)
+    arrays = global_call_batches([b.host_arrays for b in batches], self.parts.call_batch_sharding)
+    learning_rates = tuple(b.learning_rate for b in batches)
     if key not in self.compiled_calls:
       start = time.perf_counter()
       self.compiled_calls[key] = self.parts.train_step_call(
-          first.size, first.discard_fraction, len(batches), self.state, first.arrays).lower(
+          first.size, first.discard_fraction, len(batches), self.state, arrays).lower(
               self.state, arrays, learning_rates).compile()
       self.new_compile = NewCompile(first.size, first.discard_fraction, len(batches), time.perf_counter() - start)
     self.state, metrics = self.compiled_calls[key](self.state, arrays, learning_rates)
@@ -385,7 +412,7 @@ class Run:
       last = self.checkpoints.latest_step()
     try:
       recent = {step: batch for batches in self._recent_batches for step, batch in batches.items()}
-      bad_batch = recent.get(bad_step, recent[max(recent)])
+      bad_batch = self.placed(recent.get(bad_step, recent[max(recent)]))
       quantity, advice = nonfinite.first_nonfinite(self.state, bad_batch, graphdef=self.parts.graphdef,
                                                    task=self.task, optimizer=self.parts.optimizer,
                                                    replicated=self.parts.replicated)

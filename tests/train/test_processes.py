@@ -112,6 +112,14 @@ def test_two_processes_draw_the_dropout_masks_of_one_process(tmp_path):
   assert values["step"] == 4
 
 
+def test_two_processes_place_each_calls_stacked_batches_as_one_process_does(tmp_path):
+  """With 4 steps per device call each process stacks its rows of the call's 4 batches and the call's
+  [4, B, ...] arrays are assembled from both processes' shares in one transfer: the run ends with the
+  parameters of 1 process of 4 devices."""
+  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "calls")
+  assert values["step"] == 8
+
+
 def test_two_processes_resuming_a_finished_run_agree_that_it_was_evaluated(tmp_path):
   """Only process 0 reads `metrics.jsonl`, which says whether a finished run's last step was evaluated;
   the processes must agree on it, or one would wait in the evaluation's collectives alone."""
