@@ -282,8 +282,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 
 def command_line() -> str:
-  """The command that ran this script, as a reader would retype it."""
-  module = pathlib.Path(sys.argv[0]).stem
+  """The command that ran this script, as a reader would retype it (a package run as `python -m
+  benchmarks.input_pipeline` is named so, not by its `__main__`)."""
+  path = pathlib.Path(sys.argv[0])
+  module = path.parent.name if path.stem == "__main__" else path.stem
   return shlex.join(["python", "-m", "benchmarks." + module, *sys.argv[1:]])
 
 

@@ -77,3 +77,11 @@ def test_the_shared_timing_options_refuse_counts_below_1_and_spreads_not_above_0
     with pytest.raises(SystemExit) as stop:
       parser.parse_args(argv)
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv0, command", [
+    ("/repo/benchmarks/train_loop.py", "python -m benchmarks.train_loop --rounds 9"),
+    ("/repo/benchmarks/input_pipeline/__main__.py", "python -m benchmarks.input_pipeline --rounds 9")])
+def test_a_section_names_the_command_a_reader_retypes(monkeypatch, argv0, command):
+  monkeypatch.setattr("sys.argv", [argv0, "--rounds", "9"])
+  assert report.command_line() == command
