@@ -248,8 +248,8 @@ class Run:
     return self.any_batch.zero_carries(num_microbatches)
 
   def next_batch(self) -> Batch:
-    """The next training batch at the current epoch, placed on the mesh (drawn and placed while the
-    previous step ran, `lbjax.train.prefetch`, and the next one started): its size and learning rate
+    """The next training batch at the current epoch, placed on the mesh (on accelerators drawn and placed
+    while the previous step ran, and the next one started: `lbjax.train.prefetch`): its size and learning rate
     from the batch policy, the loss variant; its step resets the carried state where the stream starts
     a new row of batches or the batch size changed (the stream then re-lays the rest of the epoch into
     the new rows, where the old carries have no meaning)."""
