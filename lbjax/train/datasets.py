@@ -304,10 +304,11 @@ def synthetic_imagenet(data_dir: str | os.PathLike[str] | None = None, *, seed: 
   "train" or "test": its test draws) as there, top-5 accuracy. The prototypes take
   `num_classes * image_size**2 * 12` bytes (600 MB at 1000 x 224)."""
   del data_dir, decode, num_workers, skip_undecodable
+  evaluation_split = _synthetic_eval_split("synthetic_imagenet", eval_split,
+                                           {"validation": "validation", "train": "test", "test": "test"})
   return _class_prototype_images(seed=seed, num_train_examples=num_train_examples,
                                  num_eval_examples=num_eval_examples, image_size=image_size, num_classes=num_classes,
-                                 noise=1.0, eval_split="validation" if eval_split == "validation" else "test",
-                                 pixels_for=lbdata.IMAGENET_NORMALIZATION)
+                                 noise=1.0, eval_split=evaluation_split, pixels_for=lbdata.IMAGENET_NORMALIZATION)
 
 
 def cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, eval_split: str = "test",

@@ -51,6 +51,9 @@ def test_synthetic_images_validation_split_is_new_draws_of_the_same_task_with_th
                              4 * (_all_examples(test, "eval") - _all_examples(clean, "eval")), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="eval_split must be 'test' or 'validation'"):
     datasets.synthetic_images(eval_split="valid")
+  # ImageNet's twin takes the splits the data has, and refuses another as the data would.
+  with pytest.raises(ValueError, match="synthetic_imagenet: eval_split must be 'validation' or 'train' or 'test'"):
+    datasets.synthetic_imagenet(eval_split="valid", image_size=8, num_classes=2)
 
 def test_top5_counts_a_label_among_the_five_largest_logits():
   dataset = datasets.Dataset("classification", None, None, {}, "test", top_k=(5,))
