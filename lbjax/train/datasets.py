@@ -134,7 +134,7 @@ def input_fingerprint(arrays: dict[str, np.ndarray], image_normalization=None, *
 
 def _array_dataset(train: lbdata.ArraySource, evaluation: lbdata.ArraySource, *, seed: int,
                    model_arguments: dict[str, Any], eval_split: str, top_k: tuple[int, ...] = (),
-                   image_normalization: lbdata.PixelScale | None = None) -> Dataset:
+                   image_normalization: lbdata.Normalization | lbdata.PixelScale | None = None) -> Dataset:
 
   def make_train_stream(process_index, process_count):
     return lbdata.TrainStream(train, seed=seed, process_index=process_index, process_count=process_count)
@@ -228,18 +228,19 @@ def synthetic_images(*, seed: int = 0, num_train_examples: int = 2048, num_eval_
   `lbjax.data.synthetic_images`). `eval_split`: "test" evaluates on the generator's test draws,
   "validation" on its independent validation draws of the same classes: choose hyper-parameters this way.
   """
+  evaluation_split = _synthetic_eval_split("synthetic_images", eval_split,
+                                           {"test": "test", "validation": "validation"})
   return _class_prototype_images(seed=seed, num_train_examples=num_train_examples,
                                  num_eval_examples=num_eval_examples, image_size=image_size, num_classes=num_classes,
-                                 noise=noise, eval_split=eval_split, pixels_for=None)
+                                 noise=noise, eval_split=evaluation_split, pixels_for=None)
 
 
 def _class_prototype_images(*, seed: int, num_train_examples: int, num_eval_examples: int, image_size: int,
                             num_classes: int, noise: float, eval_split: str,
                             pixels_for: lbdata.Normalization | None) -> Dataset:
-  """`synthetic_images`' dataset; with `pixels_for`, of uint8 pixels that the task normalises with it in the step
-  (the twins of the uint8 image streams, ImageNet and CIFAR-10)."""
-  if eval_split not in ("test", "validation"):
-    raise ValueError(f"synthetic_images: eval_split must be 'test' or 'validation', got {eval_split!r}.")
+  """`synthetic_images`' dataset (`eval_split` "test" or "validation", checked by the caller); with
+  `pixels_for`, of uint8 pixels that the task normalises with it in the step (the twins of the uint8 image
+  streams, ImageNet and CIFAR-10)."""
   kwargs = dict(image_size=image_size, channels=3, num_classes=num_classes, noise=noise, pixels_for=pixels_for)
   train = lbdata.synthetic_images(num_train_examples, **kwargs, seed=seed, split="train")
   evaluation = lbdata.synthetic_images(num_eval_examples, **kwargs, seed=seed,
@@ -329,9 +330,11 @@ def synthetic_cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: i
   """Class-prototype 32x32 images shaped like `cifar10`'s batches (its twin): uint8 pixels normalised in the step
   with CIFAR-10's statistics; `eval_split` "test" or "validation" (the generator's test or validation draws)."""
   del data_dir, num_workers, skip_undecodable
+  evaluation_split = _synthetic_eval_split("synthetic_cifar10", eval_split,
+                                           {"test": "test", "validation": "validation"})
   return _class_prototype_images(seed=seed, num_train_examples=num_train_examples,
                                  num_eval_examples=num_eval_examples, image_size=32, num_classes=10, noise=1.0,
-                                 eval_split=eval_split, pixels_for=lbdata.CIFAR10_NORMALIZATION)
+                                 eval_split=evaluation_split, pixels_for=lbdata.CIFAR10_NORMALIZATION)
 
 
 EVAL_PROTOCOLS = ("windows", "stream")
