@@ -20,6 +20,9 @@ The ways to take training steps, timed in interleaved rounds in one process:
   loop, k per call  the loop with `config.steps_per_call` = k (`--steps-per-call`): k steps in one
                 device call (`lbjax.train.step_calls`), the host dispatching once per k steps and placing
                 the call's k batches in one transfer (stacked on the host)
+  loop, data on device  the loop with the training set held on the device (`config.train_data_on_device`,
+                `lbjax.train.device_data`): per step the host places the batch's B int32 indices and the
+                device gathers the rows
 
 The loop's time per step comes from its `train` records (each covers `--log-every` steps; the first
 window, which holds the first step after compilation, is dropped). Each round gives the ratios
@@ -34,6 +37,8 @@ compile. The host work of one loop iteration is then timed piece by piece:
   k stacked       the k batches copied into one [k, B, ...] array per input on the host and placed as
                   such, per batch (`build.global_call_batches`: what the loop with k per call does since
                   2026-11-30; before, it placed them one by one, `global_batch` each)
+  by index        the batch's indices drawn (`next_batch` of the stream of indices), placed and gathered
+                  from the training set held on the device (what the loop, data on device does per step)
   as uint8        `global_batch` with the float32 inputs as uint8 arrays of the same shape: a quarter of
                   the bytes, what handing over uint8 pixels (normalised in the step, as the ImageNet,
                   CIFAR-10 and MNIST streams do) would cost the ResNet's float32 synthetic images (the
@@ -68,6 +73,7 @@ from lbjax import train
 from lbjax.train import hooks
 from lbjax.train import prefetch
 from lbjax.train import run as run_lib
+from lbjax.train.device_data import DeviceTrainingSet
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 
 CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
@@ -77,9 +83,11 @@ class Loop:
   """One `train_and_evaluate` run of `steps` steps per call; returns its seconds per step. With
   `prefetch=False`, every batch is drawn and placed when its step needs it."""
 
-  def __init__(self, config, steps: int, log_every: int, prefetch: bool = True, steps_per_call: int = 1):
+  def __init__(self, config, steps: int, log_every: int, prefetch: bool = True, steps_per_call: int = 1,
+               data_on_device: bool = False):
     config = config.copy_and_resolve_references()
     config.steps_per_call = steps_per_call
+    config.train_data_on_device = data_on_device
     config.num_steps = steps
     config.num_epochs = 1000.0  # num_steps ends the run
     config.eval_every_epochs = config.num_epochs
@@ -128,7 +136,8 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
               "trainer call, unrolled": lambda: step_seconds(unrolled_call, calls) / args.steps_per_call,
               "loop": Loop(config, args.steps, args.log_every),
               "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False),
-              "loop, k per call": Loop(config, args.steps, args.log_every, steps_per_call=args.steps_per_call)}
+              "loop, k per call": Loop(config, args.steps, args.log_every, steps_per_call=args.steps_per_call),
+              "loop, data on device": Loop(config, args.steps, args.log_every, data_on_device=True)}
   for function in variants.values():  # compile, warm up, fill the compilation cache
     function()
   names = list(variants)
@@ -137,13 +146,14 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
     shift = round_index % len(names)
     for name in names[shift:] + names[:shift]:
       times[name].append(variants[name]())
-  times["host"] = host_seconds(trainer_step, args.steps_per_call, repeats=50)
+  times["host"] = host_seconds(model, trainer_step, args.steps_per_call, repeats=50)
   times["host"]["metrics"] = metrics_seconds(trainer_step, args.log_every, repeats=10)
   trainer_step.close()
   return times
 
 
-def host_seconds(trainer_step: workloads.TrainerStep, steps_per_call: int, repeats: int) -> dict[str, float]:
+def host_seconds(model: str, trainer_step: workloads.TrainerStep, steps_per_call: int, repeats: int
+                 ) -> dict[str, float]:
   """Median seconds of each piece of one loop iteration's host work (the placements of a call's
   `steps_per_call` batches per batch)."""
   run, size = trainer_step.run, trainer_step.batch_size
@@ -153,12 +163,15 @@ def host_seconds(trainer_step: workloads.TrainerStep, steps_per_call: int, repea
   sharding = run.parts.batch_sharding
   call = [local] * steps_per_call
   as_uint8 = {name: value.astype(np.uint8) if value.dtype == np.float32 else value for name, value in local.items()}
+  training_set = DeviceTrainingSet(run.task.dataset.make_train_stream(0, 1), model)
+  training_set.place(run.parts.replicated)
 
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
       "global_batch": lambda: run_lib.global_batch(local, sharding),
       "k in one call": lambda: jax.make_array_from_process_local_data(sharding, call),
       "k stacked": lambda: run_lib.global_call_batches(call, run.parts.call_batch_sharding),
+      "by index": lambda: training_set.batch(training_set.stream.next_batch(size), sharding),
       "as uint8": lambda: run_lib.global_batch(as_uint8, sharding),
       "lr_scalar": lambda: run.learning_rate_scalar(0.1),
       "schedules": lambda: (run.batch_policy.learning_rate(0.5, size), run.batch_policy.batch_size(0.5)),
@@ -237,33 +250,38 @@ def main() -> None:
         report.paired_ratios(times, "trainer call, unrolled", "trainer step"))
     calls_vs_trainer = check.record(f"{model}: loop with {args.steps_per_call} steps per call / trainer step",
                                     report.paired_ratios(times, "loop, k per call", "trainer step"))
+    on_device_vs_trainer = check.record(f"{model}: loop with the data on the device / trainer step",
+                                        report.paired_ratios(times, "loop, data on device", "trainer step"))
     rate_rows.append([model, batch_size, spreads["hand step"].format(1e3), spreads["trainer step"].format(1e3),
                       spreads["trainer call"].format(1e3), spreads["trainer call, unrolled"].format(1e3),
                       spreads["loop"].format(1e3),
                       spreads["loop, no prefetch"].format(1e3),
-                      spreads["loop, k per call"].format(1e3), vs_trainer.format(digits=3),
+                      spreads["loop, k per call"].format(1e3), spreads["loop, data on device"].format(1e3),
+                      vs_trainer.format(digits=3),
                       plain_vs_trainer.format(digits=3), call_vs_step.format(digits=3),
                       unrolled_vs_step.format(digits=3),
-                      calls_vs_trainer.format(digits=3), vs_hand.format(digits=3),
+                      calls_vs_trainer.format(digits=3), on_device_vs_trainer.format(digits=3),
+                      vs_hand.format(digits=3),
                       vs_plain.format(digits=3)])
     host_rows.append([model, batch_size, f"{1e3 * spreads['trainer step'].median:.2f}"] +
                      [f"{1e3 * host[k]:.3f}" for k in ("next_batch", "global_batch", "k in one call", "k stacked",
-                                                       "as uint8", "lr_scalar", "schedules", "metrics")])
+                                                       "by index", "as uint8", "lr_scalar", "schedules", "metrics")])
     print(rate_rows[-1], host_rows[-1], flush=True)
   rates = report.markdown_table(
       ["model", "global batch", "hand step ms", "trainer step ms",
        f"trainer call of {args.steps_per_call} steps, ms per step", "the same unrolled, ms per step",
        "loop ms per step",
        "loop without prefetching ms per step", f"loop, {args.steps_per_call} steps per call, ms per step",
-       "loop / trainer step", "loop without prefetching / trainer step",
+       "loop, data on the device, ms per step", "loop / trainer step", "loop without prefetching / trainer step",
        f"trainer call of {args.steps_per_call} steps / trainer step", "the same unrolled / trainer step",
-       f"loop, {args.steps_per_call} steps per call / trainer step", "loop / hand step",
+       f"loop, {args.steps_per_call} steps per call / trainer step", "loop, data on the device / trainer step",
+       "loop / hand step",
        "loop / loop without prefetching"], rate_rows)
   pieces = report.markdown_table(
       ["model", "global batch", "trainer step ms", "next_batch ms", "global_batch ms",
        f"{args.steps_per_call} batches in one call, ms per batch",
-       f"{args.steps_per_call} batches stacked, ms per batch", "global_batch as uint8 ms", "lr_scalar ms",
-       "schedules ms", "metrics ms"],
+       f"{args.steps_per_call} batches stacked, ms per batch", "by index ms", "global_batch as uint8 ms",
+       "lr_scalar ms", "schedules ms", "metrics ms"],
       host_rows)
   notes = (
       f"One {jax.devices()[0].device_kind} device, momentum SGD, synthetic twins. Times per step: median over "
@@ -288,6 +306,8 @@ def main() -> None:
       f"{args.steps_per_call} batches in one call: the placement of a call's batches in one "
       "`make_array_from_process_local_data` call; stacked: copied into one [k, B, ...] array per input on the "
       "host (`np.stack`) and placed as such (`build.global_call_batches`, what the loop does); both per batch. "
+      "By index: the batch's B indices drawn, placed and its rows gathered on the device from the training set "
+      "held there (`config.train_data_on_device`, what the loop with the data on the device does per step). "
       "As uint8: the same batch with its float32 inputs as uint8 arrays of "
       "the same shape, a quarter of the bytes (the ResNet's synthetic images are float32; the ImageNet, CIFAR-10 "
       "and, since 2026-11-30, MNIST streams hand over uint8, normalised in the step, so for the MNIST LSTM it is "

@@ -47,6 +47,8 @@ from lbjax.data.stream import Batch
 from lbjax.data.stream import epoch_permutation
 from lbjax.data.stream import eval_batches
 from lbjax.data.stream import example_rngs
+from lbjax.data.stream import INDEX
+from lbjax.data.stream import IndexSource
 from lbjax.data.stream import RandomAccessSource
 from lbjax.data.stream import TrainStream
 from lbjax.data.stream import Transform

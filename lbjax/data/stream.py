@@ -156,6 +156,30 @@ class ArraySource:
     return f"ArraySource({fields})"
 
 
+INDEX = "index"  # the one field of an `IndexSource`'s examples
+
+
+class IndexSource:
+  """The examples of a dataset of `num_examples` by their index alone: `take(indices)` is
+  `{"index": indices}` as int32, so a stream over it hands out which examples each batch holds instead
+  of the examples (a device holding the training set gathers them: `lbjax.train.device_data`)."""
+
+  def __init__(self, num_examples: int):
+    if isinstance(num_examples, bool) or not isinstance(num_examples, numbers.Integral) or not (
+        0 < num_examples <= np.iinfo(np.int32).max):
+      raise ValueError(f"IndexSource needs a number of examples in [1, 2**31), got {num_examples!r}.")
+    self._num_examples = int(num_examples)
+
+  def __len__(self) -> int:
+    return self._num_examples
+
+  def take(self, indices: np.ndarray) -> Batch:
+    return {INDEX: check_indices(indices, self._num_examples).astype(np.int32)}
+
+  def __repr__(self) -> str:
+    return f"IndexSource({self._num_examples})"
+
+
 def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
   """Order of the examples in `epoch`: `np.random.default_rng([seed, epoch]).permutation(N)`."""
   return np.random.default_rng([seed, epoch]).permutation(num_examples)
@@ -264,6 +288,11 @@ class TrainStream:
     return self._seed
 
   @property
+  def source(self) -> RandomAccessSource:
+    """The dataset the stream reads."""
+    return self._source
+
+  @property
   def process_index(self) -> int:
     return self._process_index
 
@@ -328,6 +357,23 @@ class TrainStream:
     examples, skipped = take_decodable(self._source, self.example_indices(positions), positions,
                                        self._transform, self._skip_undecodable, self._warned)
     return examples, int(skipped.sum())
+
+  def of_indices(self) -> "TrainStream":
+    """This stream, at its position, handing out each batch's dataset indices (`IndexSource`: this process's
+    share as `{"index": int32 [B/P]}`) instead of its examples: the same examples in the same order, and the
+    same state, so a checkpoint of either stream resumes the other.
+
+    Raises:
+      ValueError: the stream has a transform (its per-example work, e.g. augmentation, is done on the host
+        and cannot be skipped).
+    """
+    if self._transform is not None:
+      raise ValueError("This stream transforms its examples on the host (e.g. augmentation), which a stream of "
+                       "their indices would leave out.")
+    stream = TrainStream(IndexSource(self.num_examples), seed=self._seed, process_index=self._process_index,
+                         process_count=self._process_count, shuffle=self._shuffle)
+    stream.set_state(self.get_state())
+    return stream
 
   def get_state(self) -> dict[str, int]:
     """JSON-serialisable state: examples consumed plus what the positions depend on."""

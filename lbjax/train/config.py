@@ -17,7 +17,8 @@ from lbjax.train.errors import CheckpointMismatchError
 OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
                       "mesh", "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps",
                       "progress", "resume_with_changed_optimizer", "resume_with_changed_data", "init_from",
-                      "deterministic", "heartbeat_timeout_seconds", "steps_per_call")
+                      "deterministic", "heartbeat_timeout_seconds", "steps_per_call",
+                      "train_data_on_device")
 
 # What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
 # a non-finite step): the optimizer's settings but not which optimizer (its state would not fit).
@@ -142,6 +143,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Training steps per device call (Keras' steps_per_execution): k > 1 runs k steps in one compiled
   # `lax.scan`, the host dispatching once per k steps; the same steps, batches and records (lbjax.train.step_calls).
   config.steps_per_call = 1
+  # True: the training set (in-memory arrays: MNIST, the synthetic datasets) is placed once on every device and each
+  # step's batch gathered there from its indices: the same batches, B int32 sent per step (lbjax.train.device_data).
+  config.train_data_on_device = False
   config.eval_every_epochs = 1.0
   config.checkpoint_every_steps = 1000  # also saved after every evaluation and at the end
   config.keep_checkpoints = 3

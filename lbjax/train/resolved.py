@@ -106,6 +106,7 @@ class ResolvedRun:
     heartbeat_timeout_seconds: how long a process of a multi-host job may be silent before the others stop
       (`lbjax.train.distributed`).
     steps_per_call: training steps one device call runs (`lbjax.train.step_calls`).
+    train_data_on_device: the training set held on the devices, batches gathered there (`lbjax.train.device_data`).
     consumed_fields: the config fields read to build this (every field of the config).
   """
   source_config: ml_collections.ConfigDict = dataclasses.field(repr=False, compare=False)
@@ -129,6 +130,7 @@ class ResolvedRun:
   deterministic: bool
   heartbeat_timeout_seconds: int
   steps_per_call: int
+  train_data_on_device: bool
   consumed_fields: frozenset[str]
 
   @property
@@ -200,4 +202,4 @@ def assemble(config: ml_collections.ConfigDict, read: config_lib.FieldReads, par
       resume_with_changed_optimizer=read("resume_with_changed_optimizer"),
       resume_with_changed_data=read("resume_with_changed_data"), deterministic=read("deterministic"),
       heartbeat_timeout_seconds=read("heartbeat_timeout_seconds"), steps_per_call=read("steps_per_call"),
-      consumed_fields=frozenset(read.paths), **parts)
+      train_data_on_device=read("train_data_on_device"), consumed_fields=frozenset(read.paths), **parts)

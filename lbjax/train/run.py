@@ -43,6 +43,7 @@ from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.batch_policy import BatchPolicy
 from lbjax.train.build import StepParts, global_batch, global_call_batches, host_scalar  # pylint: disable=unused-import
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
+from lbjax.train.device_data import DeviceTrainingSet
 from lbjax.train.errors import ConfigError
 from lbjax.train.evaluation import Evaluator, LipschitzProbe
 from lbjax.train.mesh import data_parallel_size
@@ -88,6 +89,8 @@ class Run:
     parts: what the compiled steps need (`StepParts`: graph, optimizer, compressor, shardings).
     batch_policy: who chooses each step's batch size and learning rate (`lbjax.train.batch_policy`).
     any_batch: the any-batch step (`lbjax.train.any_batch`) with `batch.micro_batch_size`, else None.
+    training_set: the training set held on the devices (`config.train_data_on_device`; the stream then
+      hands out indices), else None.
     state: the `TrainState` (restored from the workdir's latest checkpoint when there is one).
     step_count: steps taken (the restored checkpoint's step on resume).
     examples_seen: training examples consumed, over all processes.
@@ -144,10 +147,14 @@ class Run:
       self.lock.acquire()
     try:
       self.task = resolved.open_task()
+      stream = self.task.dataset.make_train_stream(self.process_index, self.process_count)
+      self.training_set = DeviceTrainingSet(stream, resolved.dataset_name) if resolved.train_data_on_device else None
       self.stream = prefetch.prefetching(  # batch t+1 drawn during step t
-          self.task.dataset.make_train_stream(self.process_index, self.process_count), self._prepare_batch)
+          self.training_set.stream if self.training_set else stream, self._prepare_batch)
       self._check_data_sizes()
       self.parts = StepParts.create(resolved, self.task, self.mesh)
+      if self.training_set:
+        self.training_set.place(self.parts.replicated)
       self.batch_policy = BatchPolicy(resolved.batch, resolved.learning_rate)
       micro_batch_size = resolved.batch.micro_batch_size
       self.any_batch = AnyBatchStep(self.parts, micro_batch_size) if micro_batch_size else None
@@ -287,7 +294,14 @@ class Run:
     return reset_carry, self._place(local, size)
 
   def _place(self, local: dict[str, np.ndarray], size: int) -> Any:
-    return self.any_batch.place(local, size) if self.any_batch else global_batch(local, self.parts.batch_sharding)
+    """A host batch on the mesh: its micro-batches (any-batch step) or the batch, the rows gathered on the
+    devices when they hold the training set."""
+    if self.any_batch:
+      placed = self.any_batch.place(local, size)
+      return self.training_set.gather(placed) if self.training_set else placed
+    if self.training_set:
+      return self.training_set.batch(local, self.parts.batch_sharding)
+    return global_batch(local, self.parts.batch_sharding)
 
   def placed(self, batch: Batch) -> Batch:
     """`batch` with its arrays on the mesh (placed now if it was left on the host)."""
@@ -346,7 +360,8 @@ class Run:
     first = batches[0]
     self._start(first)
     key = (first.size, first.discard_fraction)
-    arrays = global_call_batches([b.host_arrays for b in batches], self.parts.call_batch_sharding)
+    place_call = self.training_set.call_batch if self.training_set else global_call_batches
+    arrays = place_call([b.host_arrays for b in batches], self.parts.call_batch_sharding)
     learning_rates = tuple(b.learning_rate for b in batches)
     if key not in self.compiled_calls:
       start = time.perf_counter()

@@ -36,6 +36,7 @@ def resolved_run(run: ResolvedRun) -> dict[str, Any]:
       "num_epochs": run.num_epochs,
       "num_steps": run.num_steps or None,
       "steps_per_call": run.steps_per_call,
+      "train_data_on_device": run.train_data_on_device,
       "max_device_batch": batch.max_device_batch or None,
       "batch_policy": batch.describe(),
       "mesh": _fields(data=mesh.data, fsdp=mesh.fsdp, num_devices=mesh.num_devices,
@@ -59,6 +60,8 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
                                                    if resolved["num_steps"] else "")
   if resolved["steps_per_call"] > 1:
     length += f"; {resolved['steps_per_call']} steps per device call"
+  if resolved.get("train_data_on_device"):
+    length += "; training set held on the devices"
   lines = [f"run       {origin}"] if origin else []
   lines += [
       f"model     {resolved['model']}",

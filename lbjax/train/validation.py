@@ -135,6 +135,8 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
   if config.log_every < 1:
     problems.append(f"config.log_every must be >= 1, got {config.log_every}.")
   problems += _steps_per_call_problems(config)
+  if not isinstance(config.train_data_on_device, bool):
+    problems.append(f"config.train_data_on_device must be True or False, got {config.train_data_on_device!r}.")
   if config.checkpoint_every_steps < 0:
     problems.append(f"config.checkpoint_every_steps must be >= 0 (0 = only at the end), got "
                     f"{config.checkpoint_every_steps}.")

@@ -287,3 +287,40 @@ def test_check_indices_names_the_source_and_accepts_empty_requests():
     check_indices([[0], [1]], 5)
   assert check_indices(np.array([], np.int64), 0).size == 0
   np.testing.assert_array_equal(check_indices([4, 0], 5), [4, 0])
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_stream_of_indices_names_the_rows_of_each_batch_from_its_position(shuffle):
+  """Over batch-size changes, an epoch boundary and two processes: each index batch picks out of the
+  dataset exactly the batch the stream of examples hands out; it starts where the stream is."""
+  sizes = [4, 8, 6, 10, 12]
+  for process in range(2):
+    examples = data.TrainStream(make_source(40), seed=9, process_index=process, process_count=2, shuffle=shuffle)
+    examples.next_batch(2)
+    indices = examples.of_indices()
+    assert indices.get_state() == examples.get_state() and indices.process_index == process
+    for size in sizes:
+      index = indices.next_batch(size)
+      assert set(index) == {data.INDEX} and index[data.INDEX].dtype == np.int32
+      assert_batches_equal([make_source(40).take(index[data.INDEX])], [examples.next_batch(size)])
+    assert indices.get_state() == examples.get_state()
+
+
+def test_the_stream_of_indices_of_a_transforming_stream_is_refused():
+  stream = data.TrainStream(make_source(), seed=0, transform=noisy_transform(0))
+  with pytest.raises(ValueError, match="transforms its examples on the host"):
+    stream.of_indices()
+
+
+@pytest.mark.parametrize("num_examples", [0, -1, 2**31, True, 2.0])
+def test_an_index_source_of_no_or_too_many_examples_raises(num_examples):
+  with pytest.raises(ValueError, match=r"IndexSource needs a number of examples in \[1, 2\*\*31\)"):
+    data.IndexSource(num_examples)
+
+
+def test_an_index_source_checks_its_indices():
+  source = data.IndexSource(5)
+  assert len(source) == 5 and repr(source) == "IndexSource(5)"
+  np.testing.assert_array_equal(source.take(np.array([4, 0]))[data.INDEX], [4, 0])
+  with pytest.raises(IndexError, match=r"must lie in \[0, 5\)"):
+    source.take(np.array([5]))

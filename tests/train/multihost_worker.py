@@ -7,7 +7,9 @@ rows by the any-batch step in 2 micro-batches of 8, which each process cuts from
 host (`lbjax.train.any_batch`). MODE `until_sigterm` trains the classifier for 500 epochs instead, to
 be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`; `until_sigterm_in_calls` the same
 with 4 steps per device call (`config.steps_per_call`). MODE `calls` trains the classifier with 4 steps per
-call, each call's batches stacked and placed in one transfer from every process's rows.
+call, each call's batches stacked and placed in one transfer from every process's rows; `on_device` with the
+training set held on every device (`config.train_data_on_device`), 3 steps per call, each process placing its rows'
+indices.
 """
 
 import sys
@@ -32,6 +34,8 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
     config = helpers.tiny_language_model_config(num_steps=4, **{"batch.micro_batch_size": 8})
   elif mode == "calls":
     config = helpers.tiny_classifier_config(steps_per_call=4)
+  elif mode == "on_device":
+    config = helpers.tiny_classifier_config(steps_per_call=3, train_data_on_device=True)
   else:
     config = helpers.tiny_classifier_config()
   result = train_and_evaluate(config, workdir)

@@ -120,6 +120,13 @@ def test_two_processes_place_each_calls_stacked_batches_as_one_process_does(tmp_
   assert values["step"] == 8
 
 
+def test_two_processes_gather_the_batches_of_one_process_from_the_training_set_on_the_devices(tmp_path):
+  """With the training set held on every device, each process places its rows' indices (one step, or a
+  call's 3 stacked) and the devices gather the rows: the run ends with the parameters of 1 process of 4."""
+  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "on_device")
+  assert values["step"] == 8
+
+
 def test_two_processes_resuming_a_finished_run_agree_that_it_was_evaluated(tmp_path):
   """Only process 0 reads `metrics.jsonl`, which says whether a finished run's last step was evaluated;
   the processes must agree on it, or one would wait in the evaluation's collectives alone."""
