@@ -17,8 +17,10 @@ import numpy as np
 
 from lbjax import data as lbdata
 from lbjax.train import datasets
+from lbjax.train import device_data
 from lbjax.train import names
 from lbjax.train import tasks
+from lbjax.train.errors import ConfigError
 
 # Training-split sizes (examples; PTB: tokens of ptb.train.txt with an end-of-sentence token per line).
 SPLIT_SIZES = {
@@ -40,12 +42,21 @@ class DataShapes:
     train_size: training examples, or tokens for a language model.
     seq_len: the language model's window (None for classification).
     read_from_data: whether the shapes were read from a batch of the data (a dataset not in the table).
+    in_memory: whether the training stream reads in-memory arrays without host transforms, so that
+      `config.train_data_on_device` can hold them on the devices (`lbjax.train.device_data`).
   """
   dataset: datasets.Dataset
   example: dict[str, tuple[tuple[int, ...], Any]]
   train_size: int
   seq_len: int | None = None
   read_from_data: bool = False
+  in_memory: bool = False
+
+  @property
+  def train_bytes(self) -> int:
+    """The bytes of the training set's arrays (what `config.train_data_on_device` holds on each device)."""
+    row = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self.example.values())
+    return self.train_size * row
 
   def train_batch(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct((batch_size, *shape), dtype) for k, (shape, dtype) in self.example.items()}
@@ -80,13 +91,13 @@ def _dataset(kind: str, model_arguments: dict[str, Any], eval_split: str, top_k=
 
 
 def _image_classes(size: int, channels: int, dtype, train_size: int, num_classes: int, eval_split: str,
-                   normalization=None) -> DataShapes:
+                   normalization=None, in_memory: bool = True) -> DataShapes:
   model_arguments = {"num_classes": num_classes, "small_inputs": size <= 64 or channels == 1,
                      "input_channels": channels}
   shape = (size, size) if channels == 1 else (size, size, channels)
   top_k = (5,) if num_classes > 5 and channels == 3 else ()
   return DataShapes(_dataset("classification", model_arguments, eval_split, top_k, normalization),
-                    {"images": (shape, dtype), "labels": ((), np.int32)}, train_size)
+                    {"images": (shape, dtype), "labels": ((), np.int32)}, train_size, in_memory=in_memory)
 
 
 def _tokens(seq_len: int, train_tokens: int, vocab_size: int, eval_split: str) -> DataShapes:
@@ -112,9 +123,9 @@ SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
     datasets.synthetic_cifar10: lambda a: _image_classes(32, 3, np.uint8, a["num_train_examples"], 10, a["eval_split"],
                                                          lbdata.CIFAR10_NORMALIZATION),
     datasets.imagenet: lambda a: _image_classes(a["image_size"], 3, np.uint8, SPLIT_SIZES["imagenet"], 1000,
-                                                a["eval_split"], lbdata.IMAGENET_NORMALIZATION),
+                                                a["eval_split"], lbdata.IMAGENET_NORMALIZATION, in_memory=False),
     datasets.cifar10: lambda a: _image_classes(32, 3, np.uint8, SPLIT_SIZES["cifar10"], 10, a["eval_split"],
-                                               lbdata.CIFAR10_NORMALIZATION),
+                                               lbdata.CIFAR10_NORMALIZATION, in_memory=False),
     datasets.ptb: lambda a: _tokens(a["seq_len"], SPLIT_SIZES["ptb"], 10_000, a["eval_split"]),
     datasets.synthetic_ptb: lambda a: _tokens(a["seq_len"], a["num_train_tokens"], a["vocab_size"], "valid"),
 }
@@ -137,4 +148,12 @@ def data_shapes(dataset_call: names.Call) -> DataShapes:
     seq_len = batch["inputs"].shape[1]
     tokens = (stream.windows_per_epoch(1) * seq_len) + 1
     return DataShapes(dataset, example, tokens, seq_len, read_from_data=True)
-  return DataShapes(dataset, example, stream.num_examples, read_from_data=True)
+  return DataShapes(dataset, example, stream.num_examples, read_from_data=True, in_memory=_in_memory(stream))
+
+
+def _in_memory(stream: Any) -> bool:
+  try:
+    device_data.index_stream(stream, "")
+  except ConfigError:
+    return False
+  return True

@@ -29,6 +29,7 @@ from lbjax.train import abstract_data
 from lbjax.train import build
 from lbjax.train import compile_report
 from lbjax.train import determinism
+from lbjax.train import device_data
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
 from lbjax.train import tasks
@@ -68,6 +69,7 @@ class AbstractRun:
   data: abstract_data.DataShapes
   state: TrainState  # of ShapeDtypeStructs with their shardings
   programs: tuple[Program, ...]
+  holds_training_set: bool = False  # config.train_data_on_device (`lbjax.train.device_data`)
 
 
 def _shardings(tree: Any) -> Any:
@@ -91,6 +93,8 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   data_parallel = mesh_lib.data_parallel_size(mesh)
   validation.check_devices(resolved, data_parallel)
   data = abstract_data.data_shapes(resolved.dataset)
+  if resolved.train_data_on_device and not data.in_memory:
+    raise device_data.refusal(resolved.dataset_name, "does not read in-memory arrays without host transforms")
   for size in resolved.batch.sizes:
     if (problem := data.refuse_impossible(size)) is not None:
       raise ConfigError(f"config.batch_size(s): {problem}")
@@ -147,7 +151,7 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
   programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
                           _shardings(eval_arguments), None, (), 0.0))
-  return AbstractRun(mesh, data, state, tuple(programs))
+  return AbstractRun(mesh, data, state, tuple(programs), holds_training_set=resolved.train_data_on_device)
 
 
 def _is_out_of_memory(error: Exception) -> bool:
@@ -203,6 +207,8 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
   run = abstract_run(config, devices)
   device = run.mesh.devices.flat[0]
   memory = topology_lib.device_memory(device, local_devices=len(jax.local_devices()) if not topology else 1)
+  if run.holds_training_set:
+    device_data.check_fits(run.data.train_bytes, memory.bytes, device.device_kind)
   figures = []
   with persistent_cache_set_aside() if topology else contextlib.nullcontext():
     for program in run.programs:
@@ -219,8 +225,22 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
         continue
       figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
                                                     run.state, seconds))
-  return compile_report.CompileReport.build(config, topology, run, device, memory, figures,
-                                            notes=_unapplied_settings(config, topology, device))
+  notes = _unapplied_settings(config, topology, device) + _held_training_set(run, figures, memory.bytes)
+  return compile_report.CompileReport.build(config, topology, run, device, memory, figures, notes=notes)
+
+
+def _held_training_set(run: AbstractRun, figures: list[compile_report.ProgramFigures], hbm: int | None) -> list[str]:
+  """What `config.train_data_on_device` adds to each device's memory besides the programs'."""
+  if not run.holds_training_set:
+    return []
+  held, largest = run.data.train_bytes, max((f.memory_per_device_bytes or 0) for f in figures)
+  note = (f"config.train_data_on_device=True: each device also holds the training set, {held / 2**20:.1f} MiB, "
+          "besides the memory of the programs above")
+  if hbm:
+    total = largest + held
+    note += (f"; with the largest program {total / 2**30:.2f} GiB of {hbm / 2**30:.2f} GiB"
+             + (", which does not fit" if total > hbm else ""))
+  return [note + "."]
 
 
 def _unapplied_settings(config: ml_collections.ConfigDict, topology: str | None, device: Any) -> list[str]:

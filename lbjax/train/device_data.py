@@ -42,18 +42,7 @@ class DeviceTrainingSet:
     Raises:
       ConfigError: the stream is not one of in-memory arrays read without host transforms.
     """
-    refusal = f"{FIELD}=True holds the training set on the devices, but the training stream of {dataset_name!r}"
-    advice = f"Set {FIELD}=False (the batches then travel from the host)."
-    if not isinstance(stream, lbdata.TrainStream) or not isinstance(stream.source, lbdata.ArraySource):
-      kind = type(stream).__name__ + (f" of a {type(stream.source).__name__}"
-                                      if isinstance(stream, lbdata.TrainStream) else "")
-      raise ConfigError(f"{refusal} does not read in-memory arrays (it is a {kind}; mnist's, synthetic_mnist's "
-                        f"and synthetic_images' do, and a user's lbjax.data.TrainStream of an ArraySource). {advice}")
-    try:
-      self.stream = stream.of_indices()
-    except ValueError:
-      raise ConfigError(f"{refusal} transforms its examples on the host (e.g. augmentation), which a gather of "
-                        f"the dataset's rows on the devices cannot do. {advice}") from None
+    self.stream = index_stream(stream, dataset_name)
     self._host_arrays: Mapping[str, np.ndarray] | None = stream.source.arrays
     self.nbytes = sum(array.nbytes for array in self._host_arrays.values())
     self._arrays: dict[str, jax.Array] | None = None
@@ -67,10 +56,7 @@ class DeviceTrainingSet:
       ConfigError: it would take more than half of a device's memory.
     """
     for device in replicated.addressable_devices:  # the others' memory is not this process's to read
-      limit = (device.memory_stats() or {}).get("bytes_limit")
-      if limit and self.nbytes > MAX_MEMORY_FRACTION * limit:
-        raise ConfigError(f"{FIELD}=True would hold the training set ({self.nbytes / 2**30:.2f} GiB) on each device, "
-                          f"more than half of {device}'s memory ({limit / 2**30:.2f} GiB). Set {FIELD}=False.")
+      check_fits(self.nbytes, (device.memory_stats() or {}).get("bytes_limit"), str(device))
     self._arrays, self._host_arrays = place(dict(self._host_arrays), replicated), None
     self._replicated = replicated
 
@@ -100,6 +86,38 @@ class DeviceTrainingSet:
       self._gathers[sharding] = jax.jit(_rows, in_shardings=(self._replicated, sharding),
                                         out_shardings={name: sharding for name in self._arrays})
     return self._gathers[sharding]
+
+
+def index_stream(stream: Any, dataset_name: str) -> lbdata.TrainStream:
+  """`stream.of_indices()`, for a stream of in-memory arrays read without host transforms.
+
+  Raises:
+    ConfigError: any other stream (the message says which kind it is).
+  """
+  if not isinstance(stream, lbdata.TrainStream) or not isinstance(stream.source, lbdata.ArraySource):
+    kind = type(stream).__name__ + (f" of a {type(stream.source).__name__}" if isinstance(stream, lbdata.TrainStream)
+                                    else "")
+    raise refusal(dataset_name, f"does not read in-memory arrays (it is a {kind})")
+  try:
+    return stream.of_indices()
+  except ValueError:
+    raise refusal(dataset_name, "transforms its examples on the host (e.g. augmentation), which a gather of the "
+                                "dataset's rows on the devices cannot do") from None
+
+
+def check_fits(nbytes: int, device_bytes: int | None, device: str) -> None:
+  """Raises ConfigError if a training set of `nbytes` takes more than half of `device_bytes` (None: unknown)."""
+  if device_bytes and nbytes > MAX_MEMORY_FRACTION * device_bytes:
+    raise ConfigError(f"{FIELD}=True would hold the training set ({nbytes / 2**30:.2f} GiB) on each device, more "
+                      f"than half of {device}'s memory ({device_bytes / 2**30:.2f} GiB). Set {FIELD}=False.")
+
+
+def refusal(dataset_name: str, why: str) -> ConfigError:
+  """The error of a training set that cannot be held on the devices: `why` says what its stream does."""
+  return ConfigError(f"{FIELD}=True holds the training set on the devices, but the training stream of "
+                     f"{dataset_name!r} {why}; mnist's, synthetic_mnist's, synthetic_images' and the synthetic image "
+                     f"twins' can be, and a user's lbjax.data.TrainStream of an ArraySource. Set {FIELD}=False (the "
+                     "batches then travel from the host).")
 
 
 def _rows(arrays: dict[str, jax.Array], index: jax.Array) -> dict[str, jax.Array]:

@@ -21,6 +21,7 @@ from lbjax.train import datasets
 from lbjax.train import determinism
 from lbjax.train import hlo_analysis
 from lbjax.train import topology
+from lbjax.train.errors import ConfigError
 from tests.train import helpers
 
 needs_libtpu = pytest.mark.skipif(not topology.libtpu_installed(),
@@ -135,6 +136,32 @@ def test_deterministic_is_applied_to_a_local_compile_or_the_report_says_why_not(
   assert "a TPU program is compiled without them" in unapplied(config, "v5p:2x2x1", tpu)[0]
   config.deterministic = False
   assert unapplied(config, "h100:8", types.SimpleNamespace(platform="gpu")) == []
+
+
+def test_the_training_set_held_on_the_devices_is_counted_in_a_note_and_refused_where_the_trainer_refuses_it():
+  """MNIST's 60,000 uint8 digits and int32 labels, 45.1 MiB on each device besides the programs; PTB's windows
+  and ImageNet's augmented stream cannot be held (as `Run` says, before any compile); a user's dataset is
+  looked at."""
+  config = helpers.tiny_classifier_config(dataset="mnist", data_dir="/no-data-here", train_data_on_device=True)
+  config.data_options = {}
+  run = compile_only.abstract_run(config, jax.devices())
+  assert run.holds_training_set and run.data.in_memory and run.data.train_bytes == 60_000 * (28 * 28 + 4)
+  report = compile_only.compile_run(config, evaluation=False)
+  note, = report.notes
+  assert note.startswith("config.train_data_on_device=True: each device also holds the training set, 45.1 MiB, "
+                         "besides the memory of the programs above; with the largest program ")
+  held = compile_only._held_training_set  # pylint: disable=protected-access
+  figures = [types.SimpleNamespace(memory_per_device_bytes=2**30)]
+  assert held(run, figures, 2**31)[0].endswith("with the largest program 1.04 GiB of 2.00 GiB.")
+  assert held(run, figures, 2**30)[0].endswith("with the largest program 1.04 GiB of 1.00 GiB, which does not fit.")
+  for refused in (helpers.tiny_language_model_config(train_data_on_device=True),
+                  helpers.tiny_classifier_config(dataset="imagenet", data_options={}, train_data_on_device=True)):
+    with pytest.raises(ConfigError, match="does not read in-memory arrays without host transforms"):
+      compile_only.compile_run(refused, evaluation=False)
+  users = helpers.tiny_classifier_config(dataset="tests.train.test_compile_only:user_dataset",
+                                         train_data_on_device=True)
+  users.data_options = {}
+  assert compile_only.abstract_run(users, jax.devices()).data.in_memory
 
 
 def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():

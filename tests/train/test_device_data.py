@@ -86,7 +86,7 @@ def test_a_checkpoint_of_host_batches_resumes_with_the_training_set_on_the_devic
 
 def test_a_stream_that_is_not_of_in_memory_arrays_is_refused_before_any_compute():
   with pytest.raises(ConfigError, match=r"train_data_on_device=True .* 'synthetic_ptb' does not read in-memory "
-                                        r"arrays \(it is a PtbStream;.*Set config.train_data_on_device=False"):
+                                        r"arrays \(it is a PtbStream\);.*Set config.train_data_on_device=False"):
     Run(helpers.tiny_language_model_config(train_data_on_device=True))
 
 
