@@ -3,8 +3,9 @@ there from its examples' indices.
 
 A small training set of in-memory arrays (MNIST: 47 MB of uint8 pixels) fits on every device. The host's
 stream then hands out each batch's dataset indices (`lbjax.data.TrainStream.of_indices`: the same examples
-in the same order, the same checkpointed position), they are placed as the batch would have been, and one
-small program gathers the batch's rows from the copy on each device. A step's host -> device transfer is
+in the same order, the same checkpointed position), and one small jitted program gathers the batch's rows
+from the copy on each device, split as the batch is (on one process its call places the host's indices
+itself; on several each process's share is placed first, as a batch is). A step's host -> device transfer is
 B int32 indices instead of the batch (MNIST at B=128: 512 bytes instead of 100 KB) and no host thread
 copies pixels, which is what the loop of a small model waits for on an accelerator (benchmarks/README.md,
 Findings 11). The batches are bit for bit the host stream's; evaluation reads the host's eval split as
@@ -20,8 +21,8 @@ import numpy as np
 
 from lbjax import data as lbdata
 from lbjax.train.build import global_batch, global_call_batches, place
-from lbjax.train.protocols import HostBatch
 from lbjax.train.errors import ConfigError
+from lbjax.train.protocols import HostBatch
 
 FIELD = "config.train_data_on_device"
 MAX_MEMORY_FRACTION = 0.5  # of a device's memory, the most the training set may take

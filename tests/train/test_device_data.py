@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lbjax import data as lbdata
+from lbjax import main as cli
 from lbjax.train import ConfigError, train_and_evaluate
 from lbjax.train.build import global_call_batches
 from lbjax.train.device_data import DeviceTrainingSet
@@ -143,3 +144,9 @@ def test_a_calls_batches_are_gathered_from_the_host_indices_or_the_placed_ones_s
       np.testing.assert_array_equal(np.asarray(gathered["images"]), expected)
   finally:
     run.close()
+
+
+def test_the_dry_run_says_the_training_set_is_held_on_the_devices(capsys):
+  assert cli.main(["--config", "mnist_lstm", "--config.train_data_on_device=True", "--dry-run"]) == 0
+  batch_line, = [line for line in capsys.readouterr().out.splitlines() if line.startswith("batch ")]
+  assert batch_line.endswith("; training set held on the devices")
