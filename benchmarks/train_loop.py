@@ -15,8 +15,9 @@ The ways to take training steps, timed in interleaved rounds in one process:
                 pipeline, host -> device transfer, LR schedule, metrics, hooks; on accelerators
                 batch t+1 is drawn and placed on a background thread while step t runs
                 (`lbjax.train.prefetch`; not on CPU devices, where the two loops are the same)
-  loop, no prefetch  the same with every batch drawn and placed when its step needs it (the loop
-                before prefetching)
+  loop, no prefetch  the loop as it runs on CPU devices: every batch drawn when its step needs it and
+                handed to the step as numpy arrays, which the step's own call places (`Run.step_places_batches`;
+                since 2026-11-30: before, the batch was placed with `global_batch` on the main thread)
   loop, k per call  the loop with `config.steps_per_call` = k (`--steps-per-call`): k steps in one
                 device call (`lbjax.train.step_calls`), the host dispatching once per k steps and placing
                 the call's k batches in one transfer (stacked on the host)
@@ -81,7 +82,8 @@ CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
 
 class Loop:
   """One `train_and_evaluate` run of `steps` steps per call; returns its seconds per step. With
-  `prefetch=False`, every batch is drawn and placed when its step needs it."""
+  `prefetch=False`, the run takes its devices for CPUs (`prefetch.overlaps_placement` false): no batch is
+  drawn ahead, and the step's call places each."""
 
   def __init__(self, config, steps: int, log_every: int, prefetch: bool = True, steps_per_call: int = 1,
                data_on_device: bool = False):
@@ -101,9 +103,7 @@ class Loop:
       if self.prefetch:
         train.train_and_evaluate(self.config, workdir)
       else:
-        start_prefetch = prefetch.PrefetchingStream.prefetch
-        with mock.patch.object(prefetch.PrefetchingStream, "prefetch",
-                               lambda stream, size: start_prefetch(stream, None)):
+        with mock.patch.object(prefetch, "overlaps_placement", lambda mesh: False):
           train.train_and_evaluate(self.config, workdir)
       records = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").open()]
     rates = [r["examples_per_second"] for r in records if r["kind"] == "train"][1:]
@@ -292,13 +292,13 @@ def main() -> None:
       "a background thread drew and placed during the previous step (on accelerators), starts the next "
       "one's, dispatches the step and waits for the step before the previous one (at most two in "
       "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
-      "the step just dispatched). With several steps per call (`config.steps_per_call`) the loop draws "
-      "their batches one by one on the host, stacks them and places them in one transfer (since 2026-11-30; "
+      "the step just dispatched). Without prefetching the loop runs as on CPU devices: the batch is drawn on the main "
+      "thread when its step needs it and the step's own call places it (one C++ dispatch; since 2026-11-30, "
+      "before, `global_batch` on the main thread). With several steps per call (`config.steps_per_call`) the loop "
+      "draws their batches one by one on the host, stacks them and places them in one transfer (since 2026-11-30; "
       "before, one placement per batch), and dispatches one program that scans the steps; the trainer "
       "call times that program alone, called back to back on one placed batch, and unrolled (no loop on "
-      "the device). Without "
-      "prefetching (and on CPU devices, where "
-      "`prefetch.overlaps_placement` is false) the batch is drawn and placed on the main thread. Host "
+      "the device) (on CPU devices the call's stacked arrays go to its call as numpy arrays too). Host "
       "pieces are medians of 50 calls each, measured alone (in the loop they overlap the device "
       "work, but on a CPU device they compete with it for the cores). lr_scalar: placing the "
       "learning rate when its value changed (`Run.learning_rate_scalar`; a constant LR, as here, "

@@ -41,7 +41,8 @@ from lbjax.train import step_calls
 from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.batch_policy import BatchPolicy
-from lbjax.train.build import StepParts, global_batch, global_call_batches, host_scalar  # pylint: disable=unused-import
+from lbjax.train.build import (StepParts, described, global_batch, global_call_batches,  # pylint: disable=unused-import
+                               host_scalar, stacked_batches)
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.device_data import DeviceTrainingSet
 from lbjax.train.errors import ConfigError
@@ -61,8 +62,9 @@ class Batch(NamedTuple):
   """One training batch, placed on the mesh (`Run.next_batch`) or still on the host (`Run.next_host_batch`),
   and what its step needs besides."""
   size: int  # the global batch size
-  # Placed: the batch, or its micro-batches (any-batch step); None while the batch is on the host.
-  arrays: dict[str, jax.Array] | list[dict[str, jax.Array]] | None
+  # Placed: the batch, or its micro-batches (any-batch step), as the step takes them: on the mesh, or numpy
+  # arrays that the step's call places (`Run.step_places_batches`); None while the batch is on the host.
+  arrays: dict[str, jax.Array | np.ndarray] | list[dict[str, jax.Array]] | None
   learning_rate: jax.Array  # a replicated float32 scalar
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
   reset_carry: bool  # the step starts from the zero carry (a new row of batches, or a new batch size)
@@ -104,6 +106,11 @@ class Run:
     new_compile: what the latest `step()` or `step_call()` compiled (`NewCompile`), or None.
     latest_call_steps: the steps the latest `step()` (1) or `step_call()` took.
     drawn_ahead: batches handed out by `next_batch` and not yet stepped (a call's, while it is drawn).
+    step_places_batches: whether a batch is handed to the compiled step (or call) as numpy arrays, which
+      its call places: on one process with CPU devices, where no thread places batches ahead
+      (`prefetch.overlaps_placement`), the call's C++ dispatch does it instead of `jax.device_put`'s Python
+      (on 2 CPU cores a jitted call taking 128 uint8 digits dispatched in 0.010 ms, `jax.device_put` of them
+      0.055; benchmarks/README.md, Findings 11).
   """
 
   def __init__(self, config: ml_collections.ConfigDict | ResolvedRun, workdir=None):
@@ -128,6 +135,7 @@ class Run:
       resolved = validation.validate(config, data_parallel_size=self.data_parallel_size)
     self.resolved = resolved
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
+    self.step_places_batches = self.process_count == 1 and not prefetch.overlaps_placement(self.mesh)
     self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
     self.lock = WorkdirLock(workdir) if workdir is not None and self.process_index == 0 else None
     self.checkpoints: Checkpoints | None = None
@@ -301,7 +309,7 @@ class Run:
       return self.training_set.gather(placed) if self.training_set else placed
     if self.training_set:
       return self.training_set.batch(local, self.parts.batch_sharding)
-    return global_batch(local, self.parts.batch_sharding)
+    return local if self.step_places_batches else global_batch(local, self.parts.batch_sharding)
 
   def placed(self, batch: Batch) -> Batch:
     """`batch` with its arrays on the mesh (placed now if it was left on the host)."""
@@ -321,6 +329,7 @@ class Run:
     key = (global_batch_size, discard_fraction)
     if key not in self.compiled:
       start = time.perf_counter()
+      batch = described(batch, self.parts.batch_sharding)
       self.compiled[key] = self.parts.train_step(global_batch_size, discard_fraction, state, batch).lower(
           state, batch, learning_rate).compile()
       self.new_compile = NewCompile(global_batch_size, discard_fraction, 1, time.perf_counter() - start)
@@ -360,14 +369,18 @@ class Run:
     first = batches[0]
     self._start(first)
     key = (first.size, first.discard_fraction)
-    place_call = self.training_set.call_batch if self.training_set else global_call_batches
-    arrays = place_call([b.host_arrays for b in batches], self.parts.call_batch_sharding)
+    local, sharding = [b.host_arrays for b in batches], self.parts.call_batch_sharding
+    if self.training_set:
+      arrays = self.training_set.call_batch(local, sharding)
+    else:
+      arrays = stacked_batches(local) if self.step_places_batches else global_call_batches(local, sharding)
     learning_rates = tuple(b.learning_rate for b in batches)
     if key not in self.compiled_calls:
       start = time.perf_counter()
+      described_arrays = described(arrays, sharding)
       self.compiled_calls[key] = self.parts.train_step_call(
-          first.size, first.discard_fraction, len(batches), self.state, arrays).lower(
-              self.state, arrays, learning_rates).compile()
+          first.size, first.discard_fraction, len(batches), self.state, described_arrays).lower(
+              self.state, described_arrays, learning_rates).compile()
       self.new_compile = NewCompile(first.size, first.discard_fraction, len(batches), time.perf_counter() - start)
     self.state, metrics = self.compiled_calls[key](self.state, arrays, learning_rates)
     first_step = self.step_count

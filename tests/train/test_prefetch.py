@@ -184,6 +184,26 @@ def test_cpu_devices_draw_each_batch_when_its_step_needs_it(tmp_path, monkeypatc
     run.close()
 
 
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_on_cpu_devices_the_steps_call_places_the_host_batch_and_trains_as_batches_placed_ahead(
+    tmp_path, monkeypatch, steps_per_call):
+  """One process of CPU devices hands each batch (or a call's stack) to the compiled step as numpy arrays, which
+  its call places: the same run, bit for bit, as batches placed on the mesh ahead of their step."""
+  config = helpers.tiny_classifier_config(steps_per_call=steps_per_call, batch_sizes=(16, 32),
+                                          batch_size_boundaries=(0.5,))
+  placed_ahead = train_and_evaluate(config, tmp_path / "ahead")
+  monkeypatch.undo()
+  run = Run(config)
+  try:
+    assert run.step_places_batches and isinstance(run.next_batch().arrays["images"], np.ndarray)
+  finally:
+    run.close()
+  by_the_call = train_and_evaluate(config, tmp_path / "call")
+  assert by_the_call.step == placed_ahead.step == 12
+  helpers.assert_trees_equal(placed_ahead.state, by_the_call.state)
+  assert placed_ahead.eval_metrics == by_the_call.eval_metrics
+
+
 def test_a_preempted_run_saves_the_consumed_position_and_resumes_bit_identically(tmp_path, monkeypatch):
   full = train_and_evaluate(helpers.tiny_language_model_config(), tmp_path / "full")
   should_stop = hooks.PreemptionFlag.should_stop
