@@ -48,9 +48,11 @@ def test_the_training_set_on_the_devices_trains_the_run_of_host_batches_bit_for_
   _assert_same_training(host, device, tmp_path / "host", tmp_path / "device")
 
 
-def test_a_resnet_on_float_images_trains_bit_for_bit_with_its_training_set_on_the_devices(tmp_path):
-  """Float32 images [N, 8, 8, 3] and BatchNorm statistics."""
-  config = lambda **o: helpers.tiny_resnet_config(num_epochs=0.5, log_every=2, **o)
+@pytest.mark.parametrize("overrides", [{}, {"mesh.model": 2}], ids=["data", "head_split_over_model"])
+def test_a_resnet_on_float_images_trains_bit_for_bit_with_its_training_set_on_the_devices(tmp_path, overrides):
+  """Float32 images [N, 8, 8, 3] and BatchNorm statistics; also with the head split over a `model` axis (the
+  batch then split over `data` alone)."""
+  config = lambda **o: helpers.tiny_resnet_config(num_epochs=0.5, log_every=2, **overrides, **o)
   host = train_and_evaluate(config(), tmp_path / "host")
   device = train_and_evaluate(config(train_data_on_device=True), tmp_path / "device")
   _assert_same_training(host, device, tmp_path / "host", tmp_path / "device")
