@@ -18,6 +18,10 @@ The ways to take training steps, timed in interleaved rounds in one process:
   loop, no prefetch  the loop as it runs on CPU devices: every batch drawn when its step needs it and
                 handed to the step as numpy arrays, which the step's own call places (`Run.step_places_batches`;
                 since 2026-11-30: before, the batch was placed with `global_batch` on the main thread)
+  loop, step places  the loop with batch t+1 drawn on the thread (on accelerators) but handed to the step
+                as numpy arrays, which the step's call places (`prefetch.step_places_batches` forced true;
+                what one process of CPU devices does, there without the thread): the thread or the
+                step's dispatch, which places a batch at less cost on an accelerator?
   loop, k per call  the loop with `config.steps_per_call` = k (`--steps-per-call`): k steps in one
                 device call (`lbjax.train.step_calls`), the host dispatching once per k steps and placing
                 the call's k batches in one transfer (stacked on the host)
@@ -58,6 +62,7 @@ median is wider than --max-spread of it.
 """
 
 import argparse
+import contextlib
 import json
 import pathlib
 import statistics
@@ -86,7 +91,7 @@ class Loop:
   drawn ahead, and the step's call places each."""
 
   def __init__(self, config, steps: int, log_every: int, prefetch: bool = True, steps_per_call: int = 1,
-               data_on_device: bool = False):
+               data_on_device: bool = False, step_places: bool = False):
     config = config.copy_and_resolve_references()
     config.steps_per_call = steps_per_call
     config.train_data_on_device = data_on_device
@@ -97,14 +102,16 @@ class Loop:
     self.config = config
     self.batch_size = config.batch_size
     self.prefetch = prefetch
+    self.step_places = step_places
 
   def __call__(self) -> float:
     with tempfile.TemporaryDirectory() as workdir:
-      if self.prefetch:
+      with contextlib.ExitStack() as patches:
+        if not self.prefetch:
+          patches.enter_context(mock.patch.object(prefetch, "overlaps_placement", lambda mesh: False))
+        if self.step_places:
+          patches.enter_context(mock.patch.object(prefetch, "step_places_batches", lambda mesh: True))
         train.train_and_evaluate(self.config, workdir)
-      else:
-        with mock.patch.object(prefetch, "overlaps_placement", lambda mesh: False):
-          train.train_and_evaluate(self.config, workdir)
       records = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").open()]
     rates = [r["examples_per_second"] for r in records if r["kind"] == "train"][1:]
     if not rates:
@@ -136,6 +143,7 @@ def measure(model: str, batch_size: int, args) -> dict[str, list[float]]:
               "trainer call, unrolled": lambda: step_seconds(unrolled_call, calls) / args.steps_per_call,
               "loop": Loop(config, args.steps, args.log_every),
               "loop, no prefetch": Loop(config, args.steps, args.log_every, prefetch=False),
+              "loop, step places": Loop(config, args.steps, args.log_every, step_places=True),
               "loop, k per call": Loop(config, args.steps, args.log_every, steps_per_call=args.steps_per_call),
               "loop, data on device": Loop(config, args.steps, args.log_every, data_on_device=True)}
   for function in variants.values():  # compile, warm up, fill the compilation cache
@@ -243,6 +251,8 @@ def main() -> None:
     vs_plain = check.record(f"{model}: loop / loop without prefetching",
                             report.paired_ratios(times, "loop", "loop, no prefetch"))
     plain_vs_trainer = report.paired_ratios(times, "loop, no prefetch", "trainer step")
+    step_places_vs_trainer = check.record(f"{model}: loop, the step placing its batch / trainer step",
+                                          report.paired_ratios(times, "loop, step places", "trainer step"))
     call_vs_step = check.record(f"{model}: trainer call of {args.steps_per_call} steps, per step / trainer step",
                                 report.paired_ratios(times, "trainer call", "trainer step"))
     unrolled_vs_step = check.record(
@@ -255,10 +265,11 @@ def main() -> None:
     rate_rows.append([model, batch_size, spreads["hand step"].format(1e3), spreads["trainer step"].format(1e3),
                       spreads["trainer call"].format(1e3), spreads["trainer call, unrolled"].format(1e3),
                       spreads["loop"].format(1e3),
-                      spreads["loop, no prefetch"].format(1e3),
+                      spreads["loop, no prefetch"].format(1e3), spreads["loop, step places"].format(1e3),
                       spreads["loop, k per call"].format(1e3), spreads["loop, data on device"].format(1e3),
                       vs_trainer.format(digits=3),
-                      plain_vs_trainer.format(digits=3), call_vs_step.format(digits=3),
+                      plain_vs_trainer.format(digits=3), step_places_vs_trainer.format(digits=3),
+                      call_vs_step.format(digits=3),
                       unrolled_vs_step.format(digits=3),
                       calls_vs_trainer.format(digits=3), on_device_vs_trainer.format(digits=3),
                       vs_hand.format(digits=3),
@@ -271,8 +282,10 @@ def main() -> None:
       ["model", "global batch", "hand step ms", "trainer step ms",
        f"trainer call of {args.steps_per_call} steps, ms per step", "the same unrolled, ms per step",
        "loop ms per step",
-       "loop without prefetching ms per step", f"loop, {args.steps_per_call} steps per call, ms per step",
+       "loop without prefetching ms per step", "loop, the step placing its batch, ms per step",
+       f"loop, {args.steps_per_call} steps per call, ms per step",
        "loop, data on the device, ms per step", "loop / trainer step", "loop without prefetching / trainer step",
+       "loop, the step placing its batch / trainer step",
        f"trainer call of {args.steps_per_call} steps / trainer step", "the same unrolled / trainer step",
        f"loop, {args.steps_per_call} steps per call / trainer step", "loop, data on the device / trainer step",
        "loop / hand step",
@@ -294,7 +307,9 @@ def main() -> None:
       "flight); metrics reach the host once per window, fetched one step after it closed (no wait for "
       "the step just dispatched). Without prefetching the loop runs as on CPU devices: the batch is drawn on the main "
       "thread when its step needs it and the step's own call places it (one C++ dispatch; since 2026-11-30, "
-      "before, `global_batch` on the main thread). With several steps per call (`config.steps_per_call`) the loop "
+      "before, `global_batch` on the main thread). The loop with the step placing its batch draws batch t+1 on the "
+      "thread as the loop does (on accelerators) but hands it to the step as numpy arrays, placed by the step's call. "
+      "With several steps per call (`config.steps_per_call`) the loop "
       "draws their batches one by one on the host, stacks them and places them in one transfer (since 2026-11-30; "
       "before, one placement per batch), and dispatches one program that scans the steps; the trainer "
       "call times that program alone, called back to back on one placed batch, and unrolled (no loop on "

@@ -32,6 +32,8 @@ from collections.abc import Callable
 import concurrent.futures
 from typing import Any, Generic, NamedTuple, TypeVar
 
+import jax
+
 from lbjax.train import protocols
 
 Prepared = TypeVar("Prepared")
@@ -139,6 +141,13 @@ class PrefetchingStream(Generic[Prepared]):
 def overlaps_placement(mesh: Any) -> bool:
   """Whether placing a batch on `mesh`'s devices can overlap their step: they are accelerators."""
   return any(device.platform != "cpu" for device in mesh.devices.flat)
+
+
+def step_places_batches(mesh: Any) -> bool:
+  """Whether the trainer hands each batch to the compiled step as numpy arrays, which the step's call places
+  in its C++ dispatch (`Run.step_places_batches`): on one process of CPU devices, where no thread places
+  batches ahead and `jax.device_put`'s Python would cost more than the call's placement."""
+  return jax.process_count() == 1 and not overlaps_placement(mesh)
 
 
 def decided_next_batch_size(run: Any) -> int | None:

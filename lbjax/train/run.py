@@ -107,10 +107,9 @@ class Run:
     latest_call_steps: the steps the latest `step()` (1) or `step_call()` took.
     drawn_ahead: batches handed out by `next_batch` and not yet stepped (a call's, while it is drawn).
     step_places_batches: whether a batch is handed to the compiled step (or call) as numpy arrays, which
-      its call places: on one process with CPU devices, where no thread places batches ahead
-      (`prefetch.overlaps_placement`), the call's C++ dispatch does it instead of `jax.device_put`'s Python
-      (on 2 CPU cores a jitted call taking 128 uint8 digits dispatched in 0.010 ms, `jax.device_put` of them
-      0.055; benchmarks/README.md, Findings 11).
+      its call places (`prefetch.step_places_batches`: one process of CPU devices): the call's C++ dispatch
+      instead of `jax.device_put`'s Python (on 2 CPU cores a jitted call taking 128 uint8 digits dispatched
+      in 0.010 ms, `jax.device_put` of them 0.055; benchmarks/README.md, Findings 11).
   """
 
   def __init__(self, config: ml_collections.ConfigDict | ResolvedRun, workdir=None):
@@ -135,7 +134,7 @@ class Run:
       resolved = validation.validate(config, data_parallel_size=self.data_parallel_size)
     self.resolved = resolved
     self.process_index, self.process_count = jax.process_index(), jax.process_count()
-    self.step_places_batches = self.process_count == 1 and not prefetch.overlaps_placement(self.mesh)
+    self.step_places_batches = prefetch.step_places_batches(self.mesh)
     self.workdir = pathlib.Path(workdir).absolute() if workdir is not None else None
     self.lock = WorkdirLock(workdir) if workdir is not None and self.process_index == 0 else None
     self.checkpoints: Checkpoints | None = None
