@@ -263,7 +263,8 @@ class Run:
 
   def next_batch(self) -> Batch:
     """The next training batch at the current epoch, placed on the mesh (on accelerators drawn and placed
-    while the previous step ran, and the next one started: `lbjax.train.prefetch`): its size and learning rate
+    while the previous step ran, and the next one started: `lbjax.train.prefetch`; on one process of CPU
+    devices numpy arrays that the step's call places, `step_places_batches`): its size and learning rate
     from the batch policy, the loss variant; its step resets the carried state where the stream starts
     a new row of batches or the batch size changed (the stream then re-lays the rest of the epoch into
     the new rows, where the old carries have no meaning)."""
@@ -301,8 +302,9 @@ class Run:
     return reset_carry, self._place(local, size)
 
   def _place(self, local: dict[str, np.ndarray], size: int) -> Any:
-    """A host batch on the mesh: its micro-batches (any-batch step) or the batch, the rows gathered on the
-    devices when they hold the training set."""
+    """A host batch as the step takes it: its micro-batches (any-batch step) or the batch on the mesh, the rows
+    gathered on the devices when they hold the training set; or the numpy arrays themselves where the step's
+    call places them (`step_places_batches`)."""
     if self.any_batch:
       placed = self.any_batch.place(local, size)
       return self.training_set.gather(placed) if self.training_set else placed
@@ -311,7 +313,7 @@ class Run:
     return local if self.step_places_batches else global_batch(local, self.parts.batch_sharding)
 
   def placed(self, batch: Batch) -> Batch:
-    """`batch` with its arrays on the mesh (placed now if it was left on the host)."""
+    """`batch` with its arrays as the step takes them (`_place`d now if it was left on the host)."""
     return batch if batch.arrays is not None else batch._replace(arrays=self._place(batch.host_arrays, batch.size))
 
   def learning_rate_scalar(self, value: float) -> jax.Array:
