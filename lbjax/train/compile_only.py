@@ -71,6 +71,11 @@ class AbstractRun:
   programs: tuple[Program, ...]
   holds_training_set: bool = False  # config.train_data_on_device (`lbjax.train.device_data`)
 
+  @property
+  def held_bytes(self) -> int:
+    """The bytes of the training set each device holds besides the programs (0 unless it holds it)."""
+    return self.data.train_bytes if self.holds_training_set else 0
+
 
 def _shardings(tree: Any) -> Any:
   return jax.tree.map(lambda x: x.sharding, tree)
@@ -225,22 +230,17 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
         continue
       figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
                                                     run.state, seconds))
-  notes = _unapplied_settings(config, topology, device) + _held_training_set(run, figures, memory.bytes)
+  notes = _unapplied_settings(config, topology, device) + _held_training_set(run, memory.bytes)
   return compile_report.CompileReport.build(config, topology, run, device, memory, figures, notes=notes)
 
 
-def _held_training_set(run: AbstractRun, figures: list[compile_report.ProgramFigures], hbm: int | None) -> list[str]:
-  """What `config.train_data_on_device` adds to each device's memory besides the programs'."""
-  if not run.holds_training_set:
+def _held_training_set(run: AbstractRun, hbm: int | None) -> list[str]:
+  """What `config.train_data_on_device` takes of each device's memory before the programs."""
+  if not run.held_bytes:
     return []
-  held, largest = run.data.train_bytes, max((f.memory_per_device_bytes or 0) for f in figures)
-  note = (f"config.train_data_on_device=True: each device also holds the training set, {held / 2**20:.1f} MiB, "
-          "besides the memory of the programs above")
-  if hbm:
-    total = largest + held
-    note += (f"; with the largest program {total / 2**30:.2f} GiB of {hbm / 2**30:.2f} GiB"
-             + (", which does not fit" if total > hbm else ""))
-  return [note + "."]
+  note = (f"config.train_data_on_device=True: each device also holds the training set, {run.held_bytes / 2**20:.1f} "
+          "MiB, so the programs above must fit in the rest of its memory")
+  return [note + (f" ({(hbm - run.held_bytes) / 2**30:.2f} of {hbm / 2**30:.2f} GiB)." if hbm else ".")]
 
 
 def _unapplied_settings(config: ml_collections.ConfigDict, topology: str | None, device: Any) -> list[str]:

@@ -185,15 +185,17 @@ class CompileReport:
   def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures],
             notes: list[str] = ()) -> "CompileReport":
     epochs = epochs_per_batch_size(config)
+    # What the programs must fit in: the device's memory, less the training set it holds (config.train_data_on_device).
+    available = None if memory.bytes is None else memory.bytes - run.held_bytes
     steps, recipe = [], 0.0
     for size in sorted({f.batch_size for f in figures if f.name != "eval"}):
       parts = [f for f in figures if f.batch_size == size and f.name != "eval"]
-      steps.append(step_record(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), memory.bytes))
+      steps.append(step_record(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), available))
       if recipe is not None and steps[-1]["estimated_recipe_seconds"] is not None:
         recipe += steps[-1]["estimated_recipe_seconds"]
       else:
         recipe = None
-    steps += [step_record([f], f.batch_size, None, 0.0, memory.bytes) for f in figures if f.name == "eval"]
+    steps += [step_record([f], f.batch_size, None, 0.0, available) for f in figures if f.name == "eval"]
     return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
                memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes))
 

@@ -148,12 +148,10 @@ def test_the_training_set_held_on_the_devices_is_counted_in_a_note_and_refused_w
   assert run.holds_training_set and run.data.in_memory and run.data.train_bytes == 60_000 * (28 * 28 + 4)
   report = compile_only.compile_run(config, evaluation=False)
   note, = report.notes
-  assert note.startswith("config.train_data_on_device=True: each device also holds the training set, 45.1 MiB, "
-                         "besides the memory of the programs above; with the largest program ")
-  held = compile_only._held_training_set  # pylint: disable=protected-access
-  figures = [types.SimpleNamespace(memory_per_device_bytes=2**30)]
-  assert held(run, figures, 2**31)[0].endswith("with the largest program 1.04 GiB of 2.00 GiB.")
-  assert held(run, figures, 2**30)[0].endswith("with the largest program 1.04 GiB of 1.00 GiB, which does not fit.")
+  rest, hbm = (report.hbm_bytes - run.held_bytes) / 2**30, report.hbm_bytes / 2**30
+  assert note == ("config.train_data_on_device=True: each device also holds the training set, 45.1 MiB, so the "
+                  f"programs above must fit in the rest of its memory ({rest:.2f} of {hbm:.2f} GiB).")
+
   for refused in (helpers.tiny_language_model_config(train_data_on_device=True),
                   helpers.tiny_classifier_config(dataset="imagenet", data_options={}, train_data_on_device=True)):
     with pytest.raises(ConfigError, match="does not read in-memory arrays without host transforms"):
@@ -162,6 +160,20 @@ def test_the_training_set_held_on_the_devices_is_counted_in_a_note_and_refused_w
                                          train_data_on_device=True)
   users.data_options = {}
   assert compile_only.abstract_run(users, jax.devices()).data.in_memory
+
+
+def test_the_programs_must_fit_beside_the_training_set_the_devices_hold(monkeypatch):
+  """A device whose memory holds the step with less to spare than the training set: the run fits with
+  batches from the host and does not with the training set held (exit 4 from the CLI)."""
+  config = lambda held: helpers.tiny_classifier_config(train_data_on_device=held,
+                                                       **{"data_options.num_train_examples": 64})
+  step_bytes = compile_only.compile_run(config(False), evaluation=False).steps[0]["memory_per_device_bytes"]
+  held_bytes = 64 * (28 * 28 + 4)  # synthetic_mnist's 64 digits and labels
+  assert 1.5 * held_bytes <= step_bytes  # so the training set takes at most half the memory below
+  monkeypatch.setattr(compile_only.topology_lib, "device_memory",
+                      lambda device, local_devices=1: topology.DeviceMemory(step_bytes + held_bytes // 2, "a test"))
+  assert compile_only.compile_run(config(False), evaluation=False).fits
+  assert not compile_only.compile_run(config(True), evaluation=False).fits
 
 
 def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():
