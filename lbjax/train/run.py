@@ -65,7 +65,7 @@ class Batch(NamedTuple):
   # Placed: the batch, or its micro-batches (any-batch step), as the step takes them: on the mesh, or numpy
   # arrays that the step's call places (`Run.step_places_batches`); None while the batch is on the host.
   arrays: dict[str, jax.Array | np.ndarray] | list[dict[str, jax.Array]] | None
-  learning_rate: jax.Array  # a replicated float32 scalar
+  learning_rate: jax.Array | np.ndarray  # a replicated float32 scalar, or numpy's where the step places it
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
   reset_carry: bool  # the step starts from the zero carry (a new row of batches, or a new batch size)
   start_epoch: float  # the run's clock when the batch was chosen
@@ -316,9 +316,13 @@ class Run:
     """`batch` with its arrays as the step takes them (`_place`d now if it was left on the host)."""
     return batch if batch.arrays is not None else batch._replace(arrays=self._place(batch.host_arrays, batch.size))
 
-  def learning_rate_scalar(self, value: float) -> jax.Array:
-    """`value` as the step's replicated float32 device scalar, placed again only when its float32 bits
-    change: a constant-LR phase takes no host -> device transfer per step. The scalar is never donated."""
+  def learning_rate_scalar(self, value: float) -> jax.Array | np.ndarray:
+    """`value` as the step's float32 scalar: where the step's call places its batch (`step_places_batches`) a
+    numpy scalar that it places with it (a warm-up or decay changes it every step; `host_scalar` cost about
+    0.06 ms a step there), else a replicated device scalar placed again only when its float32 bits change, so
+    a constant-LR phase takes no host -> device transfer per step. The scalar is never donated."""
+    if self.step_places_batches:
+      return np.asarray(value, np.float32)
     bits = np.float32(value).tobytes()
     if self._learning_rate is None or self._learning_rate[0] != bits:
       self._learning_rate = (bits, host_scalar(value, self.parts.replicated))
