@@ -12,6 +12,7 @@ from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train import hooks
+from lbjax.train import prefetch
 from lbjax.train.run import Run, global_batch
 from tests.train import helpers
 
@@ -166,9 +167,12 @@ def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_
                             "noise_scale_trace_sigma": 32}, {"loss": 32, "update_norm": 32, "learning_rate": 32}]
 
 
-def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path):
-  """A constant stretch of the schedule reuses one device scalar (no transfer per step), and every step
-  still trains with the schedule's float32 value at its epoch: 0.05 for the first half epoch, then 0.005."""
+def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path, monkeypatch):
+  """Where the trainer places the learning rate (accelerators, several processes; on one process of CPU devices
+  the step's call places a numpy scalar: tests/train/test_prefetch.py), a constant stretch of the schedule
+  reuses one device scalar (no transfer per step), and every step still trains with the schedule's float32
+  value at its epoch: 0.05 for the first half epoch, then 0.005."""
+  monkeypatch.setattr(prefetch, "step_places_batches", lambda mesh: False)
   run = Run(helpers.tiny_classifier_config(**{"lr.decay": "multistep_decay", "lr.boundaries": [0.5],
                                               "lr.decay_factors": 0.1}), tmp_path)
   try:
