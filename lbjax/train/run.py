@@ -65,7 +65,7 @@ class Batch(NamedTuple):
   # Placed: the batch, or its micro-batches (any-batch step), as the step takes them: on the mesh, or numpy
   # arrays that the step's call places (`Run.step_places_batches`); None while the batch is on the host.
   arrays: dict[str, jax.Array | np.ndarray] | list[dict[str, jax.Array]] | None
-  learning_rate: jax.Array | np.ndarray  # a replicated float32 scalar, or numpy's where the step places it
+  learning_rate: jax.Array | np.ndarray  # a float32 scalar: replicated, or numpy's that the step's call places
   discard_fraction: float  # papers/003 §3.1: the fraction of smallest losses the step drops
   reset_carry: bool  # the step starts from the zero carry (a new row of batches, or a new batch size)
   start_epoch: float  # the run's clock when the batch was chosen
@@ -146,7 +146,7 @@ class Run:
     self.drawn_ahead = 0
     self._stepped_epoch = 0.0  # `epoch` while batches are drawn ahead (set when the first is drawn)
     self._in_flight = None  # the loss of the latest step or call, not yet waited for
-    self._learning_rate: tuple[bytes, jax.Array] | None = None  # the latest LR: float32 bytes, placed scalar
+    self._learning_rate: tuple[bytes, jax.Array | np.ndarray] | None = None  # the latest LR: float32 bytes, scalar
     # The batches of the latest two steps or calls, by step (0-based): the first non-finite quantity is
     # named from its step's batch (the metrics that reveal it come a step or call late).
     self._recent_batches: collections.deque[dict[int, Batch]] = collections.deque(maxlen=2)
@@ -317,14 +317,19 @@ class Run:
     return batch if batch.arrays is not None else batch._replace(arrays=self._place(batch.host_arrays, batch.size))
 
   def learning_rate_scalar(self, value: float) -> jax.Array | np.ndarray:
-    """`value` as the step's float32 scalar: where the step's call places its batch (`step_places_batches`) a
-    numpy scalar that it places with it (a warm-up or decay changes it every step; `host_scalar` cost about
-    0.06 ms a step there), else a replicated device scalar placed again only when its float32 bits change, so
-    a constant-LR phase takes no host -> device transfer per step. The scalar is never donated."""
-    if self.step_places_batches:
-      return np.asarray(value, np.float32)
+    """`value` as the step's float32 scalar, never donated. A value that repeats the previous step's float32
+    bits is a replicated device scalar, placed once, so a constant-LR phase takes no host -> device transfer
+    per step. A new value (a warm-up or decay changes it every step) is, on one process, a numpy scalar that
+    the step's call places in its C++ dispatch (`host_scalar`'s Python cost about 0.06 ms a step on 2 CPU
+    cores; benchmarks/README.md, Findings 11); on several, where a call takes only placed arrays, placed now."""
     bits = np.float32(value).tobytes()
-    if self._learning_rate is None or self._learning_rate[0] != bits:
+    latest = self._learning_rate
+    if latest is not None and latest[0] == bits:
+      if isinstance(latest[1], np.ndarray):  # repeated: placed, once
+        self._learning_rate = (bits, host_scalar(value, self.parts.replicated))
+    elif self.process_count == 1:
+      self._learning_rate = (bits, np.asarray(value, np.float32))
+    else:
       self._learning_rate = (bits, host_scalar(value, self.parts.replicated))
     return self._learning_rate[1]
 

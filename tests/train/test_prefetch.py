@@ -187,10 +187,10 @@ def test_cpu_devices_draw_each_batch_when_its_step_needs_it(tmp_path, monkeypatc
 @pytest.mark.parametrize("steps_per_call", [1, 3])
 def test_on_cpu_devices_the_steps_call_places_the_host_batch_and_trains_as_batches_placed_ahead(
     tmp_path, monkeypatch, steps_per_call):
-  """One process of CPU devices hands each batch (or a call's stack) and its learning rate (rising every step
-  here) to the compiled step as numpy arrays, which its call places: the same run, bit for bit, as batches
-  and rates placed on the mesh ahead of their step, and as batches drawn ahead on the thread and placed by
-  the step's call (`benchmarks.train_loop`'s `loop, step places`)."""
+  """One process of CPU devices hands each batch (or a call's stack) to the compiled step as numpy arrays, which
+  its call places (as it places a learning rate that changes, here every step): the same run, bit for bit, as
+  batches placed on the mesh ahead of their step, and as batches drawn ahead on the thread and placed by the
+  step's call (`benchmarks.train_loop`'s `loop, step places`)."""
   config = helpers.tiny_classifier_config(steps_per_call=steps_per_call, batch_sizes=(16, 32),
                                           batch_size_boundaries=(0.5,),
                                           **{"lr.warmup": "linear_warmup", "lr.warmup_epochs": 0.75})
@@ -203,7 +203,7 @@ def test_on_cpu_devices_the_steps_call_places_the_host_batch_and_trains_as_batch
   try:
     batch = run.next_batch()
     assert run.step_places_batches and isinstance(batch.arrays["images"], np.ndarray)
-    assert isinstance(batch.learning_rate, np.ndarray) and batch.learning_rate.dtype == np.float32
+    assert isinstance(batch.learning_rate, np.ndarray) and batch.learning_rate.dtype == np.float32  # a new value
   finally:
     run.close()
   by_the_call = train_and_evaluate(config, tmp_path / "call")

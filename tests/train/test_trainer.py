@@ -12,7 +12,6 @@ from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train import hooks
-from lbjax.train import prefetch
 from lbjax.train.run import Run, global_batch
 from tests.train import helpers
 
@@ -167,12 +166,10 @@ def test_a_window_record_averages_each_metric_over_the_steps_that_report_it(tmp_
                             "noise_scale_trace_sigma": 32}, {"loss": 32, "update_norm": 32, "learning_rate": 32}]
 
 
-def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path, monkeypatch):
-  """Where the trainer places the learning rate (accelerators, several processes; on one process of CPU devices
-  the step's call places a numpy scalar: tests/train/test_prefetch.py), a constant stretch of the schedule
-  reuses one device scalar (no transfer per step), and every step still trains with the schedule's float32
-  value at its epoch: 0.05 for the first half epoch, then 0.005."""
-  monkeypatch.setattr(prefetch, "step_places_batches", lambda mesh: False)
+def test_the_learning_rate_is_placed_once_per_constant_stretch(tmp_path):
+  """A new value goes to the step as a numpy scalar (placed by the step's call), a repeated one as one device
+  scalar placed on its first repeat and reused (no transfer per step), and every step trains with the
+  schedule's float32 value at its epoch: 0.05 for the first half epoch, then 0.005."""
   run = Run(helpers.tiny_classifier_config(**{"lr.decay": "multistep_decay", "lr.boundaries": [0.5],
                                               "lr.decay_factors": 0.1}), tmp_path)
   try:
@@ -184,7 +181,8 @@ def test_the_learning_rate_is_placed_again_only_when_its_value_changes(tmp_path,
       used.append(run.step(batch)["learning_rate"])
   finally:
     run.close()
-  assert len({id(s) for s in scalars}) == 2
+  assert [isinstance(s, np.ndarray) for s in scalars] == [True, False, False, False] * 2
+  assert len({id(s) for s in scalars[1:4]}) == len({id(s) for s in scalars[5:]}) == 1
   expected = [np.float32(run.resolved.learning_rate(e, run.batch_size)) for e in epochs]
   assert expected == [np.float32(0.05)] * 4 + [np.float32(0.005)] * 4
   assert jax.device_get(scalars) == expected and jax.device_get(used) == expected
