@@ -36,6 +36,7 @@ import jax
 
 from benchmarks import report
 from benchmarks import workloads
+from lbjax.train import build
 from lbjax.train import any_batch as any_batch_lib
 from lbjax.train import run as run_lib
 
@@ -52,7 +53,7 @@ class AnyBatchStep:
     self.state = self.run.state
     local = self.run.stream.next_batch(self.batch_size)
     self.micro_batches = self.run.any_batch.place(local, self.batch_size)
-    self.learning_rate = run_lib.host_scalar(workloads.LEARNING_RATE, self.run.parts.replicated)
+    self.learning_rate = build.host_scalar(workloads.LEARNING_RATE, self.run.parts.replicated)
 
   def __call__(self):
     self.state, metrics, _ = self.run.any_batch.step(self.state, self.micro_batches, self.learning_rate, 0.0)

@@ -37,7 +37,7 @@ persistent compilation cache (in a temporary directory) spares the loop runs aft
 compile. The host work of one loop iteration is then timed piece by piece:
 
   next_batch      the input pipeline (`stream.next_batch`, index gather and transform)
-  global_batch    host -> device (`run.global_batch`: one `make_array_from_process_local_data` call)
+  global_batch    host -> device (`build.global_batch`: one `make_array_from_process_local_data` call)
   k in one call   the same for the k batches of one call (`--steps-per-call`) in one call, per batch
   k stacked       the k batches copied into one [k, B, ...] array per input on the host and placed as
                   such, per batch (`build.global_call_batches`: what the loop with k per call does since
@@ -76,9 +76,9 @@ import numpy as np
 from benchmarks import report
 from benchmarks import workloads
 from lbjax import train
+from lbjax.train import build
 from lbjax.train import hooks
 from lbjax.train import prefetch
-from lbjax.train import run as run_lib
 from lbjax.train.device_data import DeviceTrainingSet
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 
@@ -176,11 +176,11 @@ def host_seconds(model: str, trainer_step: workloads.TrainerStep, steps_per_call
 
   pieces = {
       "next_batch": lambda: stream.next_batch(size),
-      "global_batch": lambda: run_lib.global_batch(local, sharding),
+      "global_batch": lambda: build.global_batch(local, sharding),
       "k in one call": lambda: jax.make_array_from_process_local_data(sharding, call),
-      "k stacked": lambda: run_lib.global_call_batches(call, run.parts.call_batch_sharding),
+      "k stacked": lambda: build.global_call_batches(call, run.parts.call_batch_sharding),
       "by index": lambda: training_set.batch(training_set.stream.next_batch(size), sharding),
-      "as uint8": lambda: run_lib.global_batch(as_uint8, sharding),
+      "as uint8": lambda: build.global_batch(as_uint8, sharding),
       "lr_scalar": lambda: run.learning_rate_scalar(0.1),
       "schedules": lambda: (run.batch_policy.learning_rate(0.5, size), run.batch_policy.batch_size(0.5)),
   }

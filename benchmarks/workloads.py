@@ -29,6 +29,7 @@ import optax
 
 from lbjax import models
 from lbjax import train
+from lbjax.train import build
 from lbjax.train import protocols
 from lbjax.train import run as run_lib
 from lbjax.train import step_calls
@@ -111,8 +112,8 @@ class TrainerStep:
     protocols.take_carry_reset(local)  # the language model's flag: not an input of the step
     self.state = self.state._replace(carry=self.run.parts.zero_carry(self.batch_size))  # None: no carry
     self.host_batch = local
-    self.batch = run_lib.global_batch(local, self.run.parts.batch_sharding)
-    self.learning_rate = run_lib.host_scalar(LEARNING_RATE, self.run.parts.replicated)
+    self.batch = build.global_batch(local, self.run.parts.batch_sharding)
+    self.learning_rate = build.host_scalar(LEARNING_RATE, self.run.parts.replicated)
     self.compiled = self.compile()
     if state_layouts == "xla":  # once, before timing: the state moved into the layouts the step was compiled for
       self.state = jax.device_put(self.state, self.compiled.input_formats[0][0])
@@ -155,7 +156,7 @@ class TrainerCall:
   def __init__(self, trainer_step: TrainerStep, steps: int, unrolled: bool = False):
     run = trainer_step.run
     self.trainer_step, self.steps = trainer_step, steps
-    self.batches = run_lib.global_call_batches([trainer_step.host_batch] * steps, run.parts.call_batch_sharding)
+    self.batches = build.global_call_batches([trainer_step.host_batch] * steps, run.parts.call_batch_sharding)
     self.learning_rates = (trainer_step.learning_rate,) * steps
     unroll = (mock.patch.object(step_calls, "loops_slow_down_convolutions", lambda params, mesh: True)
               if unrolled else contextlib.nullcontext())

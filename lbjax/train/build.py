@@ -61,6 +61,27 @@ def stacked_batches(local_batches: Sequence[HostBatch]) -> HostBatch:
   return {k: np.stack([local[k] for local in local_batches]) for k in local_batches[0]}
 
 
+class MeshPlacement:
+  """Batches placed on the mesh: one by `global_batch`, a call's stacked by `global_call_batches`."""
+  batch = staticmethod(global_batch)
+  call_batch = staticmethod(global_call_batches)
+
+
+class CallPlacement:
+  """Batches left as numpy arrays (a call's stacked, `stacked_batches`) that the compiled step's call places
+  in its C++ dispatch (`Run.step_places_batches`); `sharding` is the one the step was compiled for."""
+
+  @staticmethod
+  def batch(local: HostBatch, sharding) -> HostBatch:
+    del sharding
+    return local
+
+  @staticmethod
+  def call_batch(local_batches: Sequence[HostBatch], sharding) -> HostBatch:
+    del sharding
+    return stacked_batches(local_batches)
+
+
 def host_scalar(value: float, sharding) -> jax.Array:
   """A host number (the same on every process) as a float32 device scalar with `sharding`."""
   return jax.make_array_from_process_local_data(sharding, np.asarray(value, np.float32), ())

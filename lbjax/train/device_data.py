@@ -48,6 +48,7 @@ class DeviceTrainingSet:
     self.nbytes = sum(array.nbytes for array in self._host_arrays.values())
     self._arrays: dict[str, jax.Array] | None = None
     self._replicated: jax.sharding.Sharding | None = None
+    self._one_process = jax.process_count() == 1  # the jitted gather then places the host's indices itself
     self._gathers: dict[jax.sharding.Sharding, Any] = {}
 
   def place(self, replicated: jax.sharding.Sharding) -> None:
@@ -63,13 +64,13 @@ class DeviceTrainingSet:
 
   def batch(self, local: HostBatch, sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
     """The global batch whose rows this process names in `local` (`{"index": [B/P]}`), split by `sharding`."""
-    if jax.process_count() == 1:  # the jitted gather places the host's indices itself: one dispatch, not two
+    if self._one_process:  # one dispatch, not a placement and a dispatch
       return self._gather(sharding)(self._arrays, local[lbdata.INDEX])
     return self.gather(global_batch(local, sharding))
 
   def call_batch(self, local_batches: list[HostBatch], sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
     """A call's batches stacked [k, B, ...] (`build.global_call_batches` of their rows), split by `sharding`."""
-    if jax.process_count() == 1:
+    if self._one_process:
       return self._gather(sharding)(self._arrays, np.stack([local[lbdata.INDEX] for local in local_batches]))
     return self.gather(global_call_batches(local_batches, sharding))
 

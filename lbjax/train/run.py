@@ -41,8 +41,7 @@ from lbjax.train import step_calls
 from lbjax.train import validation
 from lbjax.train.any_batch import AnyBatchStep
 from lbjax.train.batch_policy import BatchPolicy
-from lbjax.train.build import (StepParts, described, global_batch, global_call_batches,  # pylint: disable=unused-import
-                               host_scalar, stacked_batches)
+from lbjax.train.build import CallPlacement, MeshPlacement, StepParts, described, host_scalar
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.device_data import DeviceTrainingSet
 from lbjax.train.errors import ConfigError
@@ -162,6 +161,8 @@ class Run:
       self.parts = StepParts.create(resolved, self.task, self.mesh)
       if self.training_set:
         self.training_set.place(self.parts.replicated)
+      # How a host batch (`batch`) or a call's (`call_batch`) becomes what the step takes: decided once.
+      self._placement = self.training_set or (CallPlacement() if self.step_places_batches else MeshPlacement())
       self.batch_policy = BatchPolicy(resolved.batch, resolved.learning_rate)
       micro_batch_size = resolved.batch.micro_batch_size
       self.any_batch = AnyBatchStep(self.parts, micro_batch_size) if micro_batch_size else None
@@ -308,9 +309,7 @@ class Run:
     if self.any_batch:
       placed = self.any_batch.place(local, size)
       return self.training_set.gather(placed) if self.training_set else placed
-    if self.training_set:
-      return self.training_set.batch(local, self.parts.batch_sharding)
-    return local if self.step_places_batches else global_batch(local, self.parts.batch_sharding)
+    return self._placement.batch(local, self.parts.batch_sharding)
 
   def placed(self, batch: Batch) -> Batch:
     """`batch` with its arrays as the step takes them (`_place`d now if it was left on the host)."""
@@ -379,11 +378,8 @@ class Run:
     first = batches[0]
     self._start(first)
     key = (first.size, first.discard_fraction)
-    local, sharding = [b.host_arrays for b in batches], self.parts.call_batch_sharding
-    if self.training_set:
-      arrays = self.training_set.call_batch(local, sharding)
-    else:
-      arrays = stacked_batches(local) if self.step_places_batches else global_call_batches(local, sharding)
+    sharding = self.parts.call_batch_sharding
+    arrays = self._placement.call_batch([b.host_arrays for b in batches], sharding)
     learning_rates = tuple(b.learning_rate for b in batches)
     if key not in self.compiled_calls:
       start = time.perf_counter()

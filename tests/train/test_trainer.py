@@ -12,7 +12,8 @@ from lbjax.train import NonFiniteError, train_and_evaluate
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train import hooks
-from lbjax.train.run import Run, global_batch
+from lbjax.train.build import global_batch
+from lbjax.train.run import Run
 from tests.train import helpers
 
 
