@@ -18,7 +18,7 @@ OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps"
                       "mesh", "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps",
                       "progress", "resume_with_changed_optimizer", "resume_with_changed_data", "init_from",
                       "deterministic", "heartbeat_timeout_seconds", "steps_per_call",
-                      "train_data_on_device")
+                      "train_data_on_device", "profile")
 
 # What `resume_with_changed_optimizer=True` lets differ from the checkpoint (e.g. a lower LR to get past
 # a non-finite step): the optimizer's settings but not which optimizer (its state would not fit).
@@ -159,6 +159,13 @@ def default_config() -> ml_collections.ConfigDict:
   config.init_from = ""
   config.tensorboard = False
   config.progress = True
+  # jax.profiler: num_steps > 0 traces that many steps, after the first skip_steps of each session (a start or
+  # a resume), into <workdir>/profile; the `profile` record says how busy the device was (lbjax.train.profiling).
+  config.profile = ml_collections.ConfigDict()
+  config.profile.num_steps = 0
+  config.profile.skip_steps = 10
+  config.profile.python_calls = False  # True: jax's Python tracer records every call too (slows the host)
+  config.profile.perfetto_trace = False  # also perfetto_trace.json.gz, for ui.perfetto.dev
   # True: XLA's deterministic GPU kernels, set before the backend starts (lbjax.train.determinism).
   config.deterministic = False
   # Multi-host: a process silent this long counts as lost and the others stop, exit 5 (lbjax.train.distributed).

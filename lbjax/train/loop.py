@@ -19,6 +19,7 @@ import numpy as np
 from lbjax.train import batch_policy
 from lbjax.train import distributed
 from lbjax.train import hooks
+from lbjax.train import profiling
 from lbjax.train import protocols
 from lbjax.train import step_calls
 from lbjax.train import summary
@@ -146,17 +147,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
       metrics.flush, checkpoint_directory=run.checkpoints.directory if run.checkpoints is not None else None,
       announce=watch.progress and run.process_index == 0)
   decisions = batch_policy.RecordBatchDecisions(writer, run.batch_policy)
+  profile = profiling.Profile(
+      watch.profile, writer, progress, profiling.trace_directory(workdir, run.process_index, jax.process_count()),
+      start_step=run.step_count, read_back=run.process_index == 0,
+      announce=watch.progress and run.process_index == 0)
   around_steps: list[protocols.Hook] = [
       metrics, hooks.RecordCompiles(writer, progress), hooks.Lipschitz(writer, watch.lipschitz_every), evaluation,
-      hooks.Checkpoint(watch.checkpoint_every_steps), decisions, preemption]
+      hooks.Checkpoint(watch.checkpoint_every_steps), decisions, profile, preemption]
   try:
     if resolved.compressor is not None:
       hooks.write_compression_bits(writer, run.step_count, run.state.params, resolved.compressor.resolved.name,
                                    run.parts.compressor)
+    profile.begin(run)
     while not run.finished() and not preemption.stopped:
-      for step_metrics in step_calls.take_steps(run, around_steps):
-        for hook in around_steps:
-          hook.after_step(run, step_metrics)
+      with profile.annotate(run):
+        for step_metrics in step_calls.take_steps(run, around_steps):
+          for hook in around_steps:
+            hook.after_step(run, step_metrics)
+    profile.close(run)  # a run that ended inside its traced steps: the final evaluation stays out of the trace
     metrics.flush(run)
     decisions.flush()
     if not preemption.stopped:
@@ -168,10 +176,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
       run.save()
   finally:
     try:
-      run.close()  # waits for the checkpoint in flight while the signal handlers are still installed
+      profile.close(run)  # a trace the run left running (it ended or stopped early) is written
     finally:
-      preemption.restore()
-      writer.close()
+      try:
+        run.close()  # waits for the checkpoint in flight while the signal handlers are still installed
+      finally:
+        preemption.restore()
+        writer.close()
   progress.summary(step=run.step_count, epoch=run.epoch, examples_seen=run.examples_seen - start_examples,
                    final=evaluation.last, best=evaluation.best, preempted=preemption.stopped)
   return TrainResult(run.state, evaluation.last, run.step_count, run.epoch, run.examples_seen,

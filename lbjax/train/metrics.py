@@ -113,11 +113,17 @@ class ProgressLine:
     self._enabled = enabled
     self._stream = sys.stdout if stream is None else stream
     self._start = time.perf_counter()
+    self._excluded: list[tuple[float, float]] = []  # host time kept out of the throughput (`exclude`)
     self.reset_window(0, 0.0, 0)
 
   def reset_window(self, examples_seen: int, epoch: float, step: int = 0) -> None:
     """Starts a new throughput window (after compilation, evaluation or a restore)."""
     self._last = (time.perf_counter(), examples_seen, epoch, step)
+
+  def exclude(self, start: float, end: float) -> None:
+    """Keeps the time from `start` to `end` (`time.perf_counter()`) out of the examples/s of the window that
+    holds it, whether or not that window is still open (the loop shows a window one step after it closed)."""
+    self._excluded.append((start, end))
 
   def _eta(self, elapsed: float, epoch: float, step: int) -> float:
     _, _, last_epoch, last_step = self._last
@@ -136,7 +142,9 @@ class ProgressLine:
     after it ended (the loop fetches its metrics one step late).
     """
     now = time.perf_counter() if now is None else now
-    elapsed = max(now - self._last[0], 1e-9)
+    excluded = sum(max(0.0, min(end, now) - max(start, self._last[0])) for start, end in self._excluded)
+    self._excluded = [(start, end) for start, end in self._excluded if end > now]
+    elapsed = max(now - self._last[0] - excluded, 1e-9)
     rate = (examples_seen - self._last[1]) / elapsed
     eta = self._eta(elapsed, epoch, step)
     self._last = (now, examples_seen, epoch, step)

@@ -31,6 +31,7 @@ from lbjax.train import config as config_lib
 from lbjax.train import mesh as mesh_lib
 from lbjax.train import names
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train import profiling
 from lbjax.train import tasks
 from lbjax.train.errors import ConfigError
 
@@ -82,6 +83,7 @@ class Watch:
   progress: bool
   lipschitz_every: int  # papers/001 §4 diagnostics: steps between measurements (0: never)
   lipschitz_batch_size: int
+  profile: profiling.TraceRequest  # the steps traced with jax.profiler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +194,9 @@ def assemble(config: ml_collections.ConfigDict, read: config_lib.FieldReads, par
   mesh = MeshPlan.read(read)
   watch = Watch(read("log_every"), read("eval_every_epochs"), read("checkpoint_every_steps"),
                 read("keep_checkpoints"), read("tensorboard"), read("progress"),
-                read("diagnostics.lipschitz_every"), read("diagnostics.lipschitz_batch_size"))
+                read("diagnostics.lipschitz_every"), read("diagnostics.lipschitz_batch_size"),
+                profiling.TraceRequest(read("profile.num_steps"), read("profile.skip_steps"),
+                                       read("profile.python_calls"), read("profile.perfetto_trace")))
   source = copy.deepcopy(config)
   source.lock()
   return ResolvedRun(

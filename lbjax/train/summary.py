@@ -46,6 +46,7 @@ def resolved_run(run: ResolvedRun) -> dict[str, Any]:
       "loss": _fields(discard_fraction=run.discard_fraction, discard_until_epoch=run.discard_until_epoch),
       "diagnostics": _fields(lipschitz_every=run.watch.lipschitz_every,
                              lipschitz_batch_size=run.watch.lipschitz_batch_size),
+      "profile": run.watch.profile.describe(),
       "eval_batch_size": batch.eval_batch_size,
       "seed": run.seed,
       "initial_parameters": f"from the checkpoint {run.init_from}" if run.init_from else f"drawn with seed {run.seed}",
@@ -81,6 +82,8 @@ def format_run(resolved: dict[str, Any], origin: str = "") -> list[str]:
     lines.append(f"loss      {resolved['loss']}")
   if "lipschitz_every=0" not in resolved["diagnostics"].split(", "):
     lines.append(f"diagnose  {resolved['diagnostics']}")
+  if resolved.get("profile", "off") != "off":
+    lines.append(f"profile   {resolved['profile']}")
   for key in ("devices", "steps_per_epoch", "parameters"):
     if key in resolved:
       lines.append(f"{key.replace('_', ' '):<9} {resolved[key]}")

@@ -14,6 +14,7 @@ import ml_collections
 from lbjax.train import batch_plan
 from lbjax.train import config as config_lib
 from lbjax.train import mesh
+from lbjax.train import profiling
 from lbjax.train import resolved
 from lbjax.train.errors import ConfigError
 
@@ -137,6 +138,7 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
   problems += _steps_per_call_problems(config)
   if not isinstance(config.train_data_on_device, bool):
     problems.append(f"config.train_data_on_device must be True or False, got {config.train_data_on_device!r}.")
+  problems += profiling.problems(config.profile)
   if config.checkpoint_every_steps < 0:
     problems.append(f"config.checkpoint_every_steps must be >= 0 (0 = only at the end), got "
                     f"{config.checkpoint_every_steps}.")

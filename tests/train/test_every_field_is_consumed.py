@@ -22,7 +22,9 @@ from tests.train import helpers
 WATCHING_FIELDS = {"log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
                    "progress", "resume_with_changed_optimizer", "resume_with_changed_data",
                    # how XLA and the multi-host runtime run it: tests/train/test_determinism.py, test_lost_host.py
-                   "deterministic", "heartbeat_timeout_seconds"}
+                   "deterministic", "heartbeat_timeout_seconds",
+                   # a trace of a few steps: tests/train/test_profiling.py
+                   "profile.num_steps", "profile.skip_steps", "profile.python_calls", "profile.perfetto_trace"}
 STRING_VALUES = {"model": "ResNetTiny", "dataset": "synthetic_mnist", "data_dir": "/elsewhere",
                  "optimizer.name": "lars", "lr.warmup": "linear_warmup", "lr.decay": "cosine_decay",
                  "scaling.rule": "sqrt", "compression.name": "one_bit",

@@ -1,0 +1,120 @@
+"""How busy the device is while the whole training loop runs: traced steps of the trainer itself.
+
+For each model (the loop benchmark's cases: the MNIST LSTM at B=128 and ResNet-tiny at B=32, synthetic twins,
+momentum SGD) and each way of feeding the steps, one `train_and_evaluate` run traces `--traced` steps after
+`--skip` with `jax.profiler` (`config.profile`, `lbjax.train.profiling`). Its `profile` record gives the traced
+wall time per step and the device's busy time per step read from the trace (the union of its kernels'
+intervals: `lbjax.train.trace_analysis`). Busy / wall near 1: the loop keeps the device fed, and only a faster
+step makes it faster; below 1, the rest is the host's (dispatch, input, placement, hooks) and is what the
+loop loses against the bare step, measured without timing a bare step beside it.
+
+  loop              as configured (on accelerators batch t+1 is drawn and placed on a thread during step t)
+  data on device    `config.train_data_on_device`: the training set held on the device, B int32 indices sent
+  k per call        `config.steps_per_call` = k (`--steps-per-call`)
+  both              the two together
+
+    python -m benchmarks.loop_trace [--repeats 3] [--skip 50] [--traced 50] [--steps-per-call 10]
+                                    [--models mnist_lstm,resnet_tiny] [--keep-traces DIR] [--no-readme]
+
+Each variant runs `--repeats` times, the variants interleaved; the table gives medians [min, max]. Tracing
+costs the host time (the profiler records every kernel; on a CPU device every XLA thunk), so traced steps
+are slower than untraced ones: read the busy fraction, not the wall time, as the loop's figure.
+`--keep-traces DIR` copies each model's first `loop` trace (`plugins/profile/...`) there, for TensorBoard,
+XProf or a second reading (`lbjax.train.trace_analysis.read_device_busy`).
+"""
+
+import argparse
+import json
+import pathlib
+import shutil
+import statistics
+import tempfile
+
+import jax
+
+from benchmarks import report
+from benchmarks import workloads
+from lbjax import train
+
+CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
+VARIANTS = ("loop", "data on device", "k per call", "both")
+
+
+def traced_run(model: str, batch_size: int, variant: str, args, workdir: pathlib.Path) -> dict:
+  """One run of `variant` with its traced steps; returns its `profile` record."""
+  config = workloads.trainer_config(model, batch_size, num_train_examples=8192)
+  config.train_data_on_device = variant in ("data on device", "both")
+  config.steps_per_call = args.steps_per_call if variant in ("k per call", "both") else 1
+  config.num_steps = args.skip + args.traced
+  config.num_epochs = 1000.0  # num_steps ends the run
+  config.eval_every_epochs = config.num_epochs
+  config.log_every = args.log_every
+  config.profile.num_steps, config.profile.skip_steps = args.traced, args.skip
+  train.train_and_evaluate(config, workdir)
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
+  [record] = [r for r in records if r["kind"] == "profile"]
+  if "error" in record or "device_busy_fraction" not in record:
+    raise RuntimeError(f"{model}, {variant}: no device time in the trace: {record}")
+  return record
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=report.positive_int, default=3, help="runs of each variant")
+  parser.add_argument("--skip", type=report.positive_int, default=50, help="steps before the trace")
+  parser.add_argument("--traced", type=report.positive_int, default=50, help="steps traced")
+  parser.add_argument("--log-every", type=report.positive_int, default=50, help="metrics window")
+  parser.add_argument("--steps-per-call", type=report.positive_int, default=10,
+                      help="config.steps_per_call of 'k per call' and 'both' (a divisor of --skip, --traced and "
+                           "--log-every keeps every call whole)")
+  parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
+  parser.add_argument("--keep-traces", type=pathlib.Path, help="copy each model's first loop trace here")
+  parser.add_argument("--no-readme", action="store_true", help="print only")
+  args = parser.parse_args()
+  models = [m.strip() for m in args.models.split(",") if m.strip()]
+  if not models or any(m not in CASES for m in models):
+    parser.error(f"--models takes names from {', '.join(CASES)}, got {args.models!r}")
+  jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="lbjax-bench-cache-"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+  rows = []
+  for model in models:
+    batch_size = CASES[model]
+    records: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
+    for repeat in range(args.repeats):
+      for variant in VARIANTS:
+        with tempfile.TemporaryDirectory() as workdir:
+          records[variant].append(traced_run(model, batch_size, variant, args, pathlib.Path(workdir)))
+          if args.keep_traces and variant == "loop" and repeat == 0:
+            shutil.copytree(pathlib.Path(workdir) / "profile", args.keep_traces / model, dirs_exist_ok=True)
+    for variant in VARIANTS:
+      column = lambda key: [r[key] for r in records[variant]]
+      spread = lambda key, scale=1.0, digits=3: (
+          f"{scale * statistics.median(column(key)):.{digits}f} "
+          f"[{scale * min(column(key)):.{digits}f}, {scale * max(column(key)):.{digits}f}]")
+      label = variant.replace("k per call", f"{args.steps_per_call} per call")
+      rows.append([model, batch_size, label, spread("wall_ms_per_step"), spread("device_busy_ms_per_step"),
+                   spread("device_busy_fraction", 100, 1), f"{statistics.median(column('kernels_per_step')):.0f}"])
+      print(rows[-1], flush=True)
+  table = report.markdown_table(
+      ["model", "global batch", "variant", "traced wall ms per step", "device busy ms per step",
+       "device busy % of the wall time", "kernels per step"], rows)
+  device = jax.devices()[0]
+  notes = (
+      f"One {device.device_kind} device, momentum SGD, synthetic twins. Each run: `train_and_evaluate` of "
+      f"{args.skip + args.traced} steps, metrics every {args.log_every}, no checkpoint; steps {args.skip + 1}-"
+      f"{args.skip + args.traced} traced (`config.profile`); the device waited for before the trace starts and "
+      f"before it stops. Medians [min, max] over {args.repeats} runs per variant, interleaved. Device busy: the "
+      "union of the device's kernel intervals in the trace (on a CPU device, XLA's thunks on the host's threads), "
+      "per traced step; its share of the traced wall time is the share of the loop the device computed. Traced "
+      "steps are slower than untraced ones (the profiler's own recording), so the wall time here is not the "
+      "loop's speed (benchmarks/README.md, section train-loop, is); the kernel events per step are what the "
+      "profiler recorded.")
+  body = report.header_lines() + "\n" + table + "\n\n" + notes
+  print(table)
+  if not args.no_readme:
+    report.write_section("loop-trace", "Whole loop: how busy the device is (traced steps)", body)
+
+
+if __name__ == "__main__":
+  main()
