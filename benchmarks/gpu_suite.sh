@@ -18,6 +18,9 @@
 #                  also with 10 steps per device call (config.steps_per_call) and that program alone, and
 #                  with the training set held on the device (config.train_data_on_device), and with the
 #                  batches drawn ahead but placed by the step's call
+#   loop_trace     benchmarks/loop_trace.py: the same two models' loops traced with jax.profiler (config.profile),
+#                  fed four ways (as configured, training set on the device, 10 steps per call, both): the share
+#                  of the loop's time the GPU computes; the two `loop` traces kept in the archive (traces/)
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
 #                  and optax's
 #   step_options   the ResNet-50 step alone, as configured and with LARS in the flat layout (each also, in the
@@ -43,7 +46,7 @@ PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
 SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
-PARTS="install,e2e,loop,optimizer,step_options,max_pool,repeatability"
+PARTS="install,e2e,loop,loop_trace,optimizer,step_options,max_pool,repeatability"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
 ARCHIVES_IN=()
 E2E_RESULTS="benchmarks/resnet50_end_to_end.jsonl"  # every GPU session's end-to-end rows, committed
@@ -66,12 +69,13 @@ done
 LIMIT_INSTALL=60
 LIMIT_E2E_POINT=200
 LIMIT_LOOP=300
+LIMIT_LOOP_TRACE=240
 LIMIT_OPTIMIZER=180
 LIMIT_STEP_OPTIONS=360
 LIMIT_MAX_POOL=60
 LIMIT_REPEATABILITY=240
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
-  LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
+  LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_LOOP_TRACE=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
   LIMIT_REPEATABILITY=600
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py), and
@@ -304,6 +308,14 @@ for name in ${PARTS//,/ }; do
             --models resnet_tiny --no-readme --max-spread 1000
       else
         part loop "$LIMIT_LOOP" "$PYTHON" -m benchmarks.train_loop --rounds 7 --write-noisy
+      fi ;;
+    loop_trace)
+      if [ "$MODE" = dry-run ]; then
+        part loop_trace "$LIMIT_LOOP_TRACE" "$PYTHON" -m benchmarks.loop_trace --repeats 1 --skip 2 --traced 2 \
+            --log-every 2 --steps-per-call 2 --models resnet_tiny --no-readme --keep-traces "$RESULTS/traces"
+      else
+        part loop_trace "$LIMIT_LOOP_TRACE" "$PYTHON" -m benchmarks.loop_trace --repeats 3 \
+            --keep-traces "$RESULTS/traces"
       fi ;;
     optimizer)
       if [ "$MODE" = dry-run ]; then

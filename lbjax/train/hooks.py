@@ -15,6 +15,8 @@ step that brings the run to `clock` (reading or saving the state then), where a 
   Checkpoint        every `checkpoint_every_steps` steps: a checkpoint
   SaveOnPreemption  on SIGTERM or SIGINT: metrics, a checkpoint on disk, and the loop stops
 
+and `lbjax.train.profiling.Profile` traces a few steps with `jax.profiler` (`config.profile`).
+
 No hook fetches from the device at every step: the metrics of each step stay on the device and
 `WriteMetrics` fetches a window of them together, one step after it closed, when they are computed.
 (`Run.step` itself waits, without a transfer, for the step before the previous one.)

@@ -149,7 +149,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
   decisions = batch_policy.RecordBatchDecisions(writer, run.batch_policy)
   profile = profiling.Profile(
       watch.profile, writer, progress, profiling.trace_directory(workdir, run.process_index, jax.process_count()),
-      start_step=run.step_count, read_back=run.process_index == 0,
+      platform=run.mesh.devices.flat[0].platform, start_step=run.step_count, read_back=run.process_index == 0,
       announce=watch.progress and run.process_index == 0)
   around_steps: list[protocols.Hook] = [
       metrics, hooks.RecordCompiles(writer, progress), hooks.Lipschitz(writer, watch.lipschitz_every), evaluation,

@@ -82,14 +82,15 @@ class Profile:
   running (it ended or stopped before the last traced step)."""
 
   def __init__(self, request: TraceRequest, writer: MetricsWriter, progress: ProgressLine, directory: pathlib.Path,
-               *, start_step: int, read_back: bool, announce: bool):
-    """`progress`: the time the profiler takes to start, and to write and read back the trace, is kept out
-    of its examples/s (the waits for the device around the trace and the traced steps, slower, are not);
-    `start_step`: the run's step count when this session began; `read_back`: read the device's busy time
-    back from the trace for the `profile` record (the process that writes records); `announce`: print
-    where the trace went (process 0, with `config.progress`)."""
+               *, platform: str, start_step: int, read_back: bool, announce: bool):
+    """`progress`: the time the profiler takes to start, and to write and read back the trace, is kept out of
+    its examples/s (the waits for the device around the trace and the traced steps, slower, are not);
+    `platform`: the run's devices' ("cpu", "gpu", "tpu"), whose kernels the trace is read for; `start_step`: the
+    run's step count when this session began; `read_back`: read the device's busy time back from the trace for
+    the `profile` record (the process that writes records); `announce`: print where the trace went (process 0,
+    with `config.progress`)."""
     self.request, self.writer, self.progress, self.directory = request, writer, progress, directory
-    self.read_back, self.announce = read_back, announce
+    self.platform, self.read_back, self.announce = platform, read_back, announce
     self.first = start_step + request.skip_steps  # the trace starts after this step
     self.last = self.first + request.num_steps  # and stops after this one
     self._started_at: tuple[int, float] | None = None  # (step count, perf_counter) when the trace began
@@ -155,10 +156,16 @@ class Profile:
     record = {"first_step": started_step + 1, "steps": steps, "directory": str(self.directory),
               "wall_ms_per_step": 1e3 * seconds / steps}
     trace_file = trace_analysis.latest_trace_file(self.directory)
-    busy = trace_analysis.read_device_busy(trace_file) if trace_file is not None and self.read_back else None
+    platform = self.platform
+    busy = (trace_analysis.read_device_busy(trace_file, platform)
+            if trace_file is not None and self.read_back else None)
     if busy is not None:
       record.update(device_kind=busy.device_kind, device_busy_ms_per_step=1e3 * busy.busy_seconds / steps,
                     device_busy_fraction=busy.busy_seconds / seconds, kernels_per_step=busy.kernels / steps)
+    elif self.read_back:
+      record["device_time"] = (f"not in the trace: no {platform} kernels recorded" + (
+          " (on GPUs the profiler needs NVIDIA's CUPTI library, e.g. the nvidia-cuda-cupti wheel)"
+          if platform == "gpu" else ""))
     self.writer.write("profile", run.step_count, record)
     if self.announce:
       busy_text = (f", the device busy {record['device_busy_ms_per_step']:.3g} ms of it "

@@ -34,7 +34,7 @@ class DeviceBusy:
 
   Attributes:
     device_kind: "gpu", "tpu" or "cpu" (XLA's thunks on the host, the CPU backend).
-    devices: the device planes read (1 on the CPU backend).
+    devices: the device planes with kernels (1 on the CPU backend).
     busy_seconds: per device, the union of its kernels' intervals, in seconds (the mean over devices).
     kernels: the kernel events read, over all devices.
   """
@@ -70,20 +70,20 @@ def _host_thunks(plane) -> Iterator[tuple[float, float]]:
         yield event.start_ns, event.duration_ns
 
 
-def device_busy(profile: ProfileData) -> DeviceBusy | None:
-  """The device time of `profile`; None when it holds neither device planes nor XLA's host thunks."""
+def device_busy(profile: ProfileData, platform: str) -> DeviceBusy | None:
+  """The device time of `profile`, a trace of devices of `platform` ("cpu", "gpu", "tpu"); None when it holds
+  none (on a GPU the profiler records kernels only where NVIDIA's CUPTI library loads)."""
   planes = list(profile.planes)
+  if platform == "cpu":
+    host = next((plane for plane in planes if plane.name == HOST_PLANE), None)
+    thunks = list(_host_thunks(host)) if host is not None else []
+    return DeviceBusy("cpu", 1, union_seconds(thunks), len(thunks)) if thunks else None
   devices = [plane for plane in planes if plane.name.startswith(DEVICE_PLANE_PREFIXES)]
-  if devices:
-    kernels = [_device_kernels(plane) for plane in devices]
-    kind = "gpu" if devices[0].name.startswith("/device:GPU:") else "tpu"
-    busy = sum(union_seconds(k) for k in kernels) / len(kernels)
-    return DeviceBusy(kind, len(devices), busy, sum(map(len, kernels)))
-  host = next((plane for plane in planes if plane.name == HOST_PLANE), None)
-  thunks = list(_host_thunks(host)) if host is not None else []
-  if not thunks:
+  kernels = [k for k in map(_device_kernels, devices) if k]
+  if not kernels:
     return None
-  return DeviceBusy("cpu", 1, union_seconds(thunks), len(thunks))
+  kind = "gpu" if devices[0].name.startswith("/device:GPU:") else "tpu"
+  return DeviceBusy(kind, len(kernels), sum(map(union_seconds, kernels)) / len(kernels), sum(map(len, kernels)))
 
 
 def latest_trace_file(log_dir: str | pathlib.Path) -> pathlib.Path | None:
@@ -92,6 +92,6 @@ def latest_trace_file(log_dir: str | pathlib.Path) -> pathlib.Path | None:
   return files[-1] if files else None
 
 
-def read_device_busy(xplane_file: str | pathlib.Path) -> DeviceBusy | None:
+def read_device_busy(xplane_file: str | pathlib.Path, platform: str) -> DeviceBusy | None:
   """`device_busy` of the trace file `xplane_file`."""
-  return device_busy(ProfileData.from_file(str(xplane_file)))
+  return device_busy(ProfileData.from_file(str(xplane_file)), platform)

@@ -9,7 +9,7 @@ be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`; `until_sigter
 with 4 steps per device call (`config.steps_per_call`). MODE `calls` trains the classifier with 4 steps per
 call, each call's batches stacked and placed in one transfer from every process's rows; `on_device` with the
 training set held on every device (`config.train_data_on_device`), 3 steps per call, each process placing its rows'
-indices.
+indices; `profile` with steps 3-4 traced (`config.profile`), each process into its own folder.
 """
 
 import sys
@@ -36,6 +36,8 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
     config = helpers.tiny_classifier_config(steps_per_call=4)
   elif mode == "on_device":
     config = helpers.tiny_classifier_config(steps_per_call=3, train_data_on_device=True)
+  elif mode == "profile":
+    config = helpers.tiny_classifier_config(**{"profile.num_steps": 2, "profile.skip_steps": 2})
   else:
     config = helpers.tiny_classifier_config()
   result = train_and_evaluate(config, workdir)

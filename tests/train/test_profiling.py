@@ -141,18 +141,21 @@ def test_device_time_counts_kernels_not_the_lines_derived_from_them():
       "Stream #1": kernels, "Stream #2": [(100, 50, {})],
       "XLA Modules": [(0, 1000, {})], "Steps": [(0, 1000, {})]})
   busy = trace_analysis.device_busy(types.SimpleNamespace(planes=[
-      _plane("/host:CPU", {"python": [(0, 1000, {})]}),
+      _plane("/host:CPU", {"python": [(0, 1000, {})], "tf_XLAExecute/1": [(0, 1000, {"hlo_op": "launch"})]}),
       gpu(0, [(0, 100, {}), (120, 80, {})]),  # with stream 2's [100, 150): [0, 200)
-      gpu(1, [(0, 300, {})])]))  # [0, 300)
+      gpu(1, [(0, 300, {})])]), "gpu")  # [0, 300)
   assert (busy.device_kind, busy.devices, busy.kernels) == ("gpu", 2, 5)
   assert busy.busy_seconds == pytest.approx((200e-9 + 300e-9) / 2)
 
   tpu = trace_analysis.device_busy(types.SimpleNamespace(planes=[_plane("/device:TPU:0", {
-      "XLA Ops": [(0, 10, {})], "XLA Modules": [(0, 100, {})], "Framework Ops": [(0, 100, {})]})]))
+      "XLA Ops": [(0, 10, {})], "XLA Modules": [(0, 100, {})], "Framework Ops": [(0, 100, {})]})]), "tpu")
   assert (tpu.device_kind, tpu.busy_seconds, tpu.kernels) == ("tpu", pytest.approx(10e-9), 1)
 
   cpu = trace_analysis.device_busy(types.SimpleNamespace(planes=[_plane("/host:CPU", {
-      "python": [(0, 1000, {})], "tf_XLAExecute/1": [(10, 20, {"hlo_op": "fusion"}), (40, 5, {})]})]))
+      "python": [(0, 1000, {})], "tf_XLAExecute/1": [(10, 20, {"hlo_op": "fusion"}), (40, 5, {})]})]), "cpu")
   assert (cpu.device_kind, cpu.busy_seconds, cpu.kernels) == ("cpu", pytest.approx(20e-9), 1)
 
-  assert trace_analysis.device_busy(types.SimpleNamespace(planes=[_plane("/host:CPU", {"python": []})])) is None
+  assert trace_analysis.device_busy(types.SimpleNamespace(planes=[_plane("/host:CPU", {"python": []})]), "cpu") is None
+  # a GPU trace without CUPTI's kernels: the host's thunk launches are not the device's time
+  launches_only = types.SimpleNamespace(planes=[_plane("/host:CPU", {"t": [(0, 10, {"hlo_op": "fusion"})]})])
+  assert trace_analysis.device_busy(launches_only, "gpu") is None
