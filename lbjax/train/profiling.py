@@ -155,24 +155,33 @@ class Profile:
       return
     record = {"first_step": started_step + 1, "steps": steps, "directory": str(self.directory),
               "wall_ms_per_step": 1e3 * seconds / steps}
-    trace_file = trace_analysis.latest_trace_file(self.directory)
-    platform = self.platform
-    busy = (trace_analysis.read_device_busy(trace_file, platform)
-            if trace_file is not None and self.read_back else None)
-    if busy is not None:
-      record.update(device_kind=busy.device_kind, device_busy_ms_per_step=1e3 * busy.busy_seconds / steps,
-                    device_busy_fraction=busy.busy_seconds / seconds, kernels_per_step=busy.kernels / steps)
-    elif self.read_back:
-      record["device_time"] = (f"not in the trace: no {platform} kernels recorded" + (
-          " (on GPUs the profiler needs NVIDIA's CUPTI library, e.g. the nvidia-cuda-cupti wheel)"
-          if platform == "gpu" else ""))
+    if self.read_back:
+      record.update(self._device_time(steps, seconds))
     self.writer.write("profile", run.step_count, record)
     if self.announce:
       busy_text = (f", the device busy {record['device_busy_ms_per_step']:.3g} ms of it "
-                   f"({100 * record['device_busy_fraction']:.0f}%)" if busy is not None else "")
+                   f"({100 * record['device_busy_fraction']:.0f}%)" if "device_busy_fraction" in record else
+                   f"; device time {record['device_time']}")
       print(f"Traced steps {started_step + 1}-{run.step_count} into {self.directory}: "
             f"{record['wall_ms_per_step']:.3g} ms per step{busy_text}.", flush=True)
     self.progress.exclude(began, time.perf_counter())
+
+  def _device_time(self, steps: int, seconds: float) -> dict[str, object]:
+    """The `profile` record's fields read back from the trace file: the device's busy time, or why not."""
+    trace_file = trace_analysis.latest_trace_file(self.directory)
+    if trace_file is None:
+      return {"device_time": f"not read: no trace file under {self.directory}"}
+    try:
+      busy = trace_analysis.read_device_busy(trace_file, self.platform)
+    except Exception as error:  # pylint: disable=broad-except  # the trace is written; only its reading failed
+      return {"trace": str(trace_file), "device_time": f"not read: {type(error).__name__}: {error}"}
+    if busy is None:
+      return {"trace": str(trace_file), "device_time": f"not in the trace: no {self.platform} kernels recorded" + (
+          " (on GPUs the profiler needs NVIDIA's CUPTI library, e.g. the nvidia-cuda-cupti wheel)"
+          if self.platform == "gpu" else "")}
+    return {"trace": str(trace_file), "device_kind": busy.device_kind,
+            "device_busy_ms_per_step": 1e3 * busy.busy_seconds / steps,
+            "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / steps}
 
   def _note(self, run: RunView, message: str) -> None:
     """A trace that could not be taken: a warning and a `profile` record with `error`."""

@@ -37,6 +37,7 @@ def test_a_traced_run_records_its_steps_and_trains_as_an_untraced_one(tmp_path):
   [record] = _records(tmp_path / "traced", "profile")
   assert (record["step"], record["first_step"], record["steps"]) == (5, 3, 3)
   assert record["directory"] == str(tmp_path / "traced" / "profile")
+  assert record["trace"] == str(trace_analysis.latest_trace_file(tmp_path / "traced" / "profile"))
   assert record["device_kind"] == "cpu" and record["kernels_per_step"] > 0
   assert 0 < record["device_busy_ms_per_step"] <= 1.01 * record["wall_ms_per_step"]
   assert record["device_busy_fraction"] == pytest.approx(
@@ -107,6 +108,16 @@ def test_the_profilers_own_time_is_kept_out_of_the_examples_per_second():
   assert progress.show(10, 0.1, 1000, 1.0, now=10.0) == pytest.approx(100.0)
   assert progress.show(20, 0.2, 2000, 1.0, now=25.0) == pytest.approx(1000 / 10.0)
   assert progress.show(30, 0.3, 3000, 1.0, now=35.0) == pytest.approx(1000 / 10.0)  # nothing left to exclude
+
+
+def test_a_trace_that_cannot_be_read_back_says_why_and_the_run_goes_on(tmp_path, monkeypatch):
+  def unreadable(path, platform):
+    raise ValueError("truncated")
+  monkeypatch.setattr(trace_analysis, "read_device_busy", unreadable)
+  train_and_evaluate(helpers.tiny_classifier_config(**{"profile.num_steps": 2, "profile.skip_steps": 2}), tmp_path)
+  [record] = _records(tmp_path, "profile")
+  assert record["steps"] == 2 and record["device_time"] == "not read: ValueError: truncated"
+  assert "device_busy_fraction" not in record
 
 
 def test_each_process_of_several_traces_into_its_own_folder(tmp_path):
