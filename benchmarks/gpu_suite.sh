@@ -20,7 +20,8 @@
 #                  batches drawn ahead but placed by the step's call
 #   loop_trace     benchmarks/loop_trace.py: the same two models' loops traced with jax.profiler (config.profile),
 #                  fed four ways (as configured, training set on the device, 10 steps per call, both): the share
-#                  of the loop's time the GPU computes; the two `loop` traces kept in the archive (traces/)
+#                  of the loop's time the GPU computes, beside the bare step's; their traces kept in the archive
+#                  (traces/)
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
 #                  and optax's
 #   step_options   the ResNet-50 step alone, as configured and with LARS in the flat layout (each also, in the

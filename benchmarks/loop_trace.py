@@ -4,10 +4,13 @@ For each model (the loop benchmark's cases: the MNIST LSTM at B=128 and ResNet-t
 momentum SGD) and each way of feeding the steps, one `train_and_evaluate` run traces `--traced` steps after
 `--skip` with `jax.profiler` (`config.profile`, `lbjax.train.profiling`). Its `profile` record gives the traced
 wall time per step and the device's busy time per step read from the trace (the union of its kernels'
-intervals: `lbjax.train.trace_analysis`). Busy / wall near 1: the loop keeps the device fed, and only a faster
-step makes it faster; below 1, the rest is the host's (dispatch, input, placement, hooks) and is what the
-loop loses against the bare step, measured without timing a bare step beside it.
+intervals: `lbjax.train.trace_analysis`). A device is idle between its kernels even when the host keeps it
+fed (a GPU's launch gaps, the CPU runtime's work between XLA's thunks), so the baseline is the same share
+in a trace of the bare step: the trainer's compiled step called back to back on one placed batch, traced
+the same way (`bare step`). The loop's share over the bare step's is what the loop keeps of the step's
+speed under the profiler (1: all of it; the host's dispatch, input, placement and hooks cost the rest).
 
+  bare step         `workloads.TrainerStep` called back to back: no input, no hooks (the baseline)
   loop              as configured (on accelerators batch t+1 is drawn and placed on a thread during step t)
   data on device    `config.train_data_on_device`: the training set held on the device, B int32 indices sent
   k per call        `config.steps_per_call` = k (`--steps-per-call`)
@@ -19,8 +22,8 @@ loop loses against the bare step, measured without timing a bare step beside it.
 Each variant runs `--repeats` times, the variants interleaved; the table gives medians [min, max]. Tracing
 costs the host time (the profiler records every kernel; on a CPU device every XLA thunk), so traced steps
 are slower than untraced ones: read the busy fraction, not the wall time, as the loop's figure.
-`--keep-traces DIR` copies each model's first `loop` trace (`plugins/profile/...`) there, for TensorBoard,
-XProf or a second reading (`lbjax.train.trace_analysis.read_device_busy`).
+`--keep-traces DIR` copies each model's first `bare step` and `loop` traces there (`DIR/<model>/<variant>/plugins/
+profile/...`), for TensorBoard, XProf or a second reading (`lbjax.train.trace_analysis.read_device_busy`).
 """
 
 import argparse
@@ -29,19 +32,47 @@ import pathlib
 import shutil
 import statistics
 import tempfile
+import time
 
 import jax
 
 from benchmarks import report
 from benchmarks import workloads
 from lbjax import train
+from lbjax.train import trace_analysis
 
 CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
-VARIANTS = ("loop", "data on device", "k per call", "both")
+VARIANTS = ("bare step", "loop", "data on device", "k per call", "both")
+
+
+def traced_bare_step(model: str, batch_size: int, args, workdir: pathlib.Path) -> dict:
+  """The trainer's compiled step called back to back, `args.skip` steps, then `args.traced` traced as the
+  trainer traces them (the device waited for before and after); returns a record like the trainer's."""
+  step = workloads.TrainerStep(workloads.trainer_config(model, batch_size, num_train_examples=8192))
+  for _ in range(args.skip):
+    metrics = step()
+  jax.block_until_ready(metrics)
+  jax.profiler.start_trace(str(workdir / "profile"))
+  start = time.perf_counter()
+  for number in range(args.traced):
+    with jax.profiler.StepTraceAnnotation("train", step_num=args.skip + number + 1):
+      metrics = step()
+  jax.block_until_ready(metrics)
+  seconds = time.perf_counter() - start
+  jax.profiler.stop_trace()
+  busy = trace_analysis.read_device_busy(trace_analysis.latest_trace_file(workdir / "profile"),
+                                        jax.devices()[0].platform)
+  if busy is None:
+    raise RuntimeError(f"{model}, bare step: no device time in the trace")
+  return {"wall_ms_per_step": 1e3 * seconds / args.traced, "device_kind": busy.device_kind,
+          "device_busy_ms_per_step": 1e3 * busy.busy_seconds / args.traced,
+          "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / args.traced}
 
 
 def traced_run(model: str, batch_size: int, variant: str, args, workdir: pathlib.Path) -> dict:
   """One run of `variant` with its traced steps; returns its `profile` record."""
+  if variant == "bare step":
+    return traced_bare_step(model, batch_size, args, workdir)
   config = workloads.trainer_config(model, batch_size, num_train_examples=8192)
   config.train_data_on_device = variant in ("data on device", "both")
   config.steps_per_call = args.steps_per_call if variant in ("k per call", "both") else 1
@@ -68,7 +99,7 @@ def main() -> None:
                       help="config.steps_per_call of 'k per call' and 'both' (a divisor of --skip, --traced and "
                            "--log-every keeps every call whole)")
   parser.add_argument("--models", default=",".join(CASES), help=f"from {', '.join(CASES)}")
-  parser.add_argument("--keep-traces", type=pathlib.Path, help="copy each model's first loop trace here")
+  parser.add_argument("--keep-traces", type=pathlib.Path, help="copy each model's first bare-step and loop traces here")
   parser.add_argument("--no-readme", action="store_true", help="print only")
   args = parser.parse_args()
   models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -85,8 +116,9 @@ def main() -> None:
       for variant in VARIANTS:
         with tempfile.TemporaryDirectory() as workdir:
           records[variant].append(traced_run(model, batch_size, variant, args, pathlib.Path(workdir)))
-          if args.keep_traces and variant == "loop" and repeat == 0:
-            shutil.copytree(pathlib.Path(workdir) / "profile", args.keep_traces / model, dirs_exist_ok=True)
+          if args.keep_traces and variant in ("bare step", "loop") and repeat == 0:
+            shutil.copytree(pathlib.Path(workdir) / "profile", args.keep_traces / model / variant.replace(" ", "_"))
+    bare = statistics.median(r["device_busy_fraction"] for r in records["bare step"])
     for variant in VARIANTS:
       column = lambda key: [r[key] for r in records[variant]]
       spread = lambda key, scale=1.0, digits=3: (
@@ -94,22 +126,25 @@ def main() -> None:
           f"[{scale * min(column(key)):.{digits}f}, {scale * max(column(key)):.{digits}f}]")
       label = variant.replace("k per call", f"{args.steps_per_call} per call")
       rows.append([model, batch_size, label, spread("wall_ms_per_step"), spread("device_busy_ms_per_step"),
-                   spread("device_busy_fraction", 100, 1), f"{statistics.median(column('kernels_per_step')):.0f}"])
+                   spread("device_busy_fraction", 100, 1),
+                   f"{statistics.median(column('device_busy_fraction')) / bare:.3f}",
+                   f"{statistics.median(column('kernels_per_step')):.0f}"])
       print(rows[-1], flush=True)
   table = report.markdown_table(
       ["model", "global batch", "variant", "traced wall ms per step", "device busy ms per step",
-       "device busy % of the wall time", "kernels per step"], rows)
+       "device busy % of the wall time", "busy share / the bare step's", "kernels per step"], rows)
   device = jax.devices()[0]
   notes = (
       f"One {device.device_kind} device, momentum SGD, synthetic twins. Each run: `train_and_evaluate` of "
       f"{args.skip + args.traced} steps, metrics every {args.log_every}, no checkpoint; steps {args.skip + 1}-"
       f"{args.skip + args.traced} traced (`config.profile`); the device waited for before the trace starts and "
-      f"before it stops. Medians [min, max] over {args.repeats} runs per variant, interleaved. Device busy: the "
-      "union of the device's kernel intervals in the trace (on a CPU device, XLA's thunks on the host's threads), "
-      "per traced step; its share of the traced wall time is the share of the loop the device computed. Traced "
-      "steps are slower than untraced ones (the profiler's own recording), so the wall time here is not the "
-      "loop's speed (benchmarks/README.md, section train-loop, is); the kernel events per step are what the "
-      "profiler recorded.")
+      f"before it stops; the bare step: the trainer's compiled step called back to back on one placed batch, "
+      f"{args.traced} calls traced after {args.skip}. Medians [min, max] over {args.repeats} runs per variant, "
+      "interleaved. Device busy: the union of the device's kernel intervals in the trace (on a CPU device, XLA's "
+      "thunks on the host's threads), per traced step, and its share of the traced wall time; over the bare "
+      "step's share (ratio of medians), the share of the bare step's speed the loop keeps under the profiler. "
+      "Traced steps are slower than untraced ones (the profiler's own recording), so the wall times here are not "
+      "the loop's speed (section train-loop is); the kernel events per step are what the profiler recorded.")
   body = report.header_lines() + "\n" + table + "\n\n" + notes
   print(table)
   if not args.no_readme:

@@ -6,6 +6,7 @@ steps (metrics, evaluation and saving, checkpointing, diagnostics, preemption). 
 stream's position in epochs decides the batch size, the learning rate, evaluation and the end.
 """
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -154,7 +155,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
   around_steps: list[protocols.Hook] = [
       metrics, hooks.RecordCompiles(writer, progress), hooks.Lipschitz(writer, watch.lipschitz_every), evaluation,
       hooks.Checkpoint(watch.checkpoint_every_steps), decisions, profile, preemption]
-  try:
+  with contextlib.ExitStack() as closing:  # on the way out, whatever raised: these, last first
+    closing.callback(writer.close)
+    closing.callback(preemption.restore)
+    closing.callback(run.close)  # waits for the checkpoint in flight while the signal handlers are still installed
+    closing.callback(profile.close, run)  # a trace the run left running (it ended or stopped early) is written
     if resolved.compressor is not None:
       hooks.write_compression_bits(writer, run.step_count, run.state.params, resolved.compressor.resolved.name,
                                    run.parts.compressor)
@@ -174,15 +179,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
       else:
         evaluation.evaluate(run, final=True)
       run.save()
-  finally:
-    try:
-      profile.close(run)  # a trace the run left running (it ended or stopped early) is written
-    finally:
-      try:
-        run.close()  # waits for the checkpoint in flight while the signal handlers are still installed
-      finally:
-        preemption.restore()
-        writer.close()
   progress.summary(step=run.step_count, epoch=run.epoch, examples_seen=run.examples_seen - start_examples,
                    final=evaluation.last, best=evaluation.best, preempted=preemption.stopped)
   return TrainResult(run.state, evaluation.last, run.step_count, run.epoch, run.examples_seen,
