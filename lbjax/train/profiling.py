@@ -12,8 +12,9 @@ The `profile` record (`metrics.jsonl`, process 0) gives the traced steps, their 
 the device's busy time per step read back from the trace (`lbjax.train.trace_analysis`). A device is
 idle between kernels even when fed (a GPU's launch gaps, the CPU runtime's work between XLA's thunks),
 so the busy fraction reads against the bare step's, traced the same way (`benchmarks/loop_trace.py`); what
-the loop's lacks of it is the host's (dispatch, input, hooks). A trace that cannot start (another one is running in the process, e.g. a notebook's
-`jax.profiler.start_trace`) is a warning and a `profile` record saying so; the run goes on.
+the loop's lacks of it is the host's (dispatch, input, hooks). A trace that cannot start (another one
+runs in the process, e.g. a notebook's `jax.profiler.start_trace`), or a session that ends before its
+trace starts, is a warning and a `profile` record saying so; the run goes on.
 """
 
 import contextlib
