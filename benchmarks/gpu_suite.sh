@@ -187,9 +187,11 @@ install_part() {
   nvidia-smi 2>/dev/null || true
 }
 
-# e2e_points COMPARE POINT...: one part per point; COMPARE=yes times momentum SGD's step at the first point.
+# e2e_points COMPARE POINT...: one part per point; COMPARE=yes times momentum SGD's step at the first point. The
+# first point's step is also traced (5 steps, jax.profiler: its busy time and the kernels that take its time; the
+# trace is packed under work/step_trace_*).
 e2e_points() {
-  local compare="$1" point batch workers flags override name
+  local compare="$1" point batch workers flags override name first=yes
   shift
   for point in "$@"; do
     read -r batch workers flags override <<< "$point"
@@ -197,7 +199,8 @@ e2e_points() {
     name="e2e_b${batch}_w${workers}_${flags}"
     [ -n "$override" ] && extra+=("--override=$override") && name+="_${override##*.}" && name="${name//=/_}"
     [ "$compare" = yes ] && extra+=(--compare-momentum)
-    compare=no
+    [ "$first" = yes ] && extra+=(--trace-steps 5)
+    compare=no first=no
     if [ "$MODE" = dry-run ]; then
       part "e2e_dry_run" "$LIMIT_E2E_POINT" "$PYTHON" -m benchmarks.resnet50_end_to_end --dry-run "${extra[@]}" \
           --xla-flags "$flags" --results "$RESULTS/e2e.jsonl" --work-root "$RESULTS/work"

@@ -12,7 +12,9 @@ apply and each has the accelerator's memory to itself:
          `--rounds` rounds of `--step-repeats` steps; with `--compare-momentum` the same step with
          LARS in the flat layout (`optimizer.layout=flat`) and with momentum SGD in the same rounds
          (the LARS / momentum ratio of issue 29, per leaf and flat); with `--compare-state-layouts` the
-         same step with its state in the layouts XLA prefers for it (`workloads.STATE_LAYOUTS`).
+         same step with its state in the layouts XLA prefers for it (`workloads.STATE_LAYOUTS`); with
+         `--trace-steps N`, then N steps traced with `jax.profiler` (into the work root's `step_trace_*`):
+         the device's busy time and the kernels that take the step's time (`lbjax.train.trace_analysis`).
   loop   the real trainer, `python -m lbjax.main --config resnet50_imagenet:batch=B` (LARS, bf16,
          LEGW recipe) on that data, decoded by `--decode-workers` grain worker processes: the
          whole loop (stream, placement, metrics, hooks), no checkpoint and no evaluation in the
@@ -25,7 +27,7 @@ run appends one JSON line to `--results`; `--table FILE` writes the README secti
 
     python -m benchmarks.resnet50_end_to_end [--batch-per-device 256] [--decode-workers 14]
         [--xla-flags FLAGS] [--max-device-batch 0] [--compare-momentum] [--compare-state-layouts]
-        [--step-only] [--override --config.FIELD=VALUE ...] [--results FILE]
+        [--step-only] [--trace-steps N] [--override --config.FIELD=VALUE ...] [--results FILE]
     python -m benchmarks.resnet50_end_to_end --dry-run    # the same path at tiny sizes on a CPU
     python -m benchmarks.resnet50_end_to_end --table FILE [--no-readme]
 
@@ -139,10 +141,37 @@ def _environment(args) -> dict[str, str]:
   return env
 
 
+def trace_step(step, steps: int, directory: pathlib.Path) -> dict:
+  """`steps` calls of `step` traced with `jax.profiler` into `directory`: the device's busy time per step and
+  the 15 kernels with the longest total time (`python -m benchmarks.read_trace` lists more from the trace)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from lbjax.train import trace_analysis  # pylint: disable=import-outside-toplevel
+  jax.block_until_ready(step())
+  jax.profiler.start_trace(str(directory))
+  start = time.perf_counter()
+  for number in range(steps):
+    with jax.profiler.StepTraceAnnotation("train", step_num=number + 1):
+      metrics = step()
+  jax.block_until_ready(metrics)
+  seconds = time.perf_counter() - start
+  jax.profiler.stop_trace()
+  path = trace_analysis.latest_trace_file(directory)
+  profile = jax.profiler.ProfileData.from_file(str(path))
+  platform = jax.devices()[0].platform
+  busy = trace_analysis.device_busy(profile, platform)
+  if busy is None:
+    return {"trace": str(path), "device_time": f"no {platform} kernels in the trace"}
+  return {"trace": str(path), "steps": steps, "wall_ms_per_step": 1e3 * seconds / steps,
+          "device_busy_ms_per_step": 1e3 * busy.busy_seconds / steps,
+          "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / steps,
+          "top_kernels": [[name, launches / steps, 1e3 * total / steps]
+                          for name, launches, total in trace_analysis.kernel_totals(profile, platform)[:15]]}
+
+
 def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, momentum: bool,
-                 state_layouts: bool = False) -> dict:
+                 state_layouts: bool = False, trace_steps: int = 0, trace_dir: pathlib.Path | None = None) -> dict:
   """Runs in the step process: the trainer's compiled step (and momentum SGD's, and the step with the
-  state in XLA's layouts) on a placed batch."""
+  state in XLA's layouts) on a placed batch; then, with `trace_steps`, the step traced (`trace_step`)."""
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
   from benchmarks import report  # pylint: disable=import-outside-toplevel
@@ -160,6 +189,7 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
     steps["lars_xla_layouts"] = workloads.TrainerStep(config, state_layouts="xla")
   try:
     times = report.round_seconds(steps, rounds=rounds, repeats=repeats)
+    traced = trace_step(steps["lars"], trace_steps, trace_dir) if trace_steps else None
   finally:
     for step in steps.values():
       step.close()
@@ -171,6 +201,8 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
       result[f"{name}_over_{baseline}"] = report.paired_ratios(times, name, baseline).format(digits=3)
   if state_layouts:
     result["lars_xla_layouts_over_lars"] = report.paired_ratios(times, "lars_xla_layouts", "lars").format(digits=3)
+  if traced is not None:
+    result["step_trace"] = traced
   return result
 
 
@@ -236,6 +268,9 @@ def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str])
   command = [sys.executable, "-m", "benchmarks.resnet50_end_to_end", "--measure-step", spec,
              f"--rounds={args.rounds}", f"--step-repeats={args.step_repeats}"]
   command += ["--compare-momentum"] * args.compare_momentum + ["--compare-state-layouts"] * args.compare_state_layouts
+  if args.trace_steps:
+    trace_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"step_trace_b{args.batch_per_device}_", dir=args.work_root))
+    command += [f"--trace-steps={args.trace_steps}", f"--trace-dir={trace_dir}"]
   command += ["--", *overrides]
   try:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.step_timeout, check=False)
@@ -275,6 +310,8 @@ def measure(args) -> dict:
       row[ratio] = step[ratio]
   if args.compare_state_layouts:
     row["lars_xla_layouts_over_lars"] = step["lars_xla_layouts_over_lars"]
+  if "step_trace" in step:
+    row["step_trace"] = step["step_trace"]
   if args.results:
     with open(args.results, "a") as f:
       f.write(json.dumps(row) + "\n")
@@ -287,12 +324,15 @@ def table(rows: list[dict]) -> str:
             r["max_device_batch"], " ".join(r["overrides"]), f"{r['step_images_per_second']:,.0f}",
             f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
             f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", ""),
-            r.get("lars_flat_over_momentum", ""), r.get("lars_xla_layouts_over_lars", "")]
+            r.get("lars_flat_over_momentum", ""), r.get("lars_xla_layouts_over_lars", ""),
+            f"{100 * r['step_trace']['device_busy_fraction']:.0f}%"
+            if "device_busy_fraction" in r.get("step_trace", {}) else ""]
            for r in rows]
   return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
                                 "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
                                 "LARS / momentum step time", "LARS flat layout / momentum step time",
-                                "XLA's state layouts / row-major step time"], lines)
+                                "XLA's state layouts / row-major step time", "device busy in the traced step"],
+                               lines)
 
 
 def row_command(row: dict) -> str:
@@ -308,6 +348,8 @@ def row_command(row: dict) -> str:
     words.append("--compare-state-layouts")
   if "loop_images_per_second" not in row:
     words.append("--step-only")
+  if "step_trace" in row:
+    words.append(f"--trace-steps {row['step_trace'].get('steps', 5)}")
   return " ".join(words)
 
 
@@ -335,6 +377,9 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
            "momentum (LARS per leaf, and in the flat layout, `optimizer.layout=flat`), and XLA's state layouts / "
            "row-major (the step compiled with `Layout.AUTO` for the state, which is placed in what XLA chose; the "
            "trainer places it row-major): per-round ratio of step times in the same rounds, median [quartiles]. "
+           "Device busy in the traced step (`--trace-steps`): the share of the wall time of a few traced steps "
+           "in which the device ran kernels (`lbjax.train.trace_analysis`); the row's `step_trace` in the results "
+           "file lists the kernels that take the step's time, and the suite's archive holds the trace. "
            "Each row's windows are in the results file.")
   body = (f"Rows, in order (`bash benchmarks/gpu_suite.sh` runs them on the device machine; `--unpack` adds its "
           f"rows to `{results}` and writes this section with `python -m benchmarks.resnet50_end_to_end --table "
@@ -378,6 +423,9 @@ def main() -> None:
                       help="also time the step with the train state in the layouts XLA prefers for it "
                            "(benchmarks.workloads.STATE_LAYOUTS; the trainer places it row-major)")
   parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
+  parser.add_argument("--trace-steps", type=int, default=0,
+                      help="then trace this many steps of the step with jax.profiler (kept under --work-root)")
+  parser.add_argument("--trace-dir", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--override", action="append", default=[],
                       help="one more --config.<field>=<value> for the step and the trainer, written "
                            "--override=--config.<field>=<value> (repeatable)")
@@ -405,7 +453,8 @@ def main() -> None:
   if args.measure_step:
     overrides = [a for a in rest if a != "--"]
     result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum,
-                          args.compare_state_layouts)
+                          args.compare_state_layouts, args.trace_steps,
+                          pathlib.Path(args.trace_dir) if args.trace_dir else None)
     print(STEP_RESULT + json.dumps(result), flush=True)
     return
   if rest:
@@ -424,6 +473,8 @@ def main() -> None:
   if min(args.batch_per_device, args.decode_workers, args.train_images, args.distinct_images,
          args.validation_images, args.log_every, args.windows, args.rounds, args.step_repeats) < 1:
     parser.error("sizes, counts and --decode-workers must be >= 1")
+  if args.trace_steps < 0:
+    parser.error("--trace-steps must be >= 0 (0: no trace)")
   if args.train_images < args.batch_per_device:
     parser.error("--train-images must be at least --batch-per-device")
   row = measure(args)

@@ -9,9 +9,11 @@ fed reads near 1, one that does not shows its host overhead directly, without ti
 On a device plane the kernel-level lines count (a GPU's streams, a TPU's `XLA Ops`), not the lines the
 profiler derives from them that span the gaps between kernels (`XLA Modules`, `Steps`, ...).
 
-Reads the trace with `jax.profiler.ProfileData` (jax 0.10 and later).
+Reads the trace with `jax.profiler.ProfileData` (jax 0.10 and later). `summary_lines` gives a trace's
+device time and its kernels by total time (`python -m benchmarks.read_trace` prints them for a trace file).
 """
 
+import collections
 import dataclasses
 import pathlib
 from typing import Iterable, Iterator
@@ -56,34 +58,54 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
   return total * 1e-9
 
 
-def _device_kernels(plane) -> list[tuple[float, float]]:
+Kernel = tuple[str, float, float]  # (name, start_ns, duration_ns)
+
+
+def _device_kernels(plane) -> list[Kernel]:
   lines = {line.name: line for line in plane.lines}
   chosen = [lines[KERNEL_LINE]] if KERNEL_LINE in lines else [
       line for name, line in lines.items() if name not in DERIVED_LINES]
-  return [(event.start_ns, event.duration_ns) for line in chosen for event in line.events]
+  return [(event.name, event.start_ns, event.duration_ns) for line in chosen for event in line.events]
 
 
-def _host_thunks(plane) -> Iterator[tuple[float, float]]:
+def _host_thunks(plane) -> Iterator[Kernel]:
   for line in plane.lines:
     for event in line.events:
       if any(name == "hlo_op" for name, _ in event.stats):
-        yield event.start_ns, event.duration_ns
+        yield event.name, event.start_ns, event.duration_ns
+
+
+def kernels_by_device(profile: ProfileData, platform: str) -> tuple[str, list[list[Kernel]]]:
+  """The device kind and, per device with any, its kernels in `profile`, a trace of devices of `platform`
+  ("cpu", "gpu", "tpu"; on a CPU, XLA's thunks, as one device)."""
+  planes = list(profile.planes)
+  if platform == "cpu":
+    host = next((plane for plane in planes if plane.name == HOST_PLANE), None)
+    thunks = list(_host_thunks(host)) if host is not None else []
+    return "cpu", [thunks] if thunks else []
+  devices = [plane for plane in planes if plane.name.startswith(DEVICE_PLANE_PREFIXES)]
+  kind = "gpu" if devices and devices[0].name.startswith("/device:GPU:") else "tpu"
+  return kind, [k for k in map(_device_kernels, devices) if k]
 
 
 def device_busy(profile: ProfileData, platform: str) -> DeviceBusy | None:
   """The device time of `profile`, a trace of devices of `platform` ("cpu", "gpu", "tpu"); None when it holds
   none (on a GPU the profiler records kernels only where NVIDIA's CUPTI library loads)."""
-  planes = list(profile.planes)
-  if platform == "cpu":
-    host = next((plane for plane in planes if plane.name == HOST_PLANE), None)
-    thunks = list(_host_thunks(host)) if host is not None else []
-    return DeviceBusy("cpu", 1, union_seconds(thunks), len(thunks)) if thunks else None
-  devices = [plane for plane in planes if plane.name.startswith(DEVICE_PLANE_PREFIXES)]
-  kernels = [k for k in map(_device_kernels, devices) if k]
+  kind, kernels = kernels_by_device(profile, platform)
   if not kernels:
     return None
-  kind = "gpu" if devices[0].name.startswith("/device:GPU:") else "tpu"
-  return DeviceBusy(kind, len(kernels), sum(map(union_seconds, kernels)) / len(kernels), sum(map(len, kernels)))
+  busy = sum(union_seconds((start, duration) for _, start, duration in k) for k in kernels) / len(kernels)
+  return DeviceBusy(kind, len(kernels), busy, sum(map(len, kernels)))
+
+
+def kernel_totals(profile: ProfileData, platform: str) -> list[tuple[str, int, float]]:
+  """Each kernel name's (name, launches, total seconds) over the trace's devices, the longest total first."""
+  counts, seconds = collections.Counter(), collections.Counter()
+  for device in kernels_by_device(profile, platform)[1]:
+    for name, _, duration in device:
+      counts[name] += 1
+      seconds[name] += duration * 1e-9
+  return [(name, counts[name], total) for name, total in seconds.most_common()]
 
 
 def latest_trace_file(log_dir: str | pathlib.Path) -> pathlib.Path | None:
@@ -95,3 +117,19 @@ def latest_trace_file(log_dir: str | pathlib.Path) -> pathlib.Path | None:
 def read_device_busy(xplane_file: str | pathlib.Path, platform: str) -> DeviceBusy | None:
   """`device_busy` of the trace file `xplane_file`."""
   return device_busy(ProfileData.from_file(str(xplane_file)), platform)
+
+
+def summary_lines(profile: ProfileData, platform: str, *, steps: int = 1, top: int = 20) -> list[str]:
+  """The device time of `profile` and its `top` kernels by total time, per step over `steps` steps."""
+  busy = device_busy(profile, platform)
+  if busy is None:
+    return [f"no {platform} kernels in the trace"]
+  lines = [f"{busy.device_kind}: {busy.devices} device(s), {busy.kernels / steps:,.0f} kernels and "
+           f"{1e3 * busy.busy_seconds / steps:.3f} ms busy per step (over {steps} step(s))",
+           f"{'ms per step':>12} {'share':>6} {'launches':>9}  kernel"]
+  totals = kernel_totals(profile, platform)
+  total = sum(seconds for _, _, seconds in totals)
+  for name, launches, seconds in totals[:top]:
+    lines.append(f"{1e3 * seconds / steps:12.3f} {100 * seconds / total:5.1f}% {launches / steps:9.1f}  {name}")
+  return lines
+

@@ -38,7 +38,8 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
            "step_images_per_second": 4500.0},
           {**common, "batch_per_device": 256, "xla_flags": "default", "overrides": [],
            "measured_at": "2026-11-28 08:45 UTC", "step_images_per_second": 6500.0,
-           "lars_xla_layouts_over_lars": "0.980 [0.975, 0.985]"},
+           "lars_xla_layouts_over_lars": "0.980 [0.975, 0.985]",
+           "step_trace": {"steps": 5, "device_busy_fraction": 0.912, "top_kernels": []}},
           {**common, "dry_run": True, "batch_per_device": 8, "xla_flags": "default", "overrides": [],
            "measured_at": "2026-11-27 09:00 UTC", "step_images_per_second": 1.0}]
   results = tmp_path / "e2e.jsonl"
@@ -48,12 +49,12 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
   assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-momentum\n" in body
           and "--batch-per-device 384 --decode-workers 14 --xla-flags latency_hiding --max-device-batch 128 "
               "--override=--config.deterministic=True --step-only\n" in body)
-  assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-state-layouts --step-only\n"
-          in body)
+  assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-state-layouts --step-only "
+          "--trace-steps 5\n" in body)
   assert ("Machines: 1 x NVIDIA H200, jax 0.11.2, 16 CPU cores (2026-11-27 08:45 UTC, 2026-11-27 08:49 UTC, "
           "2026-11-28 08:45 UTC)\n" in body)
-  assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |  |" in body
-  assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] |" in body
+  assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |  |  |" in body
+  assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] | 91% |" in body
   assert "| 4,500 | (step only) |" in body and "--batch-per-device 8 " not in body  # the dry run is left out
 
 
@@ -89,3 +90,15 @@ def test_a_native_abort_keeps_its_check_message_ahead_of_the_stack_trace():
   assert shown.startswith("(fatal lines)\nF1128 03:21:07.1 gemm_fusion.cc:123] Check failed: dot is supported\n")
   assert shown.endswith(stderr[-3000:]) and "some warning" not in shown.split("(the end of stderr)")[0]
   assert resnet50_end_to_end._failure_of("plain\ntail") == "plain\ntail"
+
+
+def test_a_traced_step_gives_its_device_time_and_its_longest_kernels(tmp_path):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  matrix = jnp.ones((256, 256))
+  step = jax.jit(lambda: jnp.tanh(matrix @ matrix).sum())
+  traced = resnet50_end_to_end.trace_step(step, 3, tmp_path)
+  assert traced["steps"] == 3 and traced["trace"].startswith(str(tmp_path))
+  assert 0 < traced["device_busy_fraction"] <= 1.01 and traced["kernels_per_step"] >= 1
+  name, launches, milliseconds = traced["top_kernels"][0]
+  assert launches == 1 and milliseconds > 0 and isinstance(name, str)

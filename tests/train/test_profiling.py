@@ -158,6 +158,9 @@ def test_device_time_counts_kernels_not_the_lines_derived_from_them():
   assert (busy.device_kind, busy.devices, busy.kernels) == ("gpu", 2, 5)
   assert busy.busy_seconds == pytest.approx((200e-9 + 300e-9) / 2)
 
+  totals = trace_analysis.kernel_totals(types.SimpleNamespace(planes=[gpu(0, [(0, 100, {}), (120, 80, {})])]), "gpu")
+  assert totals == [("e", 3, pytest.approx(230e-9))]  # every kernel named "e": 100 + 80 + stream 2's 50 ns
+
   tpu = trace_analysis.device_busy(types.SimpleNamespace(planes=[_plane("/device:TPU:0", {
       "XLA Ops": [(0, 10, {})], "XLA Modules": [(0, 100, {})], "Framework Ops": [(0, 100, {})]})]), "tpu")
   assert (tpu.device_kind, tpu.busy_seconds, tpu.kernels) == ("tpu", pytest.approx(10e-9), 1)
