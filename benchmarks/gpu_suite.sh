@@ -68,7 +68,7 @@ done
 
 # Time limits of the parts, in seconds (a device call runs at most 600 s; a session has about 900 s).
 LIMIT_INSTALL=60
-LIMIT_E2E_POINT=220  # 200 s measured a point before its step was traced (--trace-steps: ~10-20 s more)
+LIMIT_E2E_POINT=220  # 200 before the first point traced its step (--trace-steps 5: a few seconds more, not yet timed on a GPU)
 LIMIT_LOOP=300
 LIMIT_LOOP_TRACE=240
 LIMIT_OPTIMIZER=180
