@@ -3,8 +3,9 @@
 A trace of training steps holds, per device, the kernels it ran (XSpace planes `/device:GPU:<n>` or
 `/device:TPU:<n>`; on the CPU backend, XLA's thunks on the host's threads, events carrying an `hlo_op`
 stat). The union of their intervals over the traced wall time is the fraction of the time the device
-computed; `1 - busy` is what the host cost: dispatch, input, metrics, waits. A loop that keeps the device
-fed reads near 1, one that does not shows its host overhead directly, without timing a bare step to compare.
+computed. A device idles between kernels even when the host keeps it fed (a GPU's launch gaps, the CPU
+runtime's work between thunks), so a loop's fraction reads against the bare step's, traced the same way
+(`benchmarks/loop_trace.py`): what the loop's lacks of it, the host cost (dispatch, input, metrics, waits).
 
 On a device plane the kernel-level lines count (a GPU's streams, a TPU's `XLA Ops`), not the lines the
 profiler derives from them that span the gaps between kernels (`XLA Modules`, `Steps`, ...).
