@@ -32,14 +32,12 @@ import pathlib
 import shutil
 import statistics
 import tempfile
-import time
 
 import jax
 
 from benchmarks import report
 from benchmarks import workloads
 from lbjax import train
-from lbjax.train import trace_analysis
 
 CASES = {"mnist_lstm": 128, "resnet_tiny": 32}
 VARIANTS = ("bare step", "loop", "data on device", "k per call", "both")
@@ -47,26 +45,14 @@ VARIANTS = ("bare step", "loop", "data on device", "k per call", "both")
 
 def traced_bare_step(model: str, batch_size: int, args, workdir: pathlib.Path) -> dict:
   """The trainer's compiled step called back to back, `args.skip` steps, then `args.traced` traced as the
-  trainer traces them (the device waited for before and after); returns a record like the trainer's."""
+  trainer traces them (`workloads.trace_steps`); returns a record like the trainer's."""
   step = workloads.TrainerStep(workloads.trainer_config(model, batch_size, num_train_examples=8192))
   for _ in range(args.skip):
-    metrics = step()
-  jax.block_until_ready(metrics)
-  jax.profiler.start_trace(str(workdir / "profile"))
-  start = time.perf_counter()
-  for number in range(args.traced):
-    with jax.profiler.StepTraceAnnotation("train", step_num=args.skip + number + 1):
-      metrics = step()
-  jax.block_until_ready(metrics)
-  seconds = time.perf_counter() - start
-  jax.profiler.stop_trace()
-  busy = trace_analysis.read_device_busy(trace_analysis.latest_trace_file(workdir / "profile"),
-                                        jax.devices()[0].platform)
-  if busy is None:
-    raise RuntimeError(f"{model}, bare step: no device time in the trace")
-  return {"wall_ms_per_step": 1e3 * seconds / args.traced, "device_kind": busy.device_kind,
-          "device_busy_ms_per_step": 1e3 * busy.busy_seconds / args.traced,
-          "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / args.traced}
+    step()
+  record = workloads.trace_steps(step, args.traced, workdir / "profile")
+  if "device_busy_fraction" not in record:
+    raise RuntimeError(f"{model}, bare step: {record['device_time']}")
+  return record
 
 
 def traced_run(model: str, batch_size: int, variant: str, args, workdir: pathlib.Path) -> dict:

@@ -141,37 +141,11 @@ def _environment(args) -> dict[str, str]:
   return env
 
 
-def trace_step(step, steps: int, directory: pathlib.Path) -> dict:
-  """`steps` calls of `step` traced with `jax.profiler` into `directory`: the device's busy time per step and
-  the 15 kernels with the longest total time (`python -m benchmarks.read_trace` lists more from the trace)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from lbjax.train import trace_analysis  # pylint: disable=import-outside-toplevel
-  jax.block_until_ready(step())
-  jax.profiler.start_trace(str(directory))
-  start = time.perf_counter()
-  for number in range(steps):
-    with jax.profiler.StepTraceAnnotation("train", step_num=number + 1):
-      metrics = step()
-  jax.block_until_ready(metrics)
-  seconds = time.perf_counter() - start
-  jax.profiler.stop_trace()
-  path = trace_analysis.latest_trace_file(directory)
-  profile = jax.profiler.ProfileData.from_file(str(path))
-  platform = jax.devices()[0].platform
-  busy = trace_analysis.device_busy(profile, platform)
-  if busy is None:
-    return {"trace": str(path), "device_time": f"no {platform} kernels in the trace"}
-  return {"trace": str(path), "steps": steps, "wall_ms_per_step": 1e3 * seconds / steps,
-          "device_busy_ms_per_step": 1e3 * busy.busy_seconds / steps,
-          "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / steps,
-          "top_kernels": [[name, launches / steps, 1e3 * total / steps]
-                          for name, launches, total in trace_analysis.kernel_totals(profile, platform)[:15]]}
-
-
 def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, momentum: bool,
                  state_layouts: bool = False, trace_steps: int = 0, trace_dir: pathlib.Path | None = None) -> dict:
   """Runs in the step process: the trainer's compiled step (and momentum SGD's, and the step with the
-  state in XLA's layouts) on a placed batch; then, with `trace_steps`, the step traced (`trace_step`)."""
+  state in XLA's layouts) on a placed batch; then, with `trace_steps`, the step traced
+  (`workloads.trace_steps`)."""
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
   from benchmarks import report  # pylint: disable=import-outside-toplevel
@@ -189,7 +163,7 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
     steps["lars_xla_layouts"] = workloads.TrainerStep(config, state_layouts="xla")
   try:
     times = report.round_seconds(steps, rounds=rounds, repeats=repeats)
-    traced = trace_step(steps["lars"], trace_steps, trace_dir) if trace_steps else None
+    traced = workloads.trace_steps(steps["lars"], trace_steps, trace_dir) if trace_steps else None
   finally:
     for step in steps.values():
       step.close()

@@ -4,7 +4,8 @@
 twin (no files needed); `TrainerStep` is the trainer's own compiled step (built on
 `lbjax.train.run.Run`, the object `train_and_evaluate` drives, compiled exactly as it compiles), and
 `HandStep` the minimal `jax.jit` step a user would write for the same model, loss and optimizer
-(nnx.split/merge + optax, donated buffers); `TrainerCall` the trainer's program of k steps.
+(nnx.split/merge + optax, donated buffers); `TrainerCall` the trainer's program of k steps;
+`trace_steps` traces calls of any of them with `jax.profiler` and reads the device's time back.
 
 `STATE_LAYOUTS`: how the train state sits in device memory. "default": row-major, as the trainer places
 it. "xla": the layouts XLA's layout assignment prefers for the step, which it picks when the step is
@@ -15,7 +16,9 @@ every convolution; the trainer does not do this).
 
 import contextlib
 import dataclasses
-from typing import Any
+import pathlib
+import time
+from typing import Any, Callable
 from unittest import mock
 
 from flax import nnx
@@ -34,6 +37,7 @@ from lbjax.train import protocols
 from lbjax.train import run as run_lib
 from lbjax.train import step_calls
 from lbjax.train import step as train_step_lib
+from lbjax.train import trace_analysis
 
 MODELS = ("mnist_lstm", "ptb_lstm", "resnet_tiny", "resnet18", "resnet50")
 # The workload names (used in the benchmark tables and flags) -> `config.model`, a class of lbjax.models.
@@ -221,3 +225,30 @@ class HandStep:
     self.params, self.model_state, self.opt_state, self.carry, loss = self._step(
         self.params, self.model_state, self.opt_state, self.batch, self.carry)
     return loss
+
+
+def trace_steps(step: Callable[[], Any], steps: int, directory: pathlib.Path, *, top: int = 15) -> dict:
+  """`steps` calls of `step` (after one untraced call) traced with `jax.profiler` into `directory`, each a
+  `StepTraceAnnotation`, the device waited for before and after: the traced wall time and the device's busy
+  time per step, its share, the kernels per step and the `top` kernels by total time, read from the trace
+  (`lbjax.train.trace_analysis`); `device_time` says why not where the trace holds no kernels."""
+  jax.block_until_ready(step())
+  jax.profiler.start_trace(str(directory))
+  start = time.perf_counter()
+  for number in range(steps):
+    with jax.profiler.StepTraceAnnotation("train", step_num=number + 1):
+      result = step()
+  jax.block_until_ready(result)
+  seconds = time.perf_counter() - start
+  jax.profiler.stop_trace()
+  path = trace_analysis.latest_trace_file(directory)
+  profile = jax.profiler.ProfileData.from_file(str(path))
+  platform = jax.devices()[0].platform
+  busy = trace_analysis.device_busy(profile, platform)
+  record = {"trace": str(path), "steps": steps, "wall_ms_per_step": 1e3 * seconds / steps}
+  if busy is None:
+    return {**record, "device_time": f"no {platform} kernels in the trace"}
+  return {**record, "device_kind": busy.device_kind, "device_busy_ms_per_step": 1e3 * busy.busy_seconds / steps,
+          "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / steps,
+          "top_kernels": [[name, launches / steps, 1e3 * total / steps]
+                          for name, launches, total in trace_analysis.kernel_totals(profile, platform)[:top]]}

@@ -1,6 +1,7 @@
 """The benchmarks' trainer workloads: the k-step call is k of the trainer's steps."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -56,3 +57,13 @@ def test_a_program_with_xlas_state_layouts_leaves_only_the_state_s_layouts_to_xl
   assert chosen.in_shardings[1:] == program.in_shardings[1:] and chosen.out_shardings[1:] == program.out_shardings[1:]
   compiled, _ = compile_only.compile_program(chosen)
   assert len(jax.tree.leaves(compiled.input_formats[0][0])) == len(jax.tree.leaves(program.in_shardings[0]))
+
+
+def test_a_traced_step_gives_its_device_time_and_its_longest_kernels(tmp_path):
+  matrix = jnp.ones((256, 256))
+  step = jax.jit(lambda: jnp.tanh(matrix @ matrix).sum())
+  traced = workloads.trace_steps(step, 3, tmp_path)
+  assert traced["steps"] == 3 and traced["trace"].startswith(str(tmp_path))
+  assert 0 < traced["device_busy_fraction"] <= 1.01 and traced["kernels_per_step"] >= 1
+  name, launches, milliseconds = traced["top_kernels"][0]
+  assert launches == 1 and milliseconds > 0 and isinstance(name, str)
