@@ -86,15 +86,44 @@ def _fingerprint_kind(fingerprint: str) -> str | None:
   return next((kind for kind in (SAMPLED, FULL) if fingerprint.startswith(kind)), None)
 
 
-def _sampled_blocks(array: np.ndarray) -> Iterator[memoryview]:
+class _NormalizedRows:
+  """`normalization(images)` as `array_fingerprint` reads it, computed a few rows at a time where it reads a
+  sample: a dataset's float images (4 bytes for each uint8 pixel) need not exist whole on the host to be
+  fingerprinted. `normalization` acts on each row alone (`lbdata.Normalization`, `lbdata.PixelScale`), so
+  the bytes of rows normalised apart are those of the whole normalised at once."""
+
+  def __init__(self, images: np.ndarray, normalization: Callable[[np.ndarray], np.ndarray]):
+    first = np.ascontiguousarray(normalization(images[:1]))
+    self.images, self.normalization = images, normalization
+    self.dtype, self.shape = first.dtype, (len(images),) + first.shape[1:]
+    self.row_bytes = first.nbytes
+    self.nbytes = self.row_bytes * len(images)
+
+  def __len__(self) -> int:
+    return len(self.images)
+
+  def byte_range(self, start: int, stop: int) -> memoryview:
+    first, last = start // self.row_bytes, -(-stop // self.row_bytes)
+    rows = np.ascontiguousarray(self.normalization(self.images[first:last])).reshape(-1).view(np.uint8)
+    return memoryview(rows[start - first * self.row_bytes:stop - first * self.row_bytes])
+
+
+def _byte_reader(array: np.ndarray | _NormalizedRows) -> Callable[[int, int], memoryview]:
+  if isinstance(array, _NormalizedRows):
+    return array.byte_range
+  flat = array.reshape(-1).view(np.uint8)
+  return lambda start, stop: memoryview(flat[start:stop])
+
+
+def _sampled_blocks(array: np.ndarray | _NormalizedRows) -> Iterator[memoryview]:
   """`_SAMPLE_BLOCKS` blocks of `_SAMPLE_BLOCK_BYTES` at evenly spaced offsets, the first block at the
   start and the last at the end of the array's bytes (all of them when the array is smaller)."""
-  flat = array.reshape(-1).view(np.uint8)
-  if flat.size <= _SAMPLE_BLOCKS * _SAMPLE_BLOCK_BYTES:
-    yield memoryview(flat)
+  read = _byte_reader(array)
+  if array.nbytes <= _SAMPLE_BLOCKS * _SAMPLE_BLOCK_BYTES:
+    yield read(0, array.nbytes)
     return
-  for start in np.linspace(0, flat.size - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCKS).astype(np.int64):
-    yield memoryview(flat[start:start + _SAMPLE_BLOCK_BYTES])
+  for start in np.linspace(0, array.nbytes - _SAMPLE_BLOCK_BYTES, _SAMPLE_BLOCKS).astype(np.int64):
+    yield read(int(start), int(start) + _SAMPLE_BLOCK_BYTES)
 
 
 def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = None) -> str:
@@ -106,7 +135,8 @@ def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = N
   run was trained on (another file, version or subset changes it); it is not an integrity check of
   every byte. `sampled`: force one kind (None: sampled exactly when an array exceeds 16 MiB).
   """
-  arrays = {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+  arrays = {name: array if isinstance(array, _NormalizedRows) else np.ascontiguousarray(array)
+            for name, array in arrays.items()}
   if sampled is None:
     sampled = any(array.nbytes > SAMPLE_ABOVE_BYTES for array in arrays.values())
   digest = hashlib.sha256()
@@ -117,18 +147,20 @@ def array_fingerprint(arrays: dict[str, np.ndarray], *, sampled: bool | None = N
       for block in _sampled_blocks(array):
         digest.update(block)
     else:
-      digest.update(memoryview(array).cast("B"))
+      digest.update(_byte_reader(array)(0, array.nbytes))
   length = len(next(iter(arrays.values()))) if arrays else 0
   return f"{SAMPLED if sampled else FULL}{digest.hexdigest()[:16]} ({length} rows)"
 
 
 def input_fingerprint(arrays: dict[str, np.ndarray], image_normalization=None, *, sampled: bool | None = None) -> str:
   """`array_fingerprint` of `arrays` as the model reads them: uint8 `images` through the dataset's
-  `image_normalization` (on the host, for the time of the hash). So the fingerprint names the
-  examples, not the dtype they travel in: MNIST's checkpoints saved when its stream handed over float32
-  pixel / 255 resume now that it hands over the uint8 pixels."""
+  `image_normalization` (on the host, only the rows the hash reads: `_NormalizedRows`). So the
+  fingerprint names the examples, not the dtype they travel in: MNIST's checkpoints saved when its
+  stream handed over float32 pixel / 255 resume now that it hands over the uint8 pixels."""
   if image_normalization is not None:
-    arrays = {**arrays, "images": image_normalization(arrays["images"])}
+    images = arrays["images"]
+    arrays = {**arrays, "images": _NormalizedRows(images, image_normalization) if len(images)
+              else image_normalization(images)}
   return array_fingerprint(arrays, sampled=sampled)
 
 

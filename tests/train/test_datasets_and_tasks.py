@@ -142,6 +142,34 @@ def test_mnist_fingerprint_is_that_of_the_float32_pixels_it_streamed_before():
   assert dataset.fingerprint_like(full) == full  # a checkpoint of the every-byte kind
 
 
+@pytest.mark.parametrize("rows, sampled", [(3000, None), (3000, False), (100, None), (0, None)],
+                         ids=["sampled", "every_byte", "small", "empty"])
+def test_normalised_images_are_fingerprinted_as_if_normalised_whole(rows, sampled):
+  """Per-channel normalisation of [N, 37, 41, 3] uint8 images (a row of 18,204 float32 bytes, so sampled
+  blocks straddle rows): the rows the hash reads, normalised apart, give the fingerprint of the whole."""
+  from lbjax import data  # pylint: disable=import-outside-toplevel
+  normalization = data.Normalization((120.0, 115.0, 100.0), (60.0, 61.0, 62.0))
+  images = np.random.default_rng(1).integers(0, 256, (rows, 37, 41, 3), dtype=np.uint8)
+  labels = np.arange(rows, dtype=np.int32)
+  whole = datasets.array_fingerprint({"images": normalization(images), "labels": labels}, sampled=sampled)
+  assert datasets.input_fingerprint({"images": images, "labels": labels}, normalization, sampled=sampled) == whole
+  assert whole.startswith("sampled-sha256:" if rows == 3000 and sampled is None else "sha256:")
+
+
+def test_a_sampled_fingerprint_never_holds_the_normalised_images_whole():
+  """MNIST's 60,000 digits: 188 MB as float32; the fingerprint reads 4 MiB of them, a row range at a time."""
+  import tracemalloc  # pylint: disable=import-outside-toplevel
+  from lbjax import data  # pylint: disable=import-outside-toplevel
+  arrays = {"images": np.zeros((60000, 28, 28), np.uint8), "labels": np.zeros(60000, np.int32)}
+  tracemalloc.start()
+  try:
+    datasets.input_fingerprint(arrays, data.MNIST_NORMALIZATION)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < 2**20, f"{peak / 2**20:.1f} MiB at the peak"
+
+
 def test_classification_task_normalises_uint8_images_in_the_step_as_the_host_did():
   pytest.importorskip("cv2")
   from lbjax.data import cifar, imagenet, normalization  # pylint: disable=import-outside-toplevel
