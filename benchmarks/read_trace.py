@@ -16,6 +16,7 @@ from lbjax.train import trace_analysis
 
 
 def main(argv: list[str] | None = None) -> None:
+  """Prints the trace's file, its device time and its `--top` kernels per step (exit 2 on a path without one)."""
   parser = argparse.ArgumentParser(description="A jax.profiler trace's device time and its kernels by total time.")
   parser.add_argument("trace", type=pathlib.Path, help="an .xplane.pb file, or a folder holding plugins/profile/")
   parser.add_argument("--platform", choices=("cpu", "gpu", "tpu"), required=True, help="the traced devices'")

@@ -248,7 +248,6 @@ def trace_steps(step: Callable[[], Any], steps: int, directory: pathlib.Path, *,
   record = {"trace": str(path), "steps": steps, "wall_ms_per_step": 1e3 * seconds / steps}
   if busy is None:
     return {**record, "device_time": f"no {platform} kernels in the trace"}
-  return {**record, "device_kind": busy.device_kind, "device_busy_ms_per_step": 1e3 * busy.busy_seconds / steps,
-          "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / steps,
+  return {**record, **busy.per_step(steps, seconds),
           "top_kernels": [[name, launches / steps, 1e3 * total / steps]
                           for name, launches, total in trace_analysis.kernel_totals(profile, platform)[:top]]}

@@ -50,6 +50,7 @@ class TraceRequest:
             + (", with a Perfetto trace" if self.perfetto_trace else ""))
 
   def options(self) -> jax.profiler.ProfileOptions:
+    """jax's profiler options: its Python tracer on only with `python_calls`."""
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = int(self.python_calls)
     return options
@@ -99,6 +100,7 @@ class Profile:
     self._done = not request.num_steps
 
   def acts_at(self, clock: RunClock) -> bool:
+    """A device call ends where the trace starts and where it stops."""
     return bool(self.request.num_steps) and clock.step_count in (self.first, self.last)
 
   def annotate(self, run: RunView):
@@ -109,6 +111,7 @@ class Profile:
     return _TracedStep(self, run)
 
   def begin(self, run: RunView) -> None:
+    """Before the session's first step: starts the trace there when `skip_steps` is 0."""
     if not self._done and run.step_count == self.first:
       self._start(run, run.state)
 
@@ -181,9 +184,7 @@ class Profile:
       return {"trace": str(trace_file), "device_time": f"not in the trace: no {self.platform} kernels recorded" + (
           " (on GPUs the profiler needs NVIDIA's CUPTI library, e.g. the nvidia-cuda-cupti wheel)"
           if self.platform == "gpu" else "")}
-    return {"trace": str(trace_file), "device_kind": busy.device_kind,
-            "device_busy_ms_per_step": 1e3 * busy.busy_seconds / steps,
-            "device_busy_fraction": busy.busy_seconds / seconds, "kernels_per_step": busy.kernels / steps}
+    return {"trace": str(trace_file), **busy.per_step(steps, seconds)}
 
   def _note(self, run: RunView, message: str) -> None:
     """A trace that could not be taken: a warning and a `profile` record with `error`."""

@@ -46,6 +46,12 @@ class DeviceBusy:
   busy_seconds: float
   kernels: int
 
+  def per_step(self, steps: int, wall_seconds: float) -> dict[str, object]:
+    """The record's fields for a trace of `steps` steps over `wall_seconds`: busy ms and kernels per step,
+    and the busy share of the wall time."""
+    return {"device_kind": self.device_kind, "device_busy_ms_per_step": 1e3 * self.busy_seconds / steps,
+            "device_busy_fraction": self.busy_seconds / wall_seconds, "kernels_per_step": self.kernels / steps}
+
 
 def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
   """The length of the union of `(start_ns, duration_ns)` intervals, in seconds."""
