@@ -244,12 +244,17 @@ def _held_training_set(run: AbstractRun, hbm: int | None) -> list[str]:
 
 
 def _unapplied_settings(config: ml_collections.ConfigDict, topology: str | None, device: Any) -> list[str]:
-  """What of the run a compile for named devices leaves out (`config.deterministic`'s XLA flags)."""
+  """What of the run a compile leaves out: a trace of its steps (`config.profile`), and for named devices
+  `config.deterministic`'s XLA flags."""
+  notes = []
+  if config.profile.num_steps:
+    notes.append(f"config.profile.num_steps={config.profile.num_steps} traces steps of the run; a compile runs none "
+                 "(the trace is taken when the run trains).")
   if not topology or config.deterministic is not True:
-    return []
+    return notes
   if device.platform == "tpu":
-    return ["config.deterministic=True sets XLA's GPU flags; a TPU program is compiled without them, as the run "
-            "would be."]
-  return ["config.deterministic=True is not applied: XLA picks its deterministic GPU kernels only when it compiles "
-          "on a GPU (a compile without one is refused), so these figures are those of the program without them; "
-          "on GPUs the deterministic program can be slower (docs/faults.md)."]
+    return notes + ["config.deterministic=True sets XLA's GPU flags; a TPU program is compiled without them, as the "
+                    "run would be."]
+  return notes + ["config.deterministic=True is not applied: XLA picks its deterministic GPU kernels only when it "
+                  "compiles on a GPU (a compile without one is refused), so these figures are those of the program "
+                  "without them; on GPUs the deterministic program can be slower (docs/faults.md)."]

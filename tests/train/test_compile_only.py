@@ -136,6 +136,9 @@ def test_deterministic_is_applied_to_a_local_compile_or_the_report_says_why_not(
   assert "a TPU program is compiled without them" in unapplied(config, "v5p:2x2x1", tpu)[0]
   config.deterministic = False
   assert unapplied(config, "h100:8", types.SimpleNamespace(platform="gpu")) == []
+  config.profile.num_steps = 5  # a trace of steps: a compile takes none, and says so on any devices
+  assert unapplied(config, None, tpu) == ["config.profile.num_steps=5 traces steps of the run; a compile runs none "
+                                          "(the trace is taken when the run trains)."]
 
 
 def test_the_training_set_held_on_the_devices_is_counted_in_a_note_and_refused_where_the_trainer_refuses_it():
