@@ -43,6 +43,7 @@ from lbjax.optim.lars import lars_rate
 from lbjax.optim import layerwise
 from lbjax.train import gpu_targets
 from lbjax.train.errors import ConfigError
+from lbjax.train.hlo_analysis import kernel_count
 
 SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
@@ -229,16 +230,6 @@ def bytes_accessed(compiled) -> float:
   return float(analysis.get("bytes accessed", float("nan")))
 
 
-def kernel_count(compiled) -> int:
-  """How many kernels one call of `compiled` launches: the instructions of the optimised HLO's entry
-  computation other than parameters, tuples, constants and bitcasts (each fusion, reduction, copy or
-  library call is one). On a GPU, where a ~100 MB update is over in about a millisecond, launches
-  rather than bytes can set the time."""
-  entry = compiled.as_text().split("\nENTRY ", 1)[1].split("\n}", 1)[0]
-  free = ("parameter(", "tuple(", "get-tuple-element(", "constant(", "bitcast(")
-  return sum(1 for line in entry.splitlines()[1:] if " = " in line and not any(op in line for op in free))
-
-
 def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   """Rows of the table for one tree: timings, ratios, bytes."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
@@ -312,9 +303,9 @@ write); GB/s: those bytes over the median time; the last column compares that wi
 scale measured in the same rounds (the memory bandwidth this process got under the same load);
 above 100%, part of what XLA counts came from cache (the PTB LSTM tree, 18.6 MB, and the small
 leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed). Kernels: how
-many kernels one update (with its apply_updates) launches (`kernel_count`: fusions, reductions,
-copies, library calls in the optimised HLO's entry computation of the backend that ran it; a GPU
-merges some by multi-output and horizontal fusion). State bytes / parameter: the optimizer
+many kernels one update (with its apply_updates) launches (`hlo_analysis.kernel_count`: fusions,
+reductions, copies, library calls in the optimised HLO of the backend that ran it, loop bodies once
+per iteration; a GPU merges some by multi-output and horizontal fusion). State bytes / parameter: the optimizer
 state's bytes over the number of parameters.
 LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB rows select every
 leaf so that they compute what `optax.lamb` computes.
@@ -446,7 +437,7 @@ def gpu_step_kernel_counts(target):
 
 GPU_KERNEL_NOTES = """\
 Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the
-`kernels` column of the timed table (`kernel_count`) in the optimised HLO that XLA:GPU compiles on
+`kernels` column of the timed table (`hlo_analysis.kernel_count`) in the optimised HLO that XLA:GPU compiles on
 this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times).
 The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and

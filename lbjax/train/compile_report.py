@@ -11,7 +11,11 @@ it **fits** when memory <= HBM. From `compiled.cost_analysis()`: XLA's FLOPs and
 time (`optimal_seconds`), both per device. XLA's cost analysis counts a loop body once (an LSTM's
 time steps, an accumulation loop), so where the program has loops both are scaled by the matmul
 FLOPs counted per iteration over those counted once (`hlo_analysis.HloFigures.loop_flop_ratio`).
-Every time figure is XLA's cost-model estimate, not a measurement.
+Every time figure is XLA's cost-model estimate, not a measurement. A deviceless GPU has no cost
+analysis: its FLOPs are those of the dots and convolutions (cuDNN and cuBLAS calls) in the compiled
+HLO (`flops_counted`), and it has no time estimate. From the HLO too, on every platform: the kernels
+a step launches (`hlo_analysis.HloFigures.kernels`), printed for GPUs, where a step of many short
+kernels takes about as long as launching them.
 
 The one clock: a recipe of E_i epochs at each batch size B_i of the schedule takes
 sum_i E_i * steps_per_epoch(B_i) * estimated_step_seconds(B_i) (evaluation not included).
@@ -31,6 +35,9 @@ from lbjax.train import config as config_lib
 from lbjax.train.hlo_analysis import COLLECTIVES, HloFigures
 
 COMPILE_FILE = "compile.json"
+# Who counted a program's FLOPs: XLA's cost analysis (every operation), or, where it gives none (a deviceless
+# GPU), the dots and convolutions of the compiled HLO (`hlo_analysis`).
+FLOPS_FROM_COST_ANALYSIS, FLOPS_FROM_MATMULS = "xla_cost_analysis", "matmuls_in_hlo"
 
 
 def _tree_bytes(tree: Any) -> int:
@@ -56,6 +63,8 @@ class ProgramFigures:
   estimated_seconds: float | None
   compile_seconds: float | None
   compiler_message: str = ""  # the compiler's out-of-memory figures, where it refused the program
+  flops_counted: str = FLOPS_FROM_COST_ANALYSIS  # who counted `flops_per_device`
+  kernels: int | None = None  # the kernels one run of the program launches (`hlo_analysis.HloFigures.kernels`)
   steps_per_call: int = 1  # training steps one run of the program takes (`config.steps_per_call`)
   all_reduce_16bit_bytes: int = 0  # the all-reduce bytes summed in bf16/f16 (`HloFigures`)
 
@@ -78,12 +87,16 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
   ratio = hlo.loop_flop_ratio
-  flops = cost.get("flops")
+  flops, counted = cost.get("flops"), FLOPS_FROM_COST_ANALYSIS
+  if flops is not None:
+    flops *= ratio
+  elif hlo.matmul_flops:
+    flops, counted = hlo.matmul_flops, FLOPS_FROM_MATMULS
   seconds = cost.get("optimal_seconds")
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, total, memory,
-                        None if flops is None else flops * ratio, hlo.collective_bytes,
-                        None if seconds is None or seconds < 0 else seconds * ratio, compile_seconds,
-                        all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes, steps_per_call=program.steps_per_call)
+                        flops, hlo.collective_bytes, None if seconds is None or seconds < 0 else seconds * ratio,
+                        compile_seconds, all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes,
+                        steps_per_call=program.steps_per_call, flops_counted=counted, kernels=hlo.kernels)
 
 
 # XLA:TPU's out-of-memory message, needed then available HBM: libtpu 0.0.50.1 (with jax 0.12) says "the total memory
@@ -142,6 +155,8 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
     seconds = None
   flops = (sum((p.per_step or 1.0) * p.flops_per_device for p in parts)
            if all(p.flops_per_device is not None for p in parts) else None)
+  kernels = (round(sum((p.per_step or 1.0) * p.kernels for p in parts))
+             if all(p.kernels is not None for p in parts) else None)
   record = {
       "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
       "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
@@ -151,6 +166,9 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
       "memory": parts[0].memory if len(parts) == 1 else {p.name: p.memory for p in parts},
       "fits": all(p.fits(hbm) for p in parts),
       "flops_per_device": flops,
+      "flops_counted": FLOPS_FROM_MATMULS if any(p.flops_counted == FLOPS_FROM_MATMULS for p in parts)
+                       else FLOPS_FROM_COST_ANALYSIS,
+      "kernels_per_step": kernels,
       "collective_bytes": {k: sum(int((p.per_step or 1.0) * p.collective_bytes[k]) for p in parts)
                            for k in COLLECTIVES},
       "all_reduce_16bit_bytes": sum(int((p.per_step or 1.0) * p.all_reduce_16bit_bytes) for p in parts),
@@ -217,6 +235,7 @@ class CompileReport:
         "memory_per_device_bytes": max((s["memory_per_device_bytes"] or 0) for s in self.steps),
         "batch_size": head["batch_size"],
         "flops_per_step": None if head["flops_per_device"] is None else head["flops_per_device"] * self.devices,
+        "flops_counted": head["flops_counted"], "kernels_per_step": head["kernels_per_step"],
         "collective_bytes": head["collective_bytes"],
         "estimated_step_seconds": head["estimated_step_seconds"],
         "estimated_recipe_seconds": self.estimated_recipe_seconds, "epochs": self.epochs,
@@ -255,8 +274,14 @@ class CompileReport:
                  f"temporaries {_gib(memory['temporaries'])}")
       flops = step["flops_per_device"]
       collectives = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in step["collective_bytes"].items() if v) or "none"
+      counted = "; its dots and convolutions, counted in the compiled HLO" if (
+          step["flops_counted"] == FLOPS_FROM_MATMULS) else ""
       out.append(f"    FLOPs per step {'?' if flops is None else f'{flops * self.devices:.3g}'} "
-                 f"({'?' if flops is None else f'{flops:.3g}'} per device); collectives per device: {collectives}")
+                 f"({'?' if flops is None else f'{flops:.3g}'} per device{counted}); collectives per device: "
+                 f"{collectives}")
+      if self.platform == "gpu" and step["kernels_per_step"] is not None:
+        out.append(f"    kernels launched per step {step['kernels_per_step']:,} (fusions, cuDNN/cuBLAS calls and "
+                   "copies; a loop's per iteration)")
       if step["step"] != "eval" and step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]:
         low = step["all_reduce_16bit_bytes"] / 2**20
         out.append(f"    of the all-reduce, {low:.1f} MiB is summed in 16-bit floats: the gradients are added across "

@@ -10,7 +10,8 @@ analysis what they would need. The plugin (about 200 MB) is not one of lbjax's d
 A name is `h100` or `h200`, then optionally `:N` (N GPUs in one host) or `:HxN` (H hosts of N GPUs
 each): `h100:8` is one 8-GPU host, `h200:2x8` sixteen GPUs in two. Autotuning needs a device, so matmul
 and convolution algorithms are XLA's defaults; the memory, the collectives and the kernels of the
-compiled program are what count here. XLA's cost model gives no FLOPs or times for a deviceless GPU.
+compiled program are what count here. XLA's cost model gives no FLOPs or times for a deviceless GPU
+(`lbjax.train.hlo_analysis` counts the matmul FLOPs and the kernels in the compiled HLO).
 
 Checked on 2026-11-27 (jax 0.12.0.1): the kernels per ResNet-50 optimizer update counted this way for
 the H100 equal those counted on a lent H200 (`benchmarks/README.md`, section `optimizer-gpu-kernels`).

@@ -1,4 +1,4 @@
-"""Figures read from a compiled program's HLO text: the bytes of its collectives and its matmul FLOPs.
+"""Figures read from a compiled program's HLO text: the bytes of its collectives, its matmul FLOPs and its kernels.
 
 `analyze(compiled.as_text())` walks the optimized HLO module (the per-device SPMD program) and counts
 
@@ -8,13 +8,21 @@
   an all-gather: the device's shard);
 * the FLOPs of every `dot` and `convolution` (TPU writes matmuls as convolutions), 2 per
   multiply-add: 2 * |result| * (contracted size), the contracted size being the product of a dot's
-  contracting dimensions, or of a convolution kernel's spatial dimensions and its input features.
+  contracting dimensions, or of a convolution kernel's spatial dimensions and its input features. On a
+  GPU the convolutions are cuDNN calls (`custom-call`s to `__cudnn$conv...`: forward, input gradient and
+  kernel gradient, each 2 * |kernel| * the forward output's batch and spatial positions) and some matmuls
+  cuBLAS calls (`__cublas$...`), counted as the operations they compute;
+* the kernels one execution launches: every instruction of the entry computation and of the
+  computations its control flow runs (`while` bodies and conditions, `conditional` branches, `call`s)
+  that computes (a fusion, a library call, a copy, an unfused operation), not the values, views and
+  control flow themselves, nor the `-done` halves of asynchronous pairs. On a GPU each is one kernel
+  (or library call) the runtime launches: the figure that sets a step's time where its kernels are short.
 
-Both count an instruction inside a `while` body once per iteration: a loop's trip count is read from
+All count an instruction inside a `while` body once per iteration: a loop's trip count is read from
 its `known_trip_count`, or from the `counter < N` comparison of its condition (XLA's scans count from
 0), and multiplies everything the body calls. XLA's own `cost_analysis()` counts a loop body once,
 whatever its trip count (a 10-step `lax.scan` of a matmul reports a tenth of the unrolled loop's
-FLOPs), which is why `CompiledFigures.loop_flop_ratio` is kept: the matmul FLOPs counted per
+FLOPs), which is why `HloFigures.loop_flop_ratio` is kept: the matmul FLOPs counted per
 iteration over those counted once.
 """
 
@@ -22,6 +30,7 @@ from collections import defaultdict
 import dataclasses
 import math
 import re
+from typing import Any
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
 
@@ -34,6 +43,16 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([^\s=]+)\s*=\s*(.*?)\s([a-z][a-z0-
 _OPERAND = re.compile(r"%([^\s,()]+)")
 _CALLED = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=\{?(%[^\s,}]+(?:,\s*%[^\s,}]+)*)")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_CALL_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+# cuDNN's convolution calls: where the forward output and the kernel are (an operand's index, or "result").
+# Their `dim_labels` are the forward convolution's whatever the call computes.
+_CUDNN_CONVOLUTIONS = {"__cudnn$convForward": ("result", 1), "__cudnn$convBiasActivationForward": ("result", 1),
+                       "__cudnn$convBackwardInput": (0, 1), "__cudnn$convBackwardFilter": (1, "result")}
+# Instructions that launch nothing of their own: values, views, ordering tokens, and control flow (what it runs
+# is counted where it runs). The `-done` half of an asynchronous pair waits for its `-start`.
+_NO_KERNEL = frozenset({"parameter", "tuple", "get-tuple-element", "constant", "bitcast", "while", "conditional",
+                        "call", "after-all", "add-dependency", "opt-barrier"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +65,8 @@ class HloFigures:
     matmul_flops: FLOPs of the dots and convolutions per step, loop bodies counted per iteration.
     matmul_flops_once: the same with every loop body counted once (as XLA's cost analysis does).
     loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
+    kernels: the kernels one execution launches, loop bodies counted per iteration (a `conditional`:
+      its largest branch).
     all_reduce_16bit_bytes: the bytes of the all-reduce results in 16-bit floats (bf16, f16): what is
       summed across the devices at that precision (a bfloat16 model's gradients, where the partitioner
       reduces the convolutions' partial gradients before their cast to the float32 parameters). The
@@ -57,6 +78,7 @@ class HloFigures:
   matmul_flops_once: float
   loop_trip_counts: tuple[int, ...]
   all_reduce_16bit_bytes: int = 0
+  kernels: int = 0
 
   @property
   def loop_flop_ratio(self) -> float:
@@ -151,8 +173,36 @@ def _multipliers(computations: dict[str, list[_Instruction]], entry: str
   return times, times_once, trips
 
 
+def _library_call_flops(instruction: _Instruction, operands: list[str], shapes: dict[str, str]) -> float:
+  """A cuDNN convolution's or cuBLAS matmul's FLOPs (0 for any other `custom-call`)."""
+  target = _CALL_TARGET.search(instruction.rest)
+  target = target.group(1) if target else ""
+  if target.startswith("__cublas$"):
+    lhs = _first_array(shapes.get(operands[0], "")) if operands else []
+    contracting = _LHS_CONTRACTING.search(instruction.rest)
+    indices = [int(d) for d in re.findall(r"\d+", contracting.group(1))] if contracting else []
+    return 2.0 * math.prod(_first_array(instruction.shape)) * math.prod(lhs[i] for i in indices if i < len(lhs))
+  if target not in _CUDNN_CONVOLUTIONS:
+    return 0.0
+
+  def shape(at: int | str) -> list[int]:
+    if at == "result":
+      return _first_array(instruction.shape)
+    return _first_array(shapes.get(operands[at], "")) if at < len(operands) else []
+
+  output_at, kernel_at = _CUDNN_CONVOLUTIONS[target]
+  output, kernel = shape(output_at), shape(kernel_at)
+  labels = re.search(r"dim_labels=[^_]+_[^-]+->(\w+)", instruction.rest)
+  if labels is None or "f" not in labels.group(1) or len(output) != len(labels.group(1)) or not kernel:
+    return 0.0
+  positions = math.prod(output) // output[labels.group(1).index("f")]  # the output's batch x spatial positions
+  return 2.0 * positions * math.prod(kernel)
+
+
 def _matmul_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
   operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+  if instruction.opcode == "custom-call":
+    return _library_call_flops(instruction, operands, shapes)
   result = math.prod(_first_array(instruction.shape))
   if instruction.opcode == "dot":
     lhs = _first_array(shapes.get(operands[0], ""))
@@ -184,8 +234,33 @@ def _result_shape(instruction: _Instruction) -> str:
   return shape
 
 
+def _kernels(computations: dict[str, list[_Instruction]], name: str) -> int:
+  """The kernels one execution of computation `name` launches (`HloFigures.kernels`)."""
+  total = 0
+  for instruction in computations.get(name, []):
+    called = {kind: re.findall(r"%([^\s,}]+)", names) for kind, names in _CALLED.findall(instruction.rest)}
+    if instruction.opcode == "while":
+      trip = _trip_count(instruction, computations)
+      total += sum(trip * _kernels(computations, body) for body in called.get("body", []))
+      total += sum((trip + 1) * _kernels(computations, condition) for condition in called.get("condition", []))
+    elif instruction.opcode == "conditional":
+      branches = called.get("branch_computations", []) + re.findall(r"(?:true|false)_computation=%([^\s,]+)",
+                                                                     instruction.rest)
+      total += max((_kernels(computations, branch) for branch in branches), default=0)
+    elif instruction.opcode == "call":
+      total += sum(_kernels(computations, target) for target in called.get("to_apply", []))
+    elif instruction.opcode not in _NO_KERNEL and not instruction.opcode.endswith("-done"):
+      total += 1
+  return total
+
+
+def kernel_count(compiled: Any) -> int:
+  """The kernels one call of `compiled` (a `jax.stages.Compiled`) launches (`HloFigures.kernels`)."""
+  return analyze(compiled.as_text()).kernels
+
+
 def analyze(hlo_text: str) -> HloFigures:
-  """The collective bytes and matmul FLOPs of one step of the compiled HLO module `hlo_text`."""
+  """The collective bytes, matmul FLOPs and kernels of one step of the compiled HLO module `hlo_text`."""
   computations, entry = _parse(hlo_text)
   shapes = {i.name: i.shape for instructions in computations.values() for i in instructions}
   times, times_once, trips = _multipliers(computations, entry) if entry else ({}, {}, [])
@@ -205,8 +280,9 @@ def analyze(hlo_text: str) -> HloFigures:
         collective_counts[kind] += count
         if kind == "all-reduce":  # the result's type is the sum's (XLA:TPU may sum a bf16 operand into an f32)
           all_reduce_16bit += count * int(array_bytes(_result_shape(instruction), _16BIT_FLOATS))
-      elif instruction.opcode in ("dot", "convolution"):
+      elif instruction.opcode in ("dot", "convolution", "custom-call"):
         matmul = _matmul_flops(instruction, shapes)
         flops += count * matmul
         flops_once += times_once[name] * matmul
-  return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips), all_reduce_16bit)
+  return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips), all_reduce_16bit,
+                    _kernels(computations, entry) if entry else 0)

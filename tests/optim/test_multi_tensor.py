@@ -156,7 +156,7 @@ import json
 from lbjax.train import gpu_targets
 gpu_targets.allow_plugin_without_cuda()
 import jax, jax.numpy as jnp, optax
-from benchmarks.optimizer import kernel_count
+from lbjax.train.hlo_analysis import kernel_count
 from lbjax import optim
 (device,) = gpu_targets.devices("h100")
 sharding = jax.sharding.SingleDeviceSharding(device)

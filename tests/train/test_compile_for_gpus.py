@@ -102,9 +102,51 @@ def test_mnist_lstm_compiles_for_eight_h100s_with_the_gradient_all_reduce(tmp_pa
   assert report["collective_bytes"] == {"all-reduce": 4 * parameters + 2 * 4, "reduce-scatter": 0, "all-gather": 0,
                                         "collective-permute": 0, "all-to-all": 0}
   assert report["steps"][0]["memory"]["parameters"] == 4 * parameters
+  # No cost analysis for a deviceless GPU: the FLOPs of the step's matmuls, from its HLO. Per row of the batch: the
+  # input transform (28 x 28 -> T per row of pixels) and its kernel gradient; the LSTM cell's [x, h] x [T + H, 4H]
+  # at each of the 28 time steps, its kernel and input gradients; the classifier H -> 10, likewise.
+  batch = report["batch_size"]
+  assert report["flops_counted"] == "matmuls_in_hlo"
+  assert report["flops_per_step"] == batch * 2 * (2 * 28 * 28 * transform + 3 * 28 * (transform + hidden) * 4 * hidden
+                                                  + 3 * hidden * 10)
+  assert report["kernels_per_step"] > 2 * 28  # the forward and backward scans launch kernels at every time step
+  assert f"kernels launched per step {report['kernels_per_step']:,}" in done.stdout
   assert "Compiled for topology h100:8: 8 NVIDIA H100 80GB HBM3 device(s)" in done.stdout
   assert "Note: config.deterministic=True is not applied" in done.stdout
   assert report["notes"] and "figures are those of the program without them" in report["notes"][0]
+
+
+CONVOLUTION_FLOPS = """
+from lbjax.train import gpu_targets
+gpu_targets.allow_plugin_without_cuda()
+import jax, jax.numpy as jnp
+from lbjax.train import hlo_analysis
+CONVOLUTIONS = [((3, 3, 3, 16), 1), ((1, 1, 16, 32), 2), ((3, 3, 32, 32), 1)]  # kernel (HWIO), stride
+
+def loss(kernels, x):
+  for kernel, (_, stride) in zip(kernels, CONVOLUTIONS):
+    x = jax.nn.relu(jax.lax.conv_general_dilated(x, kernel, (stride, stride), "SAME",
+                                                 dimension_numbers=("NHWC", "HWIO", "NHWC")))
+  return x.sum()
+
+(device,) = gpu_targets.devices("h100")
+spec = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(device))
+compiled = jax.jit(jax.grad(loss)).lower([spec(k) for k, _ in CONVOLUTIONS], spec((8, 16, 16, 3))).compile()
+assert "__cudnn$convBackwardInput" in compiled.as_text()
+print(hlo_analysis.analyze(compiled.as_text()).matmul_flops)
+"""
+
+
+@pytest.mark.skipif(not gpu_targets.plugin_installed(),
+                    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
+def test_the_flops_of_cudnn_convolutions_are_those_of_the_convolutions():
+  """The kernel gradients of three bfloat16 convolutions (3x3 over 16x16 images, 1x1 of stride 2, 3x3 over 8x8),
+  compiled for an H100: cuDNN's forward, input-gradient and kernel-gradient calls count 2 * positions * |kernel|
+  each, the first convolution without an input gradient (the images are not differentiated)."""
+  done = _compile_in_a_fresh_process([sys.executable, "-c", CONVOLUTION_FLOPS])
+  assert done.returncode == 0, done.stderr[-2000:]
+  first, second, third = (2 * 8 * 16 * 16 * (3 * 3 * 3 * 16), 2 * 8 * 8 * 8 * (16 * 32), 2 * 8 * 8 * 8 * (9 * 32 * 32))
+  assert float(done.stdout.split()[-1]) == 2 * first + 3 * second + 3 * third
 
 
 @pytest.mark.skipif(not gpu_targets.plugin_installed(),

@@ -19,7 +19,6 @@ from lbjax.train import compile_only
 from lbjax.train import compile_report
 from lbjax.train import datasets
 from lbjax.train import determinism
-from lbjax.train import hlo_analysis
 from lbjax.train import topology
 from lbjax.train.errors import ConfigError
 from tests.train import helpers
@@ -42,62 +41,6 @@ def _compile(capsys, tmp_path, config, *extra):
   out, err = capsys.readouterr()
   report = json.loads((tmp_path / "compile.json").read_text()) if (tmp_path / "compile.json").exists() else None
   return status, out, err, report
-
-
-def test_a_scan_is_counted_once_per_iteration():
-  """XLA's cost analysis counts a loop body once; the HLO analysis multiplies it by the trip count."""
-  batch, hidden, steps = 8, 32, 7
-
-  def loss(w, x):
-    return jax.lax.scan(lambda h, _: (jnp.tanh(h @ w), None), x, None, length=steps)[0].sum()
-
-  w, x = jnp.zeros((hidden, hidden)), jnp.zeros((batch, hidden))
-  figures = hlo_analysis.analyze(jax.jit(jax.grad(loss)).lower(w, x).compile().as_text())
-  per_step = 2 * batch * hidden * hidden  # one [B, H] x [H, H] matmul
-  assert figures.matmul_flops == 3 * steps * per_step  # forward, and the two matmuls of the backward pass
-  assert figures.loop_flop_ratio == steps and steps in figures.loop_trip_counts
-
-
-def test_all_reduce_bytes_in_16_bit_floats_are_counted_apart():
-  """An all-reduce of a bf16 and an f32 operand: both in the all-reduce bytes, the bf16 one also apart."""
-  hlo = """HloModule m
-
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-ENTRY %main (p: bf16[64,8], q: f32[16]) -> (bf16[64,8], f32[16]) {
-  %p = bf16[64,8]{1,0} parameter(0)
-  %q = f32[16]{0} parameter(1)
-  ROOT %r = (bf16[64,8]{1,0}, f32[16]{0}) all-reduce(%p, %q), replica_groups={}, to_apply=%add
-}
-"""
-  figures = hlo_analysis.analyze(hlo)
-  assert figures.collective_bytes["all-reduce"] == 64 * 8 * 2 + 16 * 4
-  assert figures.all_reduce_16bit_bytes == 64 * 8 * 2
-
-
-def test_an_asynchronous_gpu_all_reduce_is_counted_once():
-  """XLA:GPU's `all-reduce-start` returns ((operands), results): the operands' aliases are not a second sum."""
-  hlo = """HloModule m
-
-%add (a: bf16[], b: bf16[]) -> bf16[] {
-  %a = bf16[] parameter(0)
-  %b = bf16[] parameter(1)
-  ROOT %s = bf16[] add(%a, %b)
-}
-
-ENTRY %main (p: bf16[5122]) -> bf16[5122] {
-  %p = bf16[5122]{0} parameter(0)
-  %start = ((bf16[5122]{0}), bf16[5122]{0}) all-reduce-start(%p), replica_groups={}, to_apply=%add
-  ROOT %done = bf16[5122]{0} all-reduce-done(%start)
-}
-"""
-  figures = hlo_analysis.analyze(hlo)
-  assert figures.collective_bytes["all-reduce"] == figures.all_reduce_16bit_bytes == 5122 * 2
-  assert figures.collective_counts["all-reduce"] == 1
 
 
 def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, tmp_path):
