@@ -3,7 +3,7 @@
 Parameters are pytrees whose leaves stack the L layers on their first axis, the layout
 `pipeline` splits into stages (and `sequential` scans over).
 
-* `lstm_layer`: one BasicLSTMCell layer (`lbjax.models.lstm_cell.lstm_step`, papers/001 §5.1) run over a
+* `lstm_layer`: one BasicLSTMCell layer (`lbjax.models.lstm_cell.lstm_unroll`, papers/001 §5.1) run over a
   sequence [N, T, H] -> [N, T, H] from a zero carry, the layer the PTB LSTM stacks (2 x 200 there).
 * `mlp_block`: a residual block h + tanh(h W + b), [N, D] -> [N, D].
 """
@@ -11,7 +11,7 @@ Parameters are pytrees whose leaves stack the L layers on their first axis, the 
 import jax
 import jax.numpy as jnp
 
-from lbjax.models.lstm_cell import lstm_step
+from lbjax.models.lstm_cell import lstm_unroll
 
 FORGET_BIAS = 1.0
 
@@ -27,9 +27,8 @@ def init_lstm_stack(key: jax.Array, num_layers: int, hidden_size: int) -> dict[s
 def lstm_layer(params: dict[str, jax.Array], inputs: jax.Array) -> jax.Array:
   """One LSTM layer over time: inputs [N, T, H] -> hidden states [N, T, H], from a zero carry."""
   zeros = jnp.zeros_like(inputs[:, 0])  # [N, H]; like the inputs, so it has their sharding type in shard_map
-  step = lambda carry, x: lstm_step(params["kernel"], params["bias"], carry, x, FORGET_BIAS)
-  _, outputs = jax.lax.scan(step, (zeros, zeros), jnp.swapaxes(inputs, 0, 1))
-  return jnp.swapaxes(outputs, 0, 1)
+  _, outputs = lstm_unroll(params["kernel"], params["bias"], (zeros, zeros), inputs, FORGET_BIAS)
+  return outputs
 
 
 def init_mlp_stack(key: jax.Array, num_layers: int, width: int) -> dict[str, jax.Array]:
