@@ -37,6 +37,9 @@
 #   repeatability  benchmarks/repeatability.py: the PTB LSTM and ResNet-tiny (synthetic data) trained twice,
 #                  each run in a process of its own, with XLA's defaults and with config.deterministic=True;
 #                  are the two final states bit-identical?
+#   xla_flags      benchmarks/xla_flags.py: the MNIST LSTM (B=128) and PTB LSTM (B=20) steps with XLA's
+#                  defaults, with command buffers (CUDA graphs) that take in while loops and conditionals,
+#                  and with none, each in processes of its own, alternated
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
 set -uo pipefail
@@ -47,7 +50,7 @@ PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
 SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
-PARTS="install,e2e,loop,loop_trace,optimizer,step_options,max_pool,repeatability"
+PARTS="install,e2e,loop,loop_trace,optimizer,step_options,max_pool,repeatability,xla_flags"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
 ARCHIVES_IN=()
 E2E_RESULTS="benchmarks/resnet50_end_to_end.jsonl"  # every GPU session's end-to-end rows, committed
@@ -75,9 +78,10 @@ LIMIT_OPTIMIZER=180
 LIMIT_STEP_OPTIONS=360
 LIMIT_MAX_POOL=60
 LIMIT_REPEATABILITY=240
+LIMIT_XLA_FLAGS=200
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
   LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_LOOP_TRACE=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
-  LIMIT_REPEATABILITY=600
+  LIMIT_REPEATABILITY=600 LIMIT_XLA_FLAGS=600
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py), and
 # optionally one config override. At 384 per GPU, as configured and with BatchNorm over the device's batch
@@ -346,8 +350,15 @@ for name in ${PARTS//,/ }; do
       else
         part repeatability "$LIMIT_REPEATABILITY" "$PYTHON" -m benchmarks.repeatability --steps 50
       fi ;;
-    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, optimizer, step_options, max_pool," \
-            "repeatability)" >&2
+    xla_flags)
+      if [ "$MODE" = dry-run ]; then
+        part xla_flags "$LIMIT_XLA_FLAGS" "$PYTHON" -m benchmarks.xla_flags --cases mnist_lstm:8 --rounds 1 \
+            --inner-rounds 1 --seconds-per-round 0.01 --no-readme --max-spread 1000
+      else
+        part xla_flags "$LIMIT_XLA_FLAGS" "$PYTHON" -m benchmarks.xla_flags --rounds 2 --write-noisy
+      fi ;;
+    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, loop_trace, optimizer, step_options," \
+            "max_pool, repeatability, xla_flags)" >&2
        exit 2 ;;
   esac
 done

@@ -1,0 +1,151 @@
+"""XLA flag sets against XLA's defaults on the trainer's step: each set in its own processes, alternated.
+
+XLA reads its flags (`XLA_FLAGS`) once, when the backend starts, so a flag set cannot be compared with the
+defaults inside one process. Each round starts one process per flag set, in an order that rotates from
+round to round; a process builds the trainer's step for every case (`benchmarks.workloads.TrainerStep`,
+synthetic data on the device, momentum SGD), times it in a few interleaved inner rounds and prints the
+median. The table gives each set's time per step (median over rounds [quartiles]) and its per-round ratio
+to the defaults' process of the same round.
+
+The default sets are about command buffers (CUDA graphs), which XLA:GPU records for fusions and library
+calls but, by default, not for `while` loops and conditionals: a step of a few hundred short kernels (the
+LSTMs: two scans of 28 time steps) spends its time launching them. On a CPU the GPU flags change
+nothing (the ratios then say how much two processes differ).
+
+    python -m benchmarks.xla_flags [--cases mnist_lstm:128,ptb_lstm:20] [--rounds 3] [--no-readme]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks import report
+
+# name -> XLA_FLAGS added to the process's own; "default" is the baseline of every ratio.
+FLAG_SETS = {
+    "default": "",
+    "command buffers with loops": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
+    "no command buffers": "--xla_gpu_enable_command_buffer=",
+}
+BASELINE = "default"
+CASES = "mnist_lstm:128,ptb_lstm:20"
+RESULT = "XLA_FLAGS_RESULT "  # the line a child prints its times on
+
+
+def parse_cases(text: str) -> list[tuple[str, int]]:
+  """`model:batch,...` -> [(model, batch)], the models those of `benchmarks.workloads.MODELS`."""
+  from benchmarks import workloads  # pylint: disable=import-outside-toplevel
+  cases = []
+  for item in filter(None, text.split(",")):
+    model, _, batch = item.partition(":")
+    if model not in workloads.MODELS or not batch.isdigit() or int(batch) < 1:
+      raise argparse.ArgumentTypeError(f"{item!r}: a case is MODEL:BATCH with MODEL one of "
+                                       f"{', '.join(workloads.MODELS)} and BATCH >= 1")
+    cases.append((model, int(batch)))
+  if not cases:
+    raise argparse.ArgumentTypeError("--cases names no case")
+  return cases
+
+
+def parse_flag_sets(text: str) -> dict[str, str]:
+  """`name=flags;...` -> {name: flags}; a name of `FLAG_SETS` alone stands for its flags. The baseline
+  (`default`, no flags) comes first whether named or not."""
+  sets = {BASELINE: ""}
+  for item in filter(None, text.split(";")):
+    name, given, flags = item.partition("=")
+    name = name.strip()
+    if not given and name not in FLAG_SETS:
+      raise argparse.ArgumentTypeError(f"{item!r}: a flag set is NAME=FLAGS, or one of {', '.join(FLAG_SETS)}")
+    sets[name] = flags.strip() if given else FLAG_SETS[name]
+  if len(sets) < 2:
+    raise argparse.ArgumentTypeError("--flag-sets names no set beside the defaults")
+  return sets
+
+
+def time_cases(cases: list[tuple[str, int]], inner_rounds: int, seconds_per_round: float) -> dict[str, float]:
+  """In this process: seconds per trainer step of each case, median over `inner_rounds` interleaved rounds."""
+  from benchmarks import workloads  # pylint: disable=import-outside-toplevel
+  steps = {f"{model}:{batch}": workloads.TrainerStep(workloads.trainer_config(model, batch)) for model, batch in cases}
+  repeats = {name: report.repeats_for(step, seconds_per_round) for name, step in steps.items()}
+  return {name: report.median_seconds({name: step}, rounds=inner_rounds, repeats=repeats[name])[name]
+          for name, step in steps.items()}
+
+
+def run_process(flags: str, args: argparse.Namespace) -> dict[str, float] | str:
+  """One child process under `flags`: its seconds per step by case, or its error's last lines."""
+  env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), flags))))
+  command = [sys.executable, "-m", "benchmarks.xla_flags", "--child", "--cases", args.cases_text,
+             "--inner-rounds", str(args.inner_rounds), "--seconds-per-round", str(args.seconds_per_round)]
+  done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.process_timeout, check=False)
+  for line in done.stdout.splitlines():
+    if line.startswith(RESULT):
+      return json.loads(line[len(RESULT):])
+  return " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])[:400] or f"exit status {done.returncode}"
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--cases", default=CASES, help="MODEL:BATCH,... (models of benchmarks.workloads)")
+  parser.add_argument("--flag-sets", default=";".join(FLAG_SETS),
+                      help=f"NAME=FLAGS;... or names of {', '.join(FLAG_SETS)}; the defaults always run")
+  parser.add_argument("--inner-rounds", type=report.positive_int, default=5, help="timed rounds in each process")
+  parser.add_argument("--seconds-per-round", type=report.positive_float, default=0.2)
+  parser.add_argument("--process-timeout", type=report.positive_float, default=300.0,
+                      help="seconds a process may take before it counts as failed")
+  parser.add_argument("--no-readme", action="store_true", help="print only")
+  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  report.add_spread_arguments(parser, rounds=3)
+  args = parser.parse_args()
+  args.cases_text = args.cases
+  try:
+    cases, sets = parse_cases(args.cases), parse_flag_sets(args.flag_sets)
+  except argparse.ArgumentTypeError as e:
+    parser.error(str(e))
+  if args.child:
+    print(RESULT + json.dumps(time_cases(cases, args.inner_rounds, args.seconds_per_round)), flush=True)
+    return
+
+  names = list(sets)
+  times = {(case, name): [] for case in args.cases.split(",") for name in names}
+  failed: dict[str, str] = {}
+  for round_index in range(args.rounds):
+    shift = round_index % len(names)
+    for name in names[shift:] + names[:shift]:
+      result = run_process(sets[name], args) if name not in failed else None
+      if isinstance(result, str):
+        failed[name] = result
+        print(f"[xla_flags] {name}: {result}", flush=True)
+      elif result is not None:
+        for case, seconds in result.items():
+          times[(case, name)].append(seconds)
+  if BASELINE in failed:
+    sys.exit(f"the defaults' process failed: {failed[BASELINE]}")
+
+  check = report.SpreadCheck(args.max_spread)
+  rows = []
+  for case in args.cases.split(","):
+    for name in names:
+      if name in failed:
+        rows.append([case, name, f"`{sets[name]}`", f"failed: {failed[name]}", ""])
+        continue
+      ratio = "" if name == BASELINE else check.record(f"{case}: {name} / {BASELINE}", report.paired_ratios(
+          {name: times[(case, name)], BASELINE: times[(case, BASELINE)]}, name, BASELINE)).format(digits=3)
+      flags = f"`{sets[name]}`" if sets[name] else ""
+      rows.append([case, name, flags, report.Spread.of(times[(case, name)]).format(1e3, 2), ratio])
+  table = report.markdown_table(["model:batch", "flag set", "XLA_FLAGS", "ms per step", f"x {BASELINE}"], rows)
+  notes = (f"Each round starts one process per flag set (the order rotating from round to round); a process times "
+           f"the trainer's step ({args.inner_rounds} inner rounds of ~{args.seconds_per_round:g} s, synthetic data "
+           f"on the device, momentum SGD) and keeps the median. Times: median over {args.rounds} rounds [quartiles]; "
+           f"x {BASELINE}: the per-round ratio to the defaults' process of the same round (median [quartiles]).")
+  print(table + "\n\n" + notes)
+  if not args.no_readme and check.should_write(args.write_noisy):
+    # Only now does this process start a backend (write_section names the device): the children had the GPU.
+    report.write_section("xla-flags", "XLA flags on the trainer's step: `benchmarks/xla_flags.py`",
+                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
+  check.exit_if_noisy()
+
+
+if __name__ == "__main__":
+  main()
