@@ -116,6 +116,27 @@ def test_mnist_lstm_compiles_for_eight_h100s_with_the_gradient_all_reduce(tmp_pa
   assert report["notes"] and "figures are those of the program without them" in report["notes"][0]
 
 
+PIXEL_SCALE = """
+import re
+from lbjax.train import gpu_targets
+gpu_targets.allow_plugin_without_cuda()
+import jax, jax.numpy as jnp
+from lbjax import data
+(device,) = gpu_targets.devices("h100")
+pixels = jax.ShapeDtypeStruct((128, 28, 28), jnp.uint8, sharding=jax.sharding.SingleDeviceSharding(device))
+print(len(re.findall(r" multiply\\(", jax.jit(data.MNIST_NORMALIZATION).lower(pixels).compile().as_text())))
+"""
+
+
+@pytest.mark.skipif(not gpu_targets.plugin_installed(),
+                    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
+def test_xla_gpu_keeps_the_two_products_of_mnists_pixel_scale():
+  """`PixelScale` is exact as `x * high + x * low`; XLA:GPU must not fold it into `x * (high + low)`."""
+  done = _compile_in_a_fresh_process([sys.executable, "-c", PIXEL_SCALE])
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split()[-1] == "2"
+
+
 CONVOLUTION_FLOPS = """
 from lbjax.train import gpu_targets
 gpu_targets.allow_plugin_without_cuda()
