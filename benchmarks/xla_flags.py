@@ -76,7 +76,7 @@ def time_cases(cases: list[tuple[str, int]], inner_rounds: int, seconds_per_roun
 def run_process(flags: str, args: argparse.Namespace) -> dict[str, float] | str:
   """One child process under `flags`: its seconds per step by case, or its error's last lines."""
   env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), flags))))
-  command = [sys.executable, "-m", "benchmarks.xla_flags", "--child", "--cases", args.cases_text,
+  command = [sys.executable, "-m", "benchmarks.xla_flags", "--child", "--cases", args.cases,
              "--inner-rounds", str(args.inner_rounds), "--seconds-per-round", str(args.seconds_per_round)]
   done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.process_timeout, check=False)
   for line in done.stdout.splitlines():
@@ -98,7 +98,6 @@ def main() -> None:
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   report.add_spread_arguments(parser, rounds=3)
   args = parser.parse_args()
-  args.cases_text = args.cases
   try:
     cases, sets = parse_cases(args.cases), parse_flag_sets(args.flag_sets)
   except argparse.ArgumentTypeError as e:
@@ -108,7 +107,8 @@ def main() -> None:
     return
 
   names = list(sets)
-  times = {(case, name): [] for case in args.cases.split(",") for name in names}
+  case_names = [f"{model}:{batch}" for model, batch in cases]  # the keys a child reports its times under
+  times = {(case, name): [] for case in case_names for name in names}
   failed: dict[str, str] = {}
   for round_index in range(args.rounds):
     shift = round_index % len(names)
@@ -125,7 +125,7 @@ def main() -> None:
 
   check = report.SpreadCheck(args.max_spread)
   rows = []
-  for case in args.cases.split(","):
+  for case in case_names:
     for name in names:
       if name in failed:
         rows.append([case, name, f"`{sets[name]}`", f"failed: {failed[name]}", ""])

@@ -63,9 +63,10 @@ def test_pixel_scale_on_the_device_gives_the_host_quotients_bit_for_bit():
     data.PixelScale(0.0)
 
 
-@pytest.mark.parametrize("divisor", [255.0, 256.0, 127.5, 100.0, 3.0, 1e-3])
+@pytest.mark.parametrize("divisor", [256.0, 127.5, 100.0, 3.0, 1e-3])
 def test_pixel_scale_is_the_correctly_rounded_quotient_for_any_divisor_it_accepts(divisor):
-  """`x * high + x * low` on the device (XLA:CPU) equals float32(x) / float32(divisor) for every pixel value."""
+  """`x * high + x * low` on the device (XLA:CPU) equals float32(x) / float32(divisor) for every pixel value
+  (MNIST's 255: the test above)."""
   jax, jnp = pytest.importorskip("jax"), pytest.importorskip("jax.numpy")
   pixels = np.arange(256, dtype=np.uint8)
   scale = data.PixelScale(divisor)

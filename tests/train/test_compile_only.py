@@ -14,6 +14,7 @@ from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
 import pytest
 
+from lbjax import data
 from lbjax import main as cli
 from lbjax.train import compile_only
 from lbjax.train import compile_report
@@ -295,7 +296,7 @@ def test_mnists_pixels_are_scaled_without_a_gather_on_a_tpu():
   (device, *_) = topology.topology_devices("v5p:2x2x1")
   pixels = jax.ShapeDtypeStruct((2048, 28, 28), jnp.uint8, sharding=jax.sharding.SingleDeviceSharding(device))
   with compile_only.persistent_cache_set_aside():  # a topology's compiler cannot load cached executables
-    compiled = jax.jit(datasets.lbdata.MNIST_NORMALIZATION).lower(pixels).compile()
+    compiled = jax.jit(data.MNIST_NORMALIZATION).lower(pixels).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   assert " gather(" not in compiled.as_text() and cost["optimal_seconds"] < 1e-4
