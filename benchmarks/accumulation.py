@@ -202,10 +202,7 @@ def main() -> None:
            "estimate for the compiled step (CPU backend); peak = arguments + outputs + temporaries "
            "- donated aliases.")
   print(table)
-  if not args.no_readme and check.should_write(args.write_noisy):
-    report.write_section("accumulation", "Gradient accumulation: k micro-batches vs one batch",
-                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
-  check.exit_if_noisy()
+  check.finish(args, "accumulation", "Gradient accumulation: k micro-batches vs one batch", table + "\n\n" + notes)
 
 
 def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
@@ -232,9 +229,8 @@ def any_batch_main(args) -> None:
              f"{args.adapt_every} update(s), two steps in flight. Variants and ratios as in the 'any-batch' "
              "section (median [min, max] over the interleaved rounds, > 1: the any-batch step is faster).")
     print(table)
-    if not args.no_readme:
-      report.write_section("any-batch-loop", "Any batch, one compile: the trainer's host loop at a fixed batch",
-                           report.header_lines() + "\n" + table + "\n\n" + notes)
+    report.publish(args, "any-batch-loop", "Any batch, one compile: the trainer's host loop at a fixed batch",
+                   table + "\n\n" + notes)
     return
   notes = ("One CPU device (the machine's 2 cores shared with other jobs and a background training run), "
            "momentum SGD, synthetic data placed once. 'any-batch': `config.batch.micro_batch_size` = the "
@@ -247,9 +243,8 @@ def any_batch_main(args) -> None:
            "the interleaved rounds, > 1: the any-batch step is faster) of wall time and of the process's CPU "
            "time (all threads), the latter less disturbed by the other jobs on the machine.")
   print(table)
-  if not args.no_readme:
-    report.write_section("any-batch", "Any batch, one compile: the any-batch step vs the per-size steps",
-                         report.header_lines() + "\n" + table + "\n\n" + notes)
+  report.publish(args, "any-batch", "Any batch, one compile: the any-batch step vs the per-size steps",
+                 table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

@@ -63,11 +63,8 @@ def main() -> None:
            "`checkpointing._sums`, device_get included) and the SHA-256 of every byte. The two checksum "
            "paths give identical sums (checked at the start of the run), so checkpoints written before "
            "verify.")
-  body = report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes
   print(table)
-  if not args.no_readme and check.should_write(args.write_noisy):
-    report.write_section("checkpoint-checksums", "Checkpoint checksums and data fingerprint", body)
-  check.exit_if_noisy()
+  check.finish(args, "checkpoint-checksums", "Checkpoint checksums and data fingerprint", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

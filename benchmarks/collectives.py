@@ -222,9 +222,7 @@ def main() -> None:
            "Batch: ResNet-50 16 x 224x224 images, LSTMs 64 rows; the gradient traffic does not "
            "depend on it.")
   print(table)
-  if not args.no_readme:
-    report.write_section("collectives", "Cross-device bytes per step (8 simulated devices)",
-                         report.header_lines() + "\n" + table + "\n\n" + notes)
+  report.publish(args, "collectives", "Cross-device bytes per step (8 simulated devices)", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

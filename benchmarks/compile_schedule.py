@@ -79,9 +79,7 @@ def main() -> None:
            "'train-step compile records' are the trainer's `compile` records (the any-batch step's two "
            "programs make one record, at the first step). The any-batch step uses micro-batches of 64.")
   print(table)
-  if not args.no_readme:
-    report.write_section("compile-schedule", "Batch-size schedule: compiles",
-                         report.header_lines() + "\n" + table + "\n\n" + notes)
+  report.publish(args, "compile-schedule", "Batch-size schedule: compiles", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

@@ -108,9 +108,7 @@ def main() -> None:
              f"Achieved FLOP/s count the analytic {analytic / 1e12:.2f} TFLOPs per step: XLA's cost analysis "
              "leaves out convolutions run as library calls (cuDNN on GPUs), hence its column.")
   print(setting + "\n\n" + table)
-  if not args.no_readme:
-    report.write_section("gpu-resnet50", TITLE, report.header_lines() + "\n" + setting + "\n\n" + table +
-                         "\n\n" + HOW_TO, per_platform=False)
+  report.publish(args, "gpu-resnet50", TITLE, setting + "\n\n" + table + "\n\n" + HOW_TO, per_platform=False)
 
 
 if __name__ == "__main__":

@@ -131,10 +131,8 @@ def main() -> None:
       "step's share (ratio of medians), the share of the bare step's speed the loop keeps under the profiler. "
       "Traced steps are slower than untraced ones (the profiler's own recording), so the wall times here are not "
       "the loop's speed (section train-loop is); the kernel events per step are what the profiler recorded.")
-  body = report.header_lines() + "\n" + table + "\n\n" + notes
   print(table)
-  if not args.no_readme:
-    report.write_section("loop-trace", "Whole loop: how busy the device is (traced steps)", body)
+  report.publish(args, "loop-trace", "Whole loop: how busy the device is (traced steps)", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

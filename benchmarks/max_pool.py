@@ -65,10 +65,7 @@ def main() -> None:
            "round (median [quartiles]), below 1 the placements are faster.")
   print(table + "\n\n" + notes)
   name = "max-pool-gradient" + ("-deterministic" if args.deterministic else "")
-  if not args.no_readme and check.should_write(args.write_noisy):
-    report.write_section(name, f"Max-pool gradient, {mode}: `benchmarks/max_pool.py`",
-                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
-  check.exit_if_noisy()
+  check.finish(args, name, f"Max-pool gradient, {mode}: `benchmarks/max_pool.py`", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

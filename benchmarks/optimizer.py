@@ -515,19 +515,17 @@ def main() -> None:
       parser.error(str(error))
     body = report.markdown_table(["tree", "update", "kernels"], rows)
     print(body)
-    if not args.no_readme:
-      report.write_section("optimizer-gpu-kernels", f"Optimizer update: kernels on a GPU ({args.kernels_for}, "
-                           "compiled here without one)", report.header_lines() + "\n" + body + "\n\n" +
-                           GPU_KERNEL_NOTES)
+    report.publish(args, "optimizer-gpu-kernels",
+                   f"Optimizer update: kernels on a GPU ({args.kernels_for}, compiled here without one)",
+                   body + "\n\n" + GPU_KERNEL_NOTES)
     return
   if args.collectives:
     jax.config.update("jax_num_cpu_devices", 8)
     rows = collective_counts([n for n in names if n != "lbjax mclr"])
     body = report.markdown_table(["update"] + list(COLLECTIVES), rows)
     print(body)
-    if not args.no_readme:
-      report.write_section("optimizer-collectives", "Optimizer update: collectives with FSDP-sharded parameters",
-                           report.header_lines() + "\n" + body + "\n\n" + COLLECTIVE_NOTES)
+    report.publish(args, "optimizer-collectives", "Optimizer update: collectives with FSDP-sharded parameters",
+                   body + "\n\n" + COLLECTIVE_NOTES)
     return
   check = report.SpreadCheck(args.max_spread)
   rows, ratios, diffs = [], {}, {}
@@ -555,12 +553,8 @@ def main() -> None:
       lines.append(f"- {tree}: {pair}: {diff:.1e}")
   body = "\n".join(lines)
   print(body)
-  if not args.no_readme and check.should_write(args.write_noisy):
-    report.write_section(
-        "optimizer", "Optimizer update: `benchmarks/optimizer.py`",
-        report.header_lines() + "\n" + check.warning() + body + "\n\n" +
-        NOTES.format(seconds=args.seconds_per_round))
-  check.exit_if_noisy()
+  check.finish(args, "optimizer", "Optimizer update: `benchmarks/optimizer.py`",
+               body + "\n\n" + NOTES.format(seconds=args.seconds_per_round))
 
 
 if __name__ == "__main__":

@@ -132,9 +132,7 @@ def main() -> None:
            "relative to that leaf's max |b|, the largest over the leaves. Seconds per run: the whole process "
            "(start, compile, steps, final evaluation).")
   print("\n" + table + "\n\n" + notes)
-  if not args.no_readme:
-    report.write_section("repeatability", "Two runs bit for bit: `benchmarks/repeatability.py`",
-                         report.header_lines() + "\n" + table + "\n\n" + notes)
+  report.publish(args, "repeatability", "Two runs bit for bit: `benchmarks/repeatability.py`", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

@@ -188,10 +188,6 @@ class SpreadCheck:
           f"{100 * self.max_width:.0f}%")
     return spread
 
-  def should_write(self, write_noisy: bool) -> bool:
-    """Whether the README section may be written: the ratios are sound, or `--write-noisy`."""
-    return not self.failures or write_noisy
-
   def warning(self) -> str:
     """Markdown naming the too-noisy ratios (empty when there are none), to head a section."""
     if not self.failures:
@@ -207,6 +203,13 @@ class SpreadCheck:
       print("Too noisy to report (rerun on a quieter machine, with more --rounds, or raise "
             "--max-spread):", *self.failures, sep="\n  ", file=sys.stderr)
       sys.exit(self.EXIT_TOO_NOISY)
+
+  def finish(self, args: argparse.Namespace, name: str, title: str, body: str) -> None:
+    """Ends a timing benchmark: `publish`es `body` under the `warning` if the ratios are sound or
+    `--write-noisy` was given, then `exit_if_noisy`. `args` holds `add_spread_arguments`' options."""
+    if not self.failures or args.write_noisy:
+      publish(args, name, title, self.warning() + body)
+    self.exit_if_noisy()
 
 
 def flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
@@ -287,6 +290,13 @@ def command_line() -> str:
   path = pathlib.Path(sys.argv[0])
   module = path.parent.name if path.stem == "__main__" else path.stem
   return shlex.join(["python", "-m", "benchmarks." + module, *sys.argv[1:]])
+
+
+def publish(args: argparse.Namespace, name: str, title: str, body: str, *, per_platform: bool = True) -> None:
+  """Unless `--no-readme` was given (`args.no_readme`), `write_section` with the machine's `header_lines`
+  above `body`."""
+  if not args.no_readme:
+    write_section(name, title, header_lines() + "\n" + body, per_platform=per_platform)
 
 
 def write_section(name: str, title: str, body: str, *, readme: pathlib.Path = README,

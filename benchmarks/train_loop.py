@@ -327,12 +327,9 @@ def main() -> None:
       "the same shape, a quarter of the bytes (the ResNet's synthetic images are float32; the ImageNet, CIFAR-10 "
       "and, since 2026-11-30, MNIST streams hand over uint8, normalised in the step, so for the MNIST LSTM it is "
       "global_batch again).")
-  body = (report.header_lines() + "\n" + check.warning() + rates +
-          "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
   print(rates + "\n\n" + pieces)
-  if not args.no_readme and check.should_write(args.write_noisy):
-    report.write_section("train-loop", "Whole loop vs bare step", body)
-  check.exit_if_noisy()
+  check.finish(args, "train-loop", "Whole loop vs bare step",
+               rates + "\n\nHost work of one loop iteration:\n\n" + pieces + "\n\n" + notes)
 
 
 if __name__ == "__main__":

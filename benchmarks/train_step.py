@@ -91,10 +91,7 @@ def main() -> None:
       "`compiled.cost_analysis()` of the two executables: exact, where the timings move with the "
       "load of this shared 2-core machine.")
   print(table)
-  if not args.no_readme and check.should_write(args.write_noisy):
-    report.write_section("train-step", "Train step: trainer vs hand-written jit step",
-                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
-  check.exit_if_noisy()
+  check.finish(args, "train-step", "Train step: trainer vs hand-written jit step", table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

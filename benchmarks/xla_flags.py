@@ -140,11 +140,9 @@ def main() -> None:
            f"on the device, momentum SGD) and keeps the median. Times: median over {args.rounds} rounds [quartiles]; "
            f"x {BASELINE}: the per-round ratio to the defaults' process of the same round (median [quartiles]).")
   print(table + "\n\n" + notes)
-  if not args.no_readme and check.should_write(args.write_noisy):
-    # Only now does this process start a backend (write_section names the device): the children had the GPU.
-    report.write_section("xla-flags", "XLA flags on the trainer's step: `benchmarks/xla_flags.py`",
-                         report.header_lines() + "\n" + check.warning() + table + "\n\n" + notes)
-  check.exit_if_noisy()
+  # Only now, in finish's header_lines, does this process start a backend: the children had the GPU.
+  check.finish(args, "xla-flags", "XLA flags on the trainer's step: `benchmarks/xla_flags.py`",
+               table + "\n\n" + notes)
 
 
 if __name__ == "__main__":

@@ -39,11 +39,27 @@ def test_spread_check_flags_a_wide_interval_and_exits_with_status_3(capsys):
   check.record("noisy", report.Spread.of([0.5, 1.0, 1.5] * 4))
   assert len(check.failures) == 1 and check.failures[0].startswith("noisy:")
   assert "**Too noisy**" in check.warning()
-  assert not check.should_write(write_noisy=False) and check.should_write(write_noisy=True)
   with pytest.raises(SystemExit) as exit_info:
     check.exit_if_noisy()
   assert exit_info.value.code == report.SpreadCheck.EXIT_TOO_NOISY
   assert "noisy:" in capsys.readouterr().err
+
+
+def test_spread_check_finish_writes_a_sound_or_forced_section_then_exits_if_noisy(monkeypatch):
+  written = []
+  monkeypatch.setattr(report, "write_section", lambda name, title, body, **_: written.append((name, body)))
+  monkeypatch.setattr(report, "header_lines", lambda: "machine\n")
+  sound = report.SpreadCheck(0.1)
+  sound.record("steady", report.Spread.of([1.0] * 11))
+  sound.finish(argparse.Namespace(no_readme=False, write_noisy=False), "s", "S", "table")
+  assert written == [("s", "machine\n\ntable")]
+  noisy = report.SpreadCheck(0.1)
+  noisy.record("noisy", report.Spread.of([0.5, 1.0, 1.5] * 4))
+  for no_readme, write_noisy in ((False, False), (True, True), (False, True)):
+    with pytest.raises(SystemExit) as exit_info:
+      noisy.finish(argparse.Namespace(no_readme=no_readme, write_noisy=write_noisy), "n", "N", "table")
+    assert exit_info.value.code == report.SpreadCheck.EXIT_TOO_NOISY
+  assert len(written) == 2 and written[1][0] == "n" and "**Too noisy**" in written[1][1]
 
 
 def test_round_seconds_interleaves_with_rotating_order():
