@@ -1,6 +1,6 @@
 """Cross-device bytes per train step, read from the compiled HLO on 8 simulated CPU devices.
 
-The trainer's step (`make_train_step`, jitted with the trainer's shardings) is lowered from abstract
+The trainer's step (`lbjax.train.compile_only.abstract_run`: its own step and shardings) is lowered from abstract
 shapes (`jax.ShapeDtypeStruct` with shardings; nothing is allocated or run) and compiled for a mesh
 of 8 CPU devices with fsdp = 1 (pure data parallelism) and fsdp = 8 (parameters and optimizer state
 split). Every collective of the compiled module (all-reduce, all-gather, reduce-scatter, all-to-all,
@@ -22,16 +22,11 @@ import collections
 import math
 import re
 
-from flax import nnx
 import jax
-import numpy as np
 
 from benchmarks import report
 from benchmarks import workloads
-from lbjax.train import mesh as mesh_lib
-from lbjax.train import run as run_lib
-from lbjax.train import state as state_lib
-from lbjax.train import step as step_lib
+from lbjax.train import compile_only
 
 # (fsdp, config.mesh.per_device_gradients) of each measured mesh of 8 devices.
 MESHES = ((1, False), (8, False), (1, True))
@@ -117,48 +112,11 @@ def collective_bytes(hlo: str) -> dict[str, tuple[int, int, float]]:
   return {op: tuple(values) for op, values in totals.items()}
 
 
-def abstract_step_inputs(config, run, image_size: int):
-  """Abstract (state, batch, learning rate) with the trainer's shardings, and the graphdef."""
-  model = nnx.eval_shape(lambda: run.task.build_model(nnx.Rngs(0)))
-  graphdef, params, model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
-  mesh = run.mesh
-
-  def with_sharding(tree, sharding_of):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding_of(x)),
-                        tree)
-
-  param_sharding = lambda x: mesh_lib.parameter_sharding(mesh, x.shape)
-  params = with_sharding(nnx.to_pure_dict(params), param_sharding)
-  opt_state = with_sharding(jax.eval_shape(run.parts.optimizer.init, params), param_sharding)
-  model_state = with_sharding(nnx.to_pure_dict(model_state), lambda _: run.parts.replicated)
-  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=run.parts.replicated)
-  rng = jax.ShapeDtypeStruct((2,), np.uint32, sharding=run.parts.replicated)
-  batch_size = config.batch_size
-  if run.task.dataset.kind == "language_model":
-    carry = with_sharding(jax.eval_shape(lambda: model.initial_carry(batch_size)),
-                          lambda _: run.parts.batch_sharding)
-    tokens = jax.ShapeDtypeStruct((batch_size, 20), np.int32, sharding=run.parts.batch_sharding)
-    batch = {"inputs": tokens, "targets": tokens}
-  else:
-    carry = None
-    channels = run.task.dataset.model_arguments["input_channels"]
-    batch = {"images": jax.ShapeDtypeStruct((batch_size, image_size, image_size, channels), np.float32,
-                                            sharding=run.parts.batch_sharding),
-             "labels": jax.ShapeDtypeStruct((batch_size,), np.int32, sharding=run.parts.batch_sharding)}
-  compression_state = None
-  if run.parts.compressor is not None:
-    compression_state = with_sharding(jax.eval_shape(run.parts.compressor.init, params), lambda _: run.parts.replicated)
-  fields = {"step": scalar(np.int32), "params": params, "opt_state": opt_state,
-            "model_state": model_state, "rng": rng, "carry": carry,
-            "first_nonfinite_step": scalar(np.int32), "compression_state": compression_state}
-  state = state_lib.TrainState(**{name: fields.get(name) for name in state_lib.TrainState._fields})
-  return graphdef, state, batch, scalar(np.float32)
-
-
 def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int,
                  per_device_gradients: bool = False) -> tuple[str, int]:
   """The compiled train step's HLO text and the parameter bytes, for 8 devices and `fsdp`.
 
+  The step is the trainer's own, lowered from abstract inputs (`compile_only.abstract_run`).
   `per_device_gradients`: the `config.mesh.per_device_gradients` step (gradients in `shard_map`, one
   all-reduce), with fsdp = 1.
   """
@@ -170,14 +128,9 @@ def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int,
     config.data_options.num_classes = 1000
     config.data_options.num_train_examples = 16
     config.data_options.num_eval_examples = 16
-  run = run_lib.Run(config)
-  graphdef, state, batch, learning_rate = abstract_step_inputs(config, run, image_size)
-  step = step_lib.make_train_step(graphdef, run.task, run.parts.optimizer, run.mesh, 1, compressor=run.parts.compressor)
-  shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-  compiled = jax.jit(step, in_shardings=(shardings(state), shardings(batch), run.parts.replicated),
-                     out_shardings=(shardings(state), run.parts.replicated), donate_argnums=(0,)
-                     ).lower(state, batch, learning_rate).compile()
-  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
+  run = compile_only.abstract_run(config, jax.devices())
+  compiled, _ = compile_only.compile_program(run.programs[0])
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.state.params))
   return compiled.as_text(), param_bytes
 
 
