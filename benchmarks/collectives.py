@@ -6,7 +6,7 @@ of 8 CPU devices with fsdp = 1 (pure data parallelism) and fsdp = 8 (parameters 
 split). Every collective of the compiled module (all-reduce, all-gather, reduce-scatter, all-to-all,
 collective-permute) is summed with its payload, the size of the full array it reduces or
 gathers, times the trip count of the loops it sits in, and converted to the bytes one device
-sends with ring algorithms. The minimum is the same for both meshes: one all-reduce of the
+sends with ring algorithms (`lbjax.train.hlo_analysis`). The minimum is the same for both meshes: one all-reduce of the
 gradients, 2(n-1)/n x the parameter bytes per device (FSDP's reduce-scatter of the gradients
 plus all-gather of the parameters sends the same).
 
@@ -18,98 +18,17 @@ import os
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"  # before jax is imported (by the imports below)
 
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
-import collections
-import math
-import re
 
 import jax
 
 from benchmarks import report
 from benchmarks import workloads
 from lbjax.train import compile_only
+from lbjax.train import hlo_analysis
 
 # (fsdp, config.mesh.per_device_gradients) of each measured mesh of 8 devices.
 MESHES = ((1, False), (8, False), (1, True))
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_OP = re.compile(r"=\s*(?P<result>.+?)\s+(?P<op>" + "|".join(COLLECTIVES) +
-                 r")(?P<start>-start)?\(")
-_SHAPE = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4,
-          "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-_COMPUTATION = re.compile(r"^(ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
-_TRIP = re.compile(r"\"known_trip_count\":\{\"n\":\"(\d+)\"")
-_CALLS = re.compile(r"(?:to_apply|calls|true_computation|false_computation|branch_computations)="
-                    r"\{?%?([\w.\-]+)")
-
 CASES = (("resnet50", 16, 224), ("mnist_lstm", 64, 28), ("ptb_lstm", 64, 0))
-
-
-def _shape_bytes(text: str) -> int:
-  return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in _SHAPE.findall(text))
-
-
-def _group_size(line: str) -> int:
-  """Number of devices in each replica group of a collective's HLO line."""
-  mesh_form = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-  if mesh_form:
-    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh_form.group(1)))
-    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh_form.group(2)))
-  iota_form = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
-  if iota_form:
-    return int(iota_form.group(2))
-  explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
-  return len(explicit.group(1).split(",")) if explicit else 1
-
-
-def _ring_factor(op: str, group_size: int) -> float:
-  """Bytes each device sends per payload byte with ring algorithms (all-reduce = RS + AG)."""
-  if op == "collective-permute":
-    return 1.0
-  share = (group_size - 1) / group_size
-  return 2 * share if op == "all-reduce" else share
-
-
-def collective_bytes(hlo: str) -> dict[str, tuple[int, int, float]]:
-  """op name -> (count, payload bytes, ring bytes sent per device) per execution of the module.
-
-  Collectives inside `while` bodies are multiplied by the loop's known trip count.
-  """
-  computations, current, entry = collections.defaultdict(list), None, None
-  for line in hlo.splitlines():
-    match = _COMPUTATION.match(line)
-    if match and not line[:1].isspace():
-      current = match.group("name")
-      if match.group(1):
-        entry = current
-      continue
-    if current is not None:
-      computations[current].append(line)
-
-  totals = collections.defaultdict(lambda: [0, 0, 0.0])
-
-  def visit(name: str, multiplier: int, depth: int = 0) -> None:
-    if depth > 50:
-      return
-    for line in computations.get(name, ()):
-      op = _OP.search(line)
-      if op:
-        name, size, payload = op.group("op"), _group_size(line), _shape_bytes(op.group("result"))
-        if name == "reduce-scatter":  # the result is one shard of the reduced array
-          payload *= size
-        totals[name][0] += multiplier
-        totals[name][1] += multiplier * payload
-        totals[name][2] += multiplier * payload * _ring_factor(name, size)
-      if " while(" in line:
-        body = re.search(r"body=%?([\w.\-]+)", line).group(1)
-        trip = _TRIP.search(line)
-        visit(body, multiplier * (int(trip.group(1)) if trip else 1), depth + 1)
-      elif " fusion(" not in line:
-        for callee in _CALLS.findall(line):
-          visit(callee, multiplier, depth + 1)
-
-  visit(entry, 1)
-  return {op: tuple(values) for op, values in totals.items()}
 
 
 def compiled_hlo(model: str, batch_size: int, image_size: int, fsdp: int,
@@ -149,7 +68,7 @@ def main() -> None:
       continue
     for fsdp, per_device in MESHES:
       hlo, param_bytes = compiled_hlo(model, batch_size, image_size, fsdp, per_device)
-      per_op = collective_bytes(hlo)
+      per_op = hlo_analysis.analyze(hlo).collectives
       payload = sum(values[1] for values in per_op.values())
       wire = sum(values[2] for values in per_op.values())
       minimum = 2 * 7 / 8 * param_bytes

@@ -29,8 +29,6 @@ kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column giv
 """
 
 import argparse
-import collections
-import re
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +41,7 @@ from lbjax.optim.lars import lars_rate
 from lbjax.optim import layerwise
 from lbjax.train import gpu_targets
 from lbjax.train.errors import ConfigError
-from lbjax.train.hlo_analysis import kernel_count
+from lbjax.train import hlo_analysis
 
 SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
@@ -250,11 +248,11 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
     rate = moved / spread.median
     rows.append([tree_label, name, spread.format(1e3), ratio.format(digits=2),
                  f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
-                 f"{100 * rate / stream_bytes_per_s:.0f}%", kernel_count(functions[name].compiled),
+                 f"{100 * rate / stream_bytes_per_s:.0f}%", hlo_analysis.kernel_count(functions[name].compiled),
                  f"{functions[name].state_bytes_per_parameter:.2f}"])
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
-               f"{stream_bytes_per_s / 1e9:.1f}", "100%", kernel_count(functions[STREAM].compiled), ""])
+               f"{stream_bytes_per_s / 1e9:.1f}", "100%", hlo_analysis.kernel_count(functions[STREAM].compiled), ""])
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
@@ -347,9 +345,6 @@ and 195 MiB).
 """
 
 
-COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
-
-
 def fsdp_spec(shape, devices):
   """The leaf split along its largest axis divisible by `devices` (replicated if none is)."""
   for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
@@ -373,8 +368,8 @@ def collective_counts(names, devices=8):
   for name in names:
     opt = all_optimizers[name]
     hlo = make_step(opt).lower(params, jax.jit(opt.init)(params), grads).compile().as_text()
-    found = collections.Counter(re.findall(r" (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", hlo))
-    rows.append([name] + [found[c] for c in COLLECTIVES])
+    counts = hlo_analysis.analyze(hlo).collective_counts
+    rows.append([name] + [counts[kind] for kind in hlo_analysis.COLLECTIVES])
     print(rows[-1], flush=True)
   return rows
 
@@ -384,7 +379,8 @@ Collective operations in the optimised HLO of one update (update + apply_updates
 CPU devices, the ResNet-50 tree split FSDP-style (each leaf along its largest axis divisible by 8;
 leaves with none replicated), gradients sharded like the parameters. XLA combines the per-leaf
 norm reductions of lbjax's LARS into one all-reduce; concatenating the sharded leaves into one flat
-buffer (the flat-buffer experiment) makes the SPMD partitioner gather them first."""
+buffer (the flat-buffer experiment, and the multi-tensor `layout="flat"`) makes the SPMD partitioner
+gather them first, which is why the trainer refuses the flat layout on a mesh that splits parameters."""
 
 
 def gpu_kernel_counts(target, trees, names):
@@ -400,7 +396,7 @@ def gpu_kernel_counts(target, trees, names):
       opt = all_optimizers[name]
       state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                            jax.eval_shape(opt.init, params))
-      rows.append([label, name, kernel_count(make_step(opt).lower(params, state, params).compile())])
+      rows.append([label, name, hlo_analysis.kernel_count(make_step(opt).lower(params, state, params).compile())])
       print(rows[-1], flush=True)
   return rows
 
@@ -430,7 +426,7 @@ def gpu_step_kernel_counts(target):
     variants = {name: train, f"{name}, state in XLA's layouts": workloads.with_state_layouts_chosen_by_xla(train)}
     for row_name, program in variants.items():
       compiled, _ = compile_only.compile_program(program)
-      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, kernel_count(compiled)])
+      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, hlo_analysis.kernel_count(compiled)])
       print(rows[-1], flush=True)
   return rows
 
@@ -522,7 +518,7 @@ def main() -> None:
   if args.collectives:
     jax.config.update("jax_num_cpu_devices", 8)
     rows = collective_counts([n for n in names if n != "lbjax mclr"])
-    body = report.markdown_table(["update"] + list(COLLECTIVES), rows)
+    body = report.markdown_table(["update"] + list(hlo_analysis.COLLECTIVES), rows)
     print(body)
     report.publish(args, "optimizer-collectives", "Optimizer update: collectives with FSDP-sharded parameters",
                    body + "\n\n" + COLLECTIVE_NOTES)

@@ -29,9 +29,9 @@ import jax
 import numpy as np
 
 from benchmarks import report
-from benchmarks.collectives import collective_bytes
 from experiments import simulated_devices
 from lbjax.train import default_config
+from lbjax.train import hlo_analysis
 from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
 
@@ -79,8 +79,7 @@ def measure(steps: int, repeats: int, batch_size: int, seq_len: int, vocab: int 
   sent = {}
   for name, run in runs.items():
     run.step(run.next_batch())  # compiles
-    ops = collective_bytes(next(iter(run.compiled.values())).as_text())
-    sent[name] = sum(v[2] for v in ops.values())
+    sent[name] = sum(hlo_analysis.analyze(next(iter(run.compiled.values())).as_text()).collective_ring_bytes.values())
   times, losses = {name: [] for name in runs}, {}
   for _ in range(repeats):
     for name, run in runs.items():

@@ -7,7 +7,7 @@ the ResNet-50 head.
 
 Both on 8 simulated devices as data x model = 8x1, 4x2, 2x4, 1x8, the batch over `data`. One step is the
 jitted loss and gradient; its collectives are read from the compiled HLO
-(`benchmarks.collectives.collective_bytes`: payload, and bytes one device sends with ring algorithms).
+(`lbjax.train.hlo_analysis`: payload, and bytes one device sends with ring algorithms).
 Nothing runs: the step is lowered from abstract shapes.
 
 * `ptb`: the PTB LSTM's embedding (V x D) and softmax (H x V, V) with V = 10,000, D = H = 200
@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding
 
-from benchmarks.collectives import collective_bytes
 from experiments import simulated_devices
 from lbjax import models
 from lbjax.parallel import tensor
+from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
 
 DEVICES = 8
@@ -51,7 +51,7 @@ def _ring(floats: int, group: int) -> float:
 
 
 def _totals(hlo: str) -> dict:
-  ops = collective_bytes(hlo)
+  ops = hlo_analysis.analyze(hlo).collectives
   return {"payload": sum(v[1] for v in ops.values()), "ring": sum(v[2] for v in ops.values()), "ops": ops}
 
 

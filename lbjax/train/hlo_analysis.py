@@ -5,7 +5,10 @@
 * every collective, by kind (`all-reduce`, `reduce-scatter`, `all-gather`, `collective-permute`,
   `all-to-all`; the asynchronous `-start` halves, never the `-done` ones): the bytes of its operands,
   i.e. what one device hands to the collective (an all-reduce of the gradients: the gradient bytes;
-  an all-gather: the device's shard);
+  an all-gather: the device's shard); its payload, the full array it reduces or gathers; and the bytes
+  one device sends with ring algorithms over its replica group of n devices: 2(n-1)/n x the payload for
+  an all-reduce (a reduce-scatter and an all-gather), (n-1)/n for a reduce-scatter, an all-gather and an
+  all-to-all, 1 x for a collective-permute;
 * the FLOPs of every `dot` and `convolution` (TPU writes matmuls as convolutions), 2 per
   multiply-add: 2 * |result| * (contracted size), the contracted size being the product of a dot's
   contracting dimensions, or of a convolution kernel's spatial dimensions and its input features. On a
@@ -62,6 +65,9 @@ class HloFigures:
   Attributes:
     collective_bytes: operand bytes per step by collective kind (every kind of `COLLECTIVES`, 0 if absent).
     collective_counts: collective instructions executed per step, by kind.
+    collective_payload_bytes: the bytes of the full arrays the collectives reduce or gather per step, by
+      kind (a reduce-scatter: its result times the group size).
+    collective_ring_bytes: the bytes one device sends per step with ring algorithms, by kind.
     matmul_flops: FLOPs of the dots and convolutions per step, loop bodies counted per iteration.
     matmul_flops_once: the same with every loop body counted once (as XLA's cost analysis does).
     loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
@@ -79,6 +85,14 @@ class HloFigures:
   loop_trip_counts: tuple[int, ...]
   all_reduce_16bit_bytes: int = 0
   kernels: int = 0
+  collective_payload_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+  collective_ring_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
+
+  @property
+  def collectives(self) -> dict[str, tuple[int, int, float]]:
+    """kind -> (count, payload bytes, ring bytes sent per device) per step, for the kinds the module has."""
+    return {kind: (count, self.collective_payload_bytes[kind], self.collective_ring_bytes[kind])
+            for kind, count in self.collective_counts.items() if count}
 
   @property
   def loop_flop_ratio(self) -> float:
@@ -234,6 +248,28 @@ def _result_shape(instruction: _Instruction) -> str:
   return shape
 
 
+def _group_size(instruction: _Instruction) -> int:
+  """The number of devices in each replica group of a collective (1 when it names none)."""
+  mesh_form = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", instruction.rest)
+  if mesh_form:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh_form.group(1)))
+    return math.prod(int(sizes[axis]) for axis in re.findall(r"'(\w+)'", mesh_form.group(2)))
+  iota_form = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", instruction.rest)
+  if iota_form:
+    return int(iota_form.group(2))
+  explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", instruction.rest)
+  return len(explicit.group(1).split(",")) if explicit else 1
+
+
+def _ring_factor(kind: str, group_size: int) -> float:
+  """Bytes each device sends per payload byte with ring algorithms (an all-reduce: a reduce-scatter and an
+  all-gather)."""
+  if kind == "collective-permute":
+    return 1.0
+  share = (group_size - 1) / group_size
+  return 2 * share if kind == "all-reduce" else share
+
+
 def _kernels(computations: dict[str, list[_Instruction]], name: str) -> int:
   """The kernels one execution of computation `name` launches (`HloFigures.kernels`)."""
   total = 0
@@ -266,6 +302,8 @@ def analyze(hlo_text: str) -> HloFigures:
   times, times_once, trips = _multipliers(computations, entry) if entry else ({}, {}, [])
   collective_bytes = dict.fromkeys(COLLECTIVES, 0)
   collective_counts = dict.fromkeys(COLLECTIVES, 0)
+  payload_bytes = dict.fromkeys(COLLECTIVES, 0)
+  ring_bytes = dict.fromkeys(COLLECTIVES, 0.0)
   flops = flops_once = 0.0
   all_reduce_16bit = 0
   for name, instructions in computations.items():
@@ -278,6 +316,10 @@ def analyze(hlo_text: str) -> HloFigures:
         operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
+        group_size = _group_size(instruction)
+        payload = int(array_bytes(_result_shape(instruction))) * (group_size if kind == "reduce-scatter" else 1)
+        payload_bytes[kind] += count * payload
+        ring_bytes[kind] += count * payload * _ring_factor(kind, group_size)
         if kind == "all-reduce":  # the result's type is the sum's (XLA:TPU may sum a bf16 operand into an f32)
           all_reduce_16bit += count * int(array_bytes(_result_shape(instruction), _16BIT_FLOATS))
       elif instruction.opcode in ("dot", "convolution", "custom-call"):
@@ -285,4 +327,4 @@ def analyze(hlo_text: str) -> HloFigures:
         flops += count * matmul
         flops_once += times_once[name] * matmul
   return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips), all_reduce_16bit,
-                    _kernels(computations, entry) if entry else 0)
+                    _kernels(computations, entry) if entry else 0, payload_bytes, ring_bytes)

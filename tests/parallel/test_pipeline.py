@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from benchmarks.collectives import collective_bytes
 from lbjax.models import PtbLSTM
 from lbjax.parallel import pipeline, stacks
+from lbjax.train import hlo_analysis
 
 
 def _mesh(num_stages: int, data: int) -> jax.sharding.Mesh:
@@ -115,7 +115,7 @@ def test_the_data_parallel_gradient_all_reduce_happens_once_whatever_the_schedul
   def all_reduce_bytes(num_microbatches):
     apply = pipeline.pipeline(stacks.lstm_layer, _mesh(2, 4), num_microbatches, batch_axis="data")
     grad = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(apply(p, x).outputs))))
-    return collective_bytes(grad.lower(params).compile().as_text())["all-reduce"][1]
+    return hlo_analysis.analyze(grad.lower(params).compile().as_text()).collective_payload_bytes["all-reduce"]
 
   stage_gradient_bytes = (16 * 32 + 32) * 4  # one layer per stage: kernel [2H, 4H] and bias [4H], float32
   assert all_reduce_bytes(1) == all_reduce_bytes(4) < 2 * 5 * stage_gradient_bytes

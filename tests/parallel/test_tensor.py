@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from benchmarks.collectives import collective_bytes
 from lbjax.parallel import tensor
+from lbjax.train import hlo_analysis
 
 VOCAB, WIDTH, BATCH, STEPS = 1000, 16, 8, 5
 
@@ -49,7 +49,7 @@ def test_sharded_embedding_and_softmax_equal_the_unsharded_layers_and_send_the_s
   floats = tensor.vocab_parallel_floats(BATCH * STEPS // data, WIDTH, WIDTH)
   sharded_parameters = (2 * VOCAB * WIDTH + VOCAB) // model
   expected_bytes = 4 * (sum(floats.values()) + sharded_parameters + (data > 1))
-  payload = sum(b for _, b, _ in collective_bytes(step.lower(*placed).compile().as_text()).values())
+  payload = sum(hlo_analysis.analyze(step.lower(*placed).compile().as_text()).collective_payload_bytes.values())
   assert payload == expected_bytes
 
 

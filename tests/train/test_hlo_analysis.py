@@ -65,6 +65,32 @@ ENTRY %main (p: bf16[5122]) -> bf16[5122] {
   assert figures.collective_counts["all-reduce"] == 1
 
 
+def test_collective_payload_and_ring_bytes_follow_each_replica_group():
+  """Payload: the full array reduced or gathered; ring bytes one device sends over its group of n: 2(n-1)/n
+  (all-reduce), (n-1)/n (reduce-scatter, all-gather), 1 (collective-permute)."""
+  hlo = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[64]) -> (f32[64], f32[256], f32[16], f32[64]) {
+  %p = f32[64]{0} parameter(0)
+  %ar = f32[64]{0} all-reduce(%p), replica_groups=[1,8]<=[8], to_apply=%add
+  %ag = f32[256]{0} all-gather(%p), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}
+  %rs = f32[16]{0} reduce-scatter(%p), replica_groups=[2,4]<=[8], dimensions={0}, to_apply=%add
+  %cp = f32[64]{0} collective-permute(%p), source_target_pairs={{0,1},{1,0}}
+  ROOT %t = (f32[64]{0}, f32[256]{0}, f32[16]{0}, f32[64]{0}) tuple(%ar, %ag, %rs, %cp)
+}
+"""
+  figures = hlo_analysis.analyze(hlo)
+  assert figures.collectives == {"all-reduce": (1, 256, 256 * 2 * 7 / 8), "all-gather": (1, 1024, 1024 * 3 / 4),
+                                 "reduce-scatter": (1, 256, 256 * 3 / 4), "collective-permute": (1, 256, 256)}
+  assert figures.collective_bytes["all-gather"] == figures.collective_bytes["reduce-scatter"] == 256  # operands
+
+
 def _scan_gradient(length: int) -> jax.stages.Compiled:
   """The gradient of a `length`-step scan of a matmul, compiled for the CPU."""
 
