@@ -190,7 +190,8 @@ class HandStep:
     zero_carry = run.task.zero_carry(model, trainer_step.batch_size)  # host arrays, or None
     self.language_model = zero_carry is not None
     optimizer = optax.sgd(LEARNING_RATE, momentum=MOMENTUM)
-    graphdef, language_model, images = self.graphdef, self.language_model, run.task.images
+    graphdef, language_model = self.graphdef, self.language_model
+    images = None if language_model else run.task.images  # a language model's task has no images
 
     def loss_fn(params, model_state, batch, carry):
       model = nnx.merge(graphdef, params, model_state)

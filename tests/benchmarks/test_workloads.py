@@ -67,3 +67,12 @@ def test_a_traced_step_gives_its_device_time_and_its_longest_kernels(tmp_path):
   assert 0 < traced["device_busy_fraction"] <= 1.01 and traced["kernels_per_step"] >= 1
   name, launches, milliseconds = traced["top_kernels"][0]
   assert launches == 1 and milliseconds > 0 and isinstance(name, str)
+
+
+@pytest.mark.parametrize("model", ["mnist_lstm", "ptb_lstm"])
+def test_the_hand_written_step_takes_the_trainer_steps_first_loss(model):
+  """benchmarks.train_step compares the trainer's step with a hand-written one: same model, batch and loss."""
+  trainer_step = workloads.TrainerStep(workloads.trainer_config(model, 8, num_train_examples=64))
+  hand_step = workloads.HandStep(trainer_step)
+  np.testing.assert_allclose(hand_step(), trainer_step()["loss"], rtol=1e-5)
+  trainer_step.close()
