@@ -29,6 +29,7 @@ kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column giv
 """
 
 import argparse
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +48,7 @@ SGD = "momentum SGD (optax.sgd)"
 STREAM = "STREAM scale a = s * a"
 ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
 FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
-LEAF_BY_LEAF = "lars, rates leaf by leaf (the design before, experiment)"
+ONE_VECTOR = "lars, one rate vector (the design of 2026-11-26, experiment)"
 LARS_FLAT = "lbjax lars, flat layout"
 LAMB_FLAT = "lbjax lamb (all leaves), flat layout"
 
@@ -116,16 +117,11 @@ def lars_one_reduction(lr, wd, trust_coefficient=1e-3):
   return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
 
 
-def lars_leaf_by_leaf(lr, wd, trust_coefficient=1e-3):
-  """The design before the multi-tensor rates (commit d59e942), as an experiment: lbjax LARS with each
-  leaf's rate computed from its own norms as a `LayerRate` (its scalar ops a kernel of their own per
-  leaf, each update free to start once its own leaf's norms are in); the rates are then kept as one
-  vector, as now. Same numbers as `lbjax lars`."""
-
-  def rate(w, g, weight_decay, layer):
-    w_norm = layer.norm(w)
-    return trust_coefficient * layerwise.safe_quotient(w_norm, layer.norm(g) + weight_decay * w_norm)
-
+def lars_one_vector(lr, wd):
+  """The design of 2026-11-26 to 11-30, as an experiment: lbjax LARS with every layer's rate computed as one
+  vector from the stacked sums of all layers (`SummedRate.leaf_local` off), so that every leaf's update
+  waits for all the reductions. Same numbers as `lbjax lars`."""
+  rate = dataclasses.replace(lars_rate(), leaf_local=False)
   return layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, weight_decay=wd), lr, 0.9, False)
 
 
@@ -167,7 +163,7 @@ def optimizers(lr=0.1, wd=1e-4):
       "lbjax lars, optax denominator": optim.lars(lr, weight_decay=wd, denominator="optax"),
       ONE_REDUCTION: lars_one_reduction(lr, wd),
       FLAT_BUFFER: lars_flat_buffer(lr, wd),
-      LEAF_BY_LEAF: lars_leaf_by_leaf(lr, wd),
+      ONE_VECTOR: lars_one_vector(lr, wd),
       LARS_FLAT: optim.lars(lr, weight_decay=wd, layout="flat"),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
@@ -256,7 +252,7 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
-                         (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", LEAF_BY_LEAF),
+                         (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", ONE_VECTOR),
                          (LARS_FLAT, "optax.lars"), (LARS_FLAT, "lbjax lars"),
                          (LAMB_FLAT, "optax.lamb"), (LAMB_FLAT, "lbjax lamb (all leaves)")):
     if name in times and baseline in times:
@@ -285,7 +281,7 @@ def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
   ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
-           (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (LEAF_BY_LEAF, "lbjax lars"),
+           (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (ONE_VECTOR, "lbjax lars"),
            (LARS_FLAT, "lbjax lars"), (LAMB_FLAT, "lbjax lamb (all leaves)"),
            ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
@@ -309,20 +305,18 @@ LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB
 leaf so that they compute what `optax.lamb` computes.
 
 Multi-tensor layer-wise rates: lbjax's LARS, LAMB and PercentDelta take each layer's sums in one
-reduction per leaf and sum (where the leaf lies: no gather when it is sharded), stack the sums of all
-layers into one array (one psum under `shard_map`), compute every rate as one vector and keep that
-vector as the state; each leaf's update is one elementwise pass. On ResNet-50 this took the kernels
-per update from 700 to 437 for `lars` (momentum SGD: 322; the rest are its 108 reductions), 2,016 to
-1,432 for `lamb` and 616 to 459 for `percent_delta` (XLA:CPU counts of the per-leaf code at commit
-d59e942, whose rates were scalar fusions of their own, one per leaf, and one state output per leaf).
-The leaf-by-leaf row is the design before (per-leaf rates as at d59e942, the rates then kept as one
-vector: 701 kernels), timed in the same rounds: its ratio to `lbjax lars` is this change's effect on
-CPU time. The flat-buffer row is the design the issue proposed: all kernels concatenated, block-padded
-(1,024), one reduction per buffer and `segment_sum` per layer; on XLA:CPU the concatenation is
-materialised and `segment_sum` is a scatter, and with sharded parameters it needs gathers (see the
-collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in bfloat16,
-computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter instead of
-36, since its weights step along the stored momentum.
+reduction per leaf and sum (where the leaf lies: no gather when it is sharded), keep every layer's rate
+in one vector as the state, and update each leaf in one elementwise pass. LAMB and PercentDelta compute
+the rates as one vector from the stacked sums of all layers (one psum under `shard_map`): every update
+waits for all the reductions. LARS, under `jit`, computes each leaf's rates from that leaf's own sums
+(`SummedRate.leaf_local`), so that XLA:CPU can update a leaf right after its reductions, while it is in
+cache; the one-vector row is LARS computed the other way (the design of 2026-11-26), timed in the same
+rounds, with the same numbers. The flat-buffer row is the design the issue proposed: all kernels
+concatenated, block-padded (1,024), one reduction per buffer and `segment_sum` per layer; on XLA:CPU the
+concatenation is materialised and `segment_sum` is a scatter, and with sharded parameters it needs
+gathers (see the collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in
+bfloat16, computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter
+instead of 36, since its weights step along the stored momentum.
 
 Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so

@@ -60,7 +60,7 @@ def lars_rate(
       den = jnp.sqrt(d_squared) + eps
     return trust_coefficient * layerwise.safe_quotient(w_norm, den)
 
-  return layerwise.SummedRate(sums, rate)
+  return layerwise.SummedRate(sums, rate, leaf_local=True)
 
 
 def scale_by_lars(

@@ -11,18 +11,19 @@ layer is kept in the state and read back, without recomputation, by `trust_ratio
 
 Multi-tensor: LARS, LAMB and PercentDelta are `SummedRate`s, functions of a few per-layer sums
 (`||w||^2`, `||g||^2`, ...). The transform takes those sums leaf by leaf (one reduction each, where the
-leaf lies, so sharded leaves need no gather), stacks the sums of every layer of the tree into one
-array, completes it across devices with one `psum` (under `shard_map`/`pmap`), computes every layer's
-rate as one vector, and scales each leaf by its entry of that vector in one elementwise pass; the
-state keeps the vector. A statistic that is not a sum (MCLR's median) is a `LayerRate`, computed leaf
-by leaf with a `LayerReducer` that reduces across devices itself; its rates join the same vector.
-This per-leaf layout is the default. The flat layout (`lbjax.optim.multi_tensor`, `layout="flat"`
-of `lars`, `lamb` and `percent_delta`) runs the whole optimizer on a few block-padded buffers, for
-GPUs, where an update is launch-bound; on XLA:CPU the concatenation it needs costs more bytes and
-time than the per-leaf sums, and with parameters sharded under `jit` the SPMD partitioner gathers
-every sharded leaf to concatenate it (`--collectives` of `benchmarks/optimizer.py`: 112 all-gathers
-and 40 all-to-alls per ResNet-50 update over 8 devices for the flat-buffer experiment, against one
-all-reduce for these stacked sums).
+leaf lies, so sharded leaves need no gather), stacks the sums of every layer of the tree into one array,
+completes it across devices with one `psum` (under `shard_map`/`pmap`), computes every layer's rate as
+one vector, and scales each leaf by its entry of that vector in one elementwise pass; the state keeps
+the vector. Under `jax.jit` LARS (`SummedRate.leaf_local`) computes each leaf's rates from that leaf's
+sums instead, the same numbers, so that XLA:CPU updates a leaf while it is in cache. A statistic that is
+not a sum (MCLR's median) is a `LayerRate`, computed leaf by leaf with a `LayerReducer` that reduces
+across devices itself; its rates join the same vector. This per-leaf layout is the default. The flat
+layout (`lbjax.optim.multi_tensor`, `layout="flat"` of `lars`, `lamb` and `percent_delta`) runs the
+whole optimizer on a few block-padded buffers, for GPUs, where an update is launch-bound; on XLA:CPU the
+concatenation it needs costs more bytes and time than the per-leaf sums, and with parameters sharded
+under `jit` the SPMD partitioner gathers every sharded leaf to concatenate it (`--collectives` of
+`benchmarks/optimizer.py`: 112 all-gathers and 40 all-to-alls per ResNet-50 update over 8 devices for
+the flat-buffer experiment, against one all-reduce for these stacked sums).
 
 Zero norms: every statistic is a coefficient times a quotient `num / den` of layer statistics
 (`||w|| / ||g||` and relatives). When `num` or `den` is zero or the quotient is not finite, the
@@ -182,10 +183,18 @@ class SummedRate:
       the transform sums the stacked sums of all leaves in one `psum`).
     rate: `rate(sums, weight_decay) -> rates`: the local rate of every layer, elementwise in the
       global sums, each a vector over all selected layers of the tree.
+    leaf_local: under `jax.jit` (no `axis_name`), take each leaf's rates from its own sums instead of
+      one vector of every layer's rate, the same numbers: each leaf's update then waits only for its own
+      reductions, and XLA:CPU runs it while the leaf is still in cache (LARS on the ResNet-50 tree: 1.3x
+      faster per update), where a GPU launches more kernels (LARS: 380 instead of 324 per ResNet-50
+      update, compiled for an H100). Set by LARS. LAMB and PercentDelta keep the vector: leaf-local,
+      their ResNet-50 updates were 4% and 7% faster on CPU and would launch 554 instead of 289 and 331
+      instead of 279 kernels on an H100 (benchmarks/README.md, optimizer).
   """
 
   sums: Callable[[jax.Array, jax.Array, Any, LayerReducer], tuple[jax.Array, ...]]
   rate: Callable[[tuple[jax.Array, ...], Any], jax.Array]
+  leaf_local: bool = False
 
   def global_rates(self, stacked_sums: jax.Array, weight_decay: Any, axis_name: str | None) -> jax.Array:
     """Every layer's rate from this device's `stacked_sums` (one row per sum, one column per layer),
@@ -419,8 +428,8 @@ def scale_by_layerwise_rate(
     return LayerReducer(stacked_axes=k, ndim=w.ndim, local_size=math.prod(w.shape[k:]), axis_name=reduce_axis)
 
   def summed_rates(flat_g, flat_w, ks, rates_layout):
-    """Every layer's rate from `rate.sums`: per group, the sums of all layers stacked into one
-    array, one psum of it, one vectorised `rate.rate`."""
+    """Every layer's rate from `rate.sums` across the devices of `axis_name`: per group, the sums of all
+    layers stacked into one array, one psum of it, one vectorised `rate.rate`."""
     sums = [[] for _ in rates_layout.dtypes]
     for g, w, slot, k in zip(flat_g, flat_w, rates_layout.slots, ks):
       if slot is not None:
@@ -434,12 +443,19 @@ def scale_by_layerwise_rate(
       vectors.append(rate.global_rates(stacked_sums, weight_decay, axis_name))
     return vectors
 
+  def leaf_rate(w, g, k, dtype):
+    """One leaf's rates: a `LayerRate`'s, or a `SummedRate`'s from this leaf's own sums."""
+    if not isinstance(rate, SummedRate):
+      return rate(w, g, weight_decay, layer_reducer(w, k, axis_name))
+    sums = rate.sums(w, g, weight_decay, layer_reducer(w, k, None))
+    return rate.rate(tuple(x.astype(dtype) for x in sums), weight_decay)
+
   def leafwise_rates(flat_g, flat_w, ks, rates_layout):
-    """Every layer's rate from a `LayerRate`, leaf by leaf, concatenated per group."""
+    """Every layer's rate, leaf by leaf, concatenated per group."""
     rates = [[] for _ in rates_layout.dtypes]
     for g, w, slot, k in zip(flat_g, flat_w, rates_layout.slots, ks):
       if slot is not None:
-        rates[slot[0]].append(rate(w, g, weight_decay, layer_reducer(w, k, axis_name)).ravel())
+        rates[slot[0]].append(leaf_rate(w, g, k, rates_layout.dtypes[slot[0]]).ravel())
     return [jnp.concatenate(group) for group in rates]
 
   def update_fn(updates, state, params=None):
@@ -449,7 +465,9 @@ def scale_by_layerwise_rate(
           "not update(grads, state)."
       )
     flat_g, flat_w, ks, rates_layout = leaves_and_layout(updates, params)
-    rates_of = summed_rates if isinstance(rate, SummedRate) else leafwise_rates
+    # A `SummedRate` across devices: one psum of all layers' sums; `leaf_local` under `jit`: leaf by leaf.
+    stacked = isinstance(rate, SummedRate) and (axis_name is not None or not rate.leaf_local)
+    rates_of = summed_rates if stacked else leafwise_rates
     vectors = [v.astype(dtype) for v, dtype in zip(
         rates_of(flat_g, flat_w, ks, rates_layout), rates_layout.dtypes)]
     rates = LayerRates(tuple(vectors), rates_layout)

@@ -1,5 +1,6 @@
 """The shared layer-wise machinery: pluggable statistics, Nesterov, argument checks, import hygiene."""
 
+import dataclasses
 import functools
 import re
 import subprocess
@@ -158,6 +159,19 @@ def test_rates_are_one_vector_in_the_state_and_per_leaf_in_trust_ratios():
   for i in range(2):
     np.testing.assert_allclose(ratios["c"][i], ref.lars_local_lr(params["c"][i], grads["c"][i], 1e-3, 1e-3),
                                rtol=1e-5)
+
+
+@pytest.mark.parametrize("summed_rate", [optim.lars_rate, optim.lamb_rate, optim.percent_delta_rate])
+def test_leaf_local_rates_give_the_rate_vectors_numbers_bit_for_bit(summed_rate):
+  """`SummedRate.leaf_local` (LARS's, under jit) only changes which reductions each update waits for."""
+  params, grads, stacked = _stacked_problem(123)
+  results = []
+  for leaf_local in (False, True):
+    opt = optim.scale_by_layerwise_rate(dataclasses.replace(summed_rate(), leaf_local=leaf_local),
+                                        weight_decay=1e-3, stacked=stacked)
+    results.append(jax.jit(opt.update)(grads, opt.init(params), params))
+  for got, want in zip(*map(jax.tree.leaves, results)):
+    np.testing.assert_array_equal(got, want)
 
 
 def test_sharded_parameters_under_jit_need_no_gather():
