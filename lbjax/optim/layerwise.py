@@ -185,8 +185,8 @@ class SummedRate:
       global sums, each a vector over all selected layers of the tree.
     leaf_local: under `jax.jit` (no `axis_name`), take each leaf's rates from its own sums instead of
       one vector of every layer's rate, the same numbers: each leaf's update then waits only for its own
-      reductions, and XLA:CPU runs it while the leaf is still in cache (LARS on the ResNet-50 tree: 1.3x
-      faster per update), where a GPU launches more kernels (LARS: 380 instead of 324 per ResNet-50
+      reductions, and XLA:CPU can run it while the leaf is still in cache (LARS on the ResNet-50 tree:
+      0.86x the time per update), where a GPU launches more kernels (LARS: 380 instead of 324 per ResNet-50
       update, compiled for an H100). Set by LARS. LAMB and PercentDelta keep the vector: leaf-local,
       their ResNet-50 updates were 4% and 7% faster on CPU and would launch 554 instead of 289 and 331
       instead of 279 kernels on an H100 (benchmarks/README.md, optimizer).

@@ -249,7 +249,8 @@ def _result_shape(instruction: _Instruction) -> str:
 
 
 def _group_size(instruction: _Instruction) -> int:
-  """The number of devices in each replica group of a collective (1 when it names none)."""
+  """The number of devices in each replica group of a collective; 1 when the groups are not written out
+  (`replica_groups={}`, every device: its ring bytes are then counted as 0)."""
   mesh_form = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", instruction.rest)
   if mesh_form:
     sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh_form.group(1)))
