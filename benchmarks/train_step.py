@@ -91,9 +91,9 @@ def main() -> None:
       "`compiled.cost_analysis()` of the two executables: exact, where the timings move with the "
       "load of a shared machine. The trainer's step does two things the hand-written one does not: it keeps "
       "the update only if the loss and the update are finite (`lbjax.train.step`), and it reports the norms "
-      "of the gradient and of the update. They are its extra bytes (compiled without them, on this CPU, the "
-      "trainer's step accesses the hand-written one's bytes exactly; ptb_lstm at batch 16: the guard 65 MiB, "
-      "the norms 86 MiB of its 551), which show where the parameters outweigh the activations.")
+      "of the gradient and of the update. They are its extra bytes (compiled without them for a CPU on "
+      "2026-11-30, the trainer's step accessed the hand-written one's bytes exactly; ptb_lstm at batch 16: the "
+      "guard 65 MiB, the norms 86 MiB of its 551), which show where the parameters outweigh the activations.")
   print(table)
   check.finish(args, "train-step", "Train step: trainer vs hand-written jit step", table + "\n\n" + notes)
 
