@@ -248,9 +248,9 @@ def _result_shape(instruction: _Instruction) -> str:
   return shape
 
 
-def _group_size(instruction: _Instruction) -> int:
-  """The number of devices in each replica group of a collective; 1 when the groups are not written out
-  (`replica_groups={}`, every device: its ring bytes are then counted as 0)."""
+def _group_size(instruction: _Instruction, devices: int) -> int:
+  """The number of devices in each replica group of a collective; `devices` (the module's) when the groups
+  are not written out (`replica_groups={}`: one group of every device)."""
   mesh_form = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", instruction.rest)
   if mesh_form:
     sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh_form.group(1)))
@@ -259,7 +259,14 @@ def _group_size(instruction: _Instruction) -> int:
   if iota_form:
     return int(iota_form.group(2))
   explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", instruction.rest)
-  return len(explicit.group(1).split(",")) if explicit else 1
+  return len(explicit.group(1).split(",")) if explicit else devices
+
+
+def _module_devices(hlo_text: str) -> int:
+  """The devices an HLO module runs on: its header's `replica_count` x `num_partitions` (1 if unnamed)."""
+  header = hlo_text.split("\n", 1)[0]
+  counts = [re.search(rf"\b{name}=(\d+)", header) for name in ("replica_count", "num_partitions")]
+  return math.prod(int(count.group(1)) for count in counts if count)
 
 
 def _ring_factor(kind: str, group_size: int) -> float:
@@ -303,6 +310,7 @@ def analyze(hlo_text: str) -> HloFigures:
   times, times_once, trips = _multipliers(computations, entry) if entry else ({}, {}, [])
   collective_bytes = dict.fromkeys(COLLECTIVES, 0)
   collective_counts = dict.fromkeys(COLLECTIVES, 0)
+  devices = _module_devices(hlo_text)
   payload_bytes = dict.fromkeys(COLLECTIVES, 0)
   ring_bytes = dict.fromkeys(COLLECTIVES, 0.0)
   flops = flops_once = 0.0
@@ -317,7 +325,7 @@ def analyze(hlo_text: str) -> HloFigures:
         operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
-        group_size = _group_size(instruction)
+        group_size = _group_size(instruction, devices)
         payload = int(array_bytes(_result_shape(instruction))) * (group_size if kind == "reduce-scatter" else 1)
         payload_bytes[kind] += count * payload
         ring_bytes[kind] += count * payload * _ring_factor(kind, group_size)

@@ -91,6 +91,23 @@ ENTRY %main (p: f32[64]) -> (f32[64], f32[256], f32[16], f32[64]) {
   assert figures.collective_bytes["all-gather"] == figures.collective_bytes["reduce-scatter"] == 256  # operands
 
 
+def test_unwritten_replica_groups_are_every_device_of_the_module():
+  hlo = """HloModule m, replica_count=1, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (p: f32[64]) -> f32[64] {
+  %p = f32[64]{0} parameter(0)
+  ROOT %ar = f32[64]{0} all-reduce(%p), channel_id=1, replica_groups={}, use_global_device_ids=true, to_apply=%add
+}
+"""
+  assert hlo_analysis.analyze(hlo).collectives == {"all-reduce": (1, 256, 256 * 2 * 3 / 4)}
+
+
 def _scan_gradient(length: int) -> jax.stages.Compiled:
   """The gradient of a `length`-step scan of a matmul, compiled for the CPU."""
 
