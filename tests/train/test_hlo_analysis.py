@@ -9,6 +9,15 @@ import jax.numpy as jnp
 from lbjax.train import hlo_analysis
 
 
+# The scalar sum the hand-written modules' collectives reduce with.
+F32_ADD = """%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+"""
+
 def test_a_scan_is_counted_once_per_iteration():
   """XLA's cost analysis counts a loop body once; the HLO analysis multiplies it by the trip count."""
   batch, hidden, steps = 8, 32, 7
@@ -27,13 +36,7 @@ def test_all_reduce_bytes_in_16_bit_floats_are_counted_apart():
   """An all-reduce of a bf16 and an f32 operand: both in the all-reduce bytes, the bf16 one also apart."""
   hlo = """HloModule m
 
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-ENTRY %main (p: bf16[64,8], q: f32[16]) -> (bf16[64,8], f32[16]) {
+""" + F32_ADD + """ENTRY %main (p: bf16[64,8], q: f32[16]) -> (bf16[64,8], f32[16]) {
   %p = bf16[64,8]{1,0} parameter(0)
   %q = f32[16]{0} parameter(1)
   ROOT %r = (bf16[64,8]{1,0}, f32[16]{0}) all-reduce(%p, %q), replica_groups={}, to_apply=%add
@@ -70,13 +73,7 @@ def test_collective_payload_and_ring_bytes_follow_each_replica_group():
   (all-reduce), (n-1)/n (reduce-scatter, all-gather), 1 (collective-permute)."""
   hlo = """HloModule m
 
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-ENTRY %main (p: f32[64]) -> (f32[64], f32[256], f32[16], f32[64]) {
+""" + F32_ADD + """ENTRY %main (p: f32[64]) -> (f32[64], f32[256], f32[16], f32[64]) {
   %p = f32[64]{0} parameter(0)
   %ar = f32[64]{0} all-reduce(%p), replica_groups=[1,8]<=[8], to_apply=%add
   %ag = f32[256]{0} all-gather(%p), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}
@@ -94,13 +91,7 @@ ENTRY %main (p: f32[64]) -> (f32[64], f32[256], f32[16], f32[64]) {
 def test_unwritten_replica_groups_are_every_device_of_the_module():
   hlo = """HloModule m, replica_count=1, num_partitions=4
 
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-
-ENTRY %main (p: f32[64]) -> f32[64] {
+""" + F32_ADD + """ENTRY %main (p: f32[64]) -> f32[64] {
   %p = f32[64]{0} parameter(0)
   ROOT %ar = f32[64]{0} all-reduce(%p), channel_id=1, replica_groups={}, use_global_device_ids=true, to_apply=%add
 }
