@@ -11,6 +11,7 @@ over rounds [quartiles]) and the per-round ratio placements / select-and-scatter
 """
 
 import argparse
+import functools
 import os
 
 from benchmarks import report
@@ -42,10 +43,15 @@ def main() -> None:
   x = jax.device_put(jnp.asarray(np.maximum(rng.normal(size=(args.batch, 112, 112, 64)), 0), jnp.bfloat16))
   # Positive cotangents: no sum of them cancels, so both forms give a gradient to exactly the inputs they choose.
   cotangent = jax.device_put(jnp.asarray(np.abs(rng.normal(size=(args.batch, 56, 56, 64))) + 0.1, jnp.bfloat16))
-  forms = {"select-and-scatter": pooling._jax_gradient,  # pylint: disable=protected-access
-           "placements": pooling._gradient_without_scatter}  # pylint: disable=protected-access
-  compiled = {name: jax.jit(form, static_argnums=0).lower(POOL, x, cotangent).compile()
-              for name, form in forms.items()}
+  # Each gradient is the transpose of a tangent form of `pooling` (linear in the tangent).
+  tangents = {"select-and-scatter": pooling._jax_tangent,  # pylint: disable=protected-access
+              "placements": pooling._first_maximum_tangent}  # pylint: disable=protected-access
+
+  def gradient(tangent, x, cotangent):
+    return jax.linear_transpose(functools.partial(tangent, POOL, x), x)(cotangent)[0]
+
+  compiled = {name: jax.jit(functools.partial(gradient, tangent)).lower(x, cotangent).compile()
+              for name, tangent in tangents.items()}
   gradients = {name: (lambda c=c: c(x, cotangent)) for name, c in compiled.items()}
   agree = np.array_equal(np.asarray(gradients["placements"]()) != 0,
                          np.asarray(gradients["select-and-scatter"]()) != 0)
@@ -57,7 +63,7 @@ def main() -> None:
   table = report.markdown_table(
       ["gradient", "ms per gradient", "placements / select-and-scatter"],
       [[name, report.Spread.of(times[name]).format(1e3), ratio.format(digits=3) if name == "placements" else ""]
-       for name in forms])
+       for name in tangents])
   mode = "with XLA's deterministic-ops flags" if args.deterministic else "XLA's defaults"
   notes = (f"Batch {args.batch} of bfloat16 [112, 112, 64] inputs, 3x3 pooling of stride 2, {mode}; "
            f"the two gradients give a cotangent to the same inputs: {agree}. Times: median over {args.rounds} "

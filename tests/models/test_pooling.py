@@ -2,6 +2,7 @@
 gradient on TPUs; elsewhere the same first-maximum assignment as select-and-scatter, the cotangents that
 meet at an input position summed in float32 and rounded once."""
 
+import functools
 import itertools
 
 from flax import nnx
@@ -76,8 +77,38 @@ def test_only_tpus_keep_select_and_scatter():
       "cuda": False, "tpu": True, "cpu": False}
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, 5, 3)), jnp.float32)
   theirs = jax.vjp(_nnx((3, 3), (2, 2), ((1, 1), (1, 1))), x)[1](cotangent)[0]
-  np.testing.assert_array_equal(pooling._jax_gradient(((3, 3), (2, 2), ((1, 1), (1, 1))), x, cotangent),  # pylint: disable=protected-access
-                                theirs)
+  tangent = functools.partial(pooling._jax_tangent, ((3, 3), (2, 2), ((1, 1), (1, 1))), x)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(jax.linear_transpose(tangent, x)(cotangent)[0], theirs)
+
+
+@pytest.mark.parametrize("shape,window,strides,padding", POOLS)
+def test_forward_mode_gives_the_first_maximums_tangent_and_hessian_vector_products(shape, window, strides, padding):
+  """The tangent of each output is its window's first maximum's (what the Lipschitz diagnostic's
+  forward-over-reverse Hessian-vector products need; a custom_vjp would refuse them); an HVP through the
+  pooling is nnx.max_pool's (without ties)."""
+  x = _tied(shape, jnp.float32)
+  tangent = jnp.asarray(np.random.default_rng(3).normal(size=shape), jnp.float32)
+  pool = lambda x: pooling.max_pool(x, window, strides, padding)  # pylint: disable=unnecessary-lambda-assignment
+  values, ours = jax.jvp(pool, (x,), (tangent,))
+  np.testing.assert_array_equal(values, _nnx(window, strides, padding)(x))
+  padded = np.pad(np.asarray(tangent), ((0, 0), *padding, (0, 0)))
+  exact = np.zeros(values.shape, np.float32)
+  for n, h, w, c in itertools.product(*map(range, values.shape)):
+    top, left = h * strides[0], w * strides[1]
+    window_values = np.pad(np.asarray(x), ((0, 0), *padding, (0, 0)), constant_values=-np.inf)[
+        n, top:top + window[0], left:left + window[1], c]
+    i, j = np.unravel_index(np.argmax(window_values), window_values.shape)
+    exact[n, h, w, c] = padded[n, top + i, left + j, c]
+  np.testing.assert_array_equal(ours, exact)
+
+  untied = jnp.asarray(np.random.default_rng(4).normal(size=shape), jnp.float32)  # JAX breaks ties its own way
+
+  def hessian_vector_product(pool):
+    loss = lambda x: jnp.sum(jnp.sin(pool(x)) * pool(x))  # pylint: disable=unnecessary-lambda-assignment
+    return jax.jvp(jax.grad(loss), (untied,), (tangent,))[1]
+
+  np.testing.assert_allclose(hessian_vector_product(pool), hessian_vector_product(_nnx(window, strides, padding)),
+                             rtol=1e-6, atol=1e-6)
 
 
 def test_a_window_per_spatial_dimension_is_required():

@@ -48,6 +48,17 @@ def test_lipschitz_estimate_is_logged_every_n_steps(tmp_path):
   assert all(np.isfinite(r["lipschitz"]) and r["lipschitz"] >= 0 for r in records)
 
 
+def test_lipschitz_estimate_goes_through_the_imagenet_stems_max_pool(tmp_path):
+  """Above 64x64 the ResNet has the ImageNet stem, whose max-pool has its own tangent rule
+  (`lbjax.models.pooling`): the diagnostic's forward-over-reverse Hessian-vector product goes through it."""
+  config = helpers.tiny_resnet_config(**{"data_options.image_size": 72, "data_options.num_train_examples": 64,
+                                         "diagnostics.lipschitz_every": 2, "diagnostics.lipschitz_batch_size": 16})
+  train_and_evaluate(config, tmp_path)
+  records = _records(tmp_path, "lipschitz")
+  assert [r["step"] for r in records] == [2]
+  assert np.isfinite(records[0]["lipschitz"]) and records[0]["lipschitz"] >= 0
+
+
 def test_discarding_small_losses_for_the_first_epochs_compiles_one_more_step(tmp_path):
   config = helpers.tiny_classifier_config(**{"loss.discard_fraction": 0.25, "loss.discard_until_epoch": 0.5})
   train_and_evaluate(config, tmp_path)
