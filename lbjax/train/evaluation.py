@@ -9,6 +9,7 @@ from flax import nnx
 from lbjax import diagnostics
 from lbjax.train import protocols
 from lbjax.train.build import StepParts, global_batch
+from lbjax.train.errors import ConfigError
 from lbjax.train.state import TrainState
 
 
@@ -43,7 +44,13 @@ class Evaluator:
 class LipschitzProbe:
   """L(x, g) = |g^T H g| / ||g||^2 along the gradient on the first `batch_size` evaluation examples."""
 
-  def __init__(self, parts: StepParts, batch_size: int, seed: int):
+  def __init__(self, parts: StepParts, batch_size: int, seed: int, state: TrainState, field: str):
+    """Builds the probe for states like `state` (traced here, not run).
+
+    Raises:
+      ConfigError: the model has a layer JAX cannot differentiate forward (a `custom_vjp`), which the
+        Hessian-vector product needs; `field` is the config field that asked for the probe.
+    """
     local = next(iter(parts.task.dataset.make_eval_batches(batch_size, jax.process_index(), jax.process_count())))
     batch = global_batch(protocols.model_inputs(local), parts.batch_sharding)
     carry = parts.zero_carry(batch_size)
@@ -55,6 +62,18 @@ class LipschitzProbe:
 
     self._fn = jax.jit(lambda params, model_state: diagnostics.lipschitz_along_gradient(
         lambda p, b: loss_fn(p, b, model_state), params, batch))
+    try:  # lowered before any step (JAX finds a custom_vjp under jvp when lowering): refused before training
+      self._fn.trace(state.params, state.model_state).lower()
+    except TypeError as e:
+      if "forward-mode" not in str(e):
+        raise
+      raise ConfigError(
+          f"{field}: the Lipschitz estimate (papers/001 §4) takes a Hessian-vector product, forward-mode over "
+          f"reverse-mode differentiation, and this model has a layer whose derivative is written for reverse "
+          f"mode only (JAX: {e}). Of lbjax's models' options, model_options.param_dtype_gradients=True writes its "
+          f"layers' kernel gradients so: turn it off for runs with the estimate, or set {field}=0. In a model "
+          f"of your own, a jax.custom_vjp is such a layer (a jax.custom_jvp differentiates both ways)."
+      ) from None
 
   def __call__(self, state: TrainState) -> float:
     return float(jax.device_get(self._fn(state.params, state.model_state)))

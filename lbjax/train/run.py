@@ -168,9 +168,9 @@ class Run:
       self.any_batch = AnyBatchStep(self.parts, micro_batch_size) if micro_batch_size else None
       self._evaluate = Evaluator(self.parts, resolved.batch.eval_batch_size)
       watch = resolved.watch
-      self._lipschitz = (LipschitzProbe(self.parts, watch.lipschitz_batch_size, resolved.seed)
-                         if watch.lipschitz_every else None)
       initial = self.parts.initial_state()
+      self._lipschitz = (LipschitzProbe(self.parts, watch.lipschitz_batch_size, resolved.seed, initial,
+                                        "config.diagnostics.lipschitz_every") if watch.lipschitz_every else None)
       if self.workdir is not None:
         self.checkpoints = Checkpoints(self.workdir, resolved, self.task.dataset, self.data_parallel_size,
                                        self.parts.replicated, self.lock)

@@ -11,6 +11,7 @@ import pytest
 from lbjax import config_files
 from lbjax import main
 from lbjax.train import layer_table
+from lbjax.train import ConfigError
 from lbjax.train import train_and_evaluate
 from lbjax.train.datasets import Dataset
 from lbjax.train.tasks import ClassificationTask
@@ -57,6 +58,16 @@ def test_lipschitz_estimate_goes_through_the_imagenet_stems_max_pool(tmp_path):
   records = _records(tmp_path, "lipschitz")
   assert [r["step"] for r in records] == [2]
   assert np.isfinite(records[0]["lipschitz"]) and records[0]["lipschitz"] >= 0
+
+
+def test_a_model_without_forward_mode_derivatives_is_refused_before_training(tmp_path):
+  """param_dtype_gradients' layers have reverse-mode rules only (custom_vjp): the estimate's forward-over-
+  reverse product cannot go through them, which the run says before its first step."""
+  config = helpers.tiny_resnet_config(**{"model_options.param_dtype_gradients": True,
+                                         "diagnostics.lipschitz_every": 2, "diagnostics.lipschitz_batch_size": 16})
+  with pytest.raises(ConfigError, match=r"lipschitz_every: .*param_dtype_gradients=True.*lipschitz_every=0"):
+    train_and_evaluate(config, tmp_path)
+  assert not (tmp_path / "metrics.jsonl").exists() or not _records(tmp_path, "train")
 
 
 def test_discarding_small_losses_for_the_first_epochs_compiles_one_more_step(tmp_path):
