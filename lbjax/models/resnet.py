@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from lbjax.models import param_dtype_gradients as kernel_gradients
 from lbjax.models import pooling
+from lbjax.models.relu import relu
 from lbjax.models import validation
 from lbjax.models.batch_norm import GhostBatchNorm
 
@@ -96,8 +97,8 @@ class BottleneckBlock(nnx.Module):
 
   def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
     """The residual branch F(x) (before the addition)."""
-    y = nnx.relu(self.bn1(self.conv1(x), train=train))
-    y = nnx.relu(self.bn2(self.conv2(y), train=train))
+    y = relu(self.bn1(self.conv1(x), train=train))
+    y = relu(self.bn2(self.conv2(y), train=train))
     return self.bn3(self.conv3(y), train=train)
 
   def shortcut_path(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -105,7 +106,7 @@ class BottleneckBlock(nnx.Module):
     return x if self.shortcut is None else self.shortcut(x, train=train)
 
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    return nnx.relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
+    return relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
 
 
 class BasicBlock(nnx.Module):
@@ -127,7 +128,7 @@ class BasicBlock(nnx.Module):
 
   def residual(self, x: jax.Array, *, train: bool) -> jax.Array:
     """The residual branch F(x) (before the addition)."""
-    y = nnx.relu(self.bn1(self.conv1(x), train=train))
+    y = relu(self.bn1(self.conv1(x), train=train))
     return self.bn2(self.conv2(y), train=train)
 
   def shortcut_path(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -135,7 +136,7 @@ class BasicBlock(nnx.Module):
     return x if self.shortcut is None else self.shortcut(x, train=train)
 
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    return nnx.relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
+    return relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
 
 
 class ResNet(nnx.Module):
@@ -249,7 +250,7 @@ class ResNet(nnx.Module):
     if train:
       self.stem_bn.check_batch(images.shape[0])
     x = images.astype(self.dtype)
-    x = nnx.relu(self.stem_bn(self.stem_conv(x), train=train))
+    x = relu(self.stem_bn(self.stem_conv(x), train=train))
     if not self.small_inputs:
       x = pooling.max_pool(x, (3, 3), (2, 2), ((1, 1), (1, 1)))  # nnx.max_pool's, without a scatter
     for block in self.blocks:
