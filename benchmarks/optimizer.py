@@ -377,6 +377,12 @@ buffer (the flat-buffer experiment, and the multi-tensor `layout="flat"`) makes 
 gather them first, which is why the trainer refuses the flat layout on a mesh that splits parameters."""
 
 
+def kernel_figures(compiled) -> tuple[int, str]:
+  """The kernels one call of `compiled` launches and the GiB they read and write (`hlo_analysis`)."""
+  figures = hlo_analysis.analyze(compiled.as_text())
+  return figures.kernels, f"{figures.kernel_bytes / 2**30:.2f}"
+
+
 def gpu_kernel_counts(target, trees, names):
   """Rows: the kernels of each update compiled for the deviceless GPU `target` (nothing runs)."""
   (device,) = gpu_targets.devices(target)
@@ -390,7 +396,7 @@ def gpu_kernel_counts(target, trees, names):
       opt = all_optimizers[name]
       state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                            jax.eval_shape(opt.init, params))
-      rows.append([label, name, hlo_analysis.kernel_count(make_step(opt).lower(params, state, params).compile())])
+      rows.append([label, name, *kernel_figures(make_step(opt).lower(params, state, params).compile())])
       print(rows[-1], flush=True)
   return rows
 
@@ -420,7 +426,7 @@ def gpu_step_kernel_counts(target):
     variants = {name: train, f"{name}, state in XLA's layouts": workloads.with_state_layouts_chosen_by_xla(train)}
     for row_name, program in variants.items():
       compiled, _ = compile_only.compile_program(program)
-      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, hlo_analysis.kernel_count(compiled)])
+      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, *kernel_figures(compiled)])
       print(rows[-1], flush=True)
   return rows
 
@@ -428,7 +434,9 @@ def gpu_step_kernel_counts(target):
 GPU_KERNEL_NOTES = """\
 Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the
 `kernels` column of the timed table (`hlo_analysis.kernel_count`) in the optimised HLO that XLA:GPU compiles on
-this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times).
+this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times), and the bytes
+those kernels read and write, each its operands and results in full (`HloFigures.kernel_bytes`: what bounds
+the time of memory-bound kernels; cuDNN's and cuBLAS's calls count their operands and results too).
 The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and
 `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's momentum and weight update into one kernel
@@ -503,7 +511,7 @@ def main() -> None:
         rows += gpu_step_kernel_counts(args.kernels_for)
     except ConfigError as error:  # no CUDA plugin: what to install
       parser.error(str(error))
-    body = report.markdown_table(["tree", "update", "kernels"], rows)
+    body = report.markdown_table(["tree", "update", "kernels", "GiB read and written by the kernels"], rows)
     print(body)
     report.publish(args, "optimizer-gpu-kernels",
                    f"Optimizer update: kernels on a GPU ({args.kernels_for}, compiled here without one)",

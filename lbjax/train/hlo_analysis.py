@@ -19,7 +19,10 @@
   computations its control flow runs (`while` bodies and conditions, `conditional` branches, `call`s)
   that computes (a fusion, a library call, a copy, an unfused operation), not the values, views and
   control flow themselves, nor the `-done` halves of asynchronous pairs. On a GPU each is one kernel
-  (or library call) the runtime launches: the figure that sets a step's time where its kernels are short.
+  (or library call) the runtime launches: the figure that sets a step's time where its kernels are short;
+* the bytes those kernels read and write, each kernel's operands and results: where a step's elementwise
+  and reduction kernels are bound by memory (on a GPU, BatchNorm and activations beside the convolutions),
+  the figure their time follows.
 
 All count an instruction inside a `while` body once per iteration: a loop's trip count is read from
 its `known_trip_count`, or from the `counter < N` comparison of its condition (XLA's scans count from
@@ -73,6 +76,10 @@ class HloFigures:
     loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
     kernels: the kernels one execution launches, loop bodies counted per iteration (a `conditional`:
       its largest branch).
+    kernel_bytes: the bytes those kernels read and write per step, each its operands and its results in
+      full, loop bodies counted per iteration: the memory traffic of a step whose kernels are fused as
+      compiled (an upper bound where a kernel reads part of an operand; a library call's workspace and
+      what a kernel reads twice are not counted).
     all_reduce_16bit_bytes: the bytes of the all-reduce results in 16-bit floats (bf16, f16): what is
       summed across the devices at that precision (a bfloat16 model's gradients, where the partitioner
       reduces the convolutions' partial gradients before their cast to the float32 parameters). The
@@ -87,6 +94,7 @@ class HloFigures:
   kernels: int = 0
   collective_payload_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
   collective_ring_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
+  kernel_bytes: float = 0.0
 
   @property
   def collectives(self) -> dict[str, tuple[int, int, float]]:
@@ -278,24 +286,31 @@ def _ring_factor(kind: str, group_size: int) -> float:
   return 2 * share if kind == "all-reduce" else share
 
 
-def _kernels(computations: dict[str, list[_Instruction]], name: str) -> int:
-  """The kernels one execution of computation `name` launches (`HloFigures.kernels`)."""
-  total = 0
+def _kernel_instructions(computations: dict[str, list[_Instruction]], name: str,
+                         times: int = 1) -> list[tuple[_Instruction, int]]:
+  """Each kernel one execution of computation `name` launches `times` times (`HloFigures.kernels`), with
+  how often it runs: the instructions that compute, those of the `while` bodies and conditions, the
+  largest `conditional` branch and the `call`ed computations they run included."""
+  kernels = []
   for instruction in computations.get(name, []):
     called = {kind: re.findall(r"%([^\s,}]+)", names) for kind, names in _CALLED.findall(instruction.rest)}
     if instruction.opcode == "while":
       trip = _trip_count(instruction, computations)
-      total += sum(trip * _kernels(computations, body) for body in called.get("body", []))
-      total += sum((trip + 1) * _kernels(computations, condition) for condition in called.get("condition", []))
+      for body in called.get("body", []):
+        kernels += _kernel_instructions(computations, body, times * trip)
+      for condition in called.get("condition", []):
+        kernels += _kernel_instructions(computations, condition, times * (trip + 1))
     elif instruction.opcode == "conditional":
       branches = called.get("branch_computations", []) + re.findall(r"(?:true|false)_computation=%([^\s,]+)",
                                                                      instruction.rest)
-      total += max((_kernels(computations, branch) for branch in branches), default=0)
+      launches = [_kernel_instructions(computations, branch, times) for branch in branches]
+      kernels += max(launches, key=lambda branch: sum(count for _, count in branch), default=[])
     elif instruction.opcode == "call":
-      total += sum(_kernels(computations, target) for target in called.get("to_apply", []))
+      for target in called.get("to_apply", []):
+        kernels += _kernel_instructions(computations, target, times)
     elif instruction.opcode not in _NO_KERNEL and not instruction.opcode.endswith("-done"):
-      total += 1
-  return total
+      kernels.append((instruction, times))
+  return kernels
 
 
 def kernel_count(compiled: Any) -> int:
@@ -304,7 +319,8 @@ def kernel_count(compiled: Any) -> int:
 
 
 def analyze(hlo_text: str) -> HloFigures:
-  """The collective bytes, matmul FLOPs and kernels of one step of the compiled HLO module `hlo_text`."""
+  """The collective bytes, matmul FLOPs, kernels and kernel bytes of one step of the compiled HLO module
+  `hlo_text`."""
   computations, entry = _parse(hlo_text)
   shapes = {i.name: i.shape for instructions in computations.values() for i in instructions}
   times, times_once, trips = _multipliers(computations, entry) if entry else ({}, {}, [])
@@ -335,5 +351,9 @@ def analyze(hlo_text: str) -> HloFigures:
         matmul = _matmul_flops(instruction, shapes)
         flops += count * matmul
         flops_once += times_once[name] * matmul
+  kernels = _kernel_instructions(computations, entry) if entry else []
+  kernel_bytes = sum(count * (array_bytes(instruction.shape) + sum(
+      array_bytes(shapes.get(o, "")) for o in _OPERAND.findall(instruction.rest.split(")", 1)[0])))
+      for instruction, count in kernels)
   return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips), all_reduce_16bit,
-                    _kernels(computations, entry) if entry else 0, payload_bytes, ring_bytes)
+                    sum(count for _, count in kernels), payload_bytes, ring_bytes, kernel_bytes)

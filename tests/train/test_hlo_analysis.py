@@ -190,6 +190,14 @@ def test_kernels_count_what_control_flow_runs():
   assert hlo_analysis.analyze(CONTROL_FLOW).kernels == 2 + 4 * 2 + 5 * 1 + 3 + 2
 
 
+def test_kernel_bytes_are_each_kernels_operands_and_results_as_often_as_it_runs():
+  """A fusion of two f32[64] into one: 3 x 256 bytes; the all-reduce's start: its operand and its two results;
+  the loop body's s32 add 12 bytes, the condition's compare 9; the larger branch: two fusions and a copy."""
+  fusion, copy = 3 * 256, 2 * 256
+  expected = fusion + 3 * 256 + 4 * (fusion + 12) + 5 * 9 + (2 * fusion + copy) + (copy + fusion)
+  assert hlo_analysis.analyze(CONTROL_FLOW).kernel_bytes == expected
+
+
 # XLA:GPU's library calls as it prints them (shapes from a ResNet-50 step compiled for an H100, shortened).
 LIBRARY_CALLS = """HloModule m
 
