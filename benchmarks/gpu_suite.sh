@@ -75,7 +75,7 @@ LIMIT_E2E_POINT=220  # 200 before the first point traced its step (--trace-steps
 LIMIT_LOOP=300
 LIMIT_LOOP_TRACE=240
 LIMIT_OPTIMIZER=180
-LIMIT_STEP_OPTIONS=360
+LIMIT_STEP_OPTIONS=420
 LIMIT_MAX_POOL=60
 LIMIT_REPEATABILITY=240
 LIMIT_XLA_FLAGS=200
@@ -232,8 +232,9 @@ step_options_part() {  # each option in turn; one that fails (an XLA abort) does
   local batch=256 half=128  # the step's batch per device; the config's own max_device_batch (two halves)
   [ "$MODE" = dry-run ] && size=(--dry-run) batch=8 half=8  # ghost BN 8 there: no halves, the path only
   # the first two: as configured and with LARS in the flat layout, each in the same rounds with the state in
-  # XLA's layouts (--compare-state-layouts; the flat layout with XLA's layouts compiles to the fewest kernels)
-  for option in "--compare-state-layouts --override=--config.deterministic=False" \
+  # XLA's layouts (--compare-state-layouts; the flat layout with XLA's layouts compiles to the fewest kernels);
+  # the first also with jax.nn.relu in the model (--compare-jax-relu: what lbjax.models.relu's barrier gives)
+  for option in "--compare-state-layouts --compare-jax-relu --override=--config.deterministic=False" \
       "--compare-state-layouts --override=--config.optimizer.layout=flat" \
       --override=--config.deterministic=True \
       --override=--config.model_options.param_dtype_gradients=True \

@@ -142,10 +142,11 @@ def _environment(args) -> dict[str, str]:
 
 
 def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, momentum: bool,
-                 state_layouts: bool = False, trace_steps: int = 0, trace_dir: pathlib.Path | None = None) -> dict:
-  """Runs in the step process: the trainer's compiled step (and momentum SGD's, and the step with the
-  state in XLA's layouts) on a placed batch; then, with `trace_steps`, the step traced
-  (`workloads.trace_steps`)."""
+                 state_layouts: bool = False, jax_relu: bool = False, trace_steps: int = 0,
+                 trace_dir: pathlib.Path | None = None) -> dict:
+  """Runs in the step process: the trainer's compiled step (and momentum SGD's, the step with the state in
+  XLA's layouts, the step with `jax.nn.relu` in the model instead of `lbjax.models.relu`) on a placed batch;
+  then, with `trace_steps`, the step traced (`workloads.trace_steps`)."""
   import jax  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
   from benchmarks import report  # pylint: disable=import-outside-toplevel
@@ -161,6 +162,11 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
       steps[name] = workloads.TrainerStep(other)
   if state_layouts:
     steps["lars_xla_layouts"] = workloads.TrainerStep(config, state_layouts="xla")
+  if jax_relu:  # the model's ReLU swapped while this step is traced and compiled (TrainerStep compiles at once)
+    from unittest import mock  # pylint: disable=import-outside-toplevel
+    from lbjax.models import resnet  # pylint: disable=import-outside-toplevel
+    with mock.patch.object(resnet, "relu", jax.nn.relu):
+      steps["lars_jax_relu"] = workloads.TrainerStep(config)
   try:
     times = report.round_seconds(steps, rounds=rounds, repeats=repeats)
     traced = workloads.trace_steps(steps["lars"], trace_steps, trace_dir) if trace_steps else None
@@ -175,6 +181,8 @@ def measure_step(spec: str, overrides: list[str], rounds: int, repeats: int, mom
       result[f"{name}_over_{baseline}"] = report.paired_ratios(times, name, baseline).format(digits=3)
   if state_layouts:
     result["lars_xla_layouts_over_lars"] = report.paired_ratios(times, "lars_xla_layouts", "lars").format(digits=3)
+  if jax_relu:
+    result["jax_relu_over_lars"] = report.paired_ratios(times, "lars_jax_relu", "lars").format(digits=3)
   if traced is not None:
     result["step_trace"] = traced
   return result
@@ -242,6 +250,7 @@ def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str])
   command = [sys.executable, "-m", "benchmarks.resnet50_end_to_end", "--measure-step", spec,
              f"--rounds={args.rounds}", f"--step-repeats={args.step_repeats}"]
   command += ["--compare-momentum"] * args.compare_momentum + ["--compare-state-layouts"] * args.compare_state_layouts
+  command += ["--compare-jax-relu"] * args.compare_jax_relu
   if args.trace_steps:
     trace_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"step_trace_b{args.batch_per_device}_", dir=args.work_root))
     command += [f"--trace-steps={args.trace_steps}", f"--trace-dir={trace_dir}"]
@@ -284,6 +293,8 @@ def measure(args) -> dict:
       row[ratio] = step[ratio]
   if args.compare_state_layouts:
     row["lars_xla_layouts_over_lars"] = step["lars_xla_layouts_over_lars"]
+  if args.compare_jax_relu:
+    row["jax_relu_over_lars"] = step["jax_relu_over_lars"]
   if "step_trace" in step:
     row["step_trace"] = step["step_trace"]
   if args.results:
@@ -299,13 +310,15 @@ def table(rows: list[dict]) -> str:
             f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
             f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", ""),
             r.get("lars_flat_over_momentum", ""), r.get("lars_xla_layouts_over_lars", ""),
+            r.get("jax_relu_over_lars", ""),
             f"{100 * r['step_trace']['device_busy_fraction']:.0f}%"
             if "device_busy_fraction" in r.get("step_trace", {}) else ""]
            for r in rows]
   return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
                                 "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
                                 "LARS / momentum step time", "LARS flat layout / momentum step time",
-                                "XLA's state layouts / row-major step time", "device busy in the traced step"],
+                                "XLA's state layouts / row-major step time",
+                                "jax.nn.relu / lbjax.models.relu step time", "device busy in the traced step"],
                                lines)
 
 
@@ -320,6 +333,8 @@ def row_command(row: dict) -> str:
     words.append("--compare-momentum")
   if "lars_xla_layouts_over_lars" in row:
     words.append("--compare-state-layouts")
+  if "jax_relu_over_lars" in row:
+    words.append("--compare-jax-relu")
   if "loop_images_per_second" not in row:
     words.append("--step-only")
   if "step_trace" in row:
@@ -396,6 +411,9 @@ def main() -> None:
   parser.add_argument("--compare-state-layouts", action="store_true",
                       help="also time the step with the train state in the layouts XLA prefers for it "
                            "(benchmarks.workloads.STATE_LAYOUTS; the trainer places it row-major)")
+  parser.add_argument("--compare-jax-relu", action="store_true",
+                      help="also time the step with jax.nn.relu in the model instead of lbjax.models.relu "
+                           "(whose derivative reads its output, kept behind a barrier on GPUs)")
   parser.add_argument("--step-only", action="store_true", help="time the step only (no trainer run)")
   parser.add_argument("--trace-steps", type=int, default=0,
                       help="then trace this many steps of the step with jax.profiler (kept under --work-root)")
@@ -427,7 +445,7 @@ def main() -> None:
   if args.measure_step:
     overrides = [a for a in rest if a != "--"]
     result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum,
-                          args.compare_state_layouts, args.trace_steps,
+                          args.compare_state_layouts, args.compare_jax_relu, args.trace_steps,
                           pathlib.Path(args.trace_dir) if args.trace_dir else None)
     print(STEP_RESULT + json.dumps(result), flush=True)
     return

@@ -38,7 +38,7 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
            "step_images_per_second": 4500.0},
           {**common, "batch_per_device": 256, "xla_flags": "default", "overrides": [],
            "measured_at": "2026-11-28 08:45 UTC", "step_images_per_second": 6500.0,
-           "lars_xla_layouts_over_lars": "0.980 [0.975, 0.985]",
+           "lars_xla_layouts_over_lars": "0.980 [0.975, 0.985]", "jax_relu_over_lars": "1.020 [1.010, 1.030]",
            "step_trace": {"steps": 5, "device_busy_fraction": 0.912, "top_kernels": []}},
           {**common, "dry_run": True, "batch_per_device": 8, "xla_flags": "default", "overrides": [],
            "measured_at": "2026-11-27 09:00 UTC", "step_images_per_second": 1.0}]
@@ -49,12 +49,12 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
   assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-momentum\n" in body
           and "--batch-per-device 384 --decode-workers 14 --xla-flags latency_hiding --max-device-batch 128 "
               "--override=--config.deterministic=True --step-only\n" in body)
-  assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-state-layouts --step-only "
-          "--trace-steps 5\n" in body)
+  assert ("--batch-per-device 256 --decode-workers 14 --xla-flags default --compare-state-layouts --compare-jax-relu "
+          "--step-only --trace-steps 5\n" in body)
   assert ("Machines: 1 x NVIDIA H200, jax 0.11.2, 16 CPU cores (2026-11-27 08:45 UTC, 2026-11-27 08:49 UTC, "
           "2026-11-28 08:45 UTC)\n" in body)
   assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |  |  |" in body
-  assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] | 91% |" in body
+  assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] | 1.020 [1.010, 1.030] | 91% |" in body
   assert "| 4,500 | (step only) |" in body and "--batch-per-device 8 " not in body  # the dry run is left out
 
 
