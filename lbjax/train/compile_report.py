@@ -14,8 +14,9 @@ FLOPs counted per iteration over those counted once (`hlo_analysis.HloFigures.lo
 Every time figure is XLA's cost-model estimate, not a measurement. A deviceless GPU has no cost
 analysis: its FLOPs are those of the dots and convolutions (cuDNN and cuBLAS calls) in the compiled
 HLO (`flops_counted`), and it has no time estimate. From the HLO too, on every platform: the kernels
-a step launches (`hlo_analysis.HloFigures.kernels`), printed for GPUs, where a step of many short
-kernels takes about as long as launching them.
+a step launches (`hlo_analysis.HloFigures.kernels`) and the bytes they read and write (`kernel_bytes`),
+printed for GPUs, where a step of many short kernels takes about as long as launching them and its
+elementwise and reduction kernels as long as their memory traffic.
 
 The one clock: a recipe of E_i epochs at each batch size B_i of the schedule takes
 sum_i E_i * steps_per_epoch(B_i) * estimated_step_seconds(B_i) (evaluation not included).
@@ -65,6 +66,7 @@ class ProgramFigures:
   compiler_message: str = ""  # the compiler's out-of-memory figures, where it refused the program
   flops_counted: str = FLOPS_FROM_COST_ANALYSIS  # who counted `flops_per_device`
   kernels: int | None = None  # the kernels one run of the program launches (`hlo_analysis.HloFigures.kernels`)
+  kernel_bytes: float | None = None  # the bytes they read and write (`hlo_analysis.HloFigures.kernel_bytes`)
   steps_per_call: int = 1  # training steps one run of the program takes (`config.steps_per_call`)
   all_reduce_16bit_bytes: int = 0  # the all-reduce bytes summed in bf16/f16 (`HloFigures`)
 
@@ -96,7 +98,8 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, total, memory,
                         flops, hlo.collective_bytes, None if seconds is None or seconds < 0 else seconds * ratio,
                         compile_seconds, all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes,
-                        steps_per_call=program.steps_per_call, flops_counted=counted, kernels=hlo.kernels)
+                        steps_per_call=program.steps_per_call, flops_counted=counted, kernels=hlo.kernels,
+                        kernel_bytes=hlo.kernel_bytes)
 
 
 # XLA:TPU's out-of-memory message, needed then available HBM: libtpu 0.0.50.1 (with jax 0.12) says "the total memory
@@ -157,6 +160,8 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
            if all(p.flops_per_device is not None for p in parts) else None)
   kernels = (round(sum((p.per_step or 1.0) * p.kernels for p in parts))
              if all(p.kernels is not None for p in parts) else None)
+  kernel_bytes = (sum((p.per_step or 1.0) * p.kernel_bytes for p in parts)
+                  if all(p.kernel_bytes is not None for p in parts) else None)
   record = {
       "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
       "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
@@ -169,6 +174,7 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
       "flops_counted": FLOPS_FROM_MATMULS if any(p.flops_counted == FLOPS_FROM_MATMULS for p in parts)
                        else FLOPS_FROM_COST_ANALYSIS,
       "kernels_per_step": kernels,
+      "kernel_bytes_per_step": kernel_bytes,
       "collective_bytes": {k: sum(int((p.per_step or 1.0) * p.collective_bytes[k]) for p in parts)
                            for k in COLLECTIVES},
       "all_reduce_16bit_bytes": sum(int((p.per_step or 1.0) * p.all_reduce_16bit_bytes) for p in parts),
@@ -236,6 +242,7 @@ class CompileReport:
         "batch_size": head["batch_size"],
         "flops_per_step": None if head["flops_per_device"] is None else head["flops_per_device"] * self.devices,
         "flops_counted": head["flops_counted"], "kernels_per_step": head["kernels_per_step"],
+        "kernel_bytes_per_step": head["kernel_bytes_per_step"],
         "collective_bytes": head["collective_bytes"],
         "estimated_step_seconds": head["estimated_step_seconds"],
         "estimated_recipe_seconds": self.estimated_recipe_seconds, "epochs": self.epochs,
@@ -280,8 +287,10 @@ class CompileReport:
                  f"({'?' if flops is None else f'{flops:.3g}'} per device{counted}); collectives per device: "
                  f"{collectives}")
       if self.platform == "gpu" and step["kernels_per_step"] is not None:
+        traffic = ("" if step["kernel_bytes_per_step"] is None
+                   else f", reading and writing {step['kernel_bytes_per_step'] / 2**30:.1f} GiB")
         out.append(f"    kernels launched per step {step['kernels_per_step']:,} (fusions, cuDNN/cuBLAS calls and "
-                   "copies; a loop's per iteration)")
+                   f"copies; a loop's per iteration){traffic}")
       if step["step"] != "eval" and step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]:
         low = step["all_reduce_16bit_bytes"] / 2**20
         out.append(f"    of the all-reduce, {low:.1f} MiB is summed in 16-bit floats: the gradients are added across "

@@ -111,6 +111,7 @@ def test_mnist_lstm_compiles_for_eight_h100s_with_the_gradient_all_reduce(tmp_pa
                                                   + 3 * hidden * 10)
   assert report["kernels_per_step"] > 2 * 28  # the forward and backward scans launch kernels at every time step
   assert f"kernels launched per step {report['kernels_per_step']:,}" in done.stdout
+  assert report["kernel_bytes_per_step"] > 0 and "reading and writing " in done.stdout
   assert "Compiled for topology h100:8: 8 NVIDIA H100 80GB HBM3 device(s)" in done.stdout
   assert "Note: config.deterministic=True is not applied" in done.stdout
   assert report["notes"] and "figures are those of the program without them" in report["notes"][0]
