@@ -195,7 +195,8 @@ class PtbLSTM(nnx.Module):
       raise ValueError(f"PtbLSTM expects integer tokens of shape [N, T], got dtype "
                        f"{tokens.dtype}; convert with `.astype(jnp.int32)`.")
     if not isinstance(tokens, jax.core.Tracer):
-      low, high = int(jnp.min(tokens)), int(jnp.max(tokens))
+      with jax.ensure_compile_time_eval():  # concrete tokens inside a trace (a jitted closure's constant) too
+        low, high = int(jnp.min(tokens)), int(jnp.max(tokens))
       if low < 0 or high >= self.vocab_size:
         raise ValueError(f"PtbLSTM tokens must be word ids in [0, {self.vocab_size}), got values "
                          f"in [{low}, {high}].")

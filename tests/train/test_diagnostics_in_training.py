@@ -49,6 +49,16 @@ def test_lipschitz_estimate_is_logged_every_n_steps(tmp_path):
   assert all(np.isfinite(r["lipschitz"]) and r["lipschitz"] >= 0 for r in records)
 
 
+def test_lipschitz_estimate_of_a_language_model(tmp_path):
+  """The probe's batch is a constant of its jitted function: the PTB model's check of the token range
+  evaluates on it (JAX hoists such constants into the trace), as on a batch passed in."""
+  config = helpers.tiny_language_model_config(**{"diagnostics.lipschitz_every": 2,
+                                                  "diagnostics.lipschitz_batch_size": 8})
+  train_and_evaluate(config, tmp_path)
+  records = _records(tmp_path, "lipschitz")
+  assert records and all(np.isfinite(r["lipschitz"]) and r["lipschitz"] >= 0 for r in records)
+
+
 def test_lipschitz_estimate_goes_through_the_imagenet_stems_max_pool(tmp_path):
   """Above 64x64 the ResNet has the ImageNet stem, whose max-pool has its own tangent rule
   (`lbjax.models.pooling`): the diagnostic's forward-over-reverse Hessian-vector product goes through it."""
