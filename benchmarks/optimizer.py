@@ -435,8 +435,9 @@ GPU_KERNEL_NOTES = """\
 Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the
 `kernels` column of the timed table (`hlo_analysis.kernel_count`) in the optimised HLO that XLA:GPU compiles on
 this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times), and the bytes
-those kernels read and write, each its operands and results in full (`HloFigures.kernel_bytes`: what bounds
-the time of memory-bound kernels; cuDNN's and cuBLAS's calls count their operands and results too).
+those kernels read and write (`HloFigures.kernel_bytes`: each kernel's results and operands, a fusion's operand
+only as far as it slices it; what bounds the time of memory-bound kernels; cuDNN's and cuBLAS's calls count
+their operands and results too).
 The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and
 `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's momentum and weight update into one kernel

@@ -76,10 +76,11 @@ class HloFigures:
     loop_trip_counts: the trip count of each `while` loop (1 where it could not be read).
     kernels: the kernels one execution launches, loop bodies counted per iteration (a `conditional`:
       its largest branch).
-    kernel_bytes: the bytes those kernels read and write per step, each its operands and its results in
-      full, loop bodies counted per iteration: the memory traffic of a step whose kernels are fused as
-      compiled (an upper bound where a kernel reads part of an operand; a library call's workspace and
-      what a kernel reads twice are not counted).
+    kernel_bytes: the bytes those kernels read and write per step, loop bodies counted per iteration: each
+      kernel's results, and its operands in full except where a fusion reads only slices of one (through
+      views and elementwise operations: the part it slices). The memory traffic of a step whose kernels
+      are fused as compiled; a library call's workspace, what a kernel reads twice and what it reads of
+      an operand it gathers from or reduces a window of are not told apart (counted once, in full).
     all_reduce_16bit_bytes: the bytes of the all-reduce results in 16-bit floats (bf16, f16): what is
       summed across the devices at that precision (a bfloat16 model's gradients, where the partitioner
       reduces the convolutions' partial gradients before their cast to the float32 parameters). The
@@ -313,6 +314,51 @@ def _kernel_instructions(computations: dict[str, list[_Instruction]], name: str,
   return kernels
 
 
+# Inside a fusion: instructions that map each element of an operand to one element of the result (views and
+# elementwise operations), through which a slice further on still reads only its part of a fusion's operand.
+_ELEMENT_FOR_ELEMENT = frozenset({
+    "bitcast", "reshape", "convert", "negate", "abs", "add", "subtract", "multiply", "divide", "maximum", "minimum",
+    "select", "compare", "and", "or", "not", "xor", "exponential", "log", "sqrt", "rsqrt", "tanh", "logistic",
+    "power", "clamp", "sign", "floor", "ceil", "round-nearest-even", "is-finite"})
+_PARAMETER_INDEX = re.compile(r"(\d+)\)")  # what follows `parameter(` in a fused computation
+
+
+def _read_fraction(value: str, users: dict[str, list[_Instruction]], shapes: dict[str, str]) -> float:
+  """The share of `value`'s elements a fused computation reads: below 1 only where every use of it leads,
+  through views and elementwise operations, to slices (a flat buffer of which the fusion writes one leaf)."""
+  elements = math.prod(_first_array(shapes.get(value, ""))) or 1
+  total = 0.0
+  for user in users.get(value, []):
+    if user.opcode in ("slice", "dynamic-slice"):
+      total += math.prod(_first_array(user.shape)) / elements
+    elif user.opcode in _ELEMENT_FOR_ELEMENT and math.prod(_first_array(user.shape)) == elements:
+      total += _read_fraction(user.name, users, shapes)
+    else:
+      return 1.0
+  return min(total, 1.0) if users.get(value) else 1.0
+
+
+def _operand_bytes(instruction: _Instruction, computations: dict[str, list[_Instruction]],
+                   shapes: dict[str, str]) -> float:
+  """The bytes a kernel reads of its operands: each in full, but a fusion's operand only as far as its fused
+  computation reads it (`_read_fraction`)."""
+  operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+  fused = re.search(r"\bcalls=%([^\s,]+)", instruction.rest) if instruction.opcode == "fusion" else None
+  fractions = [1.0] * len(operands)
+  if fused and fused.group(1) in computations:
+    body = computations[fused.group(1)]
+    body_shapes = {i.name: i.shape for i in body}
+    users: dict[str, list[_Instruction]] = defaultdict(list)
+    for inner in body:
+      for operand in set(_OPERAND.findall(inner.rest.split(")", 1)[0])):
+        users[operand].append(inner)
+    for inner in body:
+      index = _PARAMETER_INDEX.match(inner.rest) if inner.opcode == "parameter" else None
+      if index and int(index.group(1)) < len(operands):
+        fractions[int(index.group(1))] = _read_fraction(inner.name, users, body_shapes)
+  return sum(fraction * array_bytes(shapes.get(operand, "")) for operand, fraction in zip(operands, fractions))
+
+
 def kernel_count(compiled: Any) -> int:
   """The kernels one call of `compiled` (a `jax.stages.Compiled`) launches (`HloFigures.kernels`)."""
   return analyze(compiled.as_text()).kernels
@@ -352,8 +398,7 @@ def analyze(hlo_text: str) -> HloFigures:
         flops += count * matmul
         flops_once += times_once[name] * matmul
   kernels = _kernel_instructions(computations, entry) if entry else []
-  kernel_bytes = sum(count * (array_bytes(instruction.shape) + sum(
-      array_bytes(shapes.get(o, "")) for o in _OPERAND.findall(instruction.rest.split(")", 1)[0])))
-      for instruction, count in kernels)
+  kernel_bytes = sum(count * (array_bytes(instruction.shape) + _operand_bytes(instruction, computations, shapes))
+                     for instruction, count in kernels)
   return HloFigures(collective_bytes, collective_counts, flops, flops_once, tuple(trips), all_reduce_16bit,
                     sum(count for _, count in kernels), payload_bytes, ring_bytes, kernel_bytes)

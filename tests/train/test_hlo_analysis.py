@@ -198,6 +198,41 @@ def test_kernel_bytes_are_each_kernels_operands_and_results_as_often_as_it_runs(
   assert hlo_analysis.analyze(CONTROL_FLOW).kernel_bytes == expected
 
 
+# A flat buffer's leaf written back (the multi-tensor layout's last kernels, as XLA:GPU fuses them): the fusion
+# takes the whole f32[100,8] step buffer and reads 4 of its rows, through an elementwise negate.
+SLICED_OPERAND = """HloModule m
+
+%fused_add (p0: f32[4,8], p1: f32[100,8]) -> f32[4,8] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = f32[100,8]{1,0} parameter(1)
+  %n = f32[100,8]{1,0} negate(%p1)
+  %s = f32[4,8]{1,0} slice(%n), slice={[10:14], [0:8]}
+  ROOT %a = f32[4,8]{1,0} add(%p0, %s)
+}
+
+%fused_sum (p0: f32[100,8]) -> f32[100,8] {
+  %p0 = f32[100,8]{1,0} parameter(0)
+  %s = f32[4,8]{1,0} slice(%p0), slice={[0:4], [0:8]}
+  %b = f32[100,8]{1,0} broadcast(%s), dimensions={}
+  ROOT %m = f32[100,8]{1,0} multiply(%p0, %b)
+}
+
+ENTRY %main (w: f32[4,8], buffer: f32[100,8]) -> (f32[4,8], f32[100,8]) {
+  %w = f32[4,8]{1,0} parameter(0)
+  %buffer = f32[100,8]{1,0} parameter(1)
+  %leaf = f32[4,8]{1,0} fusion(%w, %buffer), kind=kLoop, calls=%fused_add
+  %whole = f32[100,8]{1,0} fusion(%buffer), kind=kLoop, calls=%fused_sum
+  ROOT %out = (f32[4,8]{1,0}, f32[100,8]{1,0}) tuple(%leaf, %whole)
+}
+"""
+
+
+def test_a_fusion_that_slices_an_operand_reads_only_the_slice():
+  """The leaf's fusion: w (128 bytes) and 4 of the buffer's 100 rows (128 bytes) read, 128 written; the second
+  fusion also reads the whole buffer elsewhere, so all of it counts (3,200 in, 3,200 out)."""
+  assert hlo_analysis.analyze(SLICED_OPERAND).kernel_bytes == (128 + 128 + 128) + (3200 + 3200)
+
+
 # XLA:GPU's library calls as it prints them (shapes from a ResNet-50 step compiled for an H100, shortened).
 LIBRARY_CALLS = """HloModule m
 
