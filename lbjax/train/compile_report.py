@@ -288,7 +288,7 @@ class CompileReport:
                  f"{collectives}")
       if self.platform == "gpu" and step["kernels_per_step"] is not None:
         traffic = ("" if step["kernel_bytes_per_step"] is None
-                   else f", reading and writing {step['kernel_bytes_per_step'] / 2**30:.1f} GiB")
+                   else f", reading and writing {_gib(step['kernel_bytes_per_step'])}")
         out.append(f"    kernels launched per step {step['kernels_per_step']:,} (fusions, cuDNN/cuBLAS calls and "
                    f"copies; a loop's per iteration){traffic}")
       if step["step"] != "eval" and step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]:
