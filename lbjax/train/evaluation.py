@@ -45,7 +45,7 @@ class LipschitzProbe:
   """L(x, g) = |g^T H g| / ||g||^2 along the gradient on the first `batch_size` evaluation examples."""
 
   def __init__(self, parts: StepParts, batch_size: int, seed: int, state: TrainState, field: str):
-    """Builds the probe for states like `state` (traced here, not run).
+    """Builds the probe for states like `state` (lowered here, not run).
 
     Raises:
       ConfigError: the model has a layer JAX cannot differentiate forward (a `custom_vjp`), which the
