@@ -20,9 +20,9 @@
   that computes (a fusion, a library call, a copy, an unfused operation), not the values, views and
   control flow themselves, nor the `-done` halves of asynchronous pairs. On a GPU each is one kernel
   (or library call) the runtime launches: the figure that sets a step's time where its kernels are short;
-* the bytes those kernels read and write, each kernel's operands and results: where a step's elementwise
-  and reduction kernels are bound by memory (on a GPU, BatchNorm and activations beside the convolutions),
-  the figure their time follows.
+* the bytes those kernels read and write, each kernel's operands (a fusion's as far as it slices them) and
+  results: where a step's elementwise and reduction kernels are bound by memory (on a GPU, BatchNorm and
+  activations beside the convolutions), the figure their time follows.
 
 All count an instruction inside a `while` body once per iteration: a loop's trip count is read from
 its `known_trip_count`, or from the `counter < N` comparison of its condition (XLA's scans count from
@@ -136,6 +136,11 @@ class _Instruction:
   rest: str  # operands and attributes
 
 
+def _operands(instruction: _Instruction) -> list[str]:
+  """The names of an instruction's operands (those before its attributes)."""
+  return _OPERAND.findall(instruction.rest.split(")", 1)[0])
+
+
 def _parse(hlo_text: str) -> tuple[dict[str, list[_Instruction]], str | None]:
   """Computations by name (their instructions in order) and the name of the entry computation."""
   computations: dict[str, list[_Instruction]] = {}
@@ -165,7 +170,7 @@ def _trip_count(instruction: _Instruction, computations: dict[str, list[_Instruc
   constants = {i.name: i.rest.split(")", 1)[0] for i in body if i.opcode == "constant"}
   for i in body:
     if i.opcode == "compare" and "direction=LT" in i.rest:
-      for operand in _OPERAND.findall(i.rest.split(")", 1)[0]):
+      for operand in _operands(i):
         if operand in constants and constants[operand].lstrip("-").isdigit():
           return int(constants[operand])
   return 1
@@ -223,7 +228,7 @@ def _library_call_flops(instruction: _Instruction, operands: list[str], shapes: 
 
 
 def _matmul_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
-  operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+  operands = _operands(instruction)
   if instruction.opcode == "custom-call":
     return _library_call_flops(instruction, operands, shapes)
   result = math.prod(_first_array(instruction.shape))
@@ -342,7 +347,7 @@ def _operand_bytes(instruction: _Instruction, computations: dict[str, list[_Inst
                    shapes: dict[str, str]) -> float:
   """The bytes a kernel reads of its operands: each in full, but a fusion's operand only as far as its fused
   computation reads it (`_read_fraction`)."""
-  operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+  operands = _operands(instruction)
   fused = re.search(r"\bcalls=%([^\s,]+)", instruction.rest) if instruction.opcode == "fusion" else None
   fractions = [1.0] * len(operands)
   if fused and fused.group(1) in computations:
@@ -350,7 +355,7 @@ def _operand_bytes(instruction: _Instruction, computations: dict[str, list[_Inst
     body_shapes = {i.name: i.shape for i in body}
     users: dict[str, list[_Instruction]] = defaultdict(list)
     for inner in body:
-      for operand in set(_OPERAND.findall(inner.rest.split(")", 1)[0])):
+      for operand in set(_operands(inner)):
         users[operand].append(inner)
     for inner in body:
       index = _PARAMETER_INDEX.match(inner.rest) if inner.opcode == "parameter" else None
@@ -384,7 +389,7 @@ def analyze(hlo_text: str) -> HloFigures:
     for instruction in instructions:
       kind = instruction.opcode.removesuffix("-start")
       if kind in COLLECTIVES:
-        operands = _OPERAND.findall(instruction.rest.split(")", 1)[0])
+        operands = _operands(instruction)
         collective_bytes[kind] += count * int(sum(array_bytes(shapes.get(o, "")) for o in operands))
         collective_counts[kind] += count
         group_size = _group_size(instruction, devices)
