@@ -166,9 +166,5 @@ def lars(
       curvature radius.)
     optax.lars, google-deepmind/optax, optax/_src/alias.py (the denominator ||g + beta * w||).
   """
-  return multi_tensor.in_layout(
-      layout,
-      lambda scaling, flip_sign: layerwise.layerwise_sgd(scaling, learning_rate, momentum, nesterov,
-                                                          accumulator_dtype, flip_sign),
-      lars_rate(trust_coefficient, eps, denominator), weight_decay, mask, stacked, axis_name,
-  )
+  return multi_tensor.layerwise_sgd(layout, lars_rate(trust_coefficient, eps, denominator), learning_rate, momentum,
+                                     nesterov, accumulator_dtype, weight_decay, mask, stacked, axis_name)

@@ -38,11 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.optim import fused
 from lbjax.optim import layerwise
 from lbjax.optim import validation
 
 BLOCK = 1024  # values per block: the padding of a layer is below one block (ResNet-50: 0.6% of its 25.6M)
-LAYOUTS = ("per_leaf", "flat")
+LAYOUTS = ("per_leaf", "flat", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,9 +356,40 @@ def in_layout(
   """`build(scaling, flip_sign)` with the layer-wise scaling by `rate` in `layout`: "per_leaf" (one
   reduction and one update per leaf: `layerwise.scale_by_layerwise_rate`; `flip_sign` True: `build`
   returns the update) or "flat" (`flat_layout` around `scale_by_summed_rate`; `flip_sign` False: `build`
-  returns the step). `lars`, `lamb` and `percent_delta` are built this way."""
+  returns the step). `lamb` is built this way, and `lars` and `percent_delta` through `layerwise_sgd`,
+  which adds the fused layout."""
   validation.check_choice("layout", layout, LAYOUTS)
+  if layout == "fused":
+    raise ValueError("layout='fused' has kernels for momentum SGD with a layer-wise rate (lars, percent_delta), "
+                     "not for this optimizer: use layout='flat', the multi-tensor layout within XLA.")
   if layout == "per_leaf":
     return build(layerwise.scale_by_layerwise_rate(
         rate, weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name), True)
   return flat_layout(build(scale_by_summed_rate(rate, weight_decay, axis_name), False), mask, stacked)
+
+
+def layerwise_sgd(
+    layout: str,
+    rate: layerwise.SummedRate,
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: Any,
+    nesterov: bool,
+    accumulator_dtype: Any,
+    weight_decay: Any,
+    mask: layerwise.MaskOrFn,
+    stacked: layerwise.StackedOrFn,
+    axis_name: layerwise.AxisName,
+) -> optax.GradientTransformation:
+  """`layerwise.layerwise_sgd` with the scaling by `rate` in `layout`: "per_leaf" and "flat" as
+  `in_layout`, "fused" the two Pallas kernels of `lbjax.optim.fused` (GPUs). `lars` and `percent_delta`
+  are built this way."""
+  validation.check_choice("layout", layout, LAYOUTS)
+  if layout == "fused":
+    return fused.layerwise_sgd(rate, learning_rate, momentum, nesterov, accumulator_dtype, weight_decay, mask,
+                               stacked, axis_name)
+  return in_layout(
+      layout,
+      lambda scaling, flip_sign: layerwise.layerwise_sgd(scaling, learning_rate, momentum, nesterov,
+                                                          accumulator_dtype, flip_sign),
+      rate, weight_decay, mask, stacked, axis_name,
+  )

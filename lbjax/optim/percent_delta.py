@@ -111,9 +111,5 @@ def percent_delta(
       Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 24.)
     Abu-El-Haija, S. Proportionate Gradient Updates with PercentDelta. arXiv:1708.07227, 2017.
   """
-  return multi_tensor.in_layout(
-      layout,
-      lambda scaling, flip_sign: layerwise.layerwise_sgd(scaling, learning_rate, momentum, nesterov,
-                                                          accumulator_dtype, flip_sign),
-      percent_delta_rate(), weight_decay, mask, stacked, axis_name,
-  )
+  return multi_tensor.layerwise_sgd(layout, percent_delta_rate(), learning_rate, momentum, nesterov,
+                                     accumulator_dtype, weight_decay, mask, stacked, axis_name)

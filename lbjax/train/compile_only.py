@@ -30,6 +30,7 @@ from lbjax.train import build
 from lbjax.train import compile_report
 from lbjax.train import determinism
 from lbjax.train import device_data
+from lbjax.train import gpu_targets
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
 from lbjax.train import tasks
@@ -167,8 +168,9 @@ def _is_out_of_memory(error: Exception) -> bool:
 def compile_program(program: Program) -> tuple[Any, float]:
   """The compiled executable of `program` and the seconds lowering and compiling took."""
   start = time.perf_counter()
-  lowered = jax.jit(program.function, in_shardings=program.in_shardings, out_shardings=program.out_shardings,
-                    donate_argnums=program.donate_argnums).lower(*program.arguments)
+  with gpu_targets.lowering_for(jax.tree.leaves(program.in_shardings)[0].device_set):
+    lowered = jax.jit(program.function, in_shardings=program.in_shardings, out_shardings=program.out_shardings,
+                      donate_argnums=program.donate_argnums).lower(*program.arguments)
   return lowered.compile(), time.perf_counter() - start
 
 

@@ -17,6 +17,7 @@ Checked on 2026-11-27 (jax 0.12.0.1): the kernels per ResNet-50 optimizer update
 the H100 equal those counted on a lent H200 (`benchmarks/README.md`, section `optimizer-gpu-kernels`).
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -141,6 +142,17 @@ def devices(name: str) -> list[Any]:
                       "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 set (lbjax-train sets it before JAX starts) and check "
                       f"that the plugin's version is jax's ({jax.__version__}).") from e
   return list(topology.devices)
+
+
+def lowering_for(devices: Any) -> contextlib.AbstractContextManager:
+  """Where to lower a program that runs on `devices`: on GPUs with one of them as JAX's default device,
+  since Pallas's GPU lowering (the fused optimizer layout, `lbjax.optim.fused`) takes the GPU it compiles
+  for from the default device, which without a GPU is the CPU; elsewhere as it is."""
+  device = min(devices, key=lambda d: d.id)
+  if device.platform != "gpu":
+    return contextlib.nullcontext()
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.default_device(device)
 
 
 def device_target(device: Any) -> GpuTarget | None:

@@ -129,7 +129,7 @@ def test_sharded_parameters_under_jit_give_the_same_numbers():
 
 
 def test_a_layout_that_does_not_exist_and_a_statistic_that_is_not_a_sum_are_refused():
-  with pytest.raises(ValueError, match=r"layout must be one of \('per_leaf', 'flat'\), got 'flatt'"):
+  with pytest.raises(ValueError, match=r"layout must be one of \('per_leaf', 'flat', 'fused'\), got 'flatt'"):
     optim.lars(0.1, layout="flatt")
   with pytest.raises(ValueError, match=r"needs a statistic made of per-layer sums.*layout='per_leaf'"):
     multi_tensor.scale_by_summed_rate(optim.median_curvature_rate())

@@ -1,0 +1,217 @@
+"""The fused layout (`lbjax.optim.fused`, `layout="fused"`): its two Pallas kernels, run in Pallas's
+interpreter here, give the per-leaf layout's numbers and state; elsewhere than on a CUDA GPU the layout
+is the per-leaf update itself; compiled for an H100, an update launches a handful of kernels whatever
+the number of leaves."""
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from lbjax import optim
+from lbjax.optim import fused
+from lbjax.optim import layerwise
+from lbjax.train import gpu_targets
+from tests.optim import test_battery as battery
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHUNK = fused.CHUNK
+
+# A leaf of several chunks with a partial last one, a stacked leaf (3 layers, each a chunk), a bfloat16
+# leaf beside float32 ones, an empty kernel and a vector (unselected by the default mask).
+SHAPES = {"dense": ((CHUNK + 700, 3), jnp.float32), "stacked": ((3, 5, 7), jnp.float32),
+          "half": ((6, 4), jnp.bfloat16), "empty": ((0, 4), jnp.float32), "bias": ((8,), jnp.float32)}
+STACKED = {"dense": 0, "stacked": 1, "half": 0, "empty": 0, "bias": 0}
+
+
+def tree(seed, scale=1.0):
+  rng = np.random.default_rng(seed)
+  return {k: jnp.asarray(scale * rng.normal(size=shape), dtype) for k, (shape, dtype) in SHAPES.items()}
+
+
+def run(opt, steps=3, apply=optax.apply_updates, state=None):
+  """Parameters, state and last updates after `steps` jitted updates."""
+  params = tree(0)
+  state = opt.init(params) if state is None else state
+  update = jax.jit(opt.update)
+  for t in range(steps):
+    updates, state = update(tree(1 + t, scale=0.1), state, params)
+    params = apply(params, updates)
+  return params, state, updates
+
+
+def sgd_pair(rate, **kwargs):
+  """The per-leaf update and the fused one (kernels interpreted) with the same arguments."""
+  arguments = dict(learning_rate=optax.linear_schedule(0.5, 0.1, 3), momentum=0.9, nesterov=False,
+                   accumulator_dtype=None, weight_decay=1e-3, mask=None, stacked=STACKED, axis_name=None)
+  arguments.update(kwargs)
+  per_leaf = layerwise.layerwise_sgd(
+      layerwise.scale_by_layerwise_rate(rate, weight_decay=arguments["weight_decay"], mask=arguments["mask"],
+                                        stacked=arguments["stacked"], axis_name=arguments["axis_name"]),
+      arguments["learning_rate"], arguments["momentum"], arguments["nesterov"], arguments["accumulator_dtype"])
+  return per_leaf, fused.layerwise_sgd(rate, **arguments, interpret=True)
+
+
+def assert_close(actual, desired, rtol):
+  """Same structure and dtypes; values within `rtol`, or one rounding step of a narrower dtype (a rate that
+  differs in its last float32 bit can round a bfloat16 weight the other way)."""
+  assert jax.tree.structure(actual) == jax.tree.structure(desired)
+  for (path, a), d in zip(jax.tree_util.tree_leaves_with_path(actual), jax.tree.leaves(desired)):
+    assert a.dtype == d.dtype, jax.tree_util.keystr(path)
+    rtol = max(rtol, float(jnp.finfo(a.dtype).eps)) if jnp.issubdtype(a.dtype, jnp.floating) else rtol
+    a, d = np.asarray(a, np.float64), np.asarray(d, np.float64)
+    np.testing.assert_allclose(a, d, rtol=rtol, atol=rtol * np.max(np.abs(d), initial=0.0),
+                               err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("name, rate, kwargs, rtol", [
+    ("lars", optim.lars_rate(1e-2), {}, 1e-4),
+    ("lars, no weight decay", optim.lars_rate(1e-2), dict(weight_decay=0.0), 1e-4),
+    ("lars, optax denominator", optim.lars_rate(1e-2, denominator="optax"), {}, 1e-4),
+    # The momentum is stored in bfloat16: a rate one float32 bit away can round a stored v the other way.
+    ("lars, Nesterov, bfloat16 momentum", optim.lars_rate(1e-2), dict(nesterov=True, accumulator_dtype="bfloat16"),
+     float(jnp.finfo(jnp.bfloat16).eps)),
+    # |d_i / w_i| of the bfloat16 leaf is computed in bfloat16, and XLA keeps float32 between the fused
+    # operations of the per-leaf code where the interpreted kernel rounds each: its rate differs by 0.1%.
+    ("percent_delta", optim.percent_delta_rate(), dict(learning_rate=0.05), 2e-3),
+])
+def test_the_kernels_give_the_per_leaf_layouts_parameters_state_and_rates(name, rate, kwargs, rtol):
+  """Algorithm 1 (papers/000) either way: the same parameters after three updates up to the order of
+  summation of the norms, the same state, structure and dtypes included (a checkpoint moves between the
+  layouts), and the same rates as `trust_ratios` reads them."""
+  per_leaf, kernels = sgd_pair(rate, **kwargs)
+  want_params, want_state, want_updates = run(per_leaf)
+  got_params, got_state, got_updates = run(kernels)
+  assert_close(got_params, want_params, rtol=rtol / 10)
+  assert_close(got_updates, want_updates, rtol=rtol)
+  assert_close(got_state, want_state, rtol=rtol)
+  assert_close(optim.trust_ratios(got_state), optim.trust_ratios(want_state), rtol=rtol)
+
+
+def test_a_state_moves_between_the_layouts():
+  per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2))
+  _, state, _ = run(per_leaf, steps=2)
+  want, _, _ = run(per_leaf, steps=2, state=state)
+  got, _, _ = run(kernels, steps=2, state=state)
+  assert_close(got, want, rtol=1e-5)
+
+
+def test_hyper_parameters_that_are_arrays_reach_the_kernels():
+  """`optax.inject_hyperparams` passes the learning rate, momentum and weight decay as arrays: the kernels
+  read them as inputs (Python numbers stay constants of the kernel)."""
+
+  def factory(layout_of, learning_rate, momentum, weight_decay):
+    return sgd_pair(optim.lars_rate(1e-2), learning_rate=learning_rate, momentum=momentum,
+                    weight_decay=weight_decay)[layout_of]
+
+  hyper = dict(learning_rate=0.5, momentum=0.8, weight_decay=1e-3)
+  want, _, _ = run(optax.inject_hyperparams(functools.partial(factory, 0))(**hyper))
+  got, state, _ = run(optax.inject_hyperparams(functools.partial(factory, 1))(**hyper))
+  assert_close(got, want, rtol=1e-5)
+  assert float(state.hyperparams["momentum"]) == pytest.approx(0.8)
+
+
+def test_with_optax_multisteps_the_kernels_run_every_kth_call():
+  per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2))
+  want, _, _ = run(optax.MultiSteps(per_leaf, 2), steps=4)
+  got, _, _ = run(optax.MultiSteps(kernels, 2), steps=4)
+  assert_close(got, want, rtol=1e-5)
+
+
+def test_under_shard_map_each_device_sums_its_chunks_and_one_psum_completes_them():
+  mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+  params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 24)), jnp.float32)}
+  grads_seq = [jax.tree.map(lambda p, t=t: 0.1 * jnp.sin(p + t), params) for t in range(2)]
+  kwargs = dict(learning_rate=0.5, weight_decay=1e-3, stacked=1)
+  want, _, _ = battery.run(sgd_pair(optim.lars_rate(1e-2), **kwargs)[0], params, grads_seq)
+  got = battery.run_under_shard_map(sgd_pair(optim.lars_rate(1e-2), axis_name="data", **kwargs)[1], mesh,
+                                    P(None, "data"), params, grads_seq)
+  np.testing.assert_allclose(got["w"], want["w"], rtol=1e-5, atol=1e-7)
+
+
+def test_the_fused_apply_updates_is_optaxs_bit_for_bit():
+  params = tree(0)
+  updates = jax.tree.map(lambda x: (0.1 * x).astype(jnp.float32), tree(1))  # a bfloat16 leaf, a float32 update
+  want = optax.apply_updates(params, updates)
+  got = jax.jit(functools.partial(fused.apply_updates, interpret=True))(params, updates)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for key in SHAPES:
+    assert got[key].dtype == want[key].dtype
+    np.testing.assert_array_equal(np.asarray(got[key], np.float32), np.asarray(want[key], np.float32), err_msg=key)
+
+
+def test_off_a_gpu_the_fused_layout_is_the_per_leaf_update_bit_for_bit():
+  kwargs = dict(learning_rate=0.5, weight_decay=1e-3, trust_coefficient=1e-2, stacked=STACKED)
+  want_params, want_state, _ = run(optim.lars(**kwargs))
+  got_params, got_state, _ = run(optim.lars(**kwargs, layout="fused"), apply=fused.apply_updates)
+  for want, got in ((want_params, got_params), (want_state, got_state)):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, d in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(d, np.float32))
+
+
+def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
+  with pytest.raises(ValueError, match=r"layout='fused' has kernels for momentum SGD.*use layout='flat'"):
+    optim.lamb(0.1, layout="fused")
+  with pytest.raises(ValueError, match=r"needs a statistic made of per-layer sums.*layout='per_leaf'"):
+    fused.layerwise_sgd(optim.median_curvature_rate(), 0.1, 0.9, False, None, 0.0, None, None, None)
+  params = {"w": jnp.ones((2, 2), jnp.complex64)}  # on a GPU (the kernels' path); elsewhere the per-leaf update
+  opt = sgd_pair(optim.lars_rate(), stacked=None)[1]
+  with pytest.raises(ValueError, match=r"runs on leaves of float32, bfloat16, float16, got a complex64 leaf.*"
+                                       r"layout='per_leaf'"):
+    opt.update(params, opt.init(params), params)
+  with pytest.raises(ValueError, match=r"runs on leaves of float32, bfloat16, float16, got a complex64 leaf"):
+    fused.apply_updates(params, params, interpret=True)
+  opt = optim.lars(0.1, layout="fused")
+  with pytest.raises(ValueError, match=r"need the parameters: call update\(grads, state, params\)"):
+    opt.update({"w": jnp.ones((2, 2))}, opt.init({"w": jnp.ones((2, 2))}))
+
+
+COUNT_KERNELS = """
+import json
+from lbjax.train import gpu_targets
+gpu_targets.allow_plugin_without_cuda()
+import jax, jax.numpy as jnp
+from lbjax.train.hlo_analysis import kernel_count
+from lbjax import optim
+from lbjax.optim import fused
+(device,) = gpu_targets.devices("h100")
+sharding = jax.sharding.SingleDeviceSharding(device)
+counts = {}
+for copies in (8, 16):
+  shapes = {f"{name}{i:02d}": shape for i in range(copies)
+            for name, shape in (("conv", (3, 3, 16, 16)), ("dense", (64, 48 + i)), ("bias", (48,)))}
+  params = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for k, s in shapes.items()}
+  opt = optim.lars(0.1, weight_decay=1e-4, layout="fused")
+  def step(p, s, g):
+    u, s = opt.update(g, s, p)
+    return fused.apply_updates(p, u), s
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                       jax.eval_shape(opt.init, params))
+  with gpu_targets.lowering_for({device}):
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile()
+  counts[len(shapes)] = kernel_count(compiled)
+print(json.dumps(counts))
+"""
+
+
+@pytest.mark.skipif(not gpu_targets.plugin_installed(),
+                    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
+def test_on_a_gpu_an_update_launches_the_same_few_kernels_for_48_leaves_of_32_shapes_as_for_24():
+  """Compiled for an H100 on this machine: the two kernels, the apply and a few small XLA kernels for the
+  rates, however many leaves and shapes (the flat layout adds one write-back per shape)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
+  done = subprocess.run([sys.executable, "-c", COUNT_KERNELS], capture_output=True, text=True, timeout=600,
+                        check=False, env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
+  assert done.returncode == 0, done.stderr[-2000:]
+  counts = json.loads(done.stdout.strip().splitlines()[-1])
+  assert counts["48"] == counts["24"] <= 8
