@@ -39,6 +39,7 @@ import optax
 from benchmarks import report
 from lbjax import optim
 from lbjax.optim.lars import lars_rate
+from lbjax.optim import fused
 from lbjax.optim import layerwise
 from lbjax.train import gpu_targets
 from lbjax.train.errors import ConfigError
@@ -51,6 +52,9 @@ FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
 ONE_VECTOR = "lars, one rate vector (the design of 2026-11-26, experiment)"
 LARS_FLAT = "lbjax lars, flat layout"
 LAMB_FLAT = "lbjax lamb (all leaves), flat layout"
+LARS_FUSED = "lbjax lars, fused layout"
+LAMB_FUSED = "lbjax lamb (all leaves), fused layout"
+PERCENT_DELTA_FUSED = "lbjax percent_delta, fused layout"
 
 
 def resnet50_shapes() -> dict[str, tuple[int, ...]]:
@@ -165,21 +169,28 @@ def optimizers(lr=0.1, wd=1e-4):
       FLAT_BUFFER: lars_flat_buffer(lr, wd),
       ONE_VECTOR: lars_one_vector(lr, wd),
       LARS_FLAT: optim.lars(lr, weight_decay=wd, layout="flat"),
+      LARS_FUSED: optim.lars(lr, weight_decay=wd, layout="fused"),
       "optax.lamb": optax.lamb(lr, weight_decay=wd),
       "lbjax lamb (all leaves)": optim.lamb(lr, weight_decay=wd, mask=everything),
       "lbjax lamb (all leaves), bfloat16 moments": optim.lamb(
           lr, weight_decay=wd, mask=everything, mu_dtype="bfloat16", nu_dtype="bfloat16"),
       LAMB_FLAT: optim.lamb(lr, weight_decay=wd, mask=everything, layout="flat"),
+      LAMB_FUSED: optim.lamb(lr, weight_decay=wd, mask=everything, layout="fused"),
       "lbjax percent_delta": optim.percent_delta(lr, weight_decay=wd),
       "lbjax percent_delta, flat layout": optim.percent_delta(lr, weight_decay=wd, layout="flat"),
+      PERCENT_DELTA_FUSED: optim.percent_delta(lr, weight_decay=wd, layout="fused"),
       "lbjax mclr": optim.mclr(lr, weight_decay=wd),
   }
 
 
-def make_step(opt):
+# The fused layout's updates are added by its own multi-tensor kernel (`lbjax.optim.fused.apply_updates`).
+APPLY_UPDATES = {name: fused.apply_updates for name in (LARS_FUSED, LAMB_FUSED, PERCENT_DELTA_FUSED)}
+
+
+def make_step(opt, apply_updates=optax.apply_updates):
   def step(params, state, grads):
     updates, state = opt.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
+    return apply_updates(params, updates), state
 
   return jax.jit(step, donate_argnums=(0, 1))
 
@@ -187,13 +198,13 @@ def make_step(opt):
 class Update:
   """One optimizer's jitted, donating update on its own copy of the parameters, called repeatedly."""
 
-  def __init__(self, opt, shapes, grads):
+  def __init__(self, opt, shapes, grads, apply_updates=optax.apply_updates):
     self.params = random_tree(shapes, seed=0, scale=0.05)
     self.state = opt.init(self.params)
     self.state_bytes_per_parameter = (sum(x.nbytes for x in jax.tree.leaves(self.state)) /
                                       sum(p.size for p in jax.tree.leaves(self.params)))
     self.grads = grads
-    self.step = make_step(opt)
+    self.step = make_step(opt, apply_updates)
     self.compiled = self.step.lower(self.params, self.state, grads).compile()
 
   def __call__(self):
@@ -228,7 +239,8 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   """Rows of the table for one tree: timings, ratios, bytes."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
   all_optimizers = optimizers()
-  functions = {name: Update(all_optimizers[name], shapes, grads) for name in names}
+  functions = {name: Update(all_optimizers[name], shapes, grads, APPLY_UPDATES.get(name, optax.apply_updates))
+               for name in names}
   size = sum(int(np.prod(s)) for s in shapes.values())
   functions[STREAM] = StreamScale(size)
   repeats = {name: report.repeats_for(f, seconds_per_round) for name, f in functions.items()}
@@ -262,14 +274,16 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
   return rows, ratios
 
 
-def max_relative_difference(a_opt, b_opt, shapes, steps=3):
-  """Largest |a - b| / max|b| over the parameters after `steps` identical updates."""
+def max_relative_difference(a, b, shapes, steps=3):
+  """Largest |a - b| / max|b| over the parameters after `steps` identical updates of the optimizers
+  named `a` and `b`."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
+  ops = optimizers()
   results = []
-  for opt in (a_opt, b_opt):
+  for name in (a, b):
     params = random_tree(shapes, seed=0, scale=0.05)
-    state = opt.init(params)
-    step = make_step(opt)
+    state = ops[name].init(params)
+    step = make_step(ops[name], APPLY_UPDATES.get(name, optax.apply_updates))
     for _ in range(steps):
       params, state = step(params, state, grads)
     results.append(params)
@@ -279,14 +293,13 @@ def max_relative_difference(a_opt, b_opt, shapes, steps=3):
 
 def numerics(shapes, names):
   """Comparable pairs among `names`: lbjax vs optax with the same definition."""
-  ops = optimizers()
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
            (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (ONE_VECTOR, "lbjax lars"),
-           (LARS_FLAT, "lbjax lars"), (LAMB_FLAT, "lbjax lamb (all leaves)"),
+           (LARS_FLAT, "lbjax lars"), (LAMB_FLAT, "lbjax lamb (all leaves)"), (LARS_FUSED, "lbjax lars"),
+           (LAMB_FUSED, "lbjax lamb (all leaves)"), (PERCENT_DELTA_FUSED, "lbjax percent_delta"),
            ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
-  return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes)
-          for a, b in pairs if a in names and b in names}
+  return {f"{a} vs {b}": max_relative_difference(a, b, shapes) for a, b in pairs if a in names and b in names}
 
 
 NOTES = """\
@@ -361,7 +374,8 @@ def collective_counts(names, devices=8):
   rows = []
   for name in names:
     opt = all_optimizers[name]
-    hlo = make_step(opt).lower(params, jax.jit(opt.init)(params), grads).compile().as_text()
+    hlo = make_step(opt, APPLY_UPDATES.get(name, optax.apply_updates)).lower(
+        params, jax.jit(opt.init)(params), grads).compile().as_text()
     counts = hlo_analysis.analyze(hlo).collective_counts
     rows.append([name] + [counts[kind] for kind in hlo_analysis.COLLECTIVES])
     print(rows[-1], flush=True)
@@ -396,7 +410,9 @@ def gpu_kernel_counts(target, trees, names):
       opt = all_optimizers[name]
       state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                            jax.eval_shape(opt.init, params))
-      rows.append([label, name, *kernel_figures(make_step(opt).lower(params, state, params).compile())])
+      with gpu_targets.lowering_for({device}):
+        lowered = make_step(opt, APPLY_UPDATES.get(name, optax.apply_updates)).lower(params, state, params)
+      rows.append([label, name, *kernel_figures(lowered.compile())])
       print(rows[-1], flush=True)
   return rows
 
@@ -432,30 +448,36 @@ def gpu_step_kernel_counts(target):
 
 
 GPU_KERNEL_NOTES = """\
-Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the
-`kernels` column of the timed table (`hlo_analysis.kernel_count`) in the optimised HLO that XLA:GPU compiles on
-this machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times), and the bytes
-those kernels read and write (`HloFigures.kernel_bytes`: each kernel's results and operands, a fusion's operand
-only as far as it slices it; what bounds the time of memory-bound kernels; cuDNN's and cuBLAS's calls count
-their operands and results too).
-The counts match those of the lent H200 (2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars
-324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and
-`lamb`. In the per-leaf layout XLA:GPU fuses each leaf's momentum and weight update into one kernel
-(SGD: one per leaf) and adds one reduction kernel per sum and leaf. The flat layout
+Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the `kernels`
+column of the timed table (`hlo_analysis.kernel_count`) in the optimised HLO that XLA:GPU compiles on this
+machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times), and the bytes
+those kernels read and write (`HloFigures.kernel_bytes`: each kernel's results and operands, a fusion's
+operand only as far as it slices it; what bounds the time of memory-bound kernels; cuDNN's and cuBLAS's
+calls count their operands and results too). The counts match those of the lent H200 (2026-11-26: momentum
+SGD 161, optax.lars 528, lbjax lars 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target:
+at most 20 for `lars` and `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's momentum and weight
+update into one kernel (SGD: one per leaf) and adds one reduction kernel per sum and leaf. The flat layout
 (`layout="flat"`, `lbjax.optim.multi_tensor`: every leaf in one block-padded buffer per dtype, the
-optimizer's state in that layout, block sums and one `segment_sum` per sum, one elementwise pass)
-launches a few concatenation, scatter and elementwise kernels and one kernel per group of equally
-shaped leaves to write the weights back: XLA groups sibling slices of a buffer by shape, and
-ResNet-50's 161 leaves have 22 shapes, so a design whose outputs are the leaves stays above 20 on
-this tree. bfloat16 LAMB moments add kernels on the GPU (436 vs 289; 132 of them are copies of small
-bfloat16 moment leaves). The train-step rows (`--step-kernels`) compile the trainer's whole ResNet-50
-step (bfloat16, batch 256 on one GPU, no accumulation loop) with the config's LARS in both layouts and
-with momentum SGD: what LARS adds to the launches of a step (issue 29's target there: at most 1.02x the
-momentum step's time). "State in XLA's layouts": the same step compiled with `Layout.AUTO` for the train
-state (`benchmarks.workloads.STATE_LAYOUTS`; the trainer places it row-major): XLA then keeps the 4-d
-convolution kernels and their optimizer state in cuDNN's OHWI order (O the major dimension) instead of
-transposing them between the parameters' HWIO and OHWI around the convolutions. The suite's
-`step_options` part times both (`--compare-state-layouts`)."""
+optimizer's state in that layout, block sums and one `segment_sum` per sum, one elementwise pass) launches a
+few concatenation, scatter and elementwise kernels and one kernel per group of equally shaped leaves to
+write the weights back: XLA groups sibling slices of a buffer by shape, and ResNet-50's 161 leaves have 22
+shapes, so a design whose outputs are the leaves stays above 20 on this tree within XLA. The fused layout
+(`layout="fused"`, `lbjax.optim.fused`) is not: two Pallas (Triton) kernels, in which each program takes a
+chunk of 4,096 values of whichever leaf it covers, write every leaf (LARS: the norms, then the update and
+the momentum in place; LAMB: Adam's moments, direction and the norms, then the update), a few small XLA
+kernels turn the chunk sums into the rates, and a third Pallas kernel adds the updates to the weights in
+place (`fused.apply_updates`, which its rows use instead of `optax.apply_updates`: XLA cannot fuse an
+addition into a kernel it did not write, and would add each leaf in a kernel of its own). Its bytes are the
+per-leaf layout's plus one write and one read of the update (4 + 4 bytes per parameter). bfloat16 LAMB
+moments add kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves). The
+train-step rows (`--step-kernels`) compile the trainer's whole ResNet-50 step (bfloat16, batch 256 on one
+GPU, no accumulation loop) with the config's LARS in both layouts and with momentum SGD: what LARS adds to
+the launches of a step (issue 29's target there: at most 1.02x the momentum step's time). "State in XLA's
+layouts": the same step compiled with `Layout.AUTO` for the train state
+(`benchmarks.workloads.STATE_LAYOUTS`; the trainer places it row-major): XLA then keeps the 4-d convolution
+kernels and their optimizer state in cuDNN's OHWI order (O the major dimension) instead of transposing them
+between the parameters' HWIO and OHWI around the convolutions. The suite's `step_options` part times both
+(`--compare-state-layouts`)."""
 
 
 def main() -> None:

@@ -237,29 +237,124 @@ def _check_dtypes(leaves: list[Any]) -> None:
                        f"shape {x.shape}: use layout='per_leaf' for this tree.")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tree:
+  """One update's leaves as the kernels see them: flattened, with the programs that cover them.
+
+  Attributes:
+    treedef: the parameters' structure (MaskedNodes counted as leaves).
+    ws, gs: the parameters and the incoming updates, leaf by leaf.
+    kept: which leaves the kernels touch (not MaskedNodes, not empty).
+    sizes: per kept leaf `(layers, layer_size)` (its stacked axes), None elsewhere.
+    slots: per leaf its first entry in the rate vector, None if unselected.
+    rates_layout: the `layerwise.RatesLayout` of the per-leaf state.
+  """
+
+  treedef: Any
+  ws: list[Any]
+  gs: list[Any]
+  kept: list[bool]
+  sizes: list[tuple[int, int] | None]
+  slots: list[int | None]
+  rates_layout: layerwise.RatesLayout
+
+  @classmethod
+  def of(cls, updates: Any, params: Any, mask: layerwise.MaskOrFn, stacked: layerwise.StackedOrFn,
+         rates_layout: layerwise.RatesLayout) -> "_Tree":
+    treedef, _, ks = layerwise.selection(params, mask, stacked)
+    ws, gs = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
+    _check_dtypes(ws + gs)
+    kept = [not isinstance(g, optax.MaskedNode) and g.size > 0 for g in gs]
+    sizes = [(math.prod(g.shape[:k]), math.prod(g.shape[k:])) if keep else None for g, k, keep in zip(gs, ks, kept)]
+    slots = [None if slot is None else slot[1] for slot in rates_layout.slots]
+    return cls(treedef, ws, gs, kept, sizes, slots, rates_layout)
+
+  def flat(self, leaves: list[Any]) -> list[Any]:
+    """The kept leaves of a tree like the parameters, flattened (None elsewhere)."""
+    return [x.reshape(-1) if keep else None for x, keep in zip(leaves, self.kept)]
+
+  @property
+  def any_selected(self) -> bool:
+    return any(size is not None and slot is not None for size, slot in zip(self.sizes, self.slots))
+
+  def selected_chunks(self) -> tuple[list[LeafChunks | None], int]:
+    """The programs over the selected leaves (kernel 1 of `layerwise_sgd`)."""
+    return chunks([size if slot is not None else None for size, slot in zip(self.sizes, self.slots)])
+
+  def rates(self, rate: layerwise.SummedRate, chunk_vectors: list[jax.Array], places: list[LeafChunks | None],
+            weight_decay: Any, axis_name: layerwise.AxisName) -> jax.Array:
+    """Every selected layer's rate from the sums of the programs `places` (a program of an unselected
+    leaf is left out): a `segment_sum` by layer, one `psum` with `axis_name`, the rate's formula."""
+    size, dtype = self.rates_layout.sizes()[0], self.rates_layout.dtypes[0]
+    # A program of an unselected leaf sums into entry `size`, which `segment_sum` drops.
+    layer_ids = np.concatenate([np.repeat(np.arange(place.layers) + slot, place.per_layer) if slot is not None
+                                else np.full(place.count, size) for place, slot in zip(places, self.slots)
+                                if place is not None])
+    layer_sums = jnp.stack([jax.ops.segment_sum(c, layer_ids, size) for c in chunk_vectors])
+    return rate.global_rates(layer_sums.astype(dtype), weight_decay, axis_name).astype(dtype)
+
+  def unflatten(self, results: Any, defaults: list[Any]) -> Any:
+    """The tree whose kept leaves are the kernel's `results` (in order, reshaped), `defaults` elsewhere."""
+    results = iter(results)
+    return self.treedef.unflatten([next(results).reshape(g.shape) if keep else default
+                                   for g, keep, default in zip(self.gs, self.kept, defaults)])
+
+
+def _learning_rate_steps(scale_by_learning_rate: optax.GradientTransformation, state: Any,
+                         dtypes: set[str]) -> tuple[dict[str, jax.Array], Any]:
+  """`step_<dtype>`: the factor optax's `scale_by_learning_rate` multiplies an update of that dtype by
+  (`-gamma_t` rounded to it), and the new state."""
+  steps, new_state = {}, scale_by_learning_rate.update(jnp.ones(()), state)[1]
+  for dtype in dtypes:
+    steps[f"step_{dtype}"] = scale_by_learning_rate.update(jnp.ones((), dtype), state)[0]
+  return steps, new_state
+
+
+def _on_cuda(reference: optax.GradientTransformation, fused_update: Callable, interpret: bool
+             ) -> optax.GradientTransformation:
+  """`reference` whose update is `fused_update` on CUDA (and everywhere with `interpret`)."""
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("layer-wise rates need the parameters: call update(grads, state, params), "
+                       "not update(grads, state).")
+    if interpret:
+      return fused_update(updates, state, params)
+    return jax.lax.platform_dependent(updates, state, params, default=reference.update, cuda=fused_update)
+
+  return optax.GradientTransformation(reference.init, update_fn)
+
+
+def _check_rate(rate: Any) -> None:
+  if not isinstance(rate, layerwise.SummedRate):
+    raise ValueError(f"the fused layout needs a statistic made of per-layer sums (a layerwise.SummedRate), "
+                     f"got {rate!r}: build it with layout='per_leaf'.")
+
+
 def layerwise_sgd(
+    reference: optax.GradientTransformation,
     rate: layerwise.SummedRate,
     learning_rate: optax.ScalarOrSchedule,
     momentum: Any,
     nesterov: bool,
-    accumulator_dtype: Any,
     weight_decay: Any,
     mask: layerwise.MaskOrFn,
     stacked: layerwise.StackedOrFn,
     axis_name: layerwise.AxisName,
     interpret: bool = False,
 ) -> optax.GradientTransformation:
-  """`layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, ...), ...)` in the fused layout.
+  """`reference`, `layerwise.layerwise_sgd(layerwise.scale_by_layerwise_rate(rate, ...), ...)` of these
+  arguments, in the fused layout:
 
       u^l = rate^l * (g^l + beta * w^l),   v_{t+1} = m * v_t + gamma_t * u,   w_{t+1} = w_t - v_{t+1}
 
   (papers/000 Algorithm 1 with `rate = lars_rate`), each pass over all leaves one Pallas kernel on a
-  CUDA GPU (module doc); the per-leaf layout's update on other platforms. Same state as the per-leaf
-  layout.
+  CUDA GPU (module doc); `reference` itself on other platforms. Same state as `reference`.
 
   Args:
+    reference: the per-leaf transformation (its state, dtypes and update off CUDA).
     rate: a `layerwise.SummedRate` (LARS, PercentDelta).
-    learning_rate, momentum, nesterov, accumulator_dtype: as `layerwise.layerwise_sgd`.
+    learning_rate, momentum, nesterov: as `layerwise.layerwise_sgd`.
     weight_decay, mask, stacked, axis_name: as `layerwise.scale_by_layerwise_rate`.
     interpret: run the kernels in Pallas's interpreter on any platform (tests, debugging).
 
@@ -271,72 +366,207 @@ def layerwise_sgd(
       arXiv:1708.03888, 2017. (papers/000: eq. 4-6, Algorithm 1.)
     NVIDIA apex, `multi_tensor_apply` (csrc/multi_tensor_apply.cuh).
   """
-  if not isinstance(rate, layerwise.SummedRate):
-    raise ValueError(f"the fused layout needs a statistic made of per-layer sums (a layerwise.SummedRate), "
-                     f"got {rate!r}: build it with layout='per_leaf'.")
-  reference = layerwise.layerwise_sgd(
-      layerwise.scale_by_layerwise_rate(rate, weight_decay=weight_decay, mask=mask, stacked=stacked,
-                                        axis_name=axis_name),
-      learning_rate, momentum, nesterov, accumulator_dtype)
+  _check_rate(rate)
   scale_by_learning_rate = optax.scale_by_learning_rate(learning_rate)
   skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
 
   def fused_update(updates, state, params):
     rate_state, learning_rate_state, trace_state = state
-    treedef, selected, ks = layerwise.selection(params, mask, stacked)
-    ws, gs = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
-    vs = treedef.flatten_up_to(trace_state.trace)
-    _check_dtypes(ws + gs)
-    rates_layout = rate_state.rates.layout
+    tree = _Tree.of(updates, params, mask, stacked, rate_state.rates.layout)
+    vs = tree.treedef.flatten_up_to(trace_state.trace)
     out_updates, out_state = jax.eval_shape(reference.update, updates, state, params)
-    out_dtypes = list(zip([u.dtype for u in treedef.flatten_up_to(out_updates)],
-                          [v.dtype for v in treedef.flatten_up_to(out_state[2].trace)]))
-    kept = [not isinstance(g, optax.MaskedNode) and g.size > 0 for g in gs]  # what the kernels touch
-    flat = [g.reshape(-1) if keep else None for g, keep in zip(gs, kept)]
-    flat_w = [w.reshape(-1) if keep else None for w, keep in zip(ws, kept)]
-    flat_v = [v.reshape(-1) if keep else None for v, keep in zip(vs, kept)]
-    sizes = [(math.prod(g.shape[:k]), math.prod(g.shape[k:])) if keep else None for g, k, keep in zip(gs, ks, kept)]
-
-    slots = [None if slot is None else slot[1] for slot in rates_layout.slots]
-    if any(s is not None for s in slots):
-      places, programs = chunks([size if slot is not None else None for size, slot in zip(sizes, slots)])
-      chunk_vectors = chunk_sums(rate, weight_decay, flat_w, flat, places, programs, interpret)
-      layer_ids = np.concatenate([np.repeat(np.arange(place.layers) + slot, place.per_layer)
-                                  for place, slot in zip(places, slots) if place is not None])
-      size = rates_layout.sizes()[0]
-      layer_sums = jnp.stack([jax.ops.segment_sum(c, layer_ids, size) for c in chunk_vectors])
-      rates = rate.global_rates(layer_sums.astype(rates_layout.dtypes[0]), weight_decay, axis_name)
-      vectors = (rates.astype(rates_layout.dtypes[0]),)
-    else:
-      rates, vectors = jnp.zeros((1,), jnp.float32), ()
-
-    steps = {}
-    for dtype in {jnp.dtype(g.dtype).name for g, keep in zip(gs, kept) if keep}:
-      steps[f"step_{dtype}"], new_learning_rate_state = scale_by_learning_rate.update(
-          jnp.ones((), dtype), learning_rate_state)
-    if not steps:
-      new_learning_rate_state = scale_by_learning_rate.update(jnp.ones(()), learning_rate_state)[1]
-    places, programs = chunks(sizes)
-    results = momentum_step(flat_w, flat, flat_v, rates, slots, places, programs,
+    out_dtypes = list(zip([u.dtype for u in tree.treedef.flatten_up_to(out_updates)],
+                          [v.dtype for v in tree.treedef.flatten_up_to(out_state[2].trace)]))
+    flat_w, flat_g = tree.flat(tree.ws), tree.flat(tree.gs)
+    rates, vectors = jnp.zeros((1,), jnp.float32), ()
+    if tree.any_selected:
+      places, programs = tree.selected_chunks()
+      rates = tree.rates(rate, chunk_sums(rate, weight_decay, flat_w, flat_g, places, programs, interpret), places,
+                         weight_decay, axis_name)
+      vectors = (rates,)
+    steps, new_learning_rate_state = _learning_rate_steps(
+        scale_by_learning_rate, learning_rate_state,
+        {jnp.dtype(g.dtype).name for g, keep in zip(tree.gs, tree.kept) if keep})
+    places, programs = chunks(tree.sizes)
+    results = momentum_step(flat_w, flat_g, tree.flat(vs), rates, tree.slots, places, programs,
                             dict(steps, weight_decay=weight_decay, momentum=momentum), skip_decay, nesterov,
                             out_dtypes, interpret)
-    new_u, new_v = iter(results[:len(results) // 2]), iter(results[len(results) // 2:])
-    u_leaves = [next(new_u).reshape(g.shape) if keep else g.astype(dtypes[0]) if g.size == 0 else g
-                for g, keep, dtypes in zip(gs, kept, out_dtypes)]
-    v_leaves = [next(new_v).reshape(g.shape) if keep else v for g, v, keep in zip(gs, vs, kept)]
-    new_state = (layerwise.LayerwiseRateState(rates=layerwise.LayerRates(vectors, rates_layout)),
-                 new_learning_rate_state, optax.TraceState(trace=treedef.unflatten(v_leaves)))
-    return treedef.unflatten(u_leaves), new_state
+    n = len(results) // 2
+    new_updates = tree.unflatten(results[:n], [g.astype(dtypes[0]) if g.size == 0 else g
+                                               for g, dtypes in zip(tree.gs, out_dtypes)])
+    new_state = (layerwise.LayerwiseRateState(rates=layerwise.LayerRates(vectors, tree.rates_layout)),
+                 new_learning_rate_state, optax.TraceState(trace=tree.unflatten(results[n:], vs)))
+    return new_updates, new_state
 
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError("layer-wise rates need the parameters: call update(grads, state, params), "
-                       "not update(grads, state).")
-    if interpret:
-      return fused_update(updates, state, params)
-    return jax.lax.platform_dependent(updates, state, params, default=reference.update, cuda=fused_update)
+  return _on_cuda(reference, fused_update, interpret)
 
-  return optax.GradientTransformation(reference.init, update_fn)
+
+def adam_moments(ws, gs, mus, nus, rate, slots, places, programs, hyper: dict[str, Any],
+                 out_dtypes: list[tuple[Any, Any, Any]], interpret: bool) -> list[jax.Array]:
+  """LAMB's kernel 1: each program's chunk of Adam's moments and direction, and of the rate's sums.
+
+      mu' = (1 - b1) g + b1 mu,   nu' = (1 - b2) g^2 + b2 nu,   r = (mu' / c1) / (sqrt(nu' / c2 + eps_root) + eps)
+
+  with `c1 = 1 - b1^t`, `c2 = 1 - b2^t` (`hyper`, as optax's `scale_by_adam` and its bias correction
+  compute them; the moments widened to the update's dtype and rounded where stored, as
+  `low_precision.stored_in`). Writes `mu'`, `nu'` in the old moments' place and `r` (in the
+  `out_dtypes`: per leaf (direction, mu, nu)); for a selected leaf (`slots`) also `rate.sums(w, r)` of
+  the chunk, at the program's entry of one float32 vector per sum. Returns the directions, moments and
+  sums vectors."""
+  leaves = [i for i, place in enumerate(places) if place is not None]
+  scalars = _Scalars(**hyper)
+  n = len(leaves)
+  probe = jnp.zeros((CHUNK,), jnp.float32)
+  count = len(jax.eval_shape(lambda: rate.sums(probe, probe, hyper["weight_decay"], _ChunkReducer())))
+
+  def kernel(*refs):
+    w_refs, g_refs, mu_refs, nu_refs = (refs[k * n:(k + 1) * n] for k in range(4))
+    scalar_refs = refs[4 * n:4 * n + len(scalars.arrays)]
+    r_refs, new_mu_refs, new_nu_refs = (refs[-3 * n - count:][k * n:(k + 1) * n] for k in range(3))
+    sum_refs = refs[-count:]
+    values = scalars.read(list(scalar_refs))
+    position = {leaf: j for j, leaf in enumerate(leaves)}
+
+    def body(program, leaf, layer, start, valid):
+      del layer
+      j = position[leaf]
+      g, mu, nu = (_load(ref[j], start, valid) for ref in (g_refs, mu_refs, nu_refs))
+      mu = (1 - values["b1"]) * g + values["b1"] * mu.astype(jnp.result_type(mu, g))
+      nu = (1 - values["b2"]) * g ** 2 + values["b2"] * nu.astype(jnp.result_type(nu, g))
+      mu_hat, nu_hat = mu / values["c1"].astype(mu.dtype), nu / values["c2"].astype(nu.dtype)
+      r = mu_hat / (jnp.sqrt(nu_hat + values["eps_root"]) + values["eps"])
+      _store(r_refs[j], start, r, valid)
+      _store(new_mu_refs[j], start, mu, valid)
+      _store(new_nu_refs[j], start, nu, valid)
+      if slots[leaf] is None:
+        sums = [jnp.zeros((), jnp.float32)] * count
+      else:
+        r = jnp.where(valid, r, 0).astype(out_dtypes[leaf][0])
+        sums = rate.sums(_load(w_refs[j], start, valid), r, values["weight_decay"], _ChunkReducer())
+      for ref, value in zip(sum_refs, sums):
+        plgpu.store(ref.at[pl.ds(program, 1)], jnp.reshape(value, (1,)).astype(jnp.float32))
+
+    _for_my_chunk(places, body)
+
+  shapes = ([_output_like(gs[i], gs[i].shape, out_dtypes[i][k]) for k in range(3) for i in leaves]
+            + [_output_like(gs[leaves[0]], (programs,), jnp.float32)] * count)
+  inputs = ([ws[i] for i in leaves] + [gs[i] for i in leaves] + [mus[i] for i in leaves] + [nus[i] for i in leaves]
+            + scalars.arrays)
+  # The new moments in the old ones' place (same dtypes: the moments are stored as they were).
+  return _call(kernel, shapes, programs, interpret, inputs,
+               {2 * n + j: n + j for j in range(n)} | {3 * n + j: 2 * n + j for j in range(n)})
+
+
+def scaled_direction(ws, rs, rates, slots, places, programs, hyper: dict[str, Any], skip_decay: bool,
+                     out_dtypes: list[Any], interpret: bool) -> list[jax.Array]:
+  """LAMB's kernel 2: each program's chunk of the update `-gamma_t * rate^l * (r + beta * w)` (selected
+  leaves; `-gamma_t * r` elsewhere), as `layerwise.scale_by_layerwise_rate` and optax's
+  `scale_by_learning_rate` compute it."""
+  leaves = [i for i, place in enumerate(places) if place is not None]
+  scalars = _Scalars(**hyper)
+  n = len(leaves)
+
+  def kernel(*refs):
+    w_refs, r_refs = refs[:n], refs[n:2 * n]
+    rates_ref, scalar_refs, u_refs = refs[2 * n], refs[2 * n + 1:-n], refs[-n:]
+    values = scalars.read(list(scalar_refs))
+    position = {leaf: j for j, leaf in enumerate(leaves)}
+
+    def body(program, leaf, layer, start, valid):
+      del program
+      j = position[leaf]
+      update = _load(r_refs[j], start, valid)
+      if slots[leaf] is not None:
+        scale = plgpu.load(rates_ref.at[pl.ds(slots[leaf] + layer, 1)])
+        scaled = scale * update
+        if not skip_decay:
+          scaled = scaled + (scale * values["weight_decay"]) * _load(w_refs[j], start, valid)
+        update = scaled.astype(update.dtype)
+      _store(u_refs[j], start, values[f"step_{jnp.dtype(update.dtype).name}"] * update, valid)
+
+    _for_my_chunk(places, body)
+
+  shapes = [_output_like(rs[i], rs[i].shape, out_dtypes[i]) for i in leaves]
+  return _call(kernel, shapes, programs, interpret,
+               [ws[i] for i in leaves] + [rs[i] for i in leaves] + [rates] + scalars.arrays)
+
+
+def lamb(
+    reference: optax.GradientTransformation,
+    rate: layerwise.SummedRate,
+    learning_rate: optax.ScalarOrSchedule,
+    b1: Any,
+    b2: Any,
+    eps: Any,
+    eps_root: Any,
+    weight_decay: Any,
+    mask: layerwise.MaskOrFn,
+    stacked: layerwise.StackedOrFn,
+    axis_name: layerwise.AxisName,
+    interpret: bool = False,
+) -> optax.GradientTransformation:
+  """`reference`, LAMB of these arguments in the per-leaf layout (`lbjax.optim.lamb`), in the fused layout:
+
+      r = Adam's direction (bias-corrected moments),   u^l = -gamma_t * ||w^l|| / ||r^l + beta w^l|| * (r^l + beta w^l)
+
+  (LAMB's Algorithm 2 with phi the identity): kernel 1 (`adam_moments`) updates the moments, writes `r`
+  and sums the trust ratio's norms; kernel 2 (`scaled_direction`) writes the update. `reference` itself
+  off CUDA; the same state.
+
+  Args:
+    reference: the per-leaf transformation (its state, dtypes and update off CUDA).
+    rate: `lamb_rate()`, a `layerwise.SummedRate` of the direction.
+    learning_rate, b1, b2, eps, eps_root: as `lbjax.optim.lamb`.
+    weight_decay, mask, stacked, axis_name: as `layerwise.scale_by_layerwise_rate`.
+    interpret: run the kernels in Pallas's interpreter on any platform (tests, debugging).
+
+  Returns:
+    An `optax.GradientTransformation`.
+
+  References:
+    You, Y., Li, J., Reddi, S., Hseu, J., Kumar, S., Bhojanapalli, S., Song, X., Demmel, J.,
+      Keutzer, K., and Hsieh, C.-J. Large Batch Optimization for Deep Learning: Training BERT in 76
+      minutes. ICLR 2020. arXiv:1904.00962. (Algorithm 2, LAMB.)
+    NVIDIA apex, `multi_tensor_lamb.cu` (FusedLAMB: the moments and norms in one pass, the update in a second).
+  """
+  _check_rate(rate)
+  scale_by_learning_rate = optax.scale_by_learning_rate(learning_rate)
+  skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+
+  def fused_update(updates, state, params):
+    adam_state, rate_state, learning_rate_state = state
+    tree = _Tree.of(updates, params, mask, stacked, rate_state.rates.layout)
+    mus, nus = tree.treedef.flatten_up_to(adam_state.mu), tree.treedef.flatten_up_to(adam_state.nu)
+    out_updates, _ = jax.eval_shape(reference.update, updates, state, params)
+    direction_dtypes = [jnp.result_type(g, mu, nu) for g, mu, nu in zip(tree.gs, mus, nus)]
+    out_dtypes = list(zip(direction_dtypes, [m.dtype for m in mus], [v.dtype for v in nus]))
+    count = optax.safe_increment(adam_state.count)
+    hyper = dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, weight_decay=weight_decay,
+                 c1=1 - b1 ** count, c2=1 - b2 ** count)
+    places, programs = chunks(tree.sizes)
+    results = adam_moments(tree.flat(tree.ws), tree.flat(tree.gs), tree.flat(mus), tree.flat(nus), rate,
+                           tree.slots, places, programs, hyper, out_dtypes, interpret)
+    kept = sum(tree.kept)
+    directions, new_mus, new_nus = results[:kept], results[kept:2 * kept], results[2 * kept:3 * kept]
+    rates, vectors = jnp.zeros((1,), jnp.float32), ()
+    if tree.any_selected:
+      rates = tree.rates(rate, results[3 * kept:], places, weight_decay, axis_name)
+      vectors = (rates,)
+    steps, new_learning_rate_state = _learning_rate_steps(
+        scale_by_learning_rate, learning_rate_state, {jnp.dtype(d).name for d in direction_dtypes})
+    remaining = iter(directions)
+    flat_r = [next(remaining) if keep else None for keep in tree.kept]
+    final_dtypes = [u.dtype for u in tree.treedef.flatten_up_to(out_updates)]
+    new_updates = scaled_direction(tree.flat(tree.ws), flat_r, rates, tree.slots, places, programs,
+                                   dict(steps, weight_decay=weight_decay), skip_decay, final_dtypes, interpret)
+    new_adam_state = adam_state._replace(count=count, mu=tree.unflatten(new_mus, mus),
+                                         nu=tree.unflatten(new_nus, nus))
+    new_state = (new_adam_state,
+                 layerwise.LayerwiseRateState(rates=layerwise.LayerRates(vectors, tree.rates_layout)),
+                 new_learning_rate_state)
+    return tree.unflatten(new_updates, [g.astype(d) for g, d in zip(tree.gs, final_dtypes)]), new_state
+
+  return _on_cuda(reference, fused_update, interpret)
 
 
 def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:

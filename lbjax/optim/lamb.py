@@ -5,6 +5,7 @@ from typing import Any
 import jax.numpy as jnp
 import optax
 
+from lbjax.optim import fused
 from lbjax.optim import layerwise
 from lbjax.optim import low_precision
 from lbjax.optim import multi_tensor
@@ -145,8 +146,9 @@ def lamb(
       (`scale_by_adam`). With b2 = 0.999, a bfloat16 `nu` moves by 1 - b2 = 0.1% of itself per
       step, below bfloat16's half step of 0.2%: it changes only where g^2 is far from it. Keep `nu`
       in float32 unless b2 <= 0.99.
-    layout: "per_leaf" or "flat" (the multi-tensor layout: Adam's moments in a few block-padded
-      buffers; see `lars`).
+    layout: "per_leaf", "flat" (the multi-tensor layout: Adam's moments in a few block-padded
+      buffers; see `lars`) or "fused" (two Pallas kernels over every leaf on CUDA GPUs, the per-leaf
+      state: `lbjax.optim.fused.lamb`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -168,4 +170,6 @@ def lamb(
       lambda scaling, flip_sign: optax.chain(scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nu_dtype), scaling,
                                              optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)),
       lamb_rate(), weight_decay, mask, stacked, axis_name,
+      lambda per_leaf: fused.lamb(per_leaf, lamb_rate(), learning_rate, b1, b2, eps, eps_root, weight_decay, mask,
+                                  stacked, axis_name),
   )

@@ -150,9 +150,12 @@ def lars(
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
       dtype (see `layerwise.layerwise_sgd`).
-    layout: "per_leaf" (a reduction and an update per leaf) or "flat" (the multi-tensor layout of
+    layout: "per_leaf" (a reduction and an update per leaf), "flat" (the multi-tensor layout of
       `multi_tensor`: the momentum in a few block-padded buffers, every layer's norms in a few
-      kernels; for GPUs, where an update is launch-bound; not for parameters sharded under `jit`).
+      kernels; for GPUs, where an update is launch-bound; not for parameters sharded under `jit`) or
+      "fused" (`lbjax.optim.fused`: the norms and the update over every leaf in two Pallas kernels
+      on CUDA GPUs, the per-leaf update elsewhere, the per-leaf state; add the updates with
+      `fused.apply_updates`; not for parameters sharded under `jit`).
 
   Returns:
     An `optax.GradientTransformation`.

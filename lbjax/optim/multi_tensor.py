@@ -352,20 +352,19 @@ def in_layout(
     mask: layerwise.MaskOrFn,
     stacked: layerwise.StackedOrFn,
     axis_name: layerwise.AxisName,
+    fused_kernels: Callable[[optax.GradientTransformation], optax.GradientTransformation],
 ) -> optax.GradientTransformation:
   """`build(scaling, flip_sign)` with the layer-wise scaling by `rate` in `layout`: "per_leaf" (one
   reduction and one update per leaf: `layerwise.scale_by_layerwise_rate`; `flip_sign` True: `build`
-  returns the update) or "flat" (`flat_layout` around `scale_by_summed_rate`; `flip_sign` False: `build`
-  returns the step). `lamb` is built this way, and `lars` and `percent_delta` through `layerwise_sgd`,
-  which adds the fused layout."""
+  returns the update), "flat" (`flat_layout` around `scale_by_summed_rate`; `flip_sign` False: `build`
+  returns the step) or "fused" (`fused_kernels(per-leaf transformation)`: its update in the Pallas
+  kernels of `lbjax.optim.fused` on GPUs). `lars`, `lamb` and `percent_delta` are built this way."""
   validation.check_choice("layout", layout, LAYOUTS)
-  if layout == "fused":
-    raise ValueError("layout='fused' has kernels for momentum SGD with a layer-wise rate (lars, percent_delta), "
-                     "not for this optimizer: use layout='flat', the multi-tensor layout within XLA.")
-  if layout == "per_leaf":
-    return build(layerwise.scale_by_layerwise_rate(
-        rate, weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name), True)
-  return flat_layout(build(scale_by_summed_rate(rate, weight_decay, axis_name), False), mask, stacked)
+  if layout == "flat":
+    return flat_layout(build(scale_by_summed_rate(rate, weight_decay, axis_name), False), mask, stacked)
+  per_leaf = build(layerwise.scale_by_layerwise_rate(
+      rate, weight_decay=weight_decay, mask=mask, stacked=stacked, axis_name=axis_name), True)
+  return fused_kernels(per_leaf) if layout == "fused" else per_leaf
 
 
 def layerwise_sgd(
@@ -380,16 +379,13 @@ def layerwise_sgd(
     stacked: layerwise.StackedOrFn,
     axis_name: layerwise.AxisName,
 ) -> optax.GradientTransformation:
-  """`layerwise.layerwise_sgd` with the scaling by `rate` in `layout`: "per_leaf" and "flat" as
-  `in_layout`, "fused" the two Pallas kernels of `lbjax.optim.fused` (GPUs). `lars` and `percent_delta`
-  are built this way."""
-  validation.check_choice("layout", layout, LAYOUTS)
-  if layout == "fused":
-    return fused.layerwise_sgd(rate, learning_rate, momentum, nesterov, accumulator_dtype, weight_decay, mask,
-                               stacked, axis_name)
+  """`layerwise.layerwise_sgd` with the scaling by `rate` in `layout` (`in_layout`); `lars` and
+  `percent_delta` are built this way."""
   return in_layout(
       layout,
       lambda scaling, flip_sign: layerwise.layerwise_sgd(scaling, learning_rate, momentum, nesterov,
                                                           accumulator_dtype, flip_sign),
       rate, weight_decay, mask, stacked, axis_name,
+      lambda per_leaf: fused.layerwise_sgd(per_leaf, rate, learning_rate, momentum, nesterov, weight_decay, mask,
+                                           stacked, axis_name),
   )

@@ -101,7 +101,7 @@ def percent_delta(
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
       dtype (see `layerwise.layerwise_sgd`).
-    layout: "per_leaf" or "flat" (the multi-tensor layout: see `lars`).
+    layout: "per_leaf", "flat" (the multi-tensor layout) or "fused" (Pallas kernels on GPUs): see `lars`.
 
   Returns:
     An `optax.GradientTransformation`.

@@ -183,6 +183,12 @@ def resolve_parts(read: config_lib.FieldReads) -> tuple[dict[str, Any], list[str
                     f"the parameters split over devices ({axes}) would gather them whole on every device. Use "
                     "layout='per_leaf' (the default) with a split mesh, or the flat layout with pure data "
                     "parallelism (mesh.data).")
+  if "optimizer" in parts and parts["optimizer"].arguments.get("layout") == "fused":
+    problems.append("config.optimizer.layout='fused' updates the momentum in place in its own GPU kernels, while the "
+                    "trainer's step keeps the previous state until it knows the update is finite: XLA would copy "
+                    "the momentum and select every leaf, more kernels than the per-leaf layout (docs/running.md, "
+                    "optimizer.layout). Use layout='flat' on GPUs, 'per_leaf' elsewhere; the fused layout is for "
+                    "your own optax loops, with lbjax.optim.fused.apply_updates.")
   if "model" in parts and parts["model"].language_model and read("loss.discard_fraction") > 0:
     problems.append("config.loss.discard_fraction applies to classification; a language model has no "
                     "per-example loss to rank. Set it to 0.")

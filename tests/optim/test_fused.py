@@ -57,8 +57,8 @@ def sgd_pair(rate, **kwargs):
   per_leaf = layerwise.layerwise_sgd(
       layerwise.scale_by_layerwise_rate(rate, weight_decay=arguments["weight_decay"], mask=arguments["mask"],
                                         stacked=arguments["stacked"], axis_name=arguments["axis_name"]),
-      arguments["learning_rate"], arguments["momentum"], arguments["nesterov"], arguments["accumulator_dtype"])
-  return per_leaf, fused.layerwise_sgd(rate, **arguments, interpret=True)
+      arguments["learning_rate"], arguments["momentum"], arguments["nesterov"], arguments.pop("accumulator_dtype"))
+  return per_leaf, fused.layerwise_sgd(per_leaf, rate, **arguments, interpret=True)
 
 
 def assert_close(actual, desired, rtol):
@@ -95,6 +95,51 @@ def test_the_kernels_give_the_per_leaf_layouts_parameters_state_and_rates(name, 
   assert_close(got_updates, want_updates, rtol=rtol)
   assert_close(got_state, want_state, rtol=rtol)
   assert_close(optim.trust_ratios(got_state), optim.trust_ratios(want_state), rtol=rtol)
+
+
+def lamb_pair(**kwargs):
+  """The per-leaf LAMB and the fused one (kernels interpreted) with the same arguments."""
+  arguments = dict(learning_rate=optax.linear_schedule(0.01, 0.002, 3), b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0,
+                   weight_decay=1e-3, mask=None, stacked=STACKED, axis_name=None)
+  arguments.update(kwargs)
+  dtypes = {k: arguments.pop(k) for k in ("mu_dtype", "nu_dtype") if k in arguments}
+  per_leaf = optim.lamb(**arguments, **dtypes)
+  return per_leaf, fused.lamb(per_leaf, optim.lamb_rate(), **arguments, interpret=True)
+
+
+@pytest.mark.parametrize("name, kwargs, rtol", [
+    ("lamb", {}, 1e-4),
+    ("lamb, every leaf, no weight decay, eps_root", dict(mask=lambda p: jax.tree.map(lambda _: True, p),
+                                                         weight_decay=0.0, eps_root=1e-8), 1e-4),
+    # bfloat16 moments: a direction one float32 bit away can round a stored moment the other way.
+    ("lamb, bfloat16 moments", dict(mu_dtype="bfloat16", nu_dtype="bfloat16"), float(jnp.finfo(jnp.bfloat16).eps)),
+])
+def test_the_lamb_kernels_give_the_per_leaf_layouts_parameters_state_and_ratios(name, kwargs, rtol):
+  """LAMB's Algorithm 2 either way: Adam's moments and count, the trust ratios and the parameters."""
+  per_leaf, kernels = lamb_pair(**kwargs)
+  want_params, want_state, want_updates = run(per_leaf)
+  got_params, got_state, got_updates = run(kernels)
+  assert_close(got_params, want_params, rtol=rtol / 10)
+  assert_close(got_updates, want_updates, rtol=rtol)
+  assert_close(got_state, want_state, rtol=rtol)
+  assert_close(optim.trust_ratios(got_state), optim.trust_ratios(want_state), rtol=rtol)
+
+
+def test_lamb_under_inject_hyperparams_and_shard_map():
+  def factory(layout_of, learning_rate, b1, b2, weight_decay):
+    return lamb_pair(learning_rate=learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)[layout_of]
+
+  hyper = dict(learning_rate=0.01, b1=0.8, b2=0.99, weight_decay=1e-3)
+  want, _, _ = run(optax.inject_hyperparams(functools.partial(factory, 0))(**hyper))
+  got, _, _ = run(optax.inject_hyperparams(functools.partial(factory, 1))(**hyper))
+  assert_close(got, want, rtol=1e-4)
+  mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+  params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(4, 16, 24)), jnp.float32)}
+  grads_seq = [jax.tree.map(lambda p, t=t: 0.1 * jnp.sin(p + t), params) for t in range(2)]
+  want, _, _ = battery.run(lamb_pair(stacked=1)[0], params, grads_seq)
+  got = battery.run_under_shard_map(lamb_pair(stacked=1, axis_name="data")[1], mesh, P(None, "data"), params,
+                                    grads_seq)
+  np.testing.assert_allclose(got["w"], want["w"], rtol=1e-5, atol=1e-7)
 
 
 def test_a_state_moves_between_the_layouts():
@@ -160,10 +205,8 @@ def test_off_a_gpu_the_fused_layout_is_the_per_leaf_update_bit_for_bit():
 
 
 def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
-  with pytest.raises(ValueError, match=r"layout='fused' has kernels for momentum SGD.*use layout='flat'"):
-    optim.lamb(0.1, layout="fused")
   with pytest.raises(ValueError, match=r"needs a statistic made of per-layer sums.*layout='per_leaf'"):
-    fused.layerwise_sgd(optim.median_curvature_rate(), 0.1, 0.9, False, None, 0.0, None, None, None)
+    fused.layerwise_sgd(optim.momentum(0.1), optim.median_curvature_rate(), 0.1, 0.9, False, 0.0, None, None, None)
   params = {"w": jnp.ones((2, 2), jnp.complex64)}  # on a GPU (the kernels' path); elsewhere the per-leaf update
   opt = sgd_pair(optim.lars_rate(), stacked=None)[1]
   with pytest.raises(ValueError, match=r"runs on leaves of float32, bfloat16, float16, got a complex64 leaf.*"

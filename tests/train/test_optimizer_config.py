@@ -68,3 +68,13 @@ def test_the_flat_layout_with_parameters_split_over_devices_is_a_config_error():
   config.mesh.fsdp = 2
   with pytest.raises(ConfigError, match=r"layout='flat'.*\(mesh\.fsdp=2\).*layout='per_leaf'"):
     validate(config)
+
+
+def test_the_fused_layout_is_refused_in_the_trainer_with_what_to_use():
+  """Its kernels write the momentum in place, and the step's non-finite guard needs the old state."""
+  config = default_config()
+  config.optimizer.name = "lars"
+  config.optimizer.layout = "fused"
+  with pytest.raises(ConfigError, match=r"layout='fused' updates the momentum in place.*Use layout='flat' on GPUs, "
+                                        r"'per_leaf' elsewhere.*lbjax.optim.fused.apply_updates"):
+    validate(config)
