@@ -22,8 +22,8 @@
 #                  fed four ways (as configured, training set on the device, 10 steps per call, both): the share
 #                  of the loop's time the GPU computes, beside the bare step's; their traces kept in the archive
 #                  (traces/)
-#   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat layout
-#                  and optax's
+#   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat and the
+#                  fused layout (Pallas kernels, lbjax.optim.fused) and optax's
 #   step_options   the ResNet-50 step alone, as configured and with LARS in the flat layout (each also, in the
 #                  same rounds, with the state in the layouts XLA prefers: --compare-state-layouts) and with
 #                  each switch that trades speed for
@@ -74,7 +74,7 @@ LIMIT_INSTALL=60
 LIMIT_E2E_POINT=220  # 200 before the first point traced its step (--trace-steps 5: a few seconds more, not yet timed on a GPU)
 LIMIT_LOOP=300
 LIMIT_LOOP_TRACE=240
-LIMIT_OPTIMIZER=180
+LIMIT_OPTIMIZER=300
 LIMIT_STEP_OPTIONS=420
 LIMIT_MAX_POOL=60
 LIMIT_REPEATABILITY=240
@@ -331,10 +331,10 @@ for name in ${PARTS//,/ }; do
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees ptb_lstm --rounds 2 \
             --seconds-per-round 0.01 --no-readme --max-spread 1000
       else
-        # The four the targets compare, lars and lamb in the flat layout, and lars with one rate vector (what
-        # leaf-local rates cost on a GPU); all the rows at 21 rounds did not finish in 120 s on an H200.
+        # The four the targets compare, lars and lamb in the flat and the fused layout, and lars with one rate
+        # vector (what leaf-local rates cost on a GPU); all the rows at 21 rounds did not finish in 120 s on an H200.
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees resnet50 --rounds 21 --write-noisy \
-            --optimizers "optax.lars;lbjax lars;lars, one rate vector (the design of 2026-11-26, experiment);lbjax lars, flat layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout"
+            --optimizers "optax.lars;lbjax lars;lars, one rate vector (the design of 2026-11-26, experiment);lbjax lars, flat layout;lbjax lars, fused layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout;lbjax lamb (all leaves), fused layout"
       fi ;;
     step_options) part step_options "$LIMIT_STEP_OPTIONS" bash -c step_options_part; e2e_table ;;
     max_pool)
