@@ -28,8 +28,9 @@ The kernels run on CUDA only (`lax.platform_dependent`); on every other platform
 in the per-leaf layout, so an optimizer built with `layout="fused"` runs anywhere, differing only by the
 order of summation of the norms. Like the flat layout, the kernels see whole arrays: with parameters sharded
 under `jit` the partitioner would gather them; use it with replicated parameters or inside
-`shard_map`/`pmap` with `axis_name`. Leaves must be real floating point of at most 32 bits (Triton has
-no complex type); float64 and complex trees need the per-leaf layout. The kernels are written for
+`shard_map`/`pmap` with `axis_name`. The kernels take trees of float32, bfloat16 and float16 leaves
+(Triton has no complex type); a tree with another dtype (complex, float64), or with `optax.MaskedNode`s
+(inside `optax.masked`), gets the per-leaf update on every platform (`kernels_take`). The kernels are written for
 Pallas's Triton backend, which JAX 0.10 to 0.12 compile for every NVIDIA GPU; JAX 0.12 deprecates it in
 favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one.
 
@@ -240,11 +241,12 @@ def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, A
                + scalars.arrays, {2 * n + j: n + j for j in range(n)})
 
 
-def _check_dtypes(leaves: list[Any]) -> None:
-  for x in leaves:
-    if not isinstance(x, optax.MaskedNode) and jnp.dtype(x.dtype).name not in _KERNEL_DTYPES:
-      raise ValueError(f"layout='fused' runs on leaves of {', '.join(_KERNEL_DTYPES)}, got a {x.dtype} leaf of "
-                       f"shape {x.shape}: use layout='per_leaf' for this tree.")
+def kernels_take(*trees: Any) -> bool:
+  """Whether the kernels run on these trees: every leaf an array of float32, bfloat16 or float16 (no
+  `optax.MaskedNode`: inside `optax.masked` the per-leaf update runs), and some leaf not empty."""
+  leaves = jax.tree.leaves(trees, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+  return (all(not isinstance(x, optax.MaskedNode) and jnp.dtype(x.dtype).name in _KERNEL_DTYPES for x in leaves)
+          and any(x.size for x in leaves))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,9 +254,9 @@ class _Tree:
   """One update's leaves as the kernels see them: flattened, with the programs that cover them.
 
   Attributes:
-    treedef: the parameters' structure (MaskedNodes counted as leaves).
+    treedef: the parameters' structure.
     ws, gs: the parameters and the incoming updates, leaf by leaf.
-    kept: which leaves the kernels touch (not MaskedNodes, not empty).
+    kept: which leaves the kernels touch (the non-empty ones).
     sizes: per kept leaf `(layers, layer_size)` (its stacked axes), None elsewhere.
     slots: per leaf its first entry in the rate vector, None if unselected.
     rates_layout: the `layerwise.RatesLayout` of the per-leaf state.
@@ -273,8 +275,7 @@ class _Tree:
          rates_layout: layerwise.RatesLayout) -> "_Tree":
     treedef, _, ks = layerwise.selection(params, mask, stacked)
     ws, gs = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
-    _check_dtypes(ws + gs)
-    kept = [not isinstance(g, optax.MaskedNode) and g.size > 0 for g in gs]
+    kept = [g.size > 0 for g in gs]
     sizes = [(math.prod(g.shape[:k]), math.prod(g.shape[k:])) if keep else None for g, k, keep in zip(gs, ks, kept)]
     slots = [None if slot is None else slot[1] for slot in rates_layout.slots]
     return cls(treedef, ws, gs, kept, sizes, slots, rates_layout)
@@ -322,12 +323,15 @@ def _learning_rate_steps(scale_by_learning_rate: optax.GradientTransformation, s
 
 def _on_cuda(reference: optax.GradientTransformation, fused_update: Callable, interpret: bool
              ) -> optax.GradientTransformation:
-  """`reference` whose update is `fused_update` on CUDA (and everywhere with `interpret`)."""
+  """`reference` whose update is `fused_update` on CUDA (and everywhere with `interpret`), where the kernels
+take the tree (`kernels_take`)."""
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError("layer-wise rates need the parameters: call update(grads, state, params), "
                        "not update(grads, state).")
+    if not kernels_take(updates, params):
+      return reference.update(updates, state, params)
     if interpret:
       return fused_update(updates, state, params)
     return jax.lax.platform_dependent(updates, state, params, default=reference.update, cuda=fused_update)
@@ -589,7 +593,8 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
   update's own kernels.
 
   Args:
-    params: the parameters (real floating point of at most 32 bits on the GPU path).
+    params: the parameters (the kernel takes float32, bfloat16 and float16 leaves; any other tree is added
+      by `optax.apply_updates`).
     updates: the updates, structured and shaped as `params`.
     interpret: run the kernel in Pallas's interpreter on any platform (tests, debugging).
 
@@ -604,9 +609,6 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
   def fused(params, updates):
     treedef = jax.tree.structure(params)
     ws, us = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
-    _check_dtypes(ws)
-    if not any(w.size for w in ws):
-      return params
     places, programs = chunks([(1, w.size) if w.size else None for w in ws])
     leaves = [i for i, place in enumerate(places) if place is not None]
     position = {leaf: j for j, leaf in enumerate(leaves)}
@@ -629,6 +631,8 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
                      {j: j for j in range(n)}))
     return treedef.unflatten([next(new).reshape(w.shape) if w.size else w for w in ws])
 
+  if not kernels_take(params, updates):
+    return optax.apply_updates(params, updates)
   if interpret:
     return fused(params, updates)
   return jax.lax.platform_dependent(params, updates, default=optax.apply_updates, cuda=fused)

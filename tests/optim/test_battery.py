@@ -217,6 +217,9 @@ CASES = [
     Case("lars-optax_denominator-flat", "lars", optim.lars,
          {**_LARS_KW, "denominator": "optax", "layout": "flat"}, "optimizer", _CONVERGE_LARS,
          base=_sgd_base, reference=_momentum_reference(_lars_rate)),
+    # The fused layout (`fused`): Pallas kernels on CUDA GPUs, the per-leaf update here (platform_dependent).
+    Case("lars-fused", "lars", optim.lars, {**_LARS_KW, "layout": "fused"}, "optimizer", _CONVERGE_LARS,
+         base=_sgd_base, reference=_momentum_reference(_lars_rate)),
     Case("scale_by_lars", "scale_by_lars", optim.scale_by_lars,
          dict(trust_coefficient=1e-2, weight_decay=WEIGHT_DECAY), "scaling",
          dict(trust_coefficient=0.1, weight_decay=0.0, mask=select_all), tail_lr=1.0,
@@ -235,6 +238,11 @@ CASES = [
               weight_decay=WEIGHT_DECAY, layout="flat"),
          "optimizer", dict(learning_rate=decay(0.05), weight_decay=0.0, mask=select_all),
          base=_adam_base, reference=_lamb_reference),
+    Case("lamb-fused", "lamb", optim.lamb,
+         dict(learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0,
+              weight_decay=WEIGHT_DECAY, layout="fused"),
+         "optimizer", dict(learning_rate=decay(0.05), weight_decay=0.0, mask=select_all),
+         base=_adam_base, reference=_lamb_reference),
     # On its own (after the raw gradient) the trust ratio makes normalised gradient descent:
     # a step of lr * ||w|| along g / ||g||.
     Case("scale_by_lamb_trust_ratio", "scale_by_lamb_trust_ratio", optim.scale_by_lamb_trust_ratio,
@@ -243,6 +251,8 @@ CASES = [
     Case("percent_delta", "percent_delta", optim.percent_delta, _SGD_KW, "optimizer",
          _CONVERGE_SGD, base=_sgd_base, reference=_momentum_reference(_percent_delta_rate)),
     Case("percent_delta-flat", "percent_delta", optim.percent_delta, {**_SGD_KW, "layout": "flat"},
+         "optimizer", _CONVERGE_SGD, base=_sgd_base, reference=_momentum_reference(_percent_delta_rate)),
+    Case("percent_delta-fused", "percent_delta", optim.percent_delta, {**_SGD_KW, "layout": "fused"},
          "optimizer", _CONVERGE_SGD, base=_sgd_base, reference=_momentum_reference(_percent_delta_rate)),
     Case("scale_by_percent_delta", "scale_by_percent_delta", optim.scale_by_percent_delta,
          dict(weight_decay=WEIGHT_DECAY), "scaling", dict(weight_decay=0.0, mask=select_all),

@@ -204,16 +204,27 @@ def test_off_a_gpu_the_fused_layout_is_the_per_leaf_update_bit_for_bit():
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(d, np.float32))
 
 
+def test_a_tree_the_kernels_cannot_take_gets_the_per_leaf_update():
+  """Complex leaves (Triton has no complex type) and `optax.masked`'s MaskedNodes: the per-leaf update, also
+  on the kernels' path."""
+  params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)) * (1 + 1j), jnp.complex64)}
+  per_leaf, kernels = sgd_pair(optim.lars_rate(), stacked=None)
+  assert not fused.kernels_take(params) and fused.kernels_take(tree(0))
+  want = per_leaf.update(params, per_leaf.init(params), params)
+  got = kernels.update(params, kernels.init(params), params)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(fused.apply_updates(params, params, interpret=True)["w"], 2 * params["w"])
+  masked = optax.masked(kernels, {"dense": True, "stacked": False, "half": True, "empty": True, "bias": False})
+  want, _, _ = run(optax.masked(per_leaf, {"dense": True, "stacked": False, "half": True, "empty": True,
+                                           "bias": False}))
+  got, _, _ = run(masked)
+  assert_close(got, want, rtol=0)
+
+
 def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
   with pytest.raises(ValueError, match=r"needs a statistic made of per-layer sums.*layout='per_leaf'"):
     fused.layerwise_sgd(optim.momentum(0.1), optim.median_curvature_rate(), 0.1, 0.9, False, 0.0, None, None, None)
-  params = {"w": jnp.ones((2, 2), jnp.complex64)}  # on a GPU (the kernels' path); elsewhere the per-leaf update
-  opt = sgd_pair(optim.lars_rate(), stacked=None)[1]
-  with pytest.raises(ValueError, match=r"runs on leaves of float32, bfloat16, float16, got a complex64 leaf.*"
-                                       r"layout='per_leaf'"):
-    opt.update(params, opt.init(params), params)
-  with pytest.raises(ValueError, match=r"runs on leaves of float32, bfloat16, float16, got a complex64 leaf"):
-    fused.apply_updates(params, params, interpret=True)
   opt = optim.lars(0.1, layout="fused")
   with pytest.raises(ValueError, match=r"need the parameters: call update\(grads, state, params\)"):
     opt.update({"w": jnp.ones((2, 2))}, opt.init({"w": jnp.ones((2, 2))}))
