@@ -235,12 +235,27 @@ def bytes_accessed(compiled) -> float:
   return float(analysis.get("bytes accessed", float("nan")))
 
 
-def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
-  """Rows of the table for one tree: timings, ratios, bytes."""
-  grads = random_tree(shapes, seed=1, scale=1e-2)
+def compiled_updates(names, shapes, grads):
+  """`Update`s of the optimizers `names`, and the error of each that failed to compile: a row that a backend
+  cannot compile (a GPU session is short) is reported, the others are timed."""
   all_optimizers = optimizers()
-  functions = {name: Update(all_optimizers[name], shapes, grads, APPLY_UPDATES.get(name, optax.apply_updates))
-               for name in names}
+  functions, failed = {}, {}
+  for name in names:
+    try:
+      functions[name] = Update(all_optimizers[name], shapes, grads, APPLY_UPDATES.get(name, optax.apply_updates))
+    except Exception as error:  # pylint: disable=broad-exception-caught
+      if name == SGD:  # every ratio is to it
+        raise
+      failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+      print(f"{name}: did not compile ({failed[name]})", flush=True)
+  return functions, failed
+
+
+def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
+  """Rows of the table for one tree: timings, ratios, bytes; and the optimizers that did not compile."""
+  grads = random_tree(shapes, seed=1, scale=1e-2)
+  functions, failed = compiled_updates(names, shapes, grads)
+  names = [name for name in names if name in functions]
   size = sum(int(np.prod(s)) for s in shapes.values())
   functions[STREAM] = StreamScale(size)
   repeats = {name: report.repeats_for(f, seconds_per_round) for name, f in functions.items()}
@@ -266,24 +281,25 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
                          (FLAT_BUFFER, "lbjax lars"), ("lbjax lars", ONE_VECTOR),
                          (LARS_FLAT, "optax.lars"), (LARS_FLAT, "lbjax lars"),
-                         (LAMB_FLAT, "optax.lamb"), (LAMB_FLAT, "lbjax lamb (all leaves)")):
+                         (LAMB_FLAT, "optax.lamb"), (LAMB_FLAT, "lbjax lamb (all leaves)"),
+                         (LARS_FUSED, "optax.lars"), (LARS_FUSED, LARS_FLAT),
+                         (LAMB_FUSED, "optax.lamb"), (LAMB_FUSED, LAMB_FLAT)):
     if name in times and baseline in times:
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
         check.record(f"{tree_label}: {name} / {baseline}", ratios[(name, baseline)])
-  return rows, ratios
+  return rows, ratios, failed
 
 
-def max_relative_difference(a, b, shapes, steps=3):
-  """Largest |a - b| / max|b| over the parameters after `steps` identical updates of the optimizers
-  named `a` and `b`."""
+def max_relative_difference(a_opt, b_opt, shapes, steps=3, applies=(optax.apply_updates, optax.apply_updates)):
+  """Largest |a - b| / max|b| over the parameters after `steps` identical updates (each optimizer's
+  updates added by its function of `applies`)."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
-  ops = optimizers()
   results = []
-  for name in (a, b):
+  for opt, apply_updates in zip((a_opt, b_opt), applies):
     params = random_tree(shapes, seed=0, scale=0.05)
-    state = ops[name].init(params)
-    step = make_step(ops[name], APPLY_UPDATES.get(name, optax.apply_updates))
+    state = opt.init(params)
+    step = make_step(opt, apply_updates)
     for _ in range(steps):
       params, state = step(params, state, grads)
     results.append(params)
@@ -299,7 +315,10 @@ def numerics(shapes, names):
            (LAMB_FUSED, "lbjax lamb (all leaves)"), (PERCENT_DELTA_FUSED, "lbjax percent_delta"),
            ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
-  return {f"{a} vs {b}": max_relative_difference(a, b, shapes) for a, b in pairs if a in names and b in names}
+  ops = optimizers()
+  return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes, applies=(
+              APPLY_UPDATES.get(a, optax.apply_updates), APPLY_UPDATES.get(b, optax.apply_updates)))
+          for a, b in pairs if a in names and b in names}
 
 
 NOTES = """\
@@ -549,17 +568,18 @@ def main() -> None:
                    body + "\n\n" + COLLECTIVE_NOTES)
     return
   check = report.SpreadCheck(args.max_spread)
-  rows, ratios, diffs = [], {}, {}
+  rows, ratios, diffs, failed = [], {}, {}, {}
   for tree in trees:
     label, shapes_fn = TREES[tree]
     shapes = shapes_fn()
     count = sum(int(np.prod(s)) for s in shapes.values())
     print(f"{label}: {len(shapes)} leaves, {count / 1e6:.2f}M parameters", flush=True)
-    tree_rows, tree_ratios = benchmark(shapes, names, args.rounds, args.seconds_per_round, check,
-                                       label)
+    tree_rows, tree_ratios, tree_failed = benchmark(shapes, names, args.rounds, args.seconds_per_round, check,
+                                                    label)
     rows += tree_rows
     ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
-    diffs[label] = numerics(shapes, names)
+    failed.update({(label, name): error for name, error in tree_failed.items()})
+    diffs[label] = numerics(shapes, [name for name in names if name not in tree_failed])
   table = report.markdown_table(
       ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels",
        "state bytes / parameter"], rows)
@@ -572,6 +592,9 @@ def main() -> None:
   for tree, pairs in diffs.items():
     for pair, diff in pairs.items():
       lines.append(f"- {tree}: {pair}: {diff:.1e}")
+  if failed:
+    lines += ["", "Did not compile on this backend (not timed):", ""]
+    lines += [f"- {tree}: {name}: {error}" for (tree, name), error in failed.items()]
   body = "\n".join(lines)
   print(body)
   check.finish(args, "optimizer", "Optimizer update: `benchmarks/optimizer.py`",

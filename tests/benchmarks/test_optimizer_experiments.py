@@ -23,3 +23,17 @@ def test_experiment_equals_lbjax_lars_after_three_updates(name):
 
 def test_the_comparison_tells_another_definition_apart():
   assert _difference_from_lbjax_lars("lbjax lars, optax denominator") > 1e-5  # 1.5e-4
+
+
+def test_an_update_that_does_not_compile_is_reported_and_the_others_timed(monkeypatch):
+  """A GPU session is short: a row its backend cannot compile must not cost the others."""
+  def broken(params, state, grads):
+    raise NotImplementedError("no kernel for this backend")
+
+  monkeypatch.setattr(bench, "optimizers", lambda: {
+      bench.SGD: bench.optax.sgd(0.1, momentum=0.9),
+      "broken": bench.optax.GradientTransformation(lambda params: (), broken)})
+  grads = bench.random_tree(SHAPES, seed=1, scale=1e-2)
+  functions, failed = bench.compiled_updates([bench.SGD, "broken"], SHAPES, grads)
+  assert list(functions) == [bench.SGD]
+  assert failed == {"broken": "NotImplementedError: no kernel for this backend"}
