@@ -168,7 +168,8 @@ def _is_out_of_memory(error: Exception) -> bool:
 def compile_program(program: Program) -> tuple[Any, float]:
   """The compiled executable of `program` and the seconds lowering and compiling took."""
   start = time.perf_counter()
-  with gpu_targets.lowering_for(jax.tree.leaves(program.in_shardings)[0].device_set):
+  first = jax.tree.leaves(program.in_shardings)[0]  # a sharding, or a Format of a layout and a sharding
+  with gpu_targets.lowering_for(getattr(first, "sharding", first).device_set):
     lowered = jax.jit(program.function, in_shardings=program.in_shardings, out_shardings=program.out_shardings,
                       donate_argnums=program.donate_argnums).lower(*program.arguments)
   return lowered.compile(), time.perf_counter() - start
