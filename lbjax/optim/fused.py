@@ -116,14 +116,6 @@ def _for_my_chunk(places: list[LeafChunks | None], body: Callable[[Any, int, Any
       body(program, leaf, layer, layer * place.layer_size + offset, valid)
 
 
-def _load(ref: Any, start: Any, valid: Any) -> jax.Array:
-  return plgpu.load(ref.at[pl.ds(start, CHUNK)], mask=valid, other=0)
-
-
-def _store(ref: Any, start: Any, value: jax.Array, valid: Any) -> None:
-  plgpu.store(ref.at[pl.ds(start, CHUNK)], value.astype(ref.dtype), mask=valid)
-
-
 class _Scalars:
   """Hyper-parameters a kernel reads: Python numbers stay constants of the kernel (weakly typed, as in
   the per-leaf code); arrays (`inject_hyperparams`, schedules) become inputs of shape (1,)."""
@@ -137,20 +129,113 @@ class _Scalars:
     return dict(self.constants, **{k: plgpu.load(ref) for k, ref in zip(self.names, refs)})
 
 
-def _output_like(x: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
-  """An output of `shape` and `dtype` that varies over the manual mesh axes as `x` does (inside
-  `shard_map`, where Pallas needs to be told; JAX's avals call it `mat`, the manual axis type)."""
-  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=getattr(jax.typeof(x), "mat", None))
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+  """What a kernel's body sees of its program's chunk (`_over_chunks`).
+
+  Attributes:
+    program: the program's id.
+    leaf: the index of the chunk's leaf in the tree.
+    layer: the chunk's layer within the leaf (its stacked axes, flattened).
+    start: the chunk's first value in the flattened leaf.
+    valid: which of its `CHUNK` values lie in the layer.
+    inputs, outputs: the leaf's ref in each per-leaf input and output.
+    shared: the refs of the inputs every program reads whole (the rate vector).
+    sums: the refs of the per-program outputs (one float32 value per program each).
+    values: the hyper-parameters (`_Scalars`).
+  """
+
+  program: Any
+  leaf: int
+  layer: Any
+  start: Any
+  valid: Any
+  inputs: tuple[Any, ...]
+  outputs: tuple[Any, ...]
+  shared: tuple[Any, ...]
+  sums: tuple[Any, ...]
+  values: dict[str, Any]
+
+  def load(self, k: int) -> jax.Array:
+    """The chunk of per-leaf input `k` (zeros outside the layer)."""
+    return plgpu.load(self.inputs[k].at[pl.ds(self.start, CHUNK)], mask=self.valid, other=0)
+
+  def store(self, k: int, value: jax.Array) -> None:
+    """Writes the chunk of per-leaf output `k` (in its dtype)."""
+    ref = self.outputs[k]
+    plgpu.store(ref.at[pl.ds(self.start, CHUNK)], value.astype(ref.dtype), mask=self.valid)
+
+  def store_sums(self, values: Any) -> None:
+    """Writes the program's entry of each per-program output."""
+    for ref, value in zip(self.sums, values):
+      plgpu.store(ref.at[pl.ds(self.program, 1)], jnp.reshape(value, (1,)).astype(jnp.float32))
 
 
-def _call(kernel: Callable, out_shapes: list[jax.ShapeDtypeStruct], programs: int, interpret: bool,
-          inputs: list[jax.Array], aliases: dict[int, int] | None = None) -> list[jax.Array]:
-  """`kernel` on `programs` programs; `aliases`: input -> output written in its place (a donated input
-  is then updated in place; XLA copies one that is not donated)."""
-  return pl.pallas_call(
-      kernel, out_shape=out_shapes, grid=(programs,), interpret=interpret, input_output_aliases=aliases or {},
+def _over_chunks(body: Callable[[_Chunk], None], places: list[LeafChunks | None], programs: int,
+                 leaf_inputs: list[list[Any]], leaf_outputs: list[list[Any]], *, shared: tuple[Any, ...] = (),
+                 hyper: dict[str, Any] | None = None, sums: int = 0, in_place: tuple[tuple[int, int], ...] = (),
+                 interpret: bool = False) -> tuple[list[list[jax.Array]], list[jax.Array]]:
+  """One Pallas kernel of `programs` programs, each running `body` on the chunk `places` gives it.
+
+  Args:
+    body: reads and writes one chunk through its `_Chunk`.
+    places: each leaf's programs (`chunks`; None: the leaf is not in the kernel).
+    programs: their total.
+    leaf_inputs: per-leaf inputs, each a list over the tree's leaves of flattened arrays (None where
+      `places` is).
+    leaf_outputs: per-leaf outputs, each a list of `(shape, dtype)` (None where `places` is).
+    shared: inputs every program reads whole.
+    hyper: the hyper-parameters (`_Scalars`).
+    sums: how many per-program float32 outputs.
+    in_place: `(input, output)` pairs of per-leaf groups whose output is written in the input's place (a
+      donated input is updated in place; XLA copies one that is not donated).
+    interpret: run in Pallas's interpreter.
+
+  Returns:
+    Each per-leaf output as a list over the leaves in `places` (in order), and the per-program outputs.
+  """
+  leaves = [i for i, place in enumerate(places) if place is not None]
+  position = {leaf: j for j, leaf in enumerate(leaves)}
+  scalars = _Scalars(**(hyper or {}))
+  n = len(leaves)
+
+  def kernel(*refs):
+    remaining = iter(refs)
+    ins = [[next(remaining) for _ in leaves] for _ in leaf_inputs]
+    shared_refs = tuple(next(remaining) for _ in shared)
+    values = scalars.read([next(remaining) for _ in scalars.arrays])
+    outs = [[next(remaining) for _ in leaves] for _ in leaf_outputs]
+    sum_refs = tuple(remaining)
+
+    def chunk(program, leaf, layer, start, valid):
+      j = position[leaf]
+      body(_Chunk(program, leaf, layer, start, valid, tuple(group[j] for group in ins),
+                  tuple(group[j] for group in outs), shared_refs, sum_refs, values))
+
+    _for_my_chunk(places, chunk)
+
+  # An output varies over the manual mesh axes (inside `shard_map`, where Pallas needs to be told) as
+  # its leaf's first input does; JAX's avals call it `mat`, the manual axis type.
+  like = lambda i: getattr(jax.typeof(leaf_inputs[0][i]), "mat", None)
+  out_shapes = ([jax.ShapeDtypeStruct(*group[i], manual_axis_type=like(i)) for group in leaf_outputs for i in leaves]
+                + [jax.ShapeDtypeStruct((programs,), jnp.float32, manual_axis_type=like(leaves[0]))] * sums)
+  results = pl.pallas_call(
+      kernel, out_shape=out_shapes, grid=(programs,), interpret=interpret,
+      input_output_aliases={a * n + j: b * n + j for a, b in in_place for j in range(n)},
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-  )(*inputs)
+  )(*[group[i] for group in leaf_inputs for i in leaves], *shared, *scalars.arrays)
+  return [results[k * n:(k + 1) * n] for k in range(len(leaf_outputs))], results[len(leaf_outputs) * n:]
+
+
+def _scaled(chunk: _Chunk, g: jax.Array, slot: int | None, skip_decay: bool) -> jax.Array:
+  """A chunk of `layerwise.scale_by_layerwise_rate`'s output, `rate * g + (rate * beta) * w` in `g`'s dtype
+  for a selected leaf (its rates from `slot` in the shared rate vector, `w` per-leaf input 0), `g` for
+  another."""
+  if slot is None:
+    return g
+  scale = plgpu.load(chunk.shared[0].at[pl.ds(slot + chunk.layer, 1)])
+  scaled = scale * g if skip_decay else scale * g + (scale * chunk.values["weight_decay"]) * chunk.load(0)
+  return scaled.astype(g.dtype)
 
 
 class _ChunkReducer:
@@ -163,82 +248,48 @@ class _ChunkReducer:
     return self.sum(layerwise.squared_magnitude(x))
 
 
+def _number_of_sums(rate: layerwise.SummedRate, weight_decay: Any) -> int:
+  probe = jnp.zeros((CHUNK,), jnp.float32)
+  return len(jax.eval_shape(lambda: rate.sums(probe, probe, weight_decay, _ChunkReducer())))
+
+
 def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array | None],
                gs: list[jax.Array | None], places: list[LeafChunks | None], programs: int,
                interpret: bool) -> list[jax.Array]:
   """Kernel 1: each program's sums of `rate.sums` over its chunk, one float32 vector per sum (a
   program's entry at its id). `ws`, `gs`: the flattened leaves (None where `places` is)."""
-  leaves = [i for i, place in enumerate(places) if place is not None]
-  scalars = _Scalars(weight_decay=weight_decay)
-  probe = jnp.zeros((CHUNK,), jnp.float32)
-  count = len(jax.eval_shape(lambda: rate.sums(probe, probe, weight_decay, _ChunkReducer())))
 
-  def kernel(*refs):
-    w_refs, g_refs = refs[:len(leaves)], refs[len(leaves):2 * len(leaves)]
-    scalar_refs, out_refs = refs[2 * len(leaves):-count], refs[-count:]
-    values = scalars.read(list(scalar_refs))
-    by_leaf = dict(zip(leaves, zip(w_refs, g_refs)))
+  def body(chunk: _Chunk) -> None:
+    chunk.store_sums(rate.sums(chunk.load(0), chunk.load(1), chunk.values["weight_decay"], _ChunkReducer()))
 
-    def body(program, leaf, layer, start, valid):
-      del layer
-      w_ref, g_ref = by_leaf[leaf]
-      sums = rate.sums(_load(w_ref, start, valid), _load(g_ref, start, valid), values["weight_decay"],
-                       _ChunkReducer())
-      for ref, value in zip(out_refs, sums):
-        plgpu.store(ref.at[pl.ds(program, 1)], jnp.reshape(value, (1,)).astype(jnp.float32))
-
-    _for_my_chunk(places, body)
-
-  shapes = [_output_like(gs[leaves[0]], (programs,), jnp.float32)] * count
-  return _call(kernel, shapes, programs, interpret,
-               [ws[i] for i in leaves] + [gs[i] for i in leaves] + scalars.arrays)
+  _, sums = _over_chunks(body, places, programs, [ws, gs], [], hyper=dict(weight_decay=weight_decay),
+                         sums=_number_of_sums(rate, weight_decay), interpret=interpret)
+  return sums
 
 
 def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, Any], skip_decay: bool,
-                  nesterov: bool, out_dtypes: list[tuple[Any, Any]], interpret: bool) -> list[jax.Array]:
+                  nesterov: bool, out_dtypes: list[tuple[Any, Any]], interpret: bool
+                  ) -> tuple[list[jax.Array], list[jax.Array]]:
   """Kernel 2: each program's chunk of the update and the new momentum, as `layerwise.layerwise_sgd`
   computes them (module doc). `slots`: each leaf's first entry in `rates`, None if unselected;
   `hyper`: `weight_decay`, `momentum` and `step_<dtype>` (the learning-rate factor in each update dtype,
   `-gamma_t` rounded as optax rounds it); `out_dtypes`: each leaf's (update, momentum) dtypes. Returns
-  the updates and momenta of the leaves in `places`, in order."""
-  leaves = [i for i, place in enumerate(places) if place is not None]
-  scalars = _Scalars(**hyper)
-  n = len(leaves)
+  the updates and the momenta (each new one in its old one's place) of the leaves in `places`."""
 
-  def kernel(*refs):
-    w_refs, g_refs, v_refs = refs[:n], refs[n:2 * n], refs[2 * n:3 * n]
-    rates_ref, scalar_refs = refs[3 * n], refs[3 * n + 1:3 * n + 1 + len(scalars.arrays)]
-    u_refs, new_v_refs = refs[-2 * n:-n], refs[-n:]
-    values = scalars.read(list(scalar_refs))
-    position = {leaf: j for j, leaf in enumerate(leaves)}
+  def body(chunk: _Chunk) -> None:
+    g = chunk.load(1)
+    update = chunk.values[f"step_{jnp.dtype(g.dtype).name}"] * _scaled(chunk, g, slots[chunk.leaf], skip_decay)
+    v = chunk.load(2)
+    wide = jnp.result_type(update, v)
+    stored = (update + chunk.values["momentum"] * v.astype(wide)).astype(v.dtype)
+    new_v = stored.astype(wide)
+    chunk.store(0, update + chunk.values["momentum"] * new_v if nesterov else new_v)
+    chunk.store(1, stored)
 
-    def body(program, leaf, layer, start, valid):
-      del program
-      j = position[leaf]
-      g = _load(g_refs[j], start, valid)
-      update = g
-      if slots[leaf] is not None:
-        scale = plgpu.load(rates_ref.at[pl.ds(slots[leaf] + layer, 1)])
-        update = scale * g
-        if not skip_decay:
-          update = update + (scale * values["weight_decay"]) * _load(w_refs[j], start, valid)
-        update = update.astype(g.dtype)
-      update = values[f"step_{jnp.dtype(g.dtype).name}"] * update
-      v = _load(v_refs[j], start, valid)
-      wide = jnp.result_type(update, v)
-      stored = (update + values["momentum"] * v.astype(wide)).astype(v.dtype)
-      new_v = stored.astype(wide)
-      _store(u_refs[j], start, update + values["momentum"] * new_v if nesterov else new_v, valid)
-      _store(new_v_refs[j], start, stored, valid)
-
-    _for_my_chunk(places, body)
-
-  shapes = ([_output_like(gs[i], gs[i].shape, out_dtypes[i][0]) for i in leaves]
-            + [_output_like(gs[i], gs[i].shape, out_dtypes[i][1]) for i in leaves])
-  # Each new momentum in its old one's place (same dtype: the momentum is stored as it was).
-  return _call(kernel, shapes, programs, interpret,
-               [ws[i] for i in leaves] + [gs[i] for i in leaves] + [vs[i] for i in leaves] + [rates]
-               + scalars.arrays, {2 * n + j: n + j for j in range(n)})
+  outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(gs, out_dtypes)] for k in range(2)]
+  (updates, momenta), _ = _over_chunks(body, places, programs, [ws, gs, vs], outputs, shared=(rates,), hyper=hyper,
+                                       in_place=((2, 1),), interpret=interpret)
+  return updates, momenta
 
 
 def kernels_take(*trees: Any) -> bool:
@@ -402,73 +453,52 @@ def layerwise_sgd(
         scale_by_learning_rate, learning_rate_state,
         {jnp.dtype(g.dtype).name for g, keep in zip(tree.gs, tree.kept) if keep})
     places, programs = chunks(tree.sizes)
-    results = momentum_step(flat_w, flat_g, tree.flat(vs), rates, tree.slots, places, programs,
-                            dict(steps, weight_decay=weight_decay, momentum=momentum), skip_decay, nesterov,
-                            out_dtypes, interpret)
-    n = len(results) // 2
-    new_updates = tree.unflatten(results[:n], [g.astype(dtypes[0]) if g.size == 0 else g
-                                               for g, dtypes in zip(tree.gs, out_dtypes)])
+    new_updates, new_momenta = momentum_step(
+        flat_w, flat_g, tree.flat(vs), rates, tree.slots, places, programs,
+        dict(steps, weight_decay=weight_decay, momentum=momentum), skip_decay, nesterov, out_dtypes, interpret)
     new_state = (layerwise.LayerwiseRateState(rates=layerwise.LayerRates(vectors, tree.rates_layout)),
-                 new_learning_rate_state, optax.TraceState(trace=tree.unflatten(results[n:], vs)))
-    return new_updates, new_state
+                 new_learning_rate_state, optax.TraceState(trace=tree.unflatten(new_momenta, vs)))
+    return tree.unflatten(new_updates, [g.astype(dtypes[0]) for g, dtypes in zip(tree.gs, out_dtypes)]), new_state
 
   return _on_cuda(reference, fused_update, interpret)
 
 
 def adam_moments(ws, gs, mus, nus, rate, slots, places, programs, hyper: dict[str, Any],
-                 out_dtypes: list[tuple[Any, Any, Any]], interpret: bool) -> list[jax.Array]:
+                 out_dtypes: list[tuple[Any, Any, Any]], interpret: bool
+                 ) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array], list[jax.Array]]:
   """LAMB's kernel 1: each program's chunk of Adam's moments and direction, and of the rate's sums.
 
       mu' = (1 - b1) g + b1 mu,   nu' = (1 - b2) g^2 + b2 nu,   r = (mu' / c1) / (sqrt(nu' / c2 + eps_root) + eps)
 
   with `c1 = 1 - b1^t`, `c2 = 1 - b2^t` (`hyper`, as optax's `scale_by_adam` and its bias correction
   compute them; the moments widened to the update's dtype and rounded where stored, as
-  `low_precision.stored_in`). Writes `mu'`, `nu'` in the old moments' place and `r` (in the
+  `low_precision.stored_in`). Writes `r` and `mu'`, `nu'` in the old moments' place (in the
   `out_dtypes`: per leaf (direction, mu, nu)); for a selected leaf (`slots`) also `rate.sums(w, r)` of
-  the chunk, at the program's entry of one float32 vector per sum. Returns the directions, moments and
-  sums vectors."""
-  leaves = [i for i, place in enumerate(places) if place is not None]
-  scalars = _Scalars(**hyper)
-  n = len(leaves)
-  probe = jnp.zeros((CHUNK,), jnp.float32)
-  count = len(jax.eval_shape(lambda: rate.sums(probe, probe, hyper["weight_decay"], _ChunkReducer())))
+  the chunk, at the program's entry of one float32 vector per sum (zeros for another). Returns the
+  directions, the moments and the sums vectors."""
+  count = _number_of_sums(rate, hyper["weight_decay"])
 
-  def kernel(*refs):
-    w_refs, g_refs, mu_refs, nu_refs = (refs[k * n:(k + 1) * n] for k in range(4))
-    scalar_refs = refs[4 * n:4 * n + len(scalars.arrays)]
-    r_refs, new_mu_refs, new_nu_refs = (refs[-3 * n - count:][k * n:(k + 1) * n] for k in range(3))
-    sum_refs = refs[-count:]
-    values = scalars.read(list(scalar_refs))
-    position = {leaf: j for j, leaf in enumerate(leaves)}
+  def body(chunk: _Chunk) -> None:
+    g, mu, nu = chunk.load(1), chunk.load(2), chunk.load(3)
+    b1, b2 = chunk.values["b1"], chunk.values["b2"]
+    mu = (1 - b1) * g + b1 * mu.astype(jnp.result_type(mu, g))
+    nu = (1 - b2) * g ** 2 + b2 * nu.astype(jnp.result_type(nu, g))
+    mu_hat, nu_hat = mu / chunk.values["c1"].astype(mu.dtype), nu / chunk.values["c2"].astype(nu.dtype)
+    r = mu_hat / (jnp.sqrt(nu_hat + chunk.values["eps_root"]) + chunk.values["eps"])
+    chunk.store(0, r)
+    chunk.store(1, mu)
+    chunk.store(2, nu)
+    if slots[chunk.leaf] is None:
+      chunk.store_sums([jnp.zeros((), jnp.float32)] * count)
+    else:
+      r = jnp.where(chunk.valid, r, 0).astype(out_dtypes[chunk.leaf][0])
+      chunk.store_sums(rate.sums(chunk.load(0), r, chunk.values["weight_decay"], _ChunkReducer()))
 
-    def body(program, leaf, layer, start, valid):
-      del layer
-      j = position[leaf]
-      g, mu, nu = (_load(ref[j], start, valid) for ref in (g_refs, mu_refs, nu_refs))
-      mu = (1 - values["b1"]) * g + values["b1"] * mu.astype(jnp.result_type(mu, g))
-      nu = (1 - values["b2"]) * g ** 2 + values["b2"] * nu.astype(jnp.result_type(nu, g))
-      mu_hat, nu_hat = mu / values["c1"].astype(mu.dtype), nu / values["c2"].astype(nu.dtype)
-      r = mu_hat / (jnp.sqrt(nu_hat + values["eps_root"]) + values["eps"])
-      _store(r_refs[j], start, r, valid)
-      _store(new_mu_refs[j], start, mu, valid)
-      _store(new_nu_refs[j], start, nu, valid)
-      if slots[leaf] is None:
-        sums = [jnp.zeros((), jnp.float32)] * count
-      else:
-        r = jnp.where(valid, r, 0).astype(out_dtypes[leaf][0])
-        sums = rate.sums(_load(w_refs[j], start, valid), r, values["weight_decay"], _ChunkReducer())
-      for ref, value in zip(sum_refs, sums):
-        plgpu.store(ref.at[pl.ds(program, 1)], jnp.reshape(value, (1,)).astype(jnp.float32))
-
-    _for_my_chunk(places, body)
-
-  shapes = ([_output_like(gs[i], gs[i].shape, out_dtypes[i][k]) for k in range(3) for i in leaves]
-            + [_output_like(gs[leaves[0]], (programs,), jnp.float32)] * count)
-  inputs = ([ws[i] for i in leaves] + [gs[i] for i in leaves] + [mus[i] for i in leaves] + [nus[i] for i in leaves]
-            + scalars.arrays)
-  # The new moments in the old ones' place (same dtypes: the moments are stored as they were).
-  return _call(kernel, shapes, programs, interpret, inputs,
-               {2 * n + j: n + j for j in range(n)} | {3 * n + j: 2 * n + j for j in range(n)})
+  outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(gs, out_dtypes)] for k in range(3)]
+  (directions, new_mus, new_nus), sums = _over_chunks(
+      body, places, programs, [ws, gs, mus, nus], outputs, hyper=hyper, sums=count, in_place=((2, 1), (3, 2)),
+      interpret=interpret)
+  return directions, new_mus, new_nus, sums
 
 
 def scaled_direction(ws, rs, rates, slots, places, programs, hyper: dict[str, Any], skip_decay: bool,
@@ -476,33 +506,15 @@ def scaled_direction(ws, rs, rates, slots, places, programs, hyper: dict[str, An
   """LAMB's kernel 2: each program's chunk of the update `-gamma_t * rate^l * (r + beta * w)` (selected
   leaves; `-gamma_t * r` elsewhere), as `layerwise.scale_by_layerwise_rate` and optax's
   `scale_by_learning_rate` compute it."""
-  leaves = [i for i, place in enumerate(places) if place is not None]
-  scalars = _Scalars(**hyper)
-  n = len(leaves)
 
-  def kernel(*refs):
-    w_refs, r_refs = refs[:n], refs[n:2 * n]
-    rates_ref, scalar_refs, u_refs = refs[2 * n], refs[2 * n + 1:-n], refs[-n:]
-    values = scalars.read(list(scalar_refs))
-    position = {leaf: j for j, leaf in enumerate(leaves)}
+  def body(chunk: _Chunk) -> None:
+    update = _scaled(chunk, chunk.load(1), slots[chunk.leaf], skip_decay)
+    chunk.store(0, chunk.values[f"step_{jnp.dtype(update.dtype).name}"] * update)
 
-    def body(program, leaf, layer, start, valid):
-      del program
-      j = position[leaf]
-      update = _load(r_refs[j], start, valid)
-      if slots[leaf] is not None:
-        scale = plgpu.load(rates_ref.at[pl.ds(slots[leaf] + layer, 1)])
-        scaled = scale * update
-        if not skip_decay:
-          scaled = scaled + (scale * values["weight_decay"]) * _load(w_refs[j], start, valid)
-        update = scaled.astype(update.dtype)
-      _store(u_refs[j], start, values[f"step_{jnp.dtype(update.dtype).name}"] * update, valid)
-
-    _for_my_chunk(places, body)
-
-  shapes = [_output_like(rs[i], rs[i].shape, out_dtypes[i]) for i in leaves]
-  return _call(kernel, shapes, programs, interpret,
-               [ws[i] for i in leaves] + [rs[i] for i in leaves] + [rates] + scalars.arrays)
+  outputs = [[None if r is None else (r.shape, dtype) for r, dtype in zip(rs, out_dtypes)]]
+  (updates,), _ = _over_chunks(body, places, programs, [ws, rs], outputs, shared=(rates,), hyper=hyper,
+                               interpret=interpret)
+  return updates
 
 
 def lamb(
@@ -558,13 +570,12 @@ def lamb(
     hyper = dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, weight_decay=weight_decay,
                  c1=1 - b1 ** count, c2=1 - b2 ** count)
     places, programs = chunks(tree.sizes)
-    results = adam_moments(tree.flat(tree.ws), tree.flat(tree.gs), tree.flat(mus), tree.flat(nus), rate,
-                           tree.slots, places, programs, hyper, out_dtypes, interpret)
-    kept = sum(tree.kept)
-    directions, new_mus, new_nus = results[:kept], results[kept:2 * kept], results[2 * kept:3 * kept]
+    directions, new_mus, new_nus, sums = adam_moments(
+        tree.flat(tree.ws), tree.flat(tree.gs), tree.flat(mus), tree.flat(nus), rate, tree.slots, places, programs,
+        hyper, out_dtypes, interpret)
     rates, vectors = jnp.zeros((1,), jnp.float32), ()
     if tree.any_selected:
-      rates = tree.rates(rate, results[3 * kept:], places, weight_decay, axis_name)
+      rates = tree.rates(rate, sums, places, weight_decay, axis_name)
       vectors = (rates,)
     steps, new_learning_rate_state = _learning_rate_steps(
         scale_by_learning_rate, learning_rate_state, {jnp.dtype(d).name for d in direction_dtypes})
@@ -610,25 +621,15 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
     treedef = jax.tree.structure(params)
     ws, us = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
     places, programs = chunks([(1, w.size) if w.size else None for w in ws])
-    leaves = [i for i, place in enumerate(places) if place is not None]
-    position = {leaf: j for j, leaf in enumerate(leaves)}
-    n = len(leaves)
+    flat = lambda leaves: [x.reshape(-1) if x.size else None for x in leaves]
 
-    def kernel(*refs):
-      w_refs, u_refs, out_refs = refs[:n], refs[n:2 * n], refs[2 * n:]
+    def body(chunk: _Chunk) -> None:
+      chunk.store(0, chunk.load(0) + chunk.load(1))
 
-      def body(program, leaf, layer, start, valid):
-        del program, layer
-        j = position[leaf]
-        w = _load(w_refs[j], start, valid)
-        _store(out_refs[j], start, w + _load(u_refs[j], start, valid), valid)
-
-      _for_my_chunk(places, body)
-
-    shapes = [_output_like(ws[i], (ws[i].size,), ws[i].dtype) for i in leaves]
-    new = iter(_call(kernel, shapes, programs, interpret,
-                     [ws[i].reshape(-1) for i in leaves] + [us[i].reshape(-1) for i in leaves],
-                     {j: j for j in range(n)}))
+    outputs = [[None if w is None else (w.shape, w.dtype) for w in flat(ws)]]
+    (new,), _ = _over_chunks(body, places, programs, [flat(ws), flat(us)], outputs, in_place=((0, 0),),
+                             interpret=interpret)
+    new = iter(new)
     return treedef.unflatten([next(new).reshape(w.shape) if w.size else w for w in ws])
 
   if not kernels_take(params, updates):

@@ -4,11 +4,6 @@ is the per-leaf update itself; compiled for an H100, an update launches a handfu
 the number of leaves."""
 
 import functools
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +15,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 from lbjax import optim
 from lbjax.optim import fused
 from lbjax.optim import layerwise
-from lbjax.train import gpu_targets
 from tests.optim import test_battery as battery
+from tests.optim import test_multi_tensor
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 CHUNK = fused.CHUNK
 
 # A leaf of several chunks with a partial last one, a stacked leaf (3 layers, each a chunk), a bfloat16
@@ -73,6 +67,16 @@ def assert_close(actual, desired, rtol):
                                err_msg=jax.tree_util.keystr(path))
 
 
+def assert_same_updates(kernels, per_leaf, rtol):
+  """Three updates of each: the parameters, updates, state and trust ratios agree (`assert_close`)."""
+  want_params, want_state, want_updates = run(per_leaf)
+  got_params, got_state, got_updates = run(kernels)
+  assert_close(got_params, want_params, rtol=rtol / 10)
+  assert_close(got_updates, want_updates, rtol=rtol)
+  assert_close(got_state, want_state, rtol=rtol)
+  assert_close(optim.trust_ratios(got_state), optim.trust_ratios(want_state), rtol=rtol)
+
+
 @pytest.mark.parametrize("name, rate, kwargs, rtol", [
     ("lars", optim.lars_rate(1e-2), {}, 1e-4),
     ("lars, no weight decay", optim.lars_rate(1e-2), dict(weight_decay=0.0), 1e-4),
@@ -89,12 +93,7 @@ def test_the_kernels_give_the_per_leaf_layouts_parameters_state_and_rates(name, 
   summation of the norms, the same state, structure and dtypes included (a checkpoint moves between the
   layouts), and the same rates as `trust_ratios` reads them."""
   per_leaf, kernels = sgd_pair(rate, **kwargs)
-  want_params, want_state, want_updates = run(per_leaf)
-  got_params, got_state, got_updates = run(kernels)
-  assert_close(got_params, want_params, rtol=rtol / 10)
-  assert_close(got_updates, want_updates, rtol=rtol)
-  assert_close(got_state, want_state, rtol=rtol)
-  assert_close(optim.trust_ratios(got_state), optim.trust_ratios(want_state), rtol=rtol)
+  assert_same_updates(kernels, per_leaf, rtol)
 
 
 def lamb_pair(**kwargs):
@@ -117,12 +116,7 @@ def lamb_pair(**kwargs):
 def test_the_lamb_kernels_give_the_per_leaf_layouts_parameters_state_and_ratios(name, kwargs, rtol):
   """LAMB's Algorithm 2 either way: Adam's moments and count, the trust ratios and the parameters."""
   per_leaf, kernels = lamb_pair(**kwargs)
-  want_params, want_state, want_updates = run(per_leaf)
-  got_params, got_state, got_updates = run(kernels)
-  assert_close(got_params, want_params, rtol=rtol / 10)
-  assert_close(got_updates, want_updates, rtol=rtol)
-  assert_close(got_state, want_state, rtol=rtol)
-  assert_close(optim.trust_ratios(got_state), optim.trust_ratios(want_state), rtol=rtol)
+  assert_same_updates(kernels, per_leaf, rtol)
 
 
 def test_lamb_under_inject_hyperparams_and_shard_map():
@@ -230,42 +224,9 @@ def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
     opt.update({"w": jnp.ones((2, 2))}, opt.init({"w": jnp.ones((2, 2))}))
 
 
-COUNT_KERNELS = """
-import json
-from lbjax.train import gpu_targets
-gpu_targets.allow_plugin_without_cuda()
-import jax, jax.numpy as jnp
-from lbjax.train.hlo_analysis import kernel_count
-from lbjax import optim
-from lbjax.optim import fused
-(device,) = gpu_targets.devices("h100")
-sharding = jax.sharding.SingleDeviceSharding(device)
-counts = {}
-for copies in (8, 16):
-  shapes = {f"{name}{i:02d}": shape for i in range(copies)
-            for name, shape in (("conv", (3, 3, 16, 16)), ("dense", (64, 48 + i)), ("bias", (48,)))}
-  params = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for k, s in shapes.items()}
-  opt = optim.lars(0.1, weight_decay=1e-4, layout="fused")
-  def step(p, s, g):
-    u, s = opt.update(g, s, p)
-    return fused.apply_updates(p, u), s
-  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                       jax.eval_shape(opt.init, params))
-  with gpu_targets.lowering_for({device}):
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile()
-  counts[len(shapes)] = kernel_count(compiled)
-print(json.dumps(counts))
-"""
-
-
-@pytest.mark.skipif(not gpu_targets.plugin_installed(),
-                    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
-def test_on_a_gpu_an_update_launches_the_same_few_kernels_for_48_leaves_of_32_shapes_as_for_24():
-  """Compiled for an H100 on this machine: the two kernels, the apply and a few small XLA kernels for the
-  rates, however many leaves and shapes (the flat layout adds one write-back per shape)."""
-  env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
-  done = subprocess.run([sys.executable, "-c", COUNT_KERNELS], capture_output=True, text=True, timeout=600,
-                        check=False, env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
-  assert done.returncode == 0, done.stderr[-2000:]
-  counts = json.loads(done.stdout.strip().splitlines()[-1])
-  assert counts["48"] == counts["24"] <= 8
+@test_multi_tensor.NEEDS_CUDA_PLUGIN
+def test_on_a_gpu_an_update_launches_the_same_few_kernels_for_48_leaves_of_any_shapes_as_for_24():
+  """Compiled for an H100: the two kernels, the weight update and a few small XLA kernels for the rates,
+  however many leaves and shapes (the flat layout adds one weight-update kernel per shape)."""
+  counts = test_multi_tensor.gpu_kernel_counts()
+  assert counts["fused 48 distinct"] == counts["fused 24 distinct"] == counts["fused 48 same"] <= 8

@@ -3,6 +3,7 @@ per-leaf layout, a state of a few buffers, and on a GPU a number of kernels that
 number of leaves. The battery (test_battery.py) runs every optax-style check on the flat `lars`, `lamb`
 and `percent_delta` too."""
 
+import functools
 import json
 import os
 import pathlib
@@ -158,36 +159,52 @@ gpu_targets.allow_plugin_without_cuda()
 import jax, jax.numpy as jnp, optax
 from lbjax.train.hlo_analysis import kernel_count
 from lbjax import optim
+from lbjax.optim import fused
 (device,) = gpu_targets.devices("h100")
 sharding = jax.sharding.SingleDeviceSharding(device)
 counts = {}
 for copies in (8, 16):
-  shapes = {f"{name}{i:02d}": shape for i in range(copies)
-            for name, shape in (("conv", (3, 3, 16, 16)), ("dense", (64, 48)), ("bias", (48,)))}
-  params = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for k, s in shapes.items()}
-  for layout in ("per_leaf", "flat"):
-    opt = optim.lars(0.1, weight_decay=1e-4, layout=layout)
-    def step(p, s, g):
-      u, s = opt.update(g, s, p)
-      return optax.apply_updates(p, u), s
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                         jax.eval_shape(opt.init, params))
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile()
-    counts[f"{layout} {len(shapes)}"] = kernel_count(compiled)
+  for shapes_of in ("same", "distinct"):  # the dense leaves all (64, 48), or each its own shape
+    shapes = {f"{name}{i:02d}": shape for i in range(copies)
+              for name, shape in (("conv", (3, 3, 16, 16)), ("dense", (64, 48 + (i if shapes_of == "distinct" else 0))),
+                                  ("bias", (48,)))}
+    params = {k: jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for k, s in shapes.items()}
+    for layout in ("per_leaf", "flat", "fused"):
+      opt = optim.lars(0.1, weight_decay=1e-4, layout=layout)
+      apply_updates = fused.apply_updates if layout == "fused" else optax.apply_updates
+      def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return apply_updates(p, u), s
+      state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                           jax.eval_shape(opt.init, params))
+      with gpu_targets.lowering_for({device}):
+        compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, params).compile()
+      counts[f"{layout} {len(shapes)} {shapes_of}"] = kernel_count(compiled)
 print(json.dumps(counts))
 """
 
 
-@pytest.mark.skipif(not gpu_targets.plugin_installed(),
-                    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
-def test_on_a_gpu_the_flat_update_launches_as_many_kernels_for_48_leaves_as_for_24():
-  """Compiled for an H100 on this machine (XLA:GPU's kernels, as the lent H200 counted them): the
-  per-leaf update adds kernels with every leaf, the flat one only with every new leaf shape (its
-  weight updates are grouped by shape)."""
+@functools.cache
+def gpu_kernel_counts() -> dict[str, int]:
+  """Kernels per LARS update of 24 and 48 leaves (same or distinct shapes) in each layout, compiled for an
+  H100 on this machine (XLA:GPU's kernels, as the lent H200 counted them), in a process of its own."""
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "JAX_NUM_CPU_DEVICES")}
   done = subprocess.run([sys.executable, "-c", COUNT_KERNELS], capture_output=True, text=True, timeout=600,
                         check=False, env=dict(env, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"))
   assert done.returncode == 0, done.stderr[-2000:]
-  counts = json.loads(done.stdout.strip().splitlines()[-1])
-  assert counts["flat 48"] == counts["flat 24"] <= 16
-  assert counts["per_leaf 48"] > counts["per_leaf 24"] + 24
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+NEEDS_CUDA_PLUGIN = pytest.mark.skipif(
+    not gpu_targets.plugin_installed(),
+    reason='JAX\'s CUDA plugin is not installed: pip install "jax[cuda12-local]==<jax version>"')
+
+
+@NEEDS_CUDA_PLUGIN
+def test_on_a_gpu_the_flat_update_launches_as_many_kernels_for_48_leaves_as_for_24():
+  """The per-leaf update adds kernels with every leaf, the flat one only with every new leaf shape (its
+  weight updates are grouped by shape)."""
+  counts = gpu_kernel_counts()
+  assert counts["flat 48 same"] == counts["flat 24 same"] <= 16
+  assert counts["flat 48 distinct"] > counts["flat 24 distinct"]
+  assert counts["per_leaf 48 same"] > counts["per_leaf 24 same"] + 24
