@@ -136,6 +136,13 @@ def test_lamb_under_inject_hyperparams_and_shard_map():
   np.testing.assert_allclose(got["w"], want["w"], rtol=1e-5, atol=1e-7)
 
 
+def test_with_no_leaf_selected_the_kernels_give_momentum_sgd():
+  """A mask that selects no leaf: no rates (an empty rate vector in the state), plain momentum SGD."""
+  nothing = {"dense": False, "stacked": False, "half": False, "empty": False, "bias": False}
+  per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2), mask=nothing)
+  assert_same_updates(kernels, per_leaf, rtol=1e-5)
+
+
 def test_a_state_moves_between_the_layouts():
   per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2))
   _, state, _ = run(per_leaf, steps=2)
