@@ -32,7 +32,8 @@ under `jit` the partitioner would gather them; use it with replicated parameters
 (Triton has no complex type); a tree with another dtype (complex, float64), or with `optax.MaskedNode`s
 (inside `optax.masked`), gets the per-leaf update on every platform (`kernels_take`). The kernels are written for
 Pallas's Triton backend, which JAX 0.10 to 0.12 compile for every NVIDIA GPU; JAX 0.12 deprecates it in
-favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one.
+favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one. On a JAX without it the layout
+is refused when built (use "flat"), and `apply_updates` is `optax.apply_updates`.
 
 Compiled for an H100 (deviceless, `python -m benchmarks.optimizer --kernels-for h100`), a ResNet-50
 update with its weight update (`apply_updates`) launches 7 kernels for LARS and PercentDelta and 9 for
@@ -57,10 +58,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from lbjax.optim import layerwise
+
+try:  # Pallas's Triton backend: in JAX 0.10 to 0.12 (deprecated in 0.12 for Mosaic GPU)
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as plgpu
+except ImportError:  # a JAX without it: the layout is refused when built, `apply_updates` is optax's
+  pl = plgpu = None
 
 CHUNK = 4096  # values per program: ResNet-50's 25.6M parameters are 6,300 programs
 _KERNEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -391,6 +396,11 @@ take the tree (`kernels_take`)."""
 
 
 def _check_rate(rate: Any) -> None:
+  """Refuses what the kernels cannot build: a rate that is not a sum, a JAX without Pallas's Triton backend."""
+  if plgpu is None:
+    raise ValueError(f"layout='fused' needs Pallas's Triton backend (jax.experimental.pallas.triton), which JAX "
+                     f"{jax.__version__} does not have: use layout='flat' (the multi-tensor layout within XLA) or "
+                     "'per_leaf'.")
   if not isinstance(rate, layerwise.SummedRate):
     raise ValueError(f"the fused layout needs a statistic made of per-layer sums (a layerwise.SummedRate), "
                      f"got {rate!r}: build it with layout='per_leaf'.")
@@ -604,8 +614,8 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
   update's own kernels.
 
   Args:
-    params: the parameters (the kernel takes float32, bfloat16 and float16 leaves; any other tree is added
-      by `optax.apply_updates`).
+    params: the parameters (the kernel takes float32, bfloat16 and float16 leaves; any other tree, and any
+      tree on a JAX without Pallas's Triton backend, is added by `optax.apply_updates`).
     updates: the updates, structured and shaped as `params`.
     interpret: run the kernel in Pallas's interpreter on any platform (tests, debugging).
 
@@ -632,7 +642,7 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
     new = iter(new)
     return treedef.unflatten([next(new).reshape(w.shape) if w.size else w for w in ws])
 
-  if not kernels_take(params, updates):
+  if plgpu is None or not kernels_take(params, updates):
     return optax.apply_updates(params, updates)
   if interpret:
     return fused(params, updates)

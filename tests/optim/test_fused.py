@@ -223,6 +223,19 @@ def test_a_tree_the_kernels_cannot_take_gets_the_per_leaf_update():
   assert_close(got, want, rtol=0)
 
 
+def test_a_jax_without_pallas_triton_refuses_the_layout_and_adds_updates_as_optax(monkeypatch):
+  """Pallas's Triton backend is deprecated (JAX 0.12): where it is gone, the layout says what to use."""
+  monkeypatch.setattr(fused, "plgpu", None)
+  with pytest.raises(ValueError, match=r"layout='fused' needs Pallas's Triton backend .* use layout='flat'"):
+    optim.lars(0.1, layout="fused")
+  with pytest.raises(ValueError, match=r"needs Pallas's Triton backend"):
+    optim.lamb(0.1, layout="fused")
+  params = tree(0)
+  got = fused.apply_updates(params, params, interpret=True)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(optax.apply_updates(params, params))):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
 def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
   with pytest.raises(ValueError, match=r"needs a statistic made of per-layer sums.*layout='per_leaf'"):
     fused.layerwise_sgd(optim.momentum(0.1), optim.median_curvature_rate(), 0.1, 0.9, False, 0.0, None, None, None)
