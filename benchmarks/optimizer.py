@@ -46,6 +46,7 @@ from lbjax.train.errors import ConfigError
 from lbjax.train import hlo_analysis
 
 SGD = "momentum SGD (optax.sgd)"
+SGD_FUSED = "momentum SGD (lbjax momentum), fused layout"
 STREAM = "STREAM scale a = s * a"
 ONE_REDUCTION = "lars, both sums in one reduction (experiment)"
 FLAT_BUFFER = "lars, norms from one flat buffer (experiment)"
@@ -160,6 +161,7 @@ def optimizers(lr=0.1, wd=1e-4):
   """name -> optax.GradientTransformation; LARS variants select the kernels (ndim >= 2)."""
   return {
       SGD: optax.sgd(lr, momentum=0.9),
+      SGD_FUSED: optim.momentum(lr, momentum=0.9, layout="fused"),
       "optax.lars": optax.lars(lr, weight_decay=wd, weight_decay_mask=kernels,
                                trust_ratio_mask=kernels),
       "lbjax lars": optim.lars(lr, weight_decay=wd),
@@ -184,7 +186,7 @@ def optimizers(lr=0.1, wd=1e-4):
 
 
 # The fused layout's updates are added by its own multi-tensor kernel (`lbjax.optim.fused.apply_updates`).
-APPLY_UPDATES = {name: fused.apply_updates for name in (LARS_FUSED, LAMB_FUSED, PERCENT_DELTA_FUSED)}
+APPLY_UPDATES = {name: fused.apply_updates for name in (SGD_FUSED, LARS_FUSED, LAMB_FUSED, PERCENT_DELTA_FUSED)}
 
 
 def make_step(opt, apply_updates=optax.apply_updates):
@@ -312,7 +314,7 @@ def numerics(shapes, names):
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
            (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (ONE_VECTOR, "lbjax lars"),
            (LARS_FLAT, "lbjax lars"), (LAMB_FLAT, "lbjax lamb (all leaves)"), (LARS_FUSED, "lbjax lars"),
-           (LAMB_FUSED, "lbjax lamb (all leaves)"), (PERCENT_DELTA_FUSED, "lbjax percent_delta"),
+           (SGD_FUSED, SGD), (LAMB_FUSED, "lbjax lamb (all leaves)"), (PERCENT_DELTA_FUSED, "lbjax percent_delta"),
            ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
   ops = optimizers()

@@ -5,9 +5,12 @@ from typing import Any
 import jax
 import optax
 
+from lbjax.optim import fused
 from lbjax.optim import layerwise
 from lbjax.optim import low_precision
 from lbjax.optim import validation
+
+LAYOUTS = ("per_leaf", "fused")
 
 
 def momentum(
@@ -17,6 +20,7 @@ def momentum(
     weight_decay: Any = 0.0,
     mask: layerwise.MaskOrFn = None,
     accumulator_dtype: Any = None,
+    layout: str = "per_leaf",
 ) -> optax.GradientTransformation:
   """Heavy-ball SGD with L2 weight decay added to the gradient of the selected leaves.
 
@@ -41,6 +45,9 @@ def momentum(
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
       dtype; computed in float32 and rounded only where stored (`low_precision.trace`), where
       `optax.sgd`'s also rounds `momentum` and `momentum * v`.
+    layout: "per_leaf" (XLA's kernels, one per leaf on a GPU) or "fused" (one Pallas kernel over every
+      leaf on CUDA GPUs, the per-leaf update elsewhere, the same state: `lbjax.optim.fused.momentum_sgd`;
+      add the updates with `fused.apply_updates`).
 
   Returns:
     An `optax.GradientTransformation`.
@@ -52,6 +59,7 @@ def momentum(
     (papers/000, the momentum baseline of its tables).
   """
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
+  validation.check_choice("layout", layout, LAYOUTS)
   if mask is None:
     mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   # A literal 0 needs no work (no decay term, no momentum buffer); a traced value (under
@@ -61,4 +69,7 @@ def momentum(
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
   # optax.sgd's chain, with its trace computed in float32 when it is stored in a narrower dtype.
   trace = optax.identity() if no_momentum else low_precision.trace(momentum, nesterov, accumulator_dtype)
-  return optax.chain(decay, optax.chain(trace, optax.scale_by_learning_rate(learning_rate)))
+  per_leaf = optax.chain(decay, optax.chain(trace, optax.scale_by_learning_rate(learning_rate)))
+  if layout == "fused":
+    return fused.momentum_sgd(per_leaf, learning_rate, momentum, nesterov, weight_decay, mask)
+  return per_leaf

@@ -119,6 +119,31 @@ def test_the_lamb_kernels_give_the_per_leaf_layouts_parameters_state_and_ratios(
   assert_same_updates(kernels, per_leaf, rtol)
 
 
+def momentum_pair(accumulator_dtype=None, **kwargs):
+  """lbjax's momentum SGD per leaf and fused (kernel interpreted) with the same arguments."""
+  arguments = dict(learning_rate=optax.linear_schedule(0.1, 0.02, 3), momentum=0.9, nesterov=False,
+                   weight_decay=1e-3, mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+  arguments.update(kwargs)
+  per_leaf = optim.momentum(**arguments, accumulator_dtype=accumulator_dtype)
+  return per_leaf, fused.momentum_sgd(per_leaf, **arguments, interpret=True)
+
+
+@pytest.mark.parametrize("name, kwargs, rtol", [
+    ("momentum, weight decay on kernels", {}, 1e-6),
+    ("Nesterov, no weight decay", dict(nesterov=True, weight_decay=0.0), 1e-6),
+    ("no momentum (plain SGD)", dict(momentum=0.0), 1e-6),
+    ("bfloat16 momentum", dict(accumulator_dtype="bfloat16"), 1e-6),
+])
+def test_the_momentum_sgd_kernel_gives_optax_sgds_update(name, kwargs, rtol):
+  """The baseline in the same layout: elementwise only, so the same numbers (no sum's order to differ)."""
+  per_leaf, kernels = momentum_pair(**kwargs)
+  want_params, want_state, want_updates = run(per_leaf)
+  got_params, got_state, got_updates = run(kernels)
+  assert_close(got_params, want_params, rtol)
+  assert_close(got_updates, want_updates, rtol)
+  assert_close(got_state, want_state, rtol)
+
+
 def test_lamb_under_inject_hyperparams_and_shard_map():
   def factory(layout_of, learning_rate, b1, b2, weight_decay):
     return lamb_pair(learning_rate=learning_rate, b1=b1, b2=b2, weight_decay=weight_decay)[layout_of]
@@ -240,7 +265,7 @@ def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
   with pytest.raises(ValueError, match=r"needs a statistic made of per-layer sums.*layout='per_leaf'"):
     fused.layerwise_sgd(optim.momentum(0.1), optim.median_curvature_rate(), 0.1, 0.9, False, 0.0, None, None, None)
   opt = optim.lars(0.1, layout="fused")
-  with pytest.raises(ValueError, match=r"need the parameters: call update\(grads, state, params\)"):
+  with pytest.raises(ValueError, match=r"needs the parameters: call update\(grads, state, params\)"):
     opt.update({"w": jnp.ones((2, 2))}, opt.init({"w": jnp.ones((2, 2))}))
 
 
