@@ -1,4 +1,4 @@
-"""The fused layout: a LARS-family update over every leaf in two Pallas kernels on NVIDIA GPUs.
+"""The fused layout: a LARS-family (or momentum SGD) update over every leaf in a few Pallas kernels on NVIDIA GPUs.
 
 On a GPU an optimizer update is launch-bound (`multi_tensor`). The flat layout brings LARS on the
 ResNet-50 tree from 324 kernels to 32, but no further within XLA: the flat buffers are concatenations
@@ -22,7 +22,8 @@ whichever leaf it is, so one launch covers the whole tree:
    so a checkpoint moves between layouts and `trust_ratios` reads it.
 
 LAMB (`lamb`) has the same two passes: its first kernel updates Adam's moments, writes Adam's direction
-`r` and sums the trust ratio's norms (`|w|^2`, `|r + beta w|^2`); its second writes the update.
+`r` and sums the trust ratio's norms (`|w|^2`, `|r + beta w|^2`); its second writes the update. Momentum
+SGD (`momentum_sgd`, the baseline LARS is compared with) is one pass.
 
 The kernels run on CUDA only (`lax.platform_dependent`); on every other platform the same update runs
 in the per-leaf layout, so an optimizer built with `layout="fused"` runs anywhere, differing only by the
@@ -36,8 +37,8 @@ favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one. On 
 is refused when built (use "flat"), and `apply_updates` is `optax.apply_updates`.
 
 Compiled for an H100 (deviceless, `python -m benchmarks.optimizer --kernels-for h100`), a ResNet-50
-update with its weight update (`apply_updates`) launches 7 kernels for LARS and PercentDelta and 9 for
-LAMB (per leaf: 380, 279 and 289; the flat layout 32, 33 and 34). In place: the momentum (LAMB's
+update with its weight update (`apply_updates`) launches 7 kernels for LARS and PercentDelta, 9 for LAMB
+and 2 for momentum SGD (per leaf: 380, 279, 289 and 161; the flat layout 32, 33 and 34). In place: the momentum (LAMB's
 moments) and, with `apply_updates`, the weights are written where the old ones were, so a jitted step
 should donate them. Not for `lbjax-train`: its step keeps the previous state until it knows the update is
 finite (`lbjax.train.step`), which the in-place kernels defeat (the trainer refuses the layout).
