@@ -341,10 +341,6 @@ class _Tree:
     """The kept leaves of a tree like the parameters, flattened (None elsewhere)."""
     return [x.reshape(-1) if keep else None for x, keep in zip(leaves, self.kept)]
 
-  @property
-  def any_selected(self) -> bool:
-    return any(size is not None and slot is not None for size, slot in zip(self.sizes, self.slots))
-
   def selected_chunks(self) -> tuple[list[LeafChunks | None], int]:
     """The programs over the selected leaves (kernel 1 of `layerwise_sgd`)."""
     return chunks([size if slot is not None else None for size, slot in zip(self.sizes, self.slots)])
@@ -352,13 +348,17 @@ class _Tree:
   def rates(self, rate: layerwise.SummedRate, chunk_vectors: list[jax.Array], places: list[LeafChunks | None],
             weight_decay: Any, axis_name: layerwise.AxisName) -> jax.Array:
     """Every selected layer's rate from the sums of the programs `places` (a program of an unselected
-    leaf is left out): a `segment_sum` by layer, one `psum` with `axis_name`, the rate's formula."""
+    leaf is left out; no programs: every selected layer empty): a `segment_sum` by layer, one `psum` with
+    `axis_name`, the rate's formula."""
     size, dtype = self.rates_layout.sizes()[0], self.rates_layout.dtypes[0]
-    # A program of an unselected leaf sums into entry `size`, which `segment_sum` drops.
-    layer_ids = np.concatenate([np.repeat(np.arange(place.layers) + slot, place.per_layer) if slot is not None
-                                else np.full(place.count, size) for place, slot in zip(places, self.slots)
-                                if place is not None])
-    layer_sums = jnp.stack([jax.ops.segment_sum(c, layer_ids, size) for c in chunk_vectors])
+    if chunk_vectors:
+      # A program of an unselected leaf sums into entry `size`, which `segment_sum` drops.
+      layer_ids = np.concatenate([np.repeat(np.arange(place.layers) + slot, place.per_layer) if slot is not None
+                                  else np.full(place.count, size) for place, slot in zip(places, self.slots)
+                                  if place is not None])
+      layer_sums = jnp.stack([jax.ops.segment_sum(c, layer_ids, size) for c in chunk_vectors])
+    else:  # every selected layer is empty: sums of nothing
+      layer_sums = jnp.zeros((_number_of_sums(rate, weight_decay), size), dtype)
     return rate.global_rates(layer_sums.astype(dtype), weight_decay, axis_name).astype(dtype)
 
   def unflatten(self, results: Any, defaults: list[Any]) -> Any:
@@ -460,10 +460,10 @@ def layerwise_sgd(
                           [v.dtype for v in tree.treedef.flatten_up_to(out_state[2].trace)]))
     flat_w, flat_g = tree.flat(tree.ws), tree.flat(tree.gs)
     rates, vectors = jnp.zeros((1,), jnp.float32), ()
-    if tree.any_selected:
+    if tree.rates_layout.dtypes:  # some leaf is selected
       places, programs = tree.selected_chunks()
-      rates = tree.rates(rate, chunk_sums(rate, weight_decay, flat_w, flat_g, places, programs, interpret), places,
-                         weight_decay, axis_name)
+      sums = chunk_sums(rate, weight_decay, flat_w, flat_g, places, programs, interpret) if programs else []
+      rates = tree.rates(rate, sums, places, weight_decay, axis_name)
       vectors = (rates,)
     steps, new_learning_rate_state = _learning_rate_steps(
         scale_by_learning_rate, learning_rate_state,
@@ -590,7 +590,7 @@ def lamb(
         tree.flat(tree.ws), tree.flat(tree.gs), tree.flat(mus), tree.flat(nus), rate, tree.slots, places, programs,
         hyper, out_dtypes, interpret)
     rates, vectors = jnp.zeros((1,), jnp.float32), ()
-    if tree.any_selected:
+    if tree.rates_layout.dtypes:  # some leaf is selected
       rates = tree.rates(rate, sums, places, weight_decay, axis_name)
       vectors = (rates,)
     steps, new_learning_rate_state = _learning_rate_steps(

@@ -168,6 +168,17 @@ def test_with_no_leaf_selected_the_kernels_give_momentum_sgd():
   assert_same_updates(kernels, per_leaf, rtol=1e-5)
 
 
+def test_with_only_empty_layers_selected_every_rate_is_the_zero_norm_ones():
+  """A selected kernel with no values beside a vector: its rate is 1 (`layerwise.safe_quotient`), as per leaf."""
+  params = {"empty": jnp.zeros((0, 4)), "bias": jnp.ones((8,))}
+  for per_leaf, kernels in (sgd_pair(optim.lars_rate(1e-2), stacked=None), lamb_pair(stacked=None)):
+    want = per_leaf.update(params, per_leaf.init(params), params)
+    got = kernels.update(params, kernels.init(params), params)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
 def test_a_state_moves_between_the_layouts():
   per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2))
   _, state, _ = run(per_leaf, steps=2)
