@@ -220,6 +220,25 @@ def test_under_shard_map_each_device_sums_its_chunks_and_one_psum_completes_them
   np.testing.assert_allclose(got["w"], want["w"], rtol=1e-5, atol=1e-7)
 
 
+def test_under_vmap_each_member_of_an_ensemble_gets_its_own_update():
+  """Pallas batches a kernel by adding a grid axis; each model's chunks and rates stay its own."""
+  per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2), stacked=None)
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(2, CHUNK + 9, 3)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(2, 7)), jnp.float32)}
+  grads = jax.tree.map(lambda p: 0.1 * jnp.sin(p), params)
+
+  def member(opt, p, g):
+    updates, _ = opt.update(g, opt.init(p), p)
+    return fused.apply_updates(p, updates, interpret=True)
+
+  got = jax.jit(jax.vmap(functools.partial(member, kernels)))(params, grads)
+  for i in range(2):
+    want = member(per_leaf, *jax.tree.map(lambda x, i=i: x[i], (params, grads)))
+    for key in want:
+      np.testing.assert_allclose(got[key][i], want[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
 def test_the_fused_apply_updates_is_optaxs_bit_for_bit():
   params = tree(0)
   updates = jax.tree.map(lambda x: (0.1 * x).astype(jnp.float32), tree(1))  # a bfloat16 leaf, a float32 update
