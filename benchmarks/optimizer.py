@@ -350,7 +350,10 @@ concatenated, block-padded (1,024), one reduction per buffer and `segment_sum` p
 concatenation is materialised and `segment_sum` is a scatter, and with sharded parameters it needs
 gathers (see the collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in
 bfloat16, computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter
-instead of 36, since its weights step along the stored momentum.
+instead of 36, since its weights step along the stored momentum. The fused rows (`layout="fused"`,
+`lbjax.optim.fused`, their updates added by `fused.apply_updates`) run Pallas kernels on a CUDA GPU only:
+on any other backend they are the per-leaf update (and `optax.apply_updates`), so their CPU or TPU times
+are the per-leaf rows' and their numerics equal them exactly.
 
 Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so
