@@ -32,7 +32,7 @@ under `jit` the partitioner would gather them; use it with replicated parameters
 `shard_map`/`pmap` with `axis_name`. The kernels take trees of float32, bfloat16 and float16 leaves
 (Triton has no complex type); a tree with another dtype (complex, float64), or with `optax.MaskedNode`s
 (inside `optax.masked`), gets the per-leaf update on every platform (`kernels_take`). The kernels are written for
-Pallas's Triton backend, which JAX 0.10 to 0.12 compile for every NVIDIA GPU; JAX 0.12 deprecates it in
+Pallas's Triton backend, which JAX 0.10 to 0.12 compile for NVIDIA GPUs; JAX 0.12 deprecates it in
 favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one. On a JAX without it the layout
 is refused when built (use "flat"), and `apply_updates` is `optax.apply_updates`.
 
