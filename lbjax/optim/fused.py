@@ -4,9 +4,9 @@ On a GPU an optimizer update is launch-bound (`multi_tensor`). The flat layout b
 ResNet-50 tree from 324 kernels to 32, but no further within XLA: the flat buffers are concatenations
 (4 kernels) and the leaves are written back by one kernel per group of equally shaped leaves (22 on
 ResNet-50), since XLA:GPU fuses sibling loops only when their outputs have the same shape
-(benchmarks/README.md, Findings 11). A kernel written for the job has no such limit: like apex's
-`multi_tensor_apply`, each program of a Pallas kernel takes one chunk of `CHUNK` values of one leaf,
-whichever leaf it is, so one launch covers the whole tree:
+(benchmarks/README.md, Findings 10). A kernel written for the job has no such limit: as in apex's
+`multi_tensor_apply` (`lbjax.optim.multi_tensor_apply`), each program of a Pallas kernel takes one chunk of
+4,096 values of one leaf, whichever leaf it is, so one launch covers the whole tree:
 
 1. `chunk_sums`: every program reduces its chunk of `w` and `g` to the rate's sums (LARS: `|w|^2` and
    `|g|^2`); a `segment_sum` of the chunk sums by layer and the rate's formula give every layer's rate
@@ -27,21 +27,22 @@ SGD (`momentum_sgd`, the baseline LARS is compared with) is one pass.
 
 The kernels run on CUDA only (`lax.platform_dependent`); on every other platform the same update runs
 in the per-leaf layout, so an optimizer built with `layout="fused"` runs anywhere, differing only by the
-order of summation of the norms. Like the flat layout, the kernels see whole arrays: with parameters sharded
-under `jit` the partitioner would gather them; use it with replicated parameters or inside
+order of summation of the norms. Like the flat layout, the kernels see whole arrays: with parameters
+sharded under `jit` the partitioner would gather them; use it with replicated parameters or inside
 `shard_map`/`pmap` with `axis_name`. The kernels take trees of float32, bfloat16 and float16 leaves
 (Triton has no complex type); a tree with another dtype (complex, float64), or with `optax.MaskedNode`s
-(inside `optax.masked`), gets the per-leaf update on every platform (`kernels_take`). The kernels are written for
-Pallas's Triton backend, which JAX 0.10 to 0.12 compile for NVIDIA GPUs; JAX 0.12 deprecates it in
-favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one. On a JAX without it the layout
-is refused when built (use "flat"), and `apply_updates` is `optax.apply_updates`.
+(inside `optax.masked`), gets the per-leaf update on every platform (`multi_tensor_apply.kernels_take`).
+The kernels are written for Pallas's Triton backend, which JAX 0.10 to 0.12 compile for NVIDIA GPUs; JAX
+0.12 deprecates it in favour of Mosaic GPU (Hopper and newer only) and warns when it compiles one. On a
+JAX without it the layout is refused when built (use "flat"), and `apply_updates` is
+`optax.apply_updates`.
 
-Compiled for an H100 (deviceless, `python -m benchmarks.optimizer --kernels-for h100`), a ResNet-50
-update with its weight update (`apply_updates`) launches 7 kernels for LARS and PercentDelta, 9 for LAMB
-and 2 for momentum SGD (per leaf: 380, 279, 289 and 161; the flat layout 32, 33 and 34). In place: the momentum (LAMB's
-moments) and, with `apply_updates`, the weights are written where the old ones were, so a jitted step
-should donate them. Not for `lbjax-train`: its step keeps the previous state until it knows the update is
-finite (`lbjax.train.step`), which the in-place kernels defeat (the trainer refuses the layout).
+Compiled for an H100 (deviceless, `python -m benchmarks.optimizer --kernels-for h100`), a ResNet-50 update
+with its weight update (`apply_updates`) launches 7 kernels for LARS and PercentDelta, 9 for LAMB and 2
+for momentum SGD (per leaf: 380, 279, 289 and 161; the flat layout 32, 33 and 34). In place: the momentum
+(LAMB's moments) and, with `apply_updates`, the weights are written where the old ones were, so a jitted
+step should donate them. Not for `lbjax-train`: its step keeps the previous state until it knows the
+update is finite (`lbjax.train.step`), which the in-place kernels defeat (the trainer refuses the layout).
 
 References:
   NVIDIA apex, `multi_tensor_apply` (csrc/multi_tensor_apply.cuh) and `multi_tensor_lamb.cu`: every
@@ -61,190 +62,21 @@ import numpy as np
 import optax
 
 from lbjax.optim import layerwise
+from lbjax.optim import multi_tensor_apply as mta
+from lbjax.optim.multi_tensor_apply import Chunk, LeafChunks, chunks, over_chunks
 
-try:  # Pallas's Triton backend: in JAX 0.10 to 0.12 (deprecated in 0.12 for Mosaic GPU)
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import triton as plgpu
-except ImportError:  # a JAX without it: the layout is refused when built, `apply_updates` is optax's
-  pl = plgpu = None
-
-CHUNK = 4096  # values per program: ResNet-50's 25.6M parameters are 6,300 programs
-_KERNEL_DTYPES = ("float32", "bfloat16", "float16")
-
-
-@dataclasses.dataclass(frozen=True)
-class LeafChunks:
-  """The programs that cover one leaf (of `layers` layers of `layer_size` values each, each layer cut
-  into chunks of `CHUNK`): ids `first` to `first + count - 1`."""
-
-  first: int
-  layers: int
-  layer_size: int
-
-  @property
-  def per_layer(self) -> int:
-    return -(-self.layer_size // CHUNK)
-
-  @property
-  def count(self) -> int:
-    return self.layers * self.per_layer
-
-
-def chunks(sizes: list[tuple[int, int] | None]) -> tuple[list[LeafChunks | None], int]:
-  """Each leaf's programs, for leaves of `(layers, layer_size)` (None: not in the kernel), and their
-  total."""
-  places, first = [], 0
-  for size in sizes:
-    if size is None:
-      places.append(None)
-      continue
-    place = LeafChunks(first, *size)
-    places.append(place)
-    first += place.count
-  return places, first
-
-
-def _for_my_chunk(places: list[LeafChunks | None], body: Callable[[Any, int, Any, Any, Any], None]) -> None:
-  """Inside a kernel: `body(program, leaf, layer, start, valid)` for the chunk of the program that runs
-  it: `start` is the chunk's first value in the flattened leaf, `valid` which of its `CHUNK` values lie
-  in the layer. (The program id is read here, outside the branches: Pallas's interpreter substitutes
-  it only there.)"""
-  program = pl.program_id(0)
-  for leaf, place in enumerate(places):
-    if place is None:
-      continue
-
-    @pl.when((program >= place.first) & (program < place.first + place.count))
-    def _():
-      local = program - place.first
-      layer, offset = local // place.per_layer, (local % place.per_layer) * CHUNK
-      valid = offset + jnp.arange(CHUNK) < place.layer_size
-      body(program, leaf, layer, layer * place.layer_size + offset, valid)
-
-
-class _Scalars:
-  """Hyper-parameters a kernel reads: Python numbers stay constants of the kernel (weakly typed, as in
-  the per-leaf code); arrays (`inject_hyperparams`, schedules) become inputs of shape (1,)."""
-
-  def __init__(self, **values: Any):
-    self.constants = {k: v for k, v in values.items() if isinstance(v, (int, float))}
-    self.names = [k for k in values if k not in self.constants]
-    self.arrays = [jnp.reshape(values[k], (1,)) for k in self.names]
-
-  def read(self, refs: list[Any]) -> dict[str, Any]:
-    return dict(self.constants, **{k: plgpu.load(ref) for k, ref in zip(self.names, refs)})
-
-
-@dataclasses.dataclass(frozen=True)
-class _Chunk:
-  """What a kernel's body sees of its program's chunk (`_over_chunks`).
-
-  Attributes:
-    program: the program's id.
-    leaf: the index of the chunk's leaf in the tree.
-    layer: the chunk's layer within the leaf (its stacked axes, flattened).
-    start: the chunk's first value in the flattened leaf.
-    valid: which of its `CHUNK` values lie in the layer.
-    inputs, outputs: the leaf's ref in each per-leaf input and output.
-    shared: the refs of the inputs every program reads whole (the rate vector).
-    sums: the refs of the per-program outputs (one float32 value per program each).
-    values: the hyper-parameters (`_Scalars`).
-  """
-
-  program: Any
-  leaf: int
-  layer: Any
-  start: Any
-  valid: Any
-  inputs: tuple[Any, ...]
-  outputs: tuple[Any, ...]
-  shared: tuple[Any, ...]
-  sums: tuple[Any, ...]
-  values: dict[str, Any]
-
-  def load(self, k: int) -> jax.Array:
-    """The chunk of per-leaf input `k` (zeros outside the layer)."""
-    return plgpu.load(self.inputs[k].at[pl.ds(self.start, CHUNK)], mask=self.valid, other=0)
-
-  def store(self, k: int, value: jax.Array) -> None:
-    """Writes the chunk of per-leaf output `k` (in its dtype)."""
-    ref = self.outputs[k]
-    plgpu.store(ref.at[pl.ds(self.start, CHUNK)], value.astype(ref.dtype), mask=self.valid)
-
-  def store_sums(self, values: Any) -> None:
-    """Writes the program's entry of each per-program output."""
-    for ref, value in zip(self.sums, values):
-      plgpu.store(ref.at[pl.ds(self.program, 1)], jnp.reshape(value, (1,)).astype(jnp.float32))
-
-
-def _over_chunks(body: Callable[[_Chunk], None], places: list[LeafChunks | None], programs: int,
-                 leaf_inputs: list[list[Any]], leaf_outputs: list[list[Any]], *, shared: tuple[Any, ...] = (),
-                 hyper: dict[str, Any] | None = None, sums: int = 0, in_place: tuple[tuple[int, int], ...] = (),
-                 interpret: bool = False) -> tuple[list[list[jax.Array]], list[jax.Array]]:
-  """One Pallas kernel of `programs` programs, each running `body` on the chunk `places` gives it.
-
-  Args:
-    body: reads and writes one chunk through its `_Chunk`.
-    places: each leaf's programs (`chunks`; None: the leaf is not in the kernel).
-    programs: their total.
-    leaf_inputs: per-leaf inputs, each a list over the tree's leaves of flattened arrays (None where
-      `places` is).
-    leaf_outputs: per-leaf outputs, each a list of `(shape, dtype)` (None where `places` is).
-    shared: inputs every program reads whole.
-    hyper: the hyper-parameters (`_Scalars`).
-    sums: how many per-program float32 outputs.
-    in_place: `(input, output)` pairs of per-leaf groups whose output is written in the input's place (a
-      donated input is updated in place; XLA copies one that is not donated).
-    interpret: run in Pallas's interpreter.
-
-  Returns:
-    Each per-leaf output as a list over the leaves in `places` (in order), and the per-program outputs.
-  """
-  leaves = [i for i, place in enumerate(places) if place is not None]
-  position = {leaf: j for j, leaf in enumerate(leaves)}
-  scalars = _Scalars(**(hyper or {}))
-  n = len(leaves)
-
-  def kernel(*refs):
-    remaining = iter(refs)
-    ins = [[next(remaining) for _ in leaves] for _ in leaf_inputs]
-    shared_refs = tuple(next(remaining) for _ in shared)
-    values = scalars.read([next(remaining) for _ in scalars.arrays])
-    outs = [[next(remaining) for _ in leaves] for _ in leaf_outputs]
-    sum_refs = tuple(remaining)
-
-    def chunk(program, leaf, layer, start, valid):
-      j = position[leaf]
-      body(_Chunk(program, leaf, layer, start, valid, tuple(group[j] for group in ins),
-                  tuple(group[j] for group in outs), shared_refs, sum_refs, values))
-
-    _for_my_chunk(places, chunk)
-
-  # An output varies over the manual mesh axes (inside `shard_map`, where Pallas needs to be told) as
-  # its leaf's first input does; JAX's avals call it `mat`, the manual axis type.
-  like = lambda i: getattr(jax.typeof(leaf_inputs[0][i]), "mat", None)
-  out_shapes = ([jax.ShapeDtypeStruct(*group[i], manual_axis_type=like(i)) for group in leaf_outputs for i in leaves]
-                + [jax.ShapeDtypeStruct((programs,), jnp.float32, manual_axis_type=like(leaves[0]))] * sums)
-  results = pl.pallas_call(
-      kernel, out_shape=out_shapes, grid=(programs,), interpret=interpret,
-      input_output_aliases={a * n + j: b * n + j for a, b in in_place for j in range(n)},
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-  )(*[group[i] for group in leaf_inputs for i in leaves], *shared, *scalars.arrays)
-  return [results[k * n:(k + 1) * n] for k in range(len(leaf_outputs))], results[len(leaf_outputs) * n:]
-
-
-def _scaled(chunk: _Chunk, g: jax.Array, slot: int | None, skip_decay: bool) -> jax.Array:
+def _scaled(chunk: Chunk, g: jax.Array, slot: int | None, skip_decay: bool) -> jax.Array:
   """A chunk of `layerwise.scale_by_layerwise_rate`'s output, `rate * g + (rate * beta) * w` in `g`'s dtype
   for a selected leaf (its rates from `slot` in the shared rate vector, `w` per-leaf input 0), `g` for
   another."""
   if slot is None:
     return g
-  scale = plgpu.load(chunk.shared[0].at[pl.ds(slot + chunk.layer, 1)])
+  scale = mta.plgpu.load(chunk.shared[0].at[mta.pl.ds(slot + chunk.layer, 1)])
   scaled = scale * g if skip_decay else scale * g + (scale * chunk.values["weight_decay"]) * chunk.load(0)
   return scaled.astype(g.dtype)
 
 
-class _ChunkReducer:
+class ChunkReducer:
   """A `SummedRate`'s reducer over one chunk (zeros outside the layer add nothing)."""
 
   def sum(self, x: jax.Array) -> jax.Array:
@@ -255,8 +87,8 @@ class _ChunkReducer:
 
 
 def _number_of_sums(rate: layerwise.SummedRate, weight_decay: Any) -> int:
-  probe = jnp.zeros((CHUNK,), jnp.float32)
-  return len(jax.eval_shape(lambda: rate.sums(probe, probe, weight_decay, _ChunkReducer())))
+  probe = jnp.zeros((mta.CHUNK,), jnp.float32)
+  return len(jax.eval_shape(lambda: rate.sums(probe, probe, weight_decay, ChunkReducer())))
 
 
 def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array | None],
@@ -265,10 +97,10 @@ def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array
   """Kernel 1: each program's sums of `rate.sums` over its chunk, one float32 vector per sum (a
   program's entry at its id). `ws`, `gs`: the flattened leaves (None where `places` is)."""
 
-  def body(chunk: _Chunk) -> None:
-    chunk.store_sums(rate.sums(chunk.load(0), chunk.load(1), chunk.values["weight_decay"], _ChunkReducer()))
+  def body(chunk: Chunk) -> None:
+    chunk.store_sums(rate.sums(chunk.load(0), chunk.load(1), chunk.values["weight_decay"], ChunkReducer()))
 
-  _, sums = _over_chunks(body, places, programs, [ws, gs], [], hyper=dict(weight_decay=weight_decay),
+  _, sums = over_chunks(body, places, programs, [ws, gs], [], hyper=dict(weight_decay=weight_decay),
                          sums=_number_of_sums(rate, weight_decay), interpret=interpret)
   return sums
 
@@ -282,7 +114,7 @@ def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, A
   `-gamma_t` rounded as optax rounds it); `out_dtypes`: each leaf's (update, momentum) dtypes. Returns
   the updates and the momenta (each new one in its old one's place) of the leaves in `places`."""
 
-  def body(chunk: _Chunk) -> None:
+  def body(chunk: Chunk) -> None:
     g = chunk.load(1)
     update = chunk.values[f"step_{jnp.dtype(g.dtype).name}"] * _scaled(chunk, g, slots[chunk.leaf], skip_decay)
     v = chunk.load(2)
@@ -293,17 +125,9 @@ def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, A
     chunk.store(1, stored)
 
   outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(gs, out_dtypes)] for k in range(2)]
-  (updates, momenta), _ = _over_chunks(body, places, programs, [ws, gs, vs], outputs, shared=(rates,), hyper=hyper,
+  (updates, momenta), _ = over_chunks(body, places, programs, [ws, gs, vs], outputs, shared=(rates,), hyper=hyper,
                                        in_place=((2, 1),), interpret=interpret)
   return updates, momenta
-
-
-def kernels_take(*trees: Any) -> bool:
-  """Whether the kernels run on these trees: every leaf an array of float32, bfloat16 or float16 (no
-  `optax.MaskedNode`: inside `optax.masked` the per-leaf update runs), and some leaf not empty."""
-  leaves = jax.tree.leaves(trees, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
-  return (all(not isinstance(x, optax.MaskedNode) and jnp.dtype(x.dtype).name in _KERNEL_DTYPES for x in leaves)
-          and any(x.size for x in leaves))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,13 +205,13 @@ def _learning_rate_steps(scale_by_learning_rate: optax.GradientTransformation, s
 def _on_cuda(reference: optax.GradientTransformation, fused_update: Callable, interpret: bool
              ) -> optax.GradientTransformation:
   """`reference` whose update is `fused_update` on CUDA (and everywhere with `interpret`), where the kernels
-take the tree (`kernels_take`)."""
+take the tree (`multi_tensor_apply.kernels_take`)."""
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError("the fused layout needs the parameters: call update(grads, state, params), "
                        "not update(grads, state).")
-    if not kernels_take(updates, params):
+    if not mta.kernels_take(updates, params):
       return reference.update(updates, state, params)
     if interpret:
       return fused_update(updates, state, params)
@@ -396,17 +220,9 @@ take the tree (`kernels_take`)."""
   return optax.GradientTransformation(reference.init, update_fn)
 
 
-def _check_backend() -> None:
-  """Refuses the layout on a JAX without Pallas's Triton backend."""
-  if plgpu is None:
-    raise ValueError(f"layout='fused' needs Pallas's Triton backend (jax.experimental.pallas.triton), which JAX "
-                     f"{jax.__version__} does not have: use layout='flat' (the multi-tensor layout within XLA) or "
-                     "'per_leaf'.")
-
-
 def _check_rate(rate: Any) -> None:
   """Refuses what the kernels cannot build: a JAX without their backend, a rate that is not a sum."""
-  _check_backend()
+  mta.check_backend()
   if not isinstance(rate, layerwise.SummedRate):
     raise ValueError(f"the fused layout needs a statistic made of per-layer sums (a layerwise.SummedRate), "
                      f"got {rate!r}: build it with layout='per_leaf'.")
@@ -494,7 +310,7 @@ def adam_moments(ws, gs, mus, nus, rate, slots, places, programs, hyper: dict[st
   directions, the moments and the sums vectors."""
   count = _number_of_sums(rate, hyper["weight_decay"])
 
-  def body(chunk: _Chunk) -> None:
+  def body(chunk: Chunk) -> None:
     g, mu, nu = chunk.load(1), chunk.load(2), chunk.load(3)
     b1, b2 = chunk.values["b1"], chunk.values["b2"]
     mu = (1 - b1) * g + b1 * mu.astype(jnp.result_type(mu, g))
@@ -508,10 +324,10 @@ def adam_moments(ws, gs, mus, nus, rate, slots, places, programs, hyper: dict[st
       chunk.store_sums([jnp.zeros((), jnp.float32)] * count)
     else:
       r = jnp.where(chunk.valid, r, 0).astype(out_dtypes[chunk.leaf][0])
-      chunk.store_sums(rate.sums(chunk.load(0), r, chunk.values["weight_decay"], _ChunkReducer()))
+      chunk.store_sums(rate.sums(chunk.load(0), r, chunk.values["weight_decay"], ChunkReducer()))
 
   outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(gs, out_dtypes)] for k in range(3)]
-  (directions, new_mus, new_nus), sums = _over_chunks(
+  (directions, new_mus, new_nus), sums = over_chunks(
       body, places, programs, [ws, gs, mus, nus], outputs, hyper=hyper, sums=count, in_place=((2, 1), (3, 2)),
       interpret=interpret)
   return directions, new_mus, new_nus, sums
@@ -523,12 +339,12 @@ def scaled_direction(ws, rs, rates, slots, places, programs, hyper: dict[str, An
   leaves; `-gamma_t * r` elsewhere), as `layerwise.scale_by_layerwise_rate` and optax's
   `scale_by_learning_rate` compute it."""
 
-  def body(chunk: _Chunk) -> None:
+  def body(chunk: Chunk) -> None:
     update = _scaled(chunk, chunk.load(1), slots[chunk.leaf], skip_decay)
     chunk.store(0, chunk.values[f"step_{jnp.dtype(update.dtype).name}"] * update)
 
   outputs = [[None if r is None else (r.shape, dtype) for r, dtype in zip(rs, out_dtypes)]]
-  (updates,), _ = _over_chunks(body, places, programs, [ws, rs], outputs, shared=(rates,), hyper=hyper,
+  (updates,), _ = over_chunks(body, places, programs, [ws, rs], outputs, shared=(rates,), hyper=hyper,
                                interpret=interpret)
   return updates
 
@@ -641,7 +457,7 @@ def momentum_sgd(
       Computational Mathematics and Mathematical Physics 4(5), 1964.
     optax.sgd, google-deepmind/optax, optax/_src/alias.py.
   """
-  _check_backend()
+  mta.check_backend()
   scale_by_learning_rate = optax.scale_by_learning_rate(learning_rate)
   skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
   has_momentum = not (isinstance(momentum, (int, float)) and momentum == 0)
@@ -662,7 +478,7 @@ def momentum_sgd(
     # Inputs: the gradients, then the momenta (with momentum), then the weights (with weight decay).
     inputs = [flat(gs)] + ([flat(vs)] if has_momentum else []) + ([] if skip_decay else [flat(ws)])
 
-    def body(chunk: _Chunk) -> None:
+    def body(chunk: Chunk) -> None:
       d = chunk.load(0)
       if decayed[chunk.leaf] and not skip_decay:
         d = d + chunk.values["weight_decay"] * chunk.load(len(inputs) - 1)
@@ -678,7 +494,7 @@ def momentum_sgd(
     outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(flat(gs), out_dtypes)]
                for k in range(2 if has_momentum else 1)]
     hyper = dict(steps, weight_decay=weight_decay, **(dict(momentum=momentum) if has_momentum else {}))
-    results, _ = _over_chunks(body, places, programs, inputs, outputs, hyper=hyper,
+    results, _ = over_chunks(body, places, programs, inputs, outputs, hyper=hyper,
                               in_place=((1, 1),) if has_momentum else (), interpret=interpret)
     unflatten = lambda kernel_leaves, defaults: treedef.unflatten(
         [next(kernel_leaves).reshape(x.shape) if x.size else x for x in defaults])
@@ -719,16 +535,16 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
     places, programs = chunks([(1, w.size) if w.size else None for w in ws])
     flat = lambda leaves: [x.reshape(-1) if x.size else None for x in leaves]
 
-    def body(chunk: _Chunk) -> None:
+    def body(chunk: Chunk) -> None:
       chunk.store(0, chunk.load(0) + chunk.load(1))
 
     outputs = [[None if w is None else (w.shape, w.dtype) for w in flat(ws)]]
-    (new,), _ = _over_chunks(body, places, programs, [flat(ws), flat(us)], outputs, in_place=((0, 0),),
+    (new,), _ = over_chunks(body, places, programs, [flat(ws), flat(us)], outputs, in_place=((0, 0),),
                              interpret=interpret)
     new = iter(new)
     return treedef.unflatten([next(new).reshape(w.shape) if w.size else w for w in ws])
 
-  if plgpu is None or not kernels_take(params, updates):
+  if mta.plgpu is None or not mta.kernels_take(params, updates):
     return optax.apply_updates(params, updates)
   if interpret:
     return fused(params, updates)

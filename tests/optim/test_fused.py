@@ -15,10 +15,11 @@ from jax.sharding import Mesh, PartitionSpec as P
 from lbjax import optim
 from lbjax.optim import fused
 from lbjax.optim import layerwise
+from lbjax.optim import multi_tensor_apply
 from tests.optim import test_battery as battery
 from tests.optim import test_multi_tensor
 
-CHUNK = fused.CHUNK
+CHUNK = multi_tensor_apply.CHUNK
 
 # A leaf of several chunks with a partial last one, a stacked leaf (3 layers, each a chunk), a bfloat16
 # leaf beside float32 ones, an empty kernel and a vector (unselected by the default mask).
@@ -265,7 +266,7 @@ def test_a_tree_the_kernels_cannot_take_gets_the_per_leaf_update():
   on the kernels' path."""
   params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)) * (1 + 1j), jnp.complex64)}
   per_leaf, kernels = sgd_pair(optim.lars_rate(), stacked=None)
-  assert not fused.kernels_take(params) and fused.kernels_take(tree(0))
+  assert not multi_tensor_apply.kernels_take(params) and multi_tensor_apply.kernels_take(tree(0))
   want = per_leaf.update(params, per_leaf.init(params), params)
   got = kernels.update(params, kernels.init(params), params)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -280,7 +281,7 @@ def test_a_tree_the_kernels_cannot_take_gets_the_per_leaf_update():
 
 def test_a_jax_without_pallas_triton_refuses_the_layout_and_adds_updates_as_optax(monkeypatch):
   """Pallas's Triton backend is deprecated (JAX 0.12): where it is gone, the layout says what to use."""
-  monkeypatch.setattr(fused, "plgpu", None)
+  monkeypatch.setattr(multi_tensor_apply, "plgpu", None)
   with pytest.raises(ValueError, match=r"layout='fused' needs Pallas's Triton backend .* use layout='flat'"):
     optim.lars(0.1, layout="fused")
   with pytest.raises(ValueError, match=r"needs Pallas's Triton backend"):
