@@ -30,6 +30,8 @@ kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column giv
 
 import argparse
 import dataclasses
+import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -189,29 +191,48 @@ def optimizers(lr=0.1, wd=1e-4):
 APPLY_UPDATES = {name: fused.apply_updates for name in (SGD_FUSED, LARS_FUSED, LAMB_FUSED, PERCENT_DELTA_FUSED)}
 
 
-def make_step(opt, apply_updates=optax.apply_updates):
-  def step(params, state, grads):
+def make_step(opt, apply_updates=optax.apply_updates, updates_per_call=1):
+  """The jitted, donating update (`opt.update` and `apply_updates`); `updates_per_call` > 1 runs that many in
+  one call (`lax.fori_loop`, as a train step runs its update: launched by the device, not dispatched by the
+  host one call at a time)."""
+  def update(params, state, grads):
     updates, state = opt.update(grads, state, params)
     return apply_updates(params, updates), state
+
+  def step(params, state, grads):
+    if updates_per_call == 1:
+      return update(params, state, grads)
+    return jax.lax.fori_loop(0, updates_per_call, lambda _, carry: update(*carry, grads), (params, state))
 
   return jax.jit(step, donate_argnums=(0, 1))
 
 
 class Update:
-  """One optimizer's jitted, donating update on its own copy of the parameters, called repeatedly."""
+  """One optimizer's jitted, donating update on its own copy of the parameters, called repeatedly
+  (`updates_per_call` updates per call); `compile_seconds`: how long XLA took to compile it."""
 
-  def __init__(self, opt, shapes, grads, apply_updates=optax.apply_updates):
+  def __init__(self, opt, shapes, grads, apply_updates=optax.apply_updates, updates_per_call=1):
+    self.opt, self.shapes, self.grads, self.updates_per_call = opt, shapes, grads, updates_per_call
     self.params = random_tree(shapes, seed=0, scale=0.05)
     self.state = opt.init(self.params)
     self.state_bytes_per_parameter = (sum(x.nbytes for x in jax.tree.leaves(self.state)) /
                                       sum(p.size for p in jax.tree.leaves(self.params)))
-    self.grads = grads
-    self.step = make_step(opt, apply_updates)
-    self.compiled = self.step.lower(self.params, self.state, grads).compile()
+    lowered = make_step(opt, apply_updates, updates_per_call).lower(self.params, self.state, grads)
+    start = time.perf_counter()
+    self.compiled = lowered.compile()
+    self.compile_seconds = time.perf_counter() - start
 
   def __call__(self):
     self.params, self.state = self.compiled(self.params, self.state, self.grads)
     return self.params
+
+  def from_start(self, calls):
+    """The parameters after `calls` calls from the first parameters and state (the timed copy untouched)."""
+    params = random_tree(self.shapes, seed=0, scale=0.05)
+    state = self.opt.init(params)
+    for _ in range(calls):
+      params, state = self.compiled(params, state, self.grads)
+    return params
 
 
 class StreamScale:
@@ -237,14 +258,16 @@ def bytes_accessed(compiled) -> float:
   return float(analysis.get("bytes accessed", float("nan")))
 
 
-def compiled_updates(names, shapes, grads):
+def compiled_updates(names, shapes, grads, updates_per_call=1):
   """`Update`s of the optimizers `names`, and the error of each that failed to compile: a row that a backend
   cannot compile (a GPU session is short) is reported, the others are timed."""
   all_optimizers = optimizers()
   functions, failed = {}, {}
   for name in names:
     try:
-      functions[name] = Update(all_optimizers[name], shapes, grads, APPLY_UPDATES.get(name, optax.apply_updates))
+      functions[name] = Update(all_optimizers[name], shapes, grads, APPLY_UPDATES.get(name, optax.apply_updates),
+                               updates_per_call)
+      print(f"{name}: compiled in {functions[name].compile_seconds:.1f} s", flush=True)
     except Exception as error:  # pylint: disable=broad-exception-caught
       if name == SGD:  # every ratio is to it
         raise
@@ -253,15 +276,28 @@ def compiled_updates(names, shapes, grads):
   return functions, failed
 
 
-def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
-  """Rows of the table for one tree: timings, ratios, bytes; and the optimizers that did not compile."""
+def per_update_figures(update: Update) -> tuple[float, float]:
+  """The kernels one update launches and the bytes they move: `hlo_analysis.kernel_count` and XLA's
+  `cost_analysis()` of a one-update call; with several updates per call, `hlo_analysis`'s counts of the
+  whole call (every iteration of the loop, its control included) over their number."""
+  if update.updates_per_call == 1:
+    return hlo_analysis.kernel_count(update.compiled), bytes_accessed(update.compiled)
+  figures = hlo_analysis.analyze(update.compiled.as_text())
+  return figures.kernels / update.updates_per_call, figures.kernel_bytes / update.updates_per_call
+
+
+def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updates_per_call=1):
+  """Rows of the table for one tree: timings, ratios, bytes; the `Update`s (for `numerics`); and the
+  optimizers that did not compile."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
-  functions, failed = compiled_updates(names, shapes, grads)
+  functions, failed = compiled_updates(names, shapes, grads, updates_per_call)
+  updates = dict(functions)
   names = [name for name in names if name in functions]
   size = sum(int(np.prod(s)) for s in shapes.values())
   functions[STREAM] = StreamScale(size)
   repeats = {name: report.repeats_for(f, seconds_per_round) for name, f in functions.items()}
   times = report.round_seconds(functions, rounds=rounds, repeats=repeats)
+  times.update({name: [t / updates_per_call for t in times[name]] for name in names})
   stream_bytes_per_s = functions[STREAM].bytes / report.Spread.of(times[STREAM]).median
   rows = []
   for name in names:
@@ -269,15 +305,16 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
     ratio = report.paired_ratios(times, name, SGD)
     if name != SGD:
       check.record(f"{tree_label}: {name} / {SGD}", ratio)
-    moved = bytes_accessed(functions[name].compiled)
+    kernel_count, moved = per_update_figures(functions[name])
     rate = moved / spread.median
     rows.append([tree_label, name, spread.format(1e3), ratio.format(digits=2),
                  f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
-                 f"{100 * rate / stream_bytes_per_s:.0f}%", hlo_analysis.kernel_count(functions[name].compiled),
-                 f"{functions[name].state_bytes_per_parameter:.2f}"])
+                 f"{100 * rate / stream_bytes_per_s:.0f}%", f"{kernel_count:g}",
+                 f"{functions[name].state_bytes_per_parameter:.2f}", f"{functions[name].compile_seconds:.1f}"])
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
-               f"{stream_bytes_per_s / 1e9:.1f}", "100%", hlo_analysis.kernel_count(functions[STREAM].compiled), ""])
+               f"{stream_bytes_per_s / 1e9:.1f}", "100%", hlo_analysis.kernel_count(functions[STREAM].compiled),
+               "", ""])
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
@@ -290,7 +327,7 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label):
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
         check.record(f"{tree_label}: {name} / {baseline}", ratios[(name, baseline)])
-  return rows, ratios, failed
+  return rows, ratios, updates, failed
 
 
 def max_relative_difference(a_opt, b_opt, shapes, steps=3, applies=(optax.apply_updates, optax.apply_updates)):
@@ -305,27 +342,33 @@ def max_relative_difference(a_opt, b_opt, shapes, steps=3, applies=(optax.apply_
     for _ in range(steps):
       params, state = step(params, state, grads)
     results.append(params)
-  return max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
-             for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])))
+  return relative_difference(*results)
 
 
-def numerics(shapes, names):
-  """Comparable pairs among `names`: lbjax vs optax with the same definition."""
+def relative_difference(a, b) -> float:
+  """Largest |a - b| / max|b| over the leaves of two parameter trees."""
+  return max(float(jnp.max(jnp.abs(x - y)) / jnp.max(jnp.abs(y)))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def numerics(updates: dict[str, Update], steps: int) -> dict[str, float]:
+  """Comparable pairs among the compiled `updates`: lbjax vs optax with the same definition, after about
+  `steps` updates from the same start (whole calls of the timed programs: none compiled again)."""
   pairs = (("lbjax lars, optax denominator", "optax.lars"), ("lbjax lamb (all leaves)", "optax.lamb"),
            (ONE_REDUCTION, "lbjax lars"), (FLAT_BUFFER, "lbjax lars"), (ONE_VECTOR, "lbjax lars"),
            (LARS_FLAT, "lbjax lars"), (LAMB_FLAT, "lbjax lamb (all leaves)"), (LARS_FUSED, "lbjax lars"),
            (SGD_FUSED, SGD), (LAMB_FUSED, "lbjax lamb (all leaves)"), (PERCENT_DELTA_FUSED, "lbjax percent_delta"),
            ("lbjax lars, bfloat16 momentum", "lbjax lars"),
            ("lbjax lamb (all leaves), bfloat16 moments", "lbjax lamb (all leaves)"))
-  ops = optimizers()
-  return {f"{a} vs {b}": max_relative_difference(ops[a], ops[b], shapes, applies=(
-              APPLY_UPDATES.get(a, optax.apply_updates), APPLY_UPDATES.get(b, optax.apply_updates)))
-          for a, b in pairs if a in names and b in names}
+  calls = lambda update: math.ceil(steps / update.updates_per_call)
+  return {f"{a} vs {b}": relative_difference(updates[a].from_start(calls(updates[a])),
+                                             updates[b].from_start(calls(updates[b])))
+          for a, b in pairs if a in updates and b in updates}
 
 
 NOTES = """\
 Time per update: median over interleaved rounds [first and third quartiles], in ms; one round runs
-each variant back to back for ~{seconds:g} s. x SGD: the per-round ratio to momentum SGD, median
+each variant back to back for ~{seconds:g} s. {per_call} x SGD: the per-round ratio to momentum SGD, median
 [quartiles]. Bytes: XLA's `cost_analysis()` of the compiled update (what its fusions read and
 write); GB/s: those bytes over the median time; the last column compares that with the STREAM-like
 scale measured in the same rounds (the memory bandwidth this process got under the same load);
@@ -334,7 +377,8 @@ leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed).
 many kernels one update (with its apply_updates) launches (`hlo_analysis.kernel_count`: fusions,
 reductions, copies, library calls in the optimised HLO of the backend that ran it, loop bodies once
 per iteration; a GPU merges some by multi-output and horizontal fusion). State bytes / parameter: the optimizer
-state's bytes over the number of parameters.
+state's bytes over the number of parameters. Compile s: seconds XLA took to compile the row's program on
+this machine (the fused rows: mostly Triton's compiler, which grows faster than linearly with the leaves).
 LARS variants select the kernels (`ndim >= 2`) in both lbjax and optax; the LAMB rows select every
 leaf so that they compute what `optax.lamb` computes.
 
@@ -375,6 +419,13 @@ into their reductions (1,172 MiB accessed, 45 MiB temporaries; a select-based ve
 and 195 MiB).
 """
 
+PER_CALL = {
+    False: "One update per jitted call: the time includes the host's dispatch of the call (its arguments and "
+           "results: hundreds of arrays).",
+    True: "{k} updates per jitted call (`lax.fori_loop`), as a train step runs its update: the host's dispatch "
+          "spread over them; kernels and MiB are `hlo_analysis`'s counts of a call over {k} (the loop's control "
+          "and any copies of its carry included).",
+}
 
 def fsdp_spec(shape, devices):
   """The leaf split along its largest axis divisible by `devices` (replicated if none is)."""
@@ -510,6 +561,10 @@ def main() -> None:
   parser.add_argument("--seconds-per-round", type=float, default=0.05,
                       help="time of one variant's turn in a round (at least one update): short "
                            "turns keep the two sides of a ratio close in time")
+  parser.add_argument("--updates-per-call", type=int, default=1,
+                      help="updates per jitted call (lax.fori_loop), each row's time being a call's over this: "
+                           "above 1 the host's dispatch of the update's hundreds of arguments (about 1.2 ms per "
+                           "call on the H200 for ResNet-50's tree) is spread over them, as in a train step")
   parser.add_argument("--trees", default=",".join(TREES), help=f"from {', '.join(TREES)}")
   parser.add_argument("--optimizers", default="",
                       help="semicolon-separated names from the table (default: all but lbjax mclr, "
@@ -532,13 +587,14 @@ def main() -> None:
     parser.error("--kernels-for counts kernels on a GPU, --collectives collectives over 8 CPU devices: keep one, or "
                  "run them as two commands.")
   mode = f"--kernels-for {args.kernels_for}" if args.kernels_for else "--collectives" if args.collectives else ""
-  timing = report.flags_given(parser, args, ["rounds", "seconds_per_round", "max_spread", "write_noisy"])
+  timing = report.flags_given(parser, args, ["rounds", "seconds_per_round", "max_spread", "write_noisy",
+                                             "updates_per_call"])
   if mode and timing:
     parser.error(f"{mode} times nothing: drop {', '.join(timing)}.")
   if args.collectives and args.trees != parser.get_default("trees"):
     parser.error("--collectives counts on the FSDP-sharded ResNet-50 tree alone: drop --trees.")
-  if args.rounds < 2 or args.seconds_per_round <= 0:
-    parser.error("--rounds must be >= 2 and --seconds-per-round > 0")
+  if args.rounds < 2 or args.seconds_per_round <= 0 or args.updates_per_call < 1:
+    parser.error("--rounds must be >= 2, --seconds-per-round > 0 and --updates-per-call >= 1")
   trees = [t.strip() for t in args.trees.split(",") if t.strip()]
   if not trees or any(t not in TREES for t in trees):
     parser.error(f"--trees takes names from {', '.join(TREES)}, got {args.trees!r}")
@@ -574,26 +630,27 @@ def main() -> None:
     return
   check = report.SpreadCheck(args.max_spread)
   rows, ratios, diffs, failed = [], {}, {}, {}
+  steps = 3 if args.updates_per_call == 1 else args.updates_per_call  # of the numerics
   for tree in trees:
     label, shapes_fn = TREES[tree]
     shapes = shapes_fn()
     count = sum(int(np.prod(s)) for s in shapes.values())
     print(f"{label}: {len(shapes)} leaves, {count / 1e6:.2f}M parameters", flush=True)
-    tree_rows, tree_ratios, tree_failed = benchmark(shapes, names, args.rounds, args.seconds_per_round, check,
-                                                    label)
+    tree_rows, tree_ratios, updates, tree_failed = benchmark(shapes, names, args.rounds, args.seconds_per_round,
+                                                             check, label, args.updates_per_call)
     rows += tree_rows
     ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
     failed.update({(label, name): error for name, error in tree_failed.items()})
-    diffs[label] = numerics(shapes, [name for name in names if name not in tree_failed])
+    diffs[label] = numerics(updates, steps)
   table = report.markdown_table(
       ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels",
-       "state bytes / parameter"], rows)
+       "state bytes / parameter", "compile s"], rows)
   lines = [table, "", "Ratios of time per update (per-round ratios: median [quartiles], and the 95% "
            "confidence interval of the median):", ""]
   for (tree, name, baseline), spread in ratios.items():
     lines.append(f"- {tree}: {name} / {baseline} = {spread.format(digits=3)}, interval "
                  f"[{spread.median_low:.3f}, {spread.median_high:.3f}]")
-  lines += ["", "Numerics after 3 steps (max |a - b| / max |b| over leaves):", ""]
+  lines += ["", f"Numerics after {steps} steps (max |a - b| / max |b| over leaves):", ""]
   for tree, pairs in diffs.items():
     for pair, diff in pairs.items():
       lines.append(f"- {tree}: {pair}: {diff:.1e}")
@@ -602,8 +659,9 @@ def main() -> None:
     lines += [f"- {tree}: {name}: {error}" for (tree, name), error in failed.items()]
   body = "\n".join(lines)
   print(body)
+  per_call = PER_CALL[args.updates_per_call > 1].format(k=args.updates_per_call)
   check.finish(args, "optimizer", "Optimizer update: `benchmarks/optimizer.py`",
-               body + "\n\n" + NOTES.format(seconds=args.seconds_per_round))
+               body + "\n\n" + NOTES.format(seconds=args.seconds_per_round, per_call=per_call))
 
 
 if __name__ == "__main__":

@@ -37,3 +37,13 @@ def test_an_update_that_does_not_compile_is_reported_and_the_others_timed(monkey
   functions, failed = bench.compiled_updates([bench.SGD, "broken"], SHAPES, grads)
   assert list(functions) == [bench.SGD]
   assert failed == {"broken": "NotImplementedError: no kernel for this backend"}
+
+
+def test_several_updates_per_call_are_the_same_updates_and_counted_per_update():
+  """`--updates-per-call`: the loop runs the one-update program's updates; its figures are per update."""
+  grads = bench.random_tree(SHAPES, seed=1, scale=1e-2)
+  lars = bench.optimizers(wd=WEIGHT_DECAY)["lbjax lars"]
+  one, three = bench.Update(lars, SHAPES, grads), bench.Update(lars, SHAPES, grads, updates_per_call=3)
+  assert bench.relative_difference(three.from_start(1), one.from_start(3)) < 1e-6
+  (kernels_one, _), (kernels_three, _) = bench.per_update_figures(one), bench.per_update_figures(three)
+  assert kernels_one <= kernels_three <= kernels_one + 3  # the loop's control and copies (CPU: 2.7)
