@@ -44,6 +44,11 @@ for momentum SGD (per leaf: 380, 279, 289 and 161; the flat layout 32, 33 and 34
 step should donate them. Not for `lbjax-train`: its step keeps the previous state until it knows the
 update is finite (`lbjax.train.step`), which the in-place kernels defeat (the trainer refuses the layout).
 
+Compiling is slow: on an H200 (jax 0.11.2) 17 s for momentum SGD, 22 s for LARS and 106 s for LAMB on
+ResNet-50's 161 leaves (per leaf 2-5 s). Triton's coalescing pass visits, for every load and store, every
+op connected to it, which in a kernel with a branch per leaf is the whole kernel: the compile grows with
+the leaves times the kernel's size (benchmarks/README.md, Findings 10).
+
 References:
   NVIDIA apex, `multi_tensor_apply` (csrc/multi_tensor_apply.cuh) and `multi_tensor_lamb.cu`: every
     tensor's chunks in one launch.
