@@ -68,6 +68,7 @@ import optax
 
 from lbjax.optim import layerwise
 from lbjax.optim import multi_tensor_apply as mta
+from lbjax.optim import validation
 from lbjax.optim.multi_tensor_apply import Chunk, LeafChunks, chunks, over_chunks
 
 def _scaled(chunk: Chunk, g: jax.Array, slot: int | None, skip_decay: bool) -> jax.Array:
@@ -225,12 +226,6 @@ take the tree (`multi_tensor_apply.kernels_take`)."""
   return optax.GradientTransformation(reference.init, update_fn)
 
 
-def _is_literal_zero(value: Any) -> bool:
-  """A Python 0 needs no work in a kernel (no weight-decay term, no momentum); a traced value (under
-  `optax.inject_hyperparams`) always gets it, which computes the same update, as the per-leaf code does."""
-  return isinstance(value, (int, float)) and value == 0
-
-
 def _check_rate(rate: Any) -> None:
   """Refuses what the kernels cannot build: a JAX without their backend, a rate that is not a sum."""
   mta.check_backend()
@@ -276,7 +271,7 @@ def layerwise_sgd(
   """
   _check_rate(rate)
   scale_by_learning_rate = optax.scale_by_learning_rate(learning_rate)
-  skip_decay = _is_literal_zero(weight_decay)
+  skip_decay = validation.is_literal_zero(weight_decay)
 
   def fused_update(updates, state, params):
     rate_state, learning_rate_state, trace_state = state
@@ -400,7 +395,7 @@ def lamb(
   """
   _check_rate(rate)
   scale_by_learning_rate = optax.scale_by_learning_rate(learning_rate)
-  skip_decay = _is_literal_zero(weight_decay)
+  skip_decay = validation.is_literal_zero(weight_decay)
 
   def fused_update(updates, state, params):
     adam_state, rate_state, learning_rate_state = state
@@ -470,8 +465,8 @@ def momentum_sgd(
   """
   mta.check_backend()
   scale_by_learning_rate = optax.scale_by_learning_rate(learning_rate)
-  skip_decay = _is_literal_zero(weight_decay)
-  has_momentum = not _is_literal_zero(momentum)
+  skip_decay = validation.is_literal_zero(weight_decay)
+  has_momentum = not validation.is_literal_zero(momentum)
 
   def fused_update(updates, state, params):
     decay_state, (trace_state, learning_rate_state) = state

@@ -411,7 +411,7 @@ def scale_by_layerwise_rate(
       statistics of the curvature radius |w_i / g_i|.)
   """
   validation.check_nonnegative("weight_decay", weight_decay)
-  skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+  skip_decay = validation.is_literal_zero(weight_decay)
 
   def leaves_and_layout(tree, params):
     """The leaves of `tree` and of `params` (MaskedNodes included), the stacked axes of each, and

@@ -64,8 +64,8 @@ def momentum(
     mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   # A literal 0 needs no work (no decay term, no momentum buffer); a traced value (under
   # optax.inject_hyperparams) always gets both, which computes the same update.
-  no_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
-  no_momentum = isinstance(momentum, (int, float)) and momentum == 0
+  no_decay = validation.is_literal_zero(weight_decay)
+  no_momentum = validation.is_literal_zero(momentum)
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
   # optax.sgd's chain, with its trace computed in float32 when it is stored in a narrower dtype.
   trace = optax.identity() if no_momentum else low_precision.trace(momentum, nesterov, accumulator_dtype)

@@ -248,7 +248,7 @@ def scale_by_summed_rate(
     raise ValueError(f"the flat layout needs a statistic made of per-layer sums (a layerwise.SummedRate), "
                      f"got {rate!r}: build it with layout='per_leaf'.")
   validation.check_nonnegative("weight_decay", weight_decay)
-  skip_decay = isinstance(weight_decay, (int, float)) and weight_decay == 0
+  skip_decay = validation.is_literal_zero(weight_decay)
 
   def init_fn(params):
     return layerwise.LayerwiseRateState(rates=layerwise.LayerRates.zeros(_layout_of(params).rates))

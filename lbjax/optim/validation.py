@@ -13,6 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def is_literal_zero(value: Any) -> bool:
+  """Whether `value` is a Python 0: a term it multiplies (weight decay, momentum) can be left out of the
+  update. A traced or array value (`optax.inject_hyperparams`) always gets the term, which computes the same
+  update."""
+  return isinstance(value, (int, float)) and value == 0
+
+
 def concrete_value(value: Any) -> float | None:
   """Returns `value` as a Python float, or None if it is a schedule or traced.
 
