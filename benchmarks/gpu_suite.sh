@@ -23,7 +23,7 @@
 #                  of the loop's time the GPU computes, beside the bare step's; their traces kept in the archive
 #                  (traces/)
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat and the
-#                  fused layout (Pallas kernels, lbjax.optim.fused) and optax's, 10 updates per call
+#                  fused layout (Pallas kernels, lbjax.optim.fused) and optax's, 50 updates per call
 #   step_options   the ResNet-50 step alone, as configured and with LARS in the flat layout (each also, in the
 #                  same rounds, with the state in the layouts XLA prefers: --compare-state-layouts) and with
 #                  each switch that trades speed for
@@ -332,12 +332,14 @@ for name in ${PARTS//,/ }; do
             --seconds-per-round 0.01 --no-readme --max-spread 1000 --updates-per-call 2
       else
         # The four the targets compare, lars and lamb in the flat and the fused layout, momentum SGD fused, and
-        # lars with one rate vector (what leaf-local rates cost on a GPU), 10 updates per call (one update per
-        # call is bound by the host's dispatch of its ~480 arguments, ~1.2 ms on the H200). Each row compiles
+        # lars with one rate vector (what leaf-local rates cost on a GPU), 50 updates per call (one update per
+        # call took at least 1.2 ms on the H200 whatever its kernels: most likely the host's dispatch of ~800
+        # arrays; 50 per call leave ~0.02 ms of it per update, and the loop adds ~2 small kernels per update,
+        # compiled for an H100 here; the compile time does not depend on the count). Each row compiles
         # once; the fused rows took 17 s (momentum), 22 s (lars) and 106 s (lamb) on the H200 (2026-11-30, at
         # b40ebda, when they compiled twice and the part ran out of time).
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees resnet50 --rounds 21 --write-noisy \
-            --updates-per-call 10 \
+            --updates-per-call 50 \
             --optimizers "momentum SGD (lbjax momentum), fused layout;optax.lars;lbjax lars;lars, one rate vector (the design of 2026-11-26, experiment);lbjax lars, flat layout;lbjax lars, fused layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout;lbjax lamb (all leaves), fused layout"
       fi ;;
     step_options) part step_options "$LIMIT_STEP_OPTIONS" bash -c step_options_part; e2e_table ;;

@@ -563,8 +563,9 @@ def main() -> None:
                            "turns keep the two sides of a ratio close in time")
   parser.add_argument("--updates-per-call", type=int, default=1,
                       help="updates per jitted call (lax.fori_loop), each row's time being a call's over this: "
-                           "above 1 the host's dispatch of the update's hundreds of arguments (about 1.2 ms per "
-                           "call on the H200 for ResNet-50's tree) is spread over them, as in a train step")
+                           "above 1 the host's dispatch of the call's hundreds of arrays is spread over them, as in "
+                           "a train step (one update per call took at least 1.2 ms on the H200 for ResNet-50's "
+                           "tree, whether it launched 2 kernels or 161)")
   parser.add_argument("--trees", default=",".join(TREES), help=f"from {', '.join(TREES)}")
   parser.add_argument("--optimizers", default="",
                       help="semicolon-separated names from the table (default: all but lbjax mclr, "
