@@ -24,6 +24,10 @@
 #                  (traces/)
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat and the
 #                  fused layout (Pallas kernels, lbjax.optim.fused) and optax's, 50 updates per call
+#   fused_tests    tests/optim/test_fused.py with the Pallas kernels compiled by Triton for the GPU (on the
+#                  CPU they run in Pallas's interpreter): LARS, LAMB, PercentDelta and momentum SGD (Nesterov,
+#                  bfloat16 leaves and state, no selected leaf, inject_hyperparams, MultiSteps, shard_map,
+#                  vmap) against the per-leaf layout on the GPU itself
 #   step_options   the ResNet-50 step alone, as configured and with LARS in the flat layout (each also, in the
 #                  same rounds, with the state in the layouts XLA prefers: --compare-state-layouts) and with
 #                  each switch that trades speed for
@@ -50,7 +54,7 @@ PYTHON="${PYTHON:-python3}"
 WHEELS="$ROOT/.whl"
 SITE="${SITE:-/tmp/site}"  # where the carried packages are unpacked
 MODE=run
-PARTS="install,e2e,loop,loop_trace,optimizer,step_options,max_pool,repeatability,xla_flags"
+PARTS="install,e2e,loop,loop_trace,optimizer,fused_tests,step_options,max_pool,repeatability,xla_flags"
 OUT_DIR="${OUT:-$ROOT/gpu_suite_out}"
 ARCHIVES_IN=()
 E2E_RESULTS="benchmarks/resnet50_end_to_end.jsonl"  # every GPU session's end-to-end rows, committed
@@ -75,12 +79,13 @@ LIMIT_E2E_POINT=220  # 200 before the first point traced its step (--trace-steps
 LIMIT_LOOP=300
 LIMIT_LOOP_TRACE=240
 LIMIT_OPTIMIZER=360
+LIMIT_FUSED_TESTS=240  # 26 tests of small trees; not yet run on a GPU
 LIMIT_STEP_OPTIONS=420
 LIMIT_MAX_POOL=60
 LIMIT_REPEATABILITY=240
 LIMIT_XLA_FLAGS=200
 if [ "$MODE" = dry-run ]; then  # tiny sizes, but a CPU compiles and steps slowly (and this one is shared)
-  LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_LOOP_TRACE=600 LIMIT_OPTIMIZER=300 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
+  LIMIT_INSTALL=300 LIMIT_E2E_POINT=900 LIMIT_LOOP=600 LIMIT_LOOP_TRACE=600 LIMIT_OPTIMIZER=300 LIMIT_FUSED_TESTS=600 LIMIT_STEP_OPTIONS=1200 LIMIT_MAX_POOL=300
   LIMIT_REPEATABILITY=600 LIMIT_XLA_FLAGS=600
 fi
 # The end-to-end grid: batch per device, decode workers, XLA flag set (benchmarks/resnet50_end_to_end.py), and
@@ -92,9 +97,10 @@ E2E_MORE=("384 14 latency_hiding" "384 14 latency_hiding --config.model_options.
 
 # The packages lbjax needs beyond the device image (jax 0.11.2, flax 0.12.10 and their stack), pinned to
 # the versions the project's newest test environment runs. optax and orbax are fallbacks: the image's are
-# used when they are at least these.
+# used when they are at least these. pytest runs the fused_tests part.
 PACKAGES=(ml-collections==1.1.0 optax==0.2.8 orbax-checkpoint==0.12.8 tensorflow-datasets==4.9.10 grain==0.2.18
-          array-record==0.8.6 pillow==13.0.0 simplejpeg==1.9.0 opencv-python-headless==5.0.0.93 turbojpeg==0.0.2)
+          array-record==0.8.6 pillow==13.0.0 simplejpeg==1.9.0 opencv-python-headless==5.0.0.93 turbojpeg==0.0.2
+          pytest==9.2.0)
 # Never carried: the image's stack (and pyarrow, 52 MB, which tensorflow-datasets' data_source does not import).
 EXCLUDED='^(jax|jaxlib|jax_cuda|jax_plugins|nvidia|numpy|scipy|ml_dtypes|opt_einsum|flax|tensorstore|pyarrow)[-_]'
 
@@ -186,7 +192,7 @@ install_part() {
     prune_site "$SITE"
   fi
   "$PYTHON" -c "import sys, jax, flax; print(sys.version.split()[0], jax.__version__, flax.__version__, jax.devices())"
-  local modules="lbjax.train, lbjax.data.imagenet, tensorflow_datasets, grain, cv2, simplejpeg"
+  local modules="lbjax.train, lbjax.data.imagenet, tensorflow_datasets, grain, cv2, simplejpeg, pytest"
   "$PYTHON" -c "import $modules; print('imports ok')"
   nvidia-smi 2>/dev/null || true
 }
@@ -342,6 +348,14 @@ for name in ${PARTS//,/ }; do
             --updates-per-call 50 \
             --optimizers "momentum SGD (lbjax momentum), fused layout;optax.lars;lbjax lars;lars, one rate vector (the design of 2026-11-26, experiment);lbjax lars, flat layout;lbjax lars, fused layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout;lbjax lamb (all leaves), fused layout"
       fi ;;
+    fused_tests)  # the test that compiles for an H100 without one is left out: its counts are the benchmark's
+      if [ "$MODE" = dry-run ]; then
+        part fused_tests "$LIMIT_FUSED_TESTS" "$PYTHON" -m pytest -q -p no:cacheprovider tests/optim/test_fused.py \
+            -k "not launches"
+      else
+        part fused_tests "$LIMIT_FUSED_TESTS" env JAX_PLATFORMS=cuda "$PYTHON" -m pytest -q -p no:cacheprovider \
+            tests/optim/test_fused.py -k "not launches"
+      fi ;;
     step_options) part step_options "$LIMIT_STEP_OPTIONS" bash -c step_options_part; e2e_table ;;
     max_pool)
       if [ "$MODE" = dry-run ]; then
@@ -364,7 +378,7 @@ for name in ${PARTS//,/ }; do
       else
         part xla_flags "$LIMIT_XLA_FLAGS" "$PYTHON" -m benchmarks.xla_flags --rounds 2 --write-noisy
       fi ;;
-    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, loop_trace, optimizer, step_options," \
+    *) echo "gpu_suite.sh: unknown part $name (install, e2e, e2e_more, loop, loop_trace, optimizer, fused_tests, step_options," \
             "max_pool, repeatability, xla_flags)" >&2
        exit 2 ;;
   esac

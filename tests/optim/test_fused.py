@@ -1,7 +1,8 @@
-"""The fused layout (`lbjax.optim.fused`, `layout="fused"`): its two Pallas kernels, run in Pallas's
-interpreter here, give the per-leaf layout's numbers and state; elsewhere than on a CUDA GPU the layout
-is the per-leaf update itself; compiled for an H100, an update launches a handful of kernels whatever
-the number of leaves."""
+"""The fused layout (`lbjax.optim.fused`, `layout="fused"`): its Pallas kernels give the per-leaf layout's
+numbers and state, run in Pallas's interpreter here and compiled by Triton where the tests run on a CUDA
+GPU (`JAX_PLATFORMS=cuda`: the GPU suite's `fused_tests` part); elsewhere than on a CUDA GPU the layout is
+the per-leaf update itself; compiled for an H100, an update launches a handful of kernels whatever the
+number of leaves."""
 
 import functools
 
@@ -20,6 +21,8 @@ from tests.optim import test_battery as battery
 from tests.optim import test_multi_tensor
 
 CHUNK = multi_tensor_apply.CHUNK
+ON_GPU = jax.default_backend() == "gpu"
+INTERPRET = not ON_GPU  # the kernels in Pallas's interpreter, except on a GPU
 
 # A leaf of several chunks with a partial last one, a stacked leaf (3 layers, each a chunk), a bfloat16
 # leaf beside float32 ones, an empty kernel and a vector (unselected by the default mask).
@@ -45,7 +48,7 @@ def run(opt, steps=3, apply=optax.apply_updates, state=None):
 
 
 def sgd_pair(rate, **kwargs):
-  """The per-leaf update and the fused one (kernels interpreted) with the same arguments."""
+  """The per-leaf update and the fused one with the same arguments."""
   arguments = dict(learning_rate=optax.linear_schedule(0.5, 0.1, 3), momentum=0.9, nesterov=False,
                    accumulator_dtype=None, weight_decay=1e-3, mask=None, stacked=STACKED, axis_name=None)
   arguments.update(kwargs)
@@ -53,7 +56,7 @@ def sgd_pair(rate, **kwargs):
       layerwise.scale_by_layerwise_rate(rate, weight_decay=arguments["weight_decay"], mask=arguments["mask"],
                                         stacked=arguments["stacked"], axis_name=arguments["axis_name"]),
       arguments["learning_rate"], arguments["momentum"], arguments["nesterov"], arguments.pop("accumulator_dtype"))
-  return per_leaf, fused.layerwise_sgd(per_leaf, rate, **arguments, interpret=True)
+  return per_leaf, fused.layerwise_sgd(per_leaf, rate, **arguments, interpret=INTERPRET)
 
 
 def assert_close(actual, desired, rtol):
@@ -98,13 +101,13 @@ def test_the_kernels_give_the_per_leaf_layouts_parameters_state_and_rates(name, 
 
 
 def lamb_pair(**kwargs):
-  """The per-leaf LAMB and the fused one (kernels interpreted) with the same arguments."""
+  """The per-leaf LAMB and the fused one with the same arguments."""
   arguments = dict(learning_rate=optax.linear_schedule(0.01, 0.002, 3), b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0,
                    weight_decay=1e-3, mask=None, stacked=STACKED, axis_name=None)
   arguments.update(kwargs)
   dtypes = {k: arguments.pop(k) for k in ("mu_dtype", "nu_dtype") if k in arguments}
   per_leaf = optim.lamb(**arguments, **dtypes)
-  return per_leaf, fused.lamb(per_leaf, optim.lamb_rate(), **arguments, interpret=True)
+  return per_leaf, fused.lamb(per_leaf, optim.lamb_rate(), **arguments, interpret=INTERPRET)
 
 
 @pytest.mark.parametrize("name, kwargs, rtol", [
@@ -121,12 +124,12 @@ def test_the_lamb_kernels_give_the_per_leaf_layouts_parameters_state_and_ratios(
 
 
 def momentum_pair(accumulator_dtype=None, **kwargs):
-  """lbjax's momentum SGD per leaf and fused (kernel interpreted) with the same arguments."""
+  """lbjax's momentum SGD per leaf and fused with the same arguments."""
   arguments = dict(learning_rate=optax.linear_schedule(0.1, 0.02, 3), momentum=0.9, nesterov=False,
                    weight_decay=1e-3, mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
   arguments.update(kwargs)
   per_leaf = optim.momentum(**arguments, accumulator_dtype=accumulator_dtype)
-  return per_leaf, fused.momentum_sgd(per_leaf, **arguments, interpret=True)
+  return per_leaf, fused.momentum_sgd(per_leaf, **arguments, interpret=INTERPRET)
 
 
 @pytest.mark.parametrize("name, kwargs, rtol", [
@@ -231,7 +234,7 @@ def test_under_vmap_each_member_of_an_ensemble_gets_its_own_update():
 
   def member(opt, p, g):
     updates, _ = opt.update(g, opt.init(p), p)
-    return fused.apply_updates(p, updates, interpret=True)
+    return fused.apply_updates(p, updates, interpret=INTERPRET)
 
   got = jax.jit(jax.vmap(functools.partial(member, kernels)))(params, grads)
   for i in range(2):
@@ -244,13 +247,14 @@ def test_the_fused_apply_updates_is_optaxs_bit_for_bit():
   params = tree(0)
   updates = jax.tree.map(lambda x: (0.1 * x).astype(jnp.float32), tree(1))  # a bfloat16 leaf, a float32 update
   want = optax.apply_updates(params, updates)
-  got = jax.jit(functools.partial(fused.apply_updates, interpret=True))(params, updates)
+  got = jax.jit(functools.partial(fused.apply_updates, interpret=INTERPRET))(params, updates)
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for key in SHAPES:
     assert got[key].dtype == want[key].dtype
     np.testing.assert_array_equal(np.asarray(got[key], np.float32), np.asarray(want[key], np.float32), err_msg=key)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the layout runs its kernels")
 def test_off_a_gpu_the_fused_layout_is_the_per_leaf_update_bit_for_bit():
   kwargs = dict(learning_rate=0.5, weight_decay=1e-3, trust_coefficient=1e-2, stacked=STACKED)
   want_params, want_state, _ = run(optim.lars(**kwargs))
@@ -271,7 +275,7 @@ def test_a_tree_the_kernels_cannot_take_gets_the_per_leaf_update():
   got = kernels.update(params, kernels.init(params), params)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(a, b)
-  np.testing.assert_array_equal(fused.apply_updates(params, params, interpret=True)["w"], 2 * params["w"])
+  np.testing.assert_array_equal(fused.apply_updates(params, params, interpret=INTERPRET)["w"], 2 * params["w"])
   masked = optax.masked(kernels, {"dense": True, "stacked": False, "half": True, "empty": True, "bias": False})
   want, _, _ = run(optax.masked(per_leaf, {"dense": True, "stacked": False, "half": True, "empty": True,
                                            "bias": False}))
@@ -287,7 +291,7 @@ def test_a_jax_without_pallas_triton_refuses_the_layout_and_adds_updates_as_opta
   with pytest.raises(ValueError, match=r"needs Pallas's Triton backend"):
     optim.lamb(0.1, layout="fused")
   params = tree(0)
-  got = fused.apply_updates(params, params, interpret=True)
+  got = fused.apply_updates(params, params, interpret=INTERPRET)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(optax.apply_updates(params, params))):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
