@@ -6,7 +6,7 @@ checks that lbjax LARS with the optax denominator gives optax.lars's numbers, an
 into benchmarks/README.md.
 
     python -m benchmarks.optimizer [--rounds 61] [--seconds-per-round 0.05] [--max-spread 0.1]
-        [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--no-readme]
+        [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--updates-per-call 1] [--no-readme]
     python -m benchmarks.optimizer --collectives [--optimizers 'NAME;...'] [--no-readme]
     python -m benchmarks.optimizer --kernels-for h100 [--trees ...] [--optimizers 'NAME;...'] [--no-readme]
 
@@ -328,21 +328,6 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updat
       if SGD not in (name, baseline):
         check.record(f"{tree_label}: {name} / {baseline}", ratios[(name, baseline)])
   return rows, ratios, updates, failed
-
-
-def max_relative_difference(a_opt, b_opt, shapes, steps=3, applies=(optax.apply_updates, optax.apply_updates)):
-  """Largest |a - b| / max|b| over the parameters after `steps` identical updates (each optimizer's
-  updates added by its function of `applies`)."""
-  grads = random_tree(shapes, seed=1, scale=1e-2)
-  results = []
-  for opt, apply_updates in zip((a_opt, b_opt), applies):
-    params = random_tree(shapes, seed=0, scale=0.05)
-    state = opt.init(params)
-    step = make_step(opt, apply_updates)
-    for _ in range(steps):
-      params, state = step(params, state, grads)
-    results.append(params)
-  return relative_difference(*results)
 
 
 def relative_difference(a, b) -> float:
