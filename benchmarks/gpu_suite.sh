@@ -23,7 +23,8 @@
 #                  of the loop's time the GPU computes, beside the bare step's; their traces kept in the archive
 #                  (traces/)
 #   optimizer      benchmarks/optimizer.py on the ResNet-50 tree: lars and lamb per leaf, in the flat and the
-#                  fused layout (Pallas kernels, lbjax.optim.fused) and optax's, 50 updates per call
+#                  fused layout (Pallas kernels, lbjax.optim.fused) and optax's, 50 updates per call; each
+#                  row's call also traced (the kernels' device time per update, the kernels that take it)
 #   fused_tests    tests/optim/test_fused.py with the Pallas kernels compiled by Triton for the GPU (on the
 #                  CPU they run in Pallas's interpreter): LARS, LAMB, PercentDelta and momentum SGD (Nesterov,
 #                  bfloat16 leaves and state, no selected leaf, inject_hyperparams, MultiSteps, shard_map,
@@ -335,7 +336,7 @@ for name in ${PARTS//,/ }; do
     optimizer)
       if [ "$MODE" = dry-run ]; then
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees ptb_lstm --rounds 2 \
-            --seconds-per-round 0.01 --no-readme --max-spread 1000 --updates-per-call 2
+            --seconds-per-round 0.01 --no-readme --max-spread 1000 --updates-per-call 2 --trace
       else
         # The four the targets compare, lars and lamb in the flat and the fused layout, momentum SGD fused, and
         # lars with one rate vector (what leaf-local rates cost on a GPU), 50 updates per call (one update per
@@ -345,7 +346,7 @@ for name in ${PARTS//,/ }; do
         # once; the fused rows took 17 s (momentum), 22 s (lars) and 106 s (lamb) on the H200 (2026-11-30, at
         # b40ebda, when they compiled twice and the part ran out of time).
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees resnet50 --rounds 21 --write-noisy \
-            --updates-per-call 50 \
+            --updates-per-call 50 --trace \
             --optimizers "momentum SGD (lbjax momentum), fused layout;optax.lars;lbjax lars;lars, one rate vector (the design of 2026-11-26, experiment);lbjax lars, flat layout;lbjax lars, fused layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout;lbjax lamb (all leaves), fused layout"
       fi ;;
     fused_tests)  # the test that compiles for an H100 without one is left out: its counts are the benchmark's

@@ -6,7 +6,7 @@ checks that lbjax LARS with the optax denominator gives optax.lars's numbers, an
 into benchmarks/README.md.
 
     python -m benchmarks.optimizer [--rounds 61] [--seconds-per-round 0.05] [--max-spread 0.1]
-        [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--updates-per-call 1] [--no-readme]
+        [--trees resnet50,ptb_lstm] [--optimizers 'NAME;...'] [--updates-per-call 1] [--trace] [--no-readme]
     python -m benchmarks.optimizer --collectives [--optimizers 'NAME;...'] [--no-readme]
     python -m benchmarks.optimizer --kernels-for h100 [--trees ...] [--optimizers 'NAME;...'] [--no-readme]
 
@@ -31,12 +31,14 @@ kernels of XLA:GPU's optimised HLO, the figure a lent GPU's `kernels` column giv
 import argparse
 import dataclasses
 import math
+import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.profiler import ProfileData
 
 from benchmarks import report
 from lbjax import optim
@@ -46,6 +48,7 @@ from lbjax.optim import layerwise
 from lbjax.train import gpu_targets
 from lbjax.train.errors import ConfigError
 from lbjax.train import hlo_analysis
+from lbjax.train import trace_analysis
 
 SGD = "momentum SGD (optax.sgd)"
 SGD_FUSED = "momentum SGD (lbjax momentum), fused layout"
@@ -286,9 +289,28 @@ def per_update_figures(update: Update) -> tuple[float, float]:
   return figures.kernels / update.updates_per_call, figures.kernel_bytes / update.updates_per_call
 
 
-def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updates_per_call=1):
-  """Rows of the table for one tree: timings, ratios, bytes; the `Update`s (for `numerics`); and the
-  optimizers that did not compile."""
+def traced(update: Update) -> tuple[float | None, list[str]]:
+  """One call of `update` traced with `jax.profiler`: the device's busy milliseconds per update (the union of
+  its kernels' intervals, without the host's dispatch or the gaps between launches;
+  `lbjax.train.trace_analysis`; None where the trace holds no kernels, a GPU without NVIDIA's CUPTI) and the
+  call's kernels by device time."""
+  with tempfile.TemporaryDirectory() as directory:
+    jax.profiler.start_trace(directory)
+    try:
+      jax.block_until_ready(update())
+    finally:
+      jax.profiler.stop_trace()
+    profile = ProfileData.from_file(str(trace_analysis.latest_trace_file(directory)))
+  platform = jax.default_backend()
+  busy = trace_analysis.device_busy(profile, platform)
+  lines = trace_analysis.summary_lines(profile, platform, steps=update.updates_per_call, top=6)
+  return (None if busy is None else 1e3 * busy.busy_seconds / update.updates_per_call), lines
+
+
+def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updates_per_call=1, trace=False):
+  """Rows of the table for one tree: timings, ratios, bytes (and with `trace` the traced device time); the
+  `Update`s (for `numerics`); the traced kernels per row (with `trace`); and the optimizers that did not
+  compile."""
   grads = random_tree(shapes, seed=1, scale=1e-2)
   functions, failed = compiled_updates(names, shapes, grads, updates_per_call)
   updates = dict(functions)
@@ -299,7 +321,7 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updat
   times = report.round_seconds(functions, rounds=rounds, repeats=repeats)
   times.update({name: [t / updates_per_call for t in times[name]] for name in names})
   stream_bytes_per_s = functions[STREAM].bytes / report.Spread.of(times[STREAM]).median
-  rows = []
+  rows, kernel_lines = [], {}
   for name in names:
     spread = report.Spread.of(times[name])
     ratio = report.paired_ratios(times, name, SGD)
@@ -311,10 +333,13 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updat
                  f"{moved / 2**20:,.0f}", f"{rate / 1e9:.1f}",
                  f"{100 * rate / stream_bytes_per_s:.0f}%", f"{kernel_count:g}",
                  f"{functions[name].state_bytes_per_parameter:.2f}", f"{functions[name].compile_seconds:.1f}"])
+    if trace:
+      busy_ms, kernel_lines[name] = traced(functions[name])
+      rows[-1].append("no kernels traced" if busy_ms is None else f"{busy_ms:.3f}")
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
                f"{stream_bytes_per_s / 1e9:.1f}", "100%", hlo_analysis.kernel_count(functions[STREAM].compiled),
-               "", ""])
+               "", ""] + [""] * trace)
   ratios = {}
   for name, baseline in (("lbjax lars", SGD), ("lbjax lars", "optax.lars"),
                          ("lbjax lamb (all leaves)", "optax.lamb"), (ONE_REDUCTION, "lbjax lars"),
@@ -327,7 +352,7 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updat
       ratios[(name, baseline)] = report.paired_ratios(times, name, baseline)
       if SGD not in (name, baseline):
         check.record(f"{tree_label}: {name} / {baseline}", ratios[(name, baseline)])
-  return rows, ratios, updates, failed
+  return rows, ratios, updates, kernel_lines, failed
 
 
 def relative_difference(a, b) -> float:
@@ -551,6 +576,9 @@ def main() -> None:
                            "above 1 the host's dispatch of the call's hundreds of arrays is spread over them, as in "
                            "a train step (one update per call took at least 1.2 ms on the H200 for ResNet-50's "
                            "tree, whether it launched 2 kernels or 161)")
+  parser.add_argument("--trace", action="store_true",
+                      help="after the timed rounds, trace one call of each row with jax.profiler: the device's busy "
+                           "time per update (its kernels' time alone) and each row's kernels by device time")
   parser.add_argument("--trees", default=",".join(TREES), help=f"from {', '.join(TREES)}")
   parser.add_argument("--optimizers", default="",
                       help="semicolon-separated names from the table (default: all but lbjax mclr, "
@@ -574,7 +602,7 @@ def main() -> None:
                  "run them as two commands.")
   mode = f"--kernels-for {args.kernels_for}" if args.kernels_for else "--collectives" if args.collectives else ""
   timing = report.flags_given(parser, args, ["rounds", "seconds_per_round", "max_spread", "write_noisy",
-                                             "updates_per_call"])
+                                             "updates_per_call", "trace"])
   if mode and timing:
     parser.error(f"{mode} times nothing: drop {', '.join(timing)}.")
   if args.collectives and args.trees != parser.get_default("trees"):
@@ -615,22 +643,23 @@ def main() -> None:
                    body + "\n\n" + COLLECTIVE_NOTES)
     return
   check = report.SpreadCheck(args.max_spread)
-  rows, ratios, diffs, failed = [], {}, {}, {}
+  rows, ratios, diffs, failed, kernel_lines = [], {}, {}, {}, {}
   steps = 3 if args.updates_per_call == 1 else args.updates_per_call  # of the numerics
   for tree in trees:
     label, shapes_fn = TREES[tree]
     shapes = shapes_fn()
     count = sum(int(np.prod(s)) for s in shapes.values())
     print(f"{label}: {len(shapes)} leaves, {count / 1e6:.2f}M parameters", flush=True)
-    tree_rows, tree_ratios, updates, tree_failed = benchmark(shapes, names, args.rounds, args.seconds_per_round,
-                                                             check, label, args.updates_per_call)
+    tree_rows, tree_ratios, updates, tree_kernels, tree_failed = benchmark(
+        shapes, names, args.rounds, args.seconds_per_round, check, label, args.updates_per_call, args.trace)
+    kernel_lines.update({(label, name): lines for name, lines in tree_kernels.items()})
     rows += tree_rows
     ratios.update({(label,) + key: value for key, value in tree_ratios.items()})
     failed.update({(label, name): error for name, error in tree_failed.items()})
     diffs[label] = numerics(updates, steps)
   table = report.markdown_table(
       ["tree", "update", "ms per update", "x SGD", "MiB accessed (XLA)", "GB/s", "of STREAM", "kernels",
-       "state bytes / parameter", "compile s"], rows)
+       "state bytes / parameter", "compile s"] + ["device ms per update (traced)"] * args.trace, rows)
   lines = [table, "", "Ratios of time per update (per-round ratios: median [quartiles], and the 95% "
            "confidence interval of the median):", ""]
   for (tree, name, baseline), spread in ratios.items():
@@ -640,6 +669,11 @@ def main() -> None:
   for tree, pairs in diffs.items():
     for pair, diff in pairs.items():
       lines.append(f"- {tree}: {pair}: {diff:.1e}")
+  if kernel_lines:
+    lines += ["", "Kernels by device time per update (one traced call of each row, `lbjax.train.trace_analysis`; "
+              "its steps are updates):"]
+    for (tree, name), row_lines in kernel_lines.items():
+      lines += ["", f"{tree}, {name}:", "", "```", *row_lines, "```"]
   if failed:
     lines += ["", "Did not compile on this backend (not timed):", ""]
     lines += [f"- {tree}: {name}: {error}" for (tree, name), error in failed.items()]

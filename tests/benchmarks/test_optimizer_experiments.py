@@ -49,3 +49,13 @@ def test_several_updates_per_call_are_the_same_updates_and_counted_per_update():
   assert bench.relative_difference(three.from_start(1), one.from_start(3)) < 1e-6
   (kernels_one, _), (kernels_three, _) = bench.per_update_figures(one), bench.per_update_figures(three)
   assert kernels_one <= kernels_three <= kernels_one + 3  # the loop's control and copies (CPU: 2.7)
+
+
+def test_a_traced_call_gives_the_device_time_per_update_and_the_kernels_that_take_it():
+  """`--trace`: the busy time of the backend's kernels (on the CPU, XLA's thunks) over the call's updates."""
+  grads = bench.random_tree(SHAPES, seed=1, scale=1e-2)
+  update = bench.Update(bench.optimizers(wd=WEIGHT_DECAY)["lbjax lars"], SHAPES, grads, updates_per_call=2)
+  busy_ms, lines = bench.traced(update)
+  assert busy_ms > 0
+  assert lines[0].startswith("cpu: 1 device(s)") and "over 2 step(s)" in lines[0]
+  assert len(lines) > 2  # the header, then the kernels by time
