@@ -293,14 +293,17 @@ def traced(update: Update) -> tuple[float | None, list[str]]:
   """One call of `update` traced with `jax.profiler`: the device's busy milliseconds per update (the union of
   its kernels' intervals, without the host's dispatch or the gaps between launches;
   `lbjax.train.trace_analysis`; None where the trace holds no kernels, a GPU without NVIDIA's CUPTI) and the
-  call's kernels by device time."""
+  call's kernels by device time. A trace that fails is reported in the lines (the timed table still stands)."""
   with tempfile.TemporaryDirectory() as directory:
-    jax.profiler.start_trace(directory)
     try:
-      jax.block_until_ready(update())
-    finally:
-      jax.profiler.stop_trace()
-    profile = ProfileData.from_file(str(trace_analysis.latest_trace_file(directory)))
+      jax.profiler.start_trace(directory)
+      try:
+        jax.block_until_ready(update())
+      finally:
+        jax.profiler.stop_trace()
+      profile = ProfileData.from_file(str(trace_analysis.latest_trace_file(directory)))
+    except Exception as error:  # pylint: disable=broad-exception-caught  (a profiler the backend lacks)
+      return None, [f"the trace failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}"]
   platform = jax.default_backend()
   busy = trace_analysis.device_busy(profile, platform)
   lines = trace_analysis.summary_lines(profile, platform, steps=update.updates_per_call, top=6)
@@ -335,7 +338,7 @@ def benchmark(shapes, names, rounds, seconds_per_round, check, tree_label, updat
                  f"{functions[name].state_bytes_per_parameter:.2f}", f"{functions[name].compile_seconds:.1f}"])
     if trace:
       busy_ms, kernel_lines[name] = traced(functions[name])
-      rows[-1].append("no kernels traced" if busy_ms is None else f"{busy_ms:.3f}")
+      rows[-1].append("not traced" if busy_ms is None else f"{busy_ms:.3f}")
   stream = report.Spread.of(times[STREAM])
   rows.append([tree_label, STREAM, stream.format(1e3), "", f"{functions[STREAM].bytes / 2**20:,.0f}",
                f"{stream_bytes_per_s / 1e9:.1f}", "100%", hlo_analysis.kernel_count(functions[STREAM].compiled),

@@ -59,3 +59,14 @@ def test_a_traced_call_gives_the_device_time_per_update_and_the_kernels_that_tak
   assert busy_ms > 0
   assert lines[0].startswith("cpu: 1 device(s)") and "over 2 step(s)" in lines[0]
   assert len(lines) > 2  # the header, then the kernels by time
+
+
+def test_a_trace_that_fails_is_reported_not_raised(monkeypatch):
+  """The timed table must survive a backend whose profiler cannot start (its rows read "not traced")."""
+  def broken(directory):
+    raise RuntimeError("no profiler here")
+
+  monkeypatch.setattr(bench.jax.profiler, "start_trace", broken)
+  grads = bench.random_tree(SHAPES, seed=1, scale=1e-2)
+  busy_ms, lines = bench.traced(bench.Update(bench.optimizers()["lbjax lars"], SHAPES, grads))
+  assert busy_ms is None and lines == ["the trace failed: RuntimeError: no profiler here"]
