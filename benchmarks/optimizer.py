@@ -16,7 +16,10 @@ process. Each row gives the median time per update over rounds with its interqua
 per-round ratio to momentum SGD (median [quartiles]), XLA's count of the bytes the update accesses
 (`compiled.cost_analysis()`) and the rate at which it moves them, as a fraction of the scale's
 measured bandwidth. The run exits with status 3 (README untouched) if the 95% confidence interval of
-a ratio's median is wider than --max-spread of it.
+a ratio's median is wider than --max-spread of it. `--updates-per-call K` runs K updates per jitted call
+(`lax.fori_loop`), as a train step runs its update, so that the host's dispatch of a call's hundreds of
+arrays is spread over K; `--trace` then traces one call of each row with `jax.profiler` and adds the
+device's busy time per update (its kernels' own time) and each row's kernels by device time.
 
 `--collectives` times nothing: it compiles each update over 8 CPU devices with the ResNet-50 tree
 sharded FSDP-style (every leaf split along its largest axis divisible by 8) and counts the
