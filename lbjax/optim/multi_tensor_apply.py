@@ -80,8 +80,16 @@ def _for_my_chunk(places: list[LeafChunks | None], body: Callable[[Any, int, Any
 
     @pl.when((program >= place.first) & (program < place.first + place.count))
     def _():
+      # Integer arithmetic only where the leaf needs it (one chunk per layer, one layer): every op of a
+      # branch is visited again for every load and store when Triton compiles the kernel. (The start stays
+      # traced: Pallas refuses a static slice of CHUNK values from a shorter leaf.)
       local = program - place.first
-      layer, offset = local // place.per_layer, (local % place.per_layer) * CHUNK
+      if place.per_layer == 1:
+        layer, offset = local, 0
+      elif place.layers == 1:
+        layer, offset = 0, local * CHUNK
+      else:
+        layer, offset = local // place.per_layer, (local % place.per_layer) * CHUNK
       valid = offset + jnp.arange(CHUNK) < place.layer_size
       body(program, leaf, layer, layer * place.layer_size + offset, valid)
 

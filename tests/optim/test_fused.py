@@ -206,6 +206,17 @@ def test_hyper_parameters_that_are_arrays_reach_the_kernels():
   assert float(state.hyperparams["momentum"]) == pytest.approx(0.8)
 
 
+def test_each_layer_of_a_stacked_leaf_longer_than_a_chunk_gets_its_own_rate():
+  """Layers of several chunks each (the kernels' general case: a chunk's layer and offset both computed)."""
+  per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2), stacked={"w": 1})
+  params = {"w": jnp.asarray(np.random.default_rng(0).normal(size=(3, CHUNK + 100)), jnp.float32)}
+  grads_seq = [jax.tree.map(lambda p, t=t: 0.1 * jnp.sin(p * (t + 1) + p[:, :1] * 3), params) for t in range(2)]
+  want, want_state, _ = battery.run(per_leaf, params, grads_seq)
+  got, got_state, _ = battery.run(kernels, params, grads_seq)
+  assert_close(got, want, rtol=1e-5)
+  assert_close(got_state, want_state, rtol=1e-4)
+
+
 def test_with_optax_multisteps_the_kernels_run_every_kth_call():
   per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2))
   want, _, _ = run(optax.MultiSteps(per_leaf, 2), steps=4)
