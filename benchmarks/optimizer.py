@@ -503,7 +503,9 @@ def gpu_kernel_counts(target, trees, names):
                            jax.eval_shape(opt.init, params))
       with gpu_targets.lowering_for({device}):
         lowered = make_step(opt, APPLY_UPDATES.get(name, optax.apply_updates)).lower(params, state, params)
-      rows.append([label, name, *kernel_figures(lowered.compile())])
+      start = time.perf_counter()
+      compiled = lowered.compile()
+      rows.append([label, name, *kernel_figures(compiled), f"{time.perf_counter() - start:.1f}"])
       print(rows[-1], flush=True)
   return rows
 
@@ -532,8 +534,10 @@ def gpu_step_kernel_counts(target):
     train = compile_only.abstract_run(config, devices).programs[0]
     variants = {name: train, f"{name}, state in XLA's layouts": workloads.with_state_layouts_chosen_by_xla(train)}
     for row_name, program in variants.items():
+      start = time.perf_counter()
       compiled, _ = compile_only.compile_program(program)
-      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, *kernel_figures(compiled)])
+      rows.append([f"ResNet-50 train step, {STEP_CONFIG[0]}", row_name, *kernel_figures(compiled),
+                   f"{time.perf_counter() - start:.1f}"])
       print(rows[-1], flush=True)
   return rows
 
@@ -541,34 +545,34 @@ def gpu_step_kernel_counts(target):
 GPU_KERNEL_NOTES = """\
 Kernels one update (with its apply_updates, jitted, donated) launches on the GPU, counted as the `kernels`
 column of the timed table (`hlo_analysis.kernel_count`) in the optimised HLO that XLA:GPU compiles on this
-machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times), and the bytes
-those kernels read and write (`HloFigures.kernel_bytes`: each kernel's results and operands, a fusion's
-operand only as far as it slices it; what bounds the time of memory-bound kernels; cuDNN's and cuBLAS's
-calls count their operands and results too). The counts match those of the lent H200 (2026-11-26: momentum
-SGD 161, optax.lars 528, lbjax lars 324, optax.lamb 775; lbjax lamb 291 there, 289 here). Issue 29's target:
-at most 20 for `lars` and `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's momentum and weight
-update into one kernel (SGD: one per leaf) and adds one reduction kernel per sum and leaf. The flat layout
-(`layout="flat"`, `lbjax.optim.multi_tensor`: every leaf in one block-padded buffer per dtype, the
-optimizer's state in that layout, block sums and one `segment_sum` per sum, one elementwise pass) launches a
-few concatenation, scatter and elementwise kernels and one kernel per group of equally shaped leaves to
+machine for the named GPU, deviceless (`lbjax.train.gpu_targets`; nothing runs, no times but the compile's
+own: `compile s`, on this machine's CPU cores, which for the fused rows were 0.8x the H200 machine's on
+2026-11-30), and the bytes those kernels read and write (`HloFigures.kernel_bytes`: each kernel's results and
+operands, a fusion's operand only as far as it slices it; what bounds the time of memory-bound kernels;
+cuDNN's and cuBLAS's calls count their operands and results too). The counts match those of the lent H200
+(2026-11-26: momentum SGD 161, optax.lars 528, lbjax lars 324, optax.lamb 775; lbjax lamb 291 there, 289
+here). Issue 29's target: at most 20 for `lars` and `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's
+momentum and weight update into one kernel (SGD: one per leaf) and adds one reduction kernel per sum and leaf.
+The flat layout (`layout="flat"`, `lbjax.optim.multi_tensor`: every leaf in one block-padded buffer per dtype,
+the optimizer's state in that layout, block sums and one `segment_sum` per sum, one elementwise pass) launches
+a few concatenation, scatter and elementwise kernels and one kernel per group of equally shaped leaves to
 write the weights back: XLA groups sibling slices of a buffer by shape, and ResNet-50's 161 leaves have 22
 shapes, so a design whose outputs are the leaves stays above 20 on this tree within XLA. The fused layout
 (`layout="fused"`, `lbjax.optim.fused`) is not: two Pallas (Triton) kernels, in which each program takes a
-chunk of 4,096 values of whichever leaf it covers, write every leaf (LARS: the norms, then the update and
-the momentum in place; LAMB: Adam's moments, direction and the norms, then the update), a few small XLA
-kernels turn the chunk sums into the rates, and a third Pallas kernel adds the updates to the weights in
-place (`fused.apply_updates`, which its rows use instead of `optax.apply_updates`: XLA cannot fuse an
-addition into a kernel it did not write, and would add each leaf in a kernel of its own). Its bytes are the
-per-leaf layout's plus one write and one read of the update (4 + 4 bytes per parameter). bfloat16 LAMB
-moments add kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves). The
-train-step rows (`--step-kernels`) compile the trainer's whole ResNet-50 step (bfloat16, batch 256 on one
-GPU, no accumulation loop) with the config's LARS in both layouts and with momentum SGD: what LARS adds to
-the launches of a step (issue 29's target there: at most 1.02x the momentum step's time). "State in XLA's
-layouts": the same step compiled with `Layout.AUTO` for the train state
-(`benchmarks.workloads.STATE_LAYOUTS`; the trainer places it row-major): XLA then keeps the 4-d convolution
-kernels and their optimizer state in cuDNN's OHWI order (O the major dimension) instead of transposing them
-between the parameters' HWIO and OHWI around the convolutions. The suite's `step_options` part times both
-(`--compare-state-layouts`)."""
+chunk of 4,096 values of whichever leaf it covers, write every leaf (LARS: the norms, then the update and the
+momentum in place; LAMB: Adam's moments, direction and the norms, then the update), a few small XLA kernels
+turn the chunk sums into the rates, and a third Pallas kernel adds the updates to the weights in place
+(`fused.apply_updates`, which its rows use instead of `optax.apply_updates`: XLA cannot fuse an addition into
+a kernel it did not write, and would add each leaf in a kernel of its own). Its bytes are the per-leaf
+layout's plus one write and one read of the update (4 + 4 bytes per parameter). bfloat16 LAMB moments add
+kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves). The train-step rows
+(`--step-kernels`) compile the trainer's whole ResNet-50 step (bfloat16, batch 256 on one GPU, no accumulation
+loop) with the config's LARS in both layouts and with momentum SGD: what LARS adds to the launches of a step
+(issue 29's target there: at most 1.02x the momentum step's time). "State in XLA's layouts": the same step
+compiled with `Layout.AUTO` for the train state (`benchmarks.workloads.STATE_LAYOUTS`; the trainer places it
+row-major): XLA then keeps the 4-d convolution kernels and their optimizer state in cuDNN's OHWI order (O the
+major dimension) instead of transposing them between the parameters' HWIO and OHWI around the convolutions.
+The suite's `step_options` part times both (`--compare-state-layouts`)."""
 
 
 def main() -> None:
@@ -634,7 +638,8 @@ def main() -> None:
         rows += gpu_step_kernel_counts(args.kernels_for)
     except ConfigError as error:  # no CUDA plugin: what to install
       parser.error(str(error))
-    body = report.markdown_table(["tree", "update", "kernels", "GiB read and written by the kernels"], rows)
+    body = report.markdown_table(["tree", "update", "kernels", "GiB read and written by the kernels",
+                                  "compile s (this machine)"], rows)
     print(body)
     report.publish(args, "optimizer-gpu-kernels",
                    f"Optimizer update: kernels on a GPU ({args.kernels_for}, compiled here without one)",
