@@ -137,22 +137,52 @@ def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, A
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tree:
-  """One update's leaves as the kernels see them: flattened, with the programs that cover them.
+class _Leaves:
+  """A tree's leaves as the kernels see them: the non-empty ones flattened, the kernels' results put back.
 
   Attributes:
-    treedef: the parameters' structure.
-    ws, gs: the parameters and the incoming updates, leaf by leaf.
+    treedef: the tree's structure (the parameters').
+    shapes: each leaf's shape.
     kept: which leaves the kernels touch (the non-empty ones).
+  """
+
+  treedef: Any
+  shapes: list[tuple[int, ...]]
+  kept: list[bool]
+
+  @classmethod
+  def of(cls, params: Any) -> "_Leaves":
+    leaves, treedef = jax.tree.flatten(params)
+    return cls(treedef, [x.shape for x in leaves], [x.size > 0 for x in leaves])
+
+  def flat(self, leaves: list[Any]) -> list[Any]:
+    """The kept leaves of a tree like the parameters, flattened (None elsewhere)."""
+    return [x.reshape(-1) if keep else None for x, keep in zip(leaves, self.kept)]
+
+  def unflatten(self, results: Any, defaults: list[Any]) -> Any:
+    """The tree whose kept leaves are the kernel's `results` (in order, reshaped), `defaults` elsewhere."""
+    results = iter(results)
+    return self.treedef.unflatten([next(results).reshape(shape) if keep else default
+                                   for shape, keep, default in zip(self.shapes, self.kept, defaults)])
+
+  def whole_leaf_chunks(self) -> tuple[list[LeafChunks | None], int]:
+    """The programs over the kept leaves, each leaf one layer."""
+    return chunks([(1, math.prod(shape)) if keep else None for shape, keep in zip(self.shapes, self.kept)])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tree(_Leaves):
+  """One layer-wise update's leaves as the kernels see them, with the programs that cover them.
+
+  Attributes:
+    ws, gs: the parameters and the incoming updates, leaf by leaf.
     sizes: per kept leaf `(layers, layer_size)` (its stacked axes), None elsewhere.
     slots: per leaf its first entry in the rate vector, None if unselected.
     rates_layout: the `layerwise.RatesLayout` of the per-leaf state.
   """
 
-  treedef: Any
   ws: list[Any]
   gs: list[Any]
-  kept: list[bool]
   sizes: list[tuple[int, int] | None]
   slots: list[int | None]
   rates_layout: layerwise.RatesLayout
@@ -165,11 +195,7 @@ class _Tree:
     kept = [g.size > 0 for g in gs]
     sizes = [(math.prod(g.shape[:k]), math.prod(g.shape[k:])) if keep else None for g, k, keep in zip(gs, ks, kept)]
     slots = [None if slot is None else slot[1] for slot in rates_layout.slots]
-    return cls(treedef, ws, gs, kept, sizes, slots, rates_layout)
-
-  def flat(self, leaves: list[Any]) -> list[Any]:
-    """The kept leaves of a tree like the parameters, flattened (None elsewhere)."""
-    return [x.reshape(-1) if keep else None for x, keep in zip(leaves, self.kept)]
+    return cls(treedef, [g.shape for g in gs], kept, ws, gs, sizes, slots, rates_layout)
 
   def selected_chunks(self) -> tuple[list[LeafChunks | None], int]:
     """The programs over the selected leaves (kernel 1 of `layerwise_sgd`)."""
@@ -190,12 +216,6 @@ class _Tree:
     else:  # every selected layer is empty: sums of nothing
       layer_sums = jnp.zeros((_number_of_sums(rate, weight_decay), size), dtype)
     return rate.global_rates(layer_sums.astype(dtype), weight_decay, axis_name).astype(dtype)
-
-  def unflatten(self, results: Any, defaults: list[Any]) -> Any:
-    """The tree whose kept leaves are the kernel's `results` (in order, reshaped), `defaults` elsewhere."""
-    results = iter(results)
-    return self.treedef.unflatten([next(results).reshape(g.shape) if keep else default
-                                   for g, keep, default in zip(self.gs, self.kept, defaults)])
 
 
 def _learning_rate_steps(scale_by_learning_rate: optax.GradientTransformation, state: Any,
@@ -470,14 +490,15 @@ def momentum_sgd(
 
   def fused_update(updates, state, params):
     decay_state, (trace_state, learning_rate_state) = state
-    treedef = jax.tree.structure(params)
+    leaves = _Leaves.of(params)
+    treedef = leaves.treedef
     ws, gs = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
     decayed = treedef.flatten_up_to(mask(params) if callable(mask) else mask)
     vs = treedef.flatten_up_to(trace_state.trace) if has_momentum else gs
     out_updates, _ = jax.eval_shape(reference.update, updates, state, params)
     out_dtypes = [(u.dtype, v.dtype) for u, v in zip(treedef.flatten_up_to(out_updates), vs)]
-    places, programs = chunks([(1, g.size) if g.size else None for g in gs])
-    flat = lambda leaves: [x.reshape(-1) if x.size else None for x in leaves]
+    places, programs = leaves.whole_leaf_chunks()
+    flat = leaves.flat
     steps, new_learning_rate_state = _learning_rate_steps(
         scale_by_learning_rate, learning_rate_state, {jnp.dtype(u).name for u, _ in out_dtypes})
 
@@ -502,11 +523,9 @@ def momentum_sgd(
     hyper = dict(steps, weight_decay=weight_decay, **(dict(momentum=momentum) if has_momentum else {}))
     results, _ = over_chunks(body, places, programs, inputs, outputs, hyper=hyper,
                               in_place=((1, 1),) if has_momentum else (), interpret=interpret)
-    unflatten = lambda kernel_leaves, defaults: treedef.unflatten(
-        [next(kernel_leaves).reshape(x.shape) if x.size else x for x in defaults])
-    new_updates = unflatten(iter(results[0]), [g.astype(dtypes[0]) for g, dtypes in zip(gs, out_dtypes)])
+    new_updates = leaves.unflatten(results[0], [g.astype(dtypes[0]) for g, dtypes in zip(gs, out_dtypes)])
     if has_momentum:
-      trace_state = trace_state._replace(trace=unflatten(iter(results[1]), vs))
+      trace_state = trace_state._replace(trace=leaves.unflatten(results[1], vs))
     return new_updates, (decay_state, (trace_state, new_learning_rate_state))
 
   return _on_cuda(reference, fused_update, interpret)
@@ -536,10 +555,10 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
   """
 
   def fused(params, updates):
-    treedef = jax.tree.structure(params)
-    ws, us = treedef.flatten_up_to(params), treedef.flatten_up_to(updates)
-    places, programs = chunks([(1, w.size) if w.size else None for w in ws])
-    flat = lambda leaves: [x.reshape(-1) if x.size else None for x in leaves]
+    leaves = _Leaves.of(params)
+    ws, us = leaves.treedef.flatten_up_to(params), leaves.treedef.flatten_up_to(updates)
+    places, programs = leaves.whole_leaf_chunks()
+    flat = leaves.flat
 
     def body(chunk: Chunk) -> None:
       chunk.store(0, chunk.load(0) + chunk.load(1))
@@ -547,8 +566,7 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
     outputs = [[None if w is None else (w.shape, w.dtype) for w in flat(ws)]]
     (new,), _ = over_chunks(body, places, programs, [flat(ws), flat(us)], outputs, in_place=((0, 0),),
                              interpret=interpret)
-    new = iter(new)
-    return treedef.unflatten([next(new).reshape(w.shape) if w.size else w for w in ws])
+    return leaves.unflatten(new, ws)
 
   if mta.plgpu is None or not mta.kernels_take(params, updates):
     return optax.apply_updates(params, updates)

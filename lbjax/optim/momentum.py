@@ -62,8 +62,7 @@ def momentum(
   validation.check_choice("layout", layout, LAYOUTS)
   if mask is None:
     mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  # A literal 0 needs no work (no decay term, no momentum buffer); a traced value (under
-  # optax.inject_hyperparams) always gets both, which computes the same update.
+  # A literal 0 leaves its term out: no decay term, no momentum buffer (`validation.is_literal_zero`).
   no_decay = validation.is_literal_zero(weight_decay)
   no_momentum = validation.is_literal_zero(momentum)
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
