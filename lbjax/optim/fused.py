@@ -6,7 +6,8 @@ ResNet-50 tree from 324 kernels to 32, but no further within XLA: the flat buffe
 ResNet-50), since XLA:GPU fuses sibling loops only when their outputs have the same shape
 (benchmarks/README.md, Findings 10). A kernel written for the job has no such limit: as in apex's
 `multi_tensor_apply` (`lbjax.optim.multi_tensor_apply`), each program of a Pallas kernel takes one chunk of
-4,096 values of one leaf, whichever leaf it is, so one launch covers the whole tree:
+4,096 values of one leaf, whichever leaf it is, so one launch covers up to 96 leaves (a pass over ResNet-50's
+161 leaves is two launches):
 
 1. `chunk_sums`: every program reduces its chunk of `w` and `g` to the rate's sums (LARS: `|w|^2` and
    `|g|^2`); a `segment_sum` of the chunk sums by layer and the rate's formula give every layer's rate
@@ -98,7 +99,7 @@ def _number_of_sums(rate: layerwise.SummedRate, weight_decay: Any) -> int:
 
 
 def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array | None],
-               gs: list[jax.Array | None], places: list[LeafChunks | None], programs: int,
+               gs: list[jax.Array | None], places: list[LeafChunks | None],
                interpret: bool) -> list[jax.Array]:
   """Kernel 1: each program's sums of `rate.sums` over its chunk, one float32 vector per sum (a
   program's entry at its id). `ws`, `gs`: the flattened leaves (None where `places` is)."""
@@ -106,12 +107,12 @@ def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array
   def body(chunk: Chunk) -> None:
     chunk.store_sums(rate.sums(chunk.load(0), chunk.load(1), chunk.values["weight_decay"], ChunkReducer()))
 
-  _, sums = over_chunks(body, places, programs, [ws, gs], [], hyper=dict(weight_decay=weight_decay),
+  _, sums = over_chunks(body, places, [ws, gs], [], hyper=dict(weight_decay=weight_decay),
                          sums=_number_of_sums(rate, weight_decay), interpret=interpret)
   return sums
 
 
-def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, Any], skip_decay: bool,
+def momentum_step(ws, gs, vs, rates, slots, places, hyper: dict[str, Any], skip_decay: bool,
                   nesterov: bool, out_dtypes: list[tuple[Any, Any]], interpret: bool
                   ) -> tuple[list[jax.Array], list[jax.Array]]:
   """Kernel 2: each program's chunk of the update and the new momentum, as `layerwise.layerwise_sgd`
@@ -131,7 +132,7 @@ def momentum_step(ws, gs, vs, rates, slots, places, programs, hyper: dict[str, A
     chunk.store(1, stored)
 
   outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(gs, out_dtypes)] for k in range(2)]
-  (updates, momenta), _ = over_chunks(body, places, programs, [ws, gs, vs], outputs, shared=(rates,), hyper=hyper,
+  (updates, momenta), _ = over_chunks(body, places, [ws, gs, vs], outputs, shared=(rates,), hyper=hyper,
                                        in_place=((2, 1),), interpret=interpret)
   return updates, momenta
 
@@ -165,7 +166,7 @@ class _Leaves:
     return self.treedef.unflatten([next(results).reshape(shape) if keep else default
                                    for shape, keep, default in zip(self.shapes, self.kept, defaults)])
 
-  def whole_leaf_chunks(self) -> tuple[list[LeafChunks | None], int]:
+  def whole_leaf_chunks(self) -> list[LeafChunks | None]:
     """The programs over the kept leaves, each leaf one layer."""
     return chunks([(1, math.prod(shape)) if keep else None for shape, keep in zip(self.shapes, self.kept)])
 
@@ -197,7 +198,7 @@ class _Tree(_Leaves):
     slots = [None if slot is None else slot[1] for slot in rates_layout.slots]
     return cls(treedef, [g.shape for g in gs], kept, ws, gs, sizes, slots, rates_layout)
 
-  def selected_chunks(self) -> tuple[list[LeafChunks | None], int]:
+  def selected_chunks(self) -> list[LeafChunks | None]:
     """The programs over the selected leaves (kernel 1 of `layerwise_sgd`)."""
     return chunks([size if slot is not None else None for size, slot in zip(self.sizes, self.slots)])
 
@@ -303,16 +304,16 @@ def layerwise_sgd(
     flat_w, flat_g = tree.flat(tree.ws), tree.flat(tree.gs)
     rates, vectors = jnp.zeros((1,), jnp.float32), ()
     if tree.rates_layout.dtypes:  # some leaf is selected
-      places, programs = tree.selected_chunks()
-      sums = chunk_sums(rate, weight_decay, flat_w, flat_g, places, programs, interpret) if programs else []
+      places = tree.selected_chunks()
+      sums = chunk_sums(rate, weight_decay, flat_w, flat_g, places, interpret) if any(places) else []
       rates = tree.rates(rate, sums, places, weight_decay, axis_name)
       vectors = (rates,)
     steps, new_learning_rate_state = _learning_rate_steps(
         scale_by_learning_rate, learning_rate_state,
         {jnp.dtype(g.dtype).name for g, keep in zip(tree.gs, tree.kept) if keep})
-    places, programs = chunks(tree.sizes)
+    places = chunks(tree.sizes)
     new_updates, new_momenta = momentum_step(
-        flat_w, flat_g, tree.flat(vs), rates, tree.slots, places, programs,
+        flat_w, flat_g, tree.flat(vs), rates, tree.slots, places,
         dict(steps, weight_decay=weight_decay, momentum=momentum), skip_decay, nesterov, out_dtypes, interpret)
     new_state = (layerwise.LayerwiseRateState(rates=layerwise.LayerRates(vectors, tree.rates_layout)),
                  new_learning_rate_state, optax.TraceState(trace=tree.unflatten(new_momenta, vs)))
@@ -321,7 +322,7 @@ def layerwise_sgd(
   return _on_cuda(reference, fused_update, interpret)
 
 
-def adam_moments(ws, gs, mus, nus, rate, slots, places, programs, hyper: dict[str, Any],
+def adam_moments(ws, gs, mus, nus, rate, slots, places, hyper: dict[str, Any],
                  out_dtypes: list[tuple[Any, Any, Any]], interpret: bool
                  ) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array], list[jax.Array]]:
   """LAMB's kernel 1: each program's chunk of Adam's moments and direction, and of the rate's sums.
@@ -354,12 +355,12 @@ def adam_moments(ws, gs, mus, nus, rate, slots, places, programs, hyper: dict[st
 
   outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(gs, out_dtypes)] for k in range(3)]
   (directions, new_mus, new_nus), sums = over_chunks(
-      body, places, programs, [ws, gs, mus, nus], outputs, hyper=hyper, sums=count, in_place=((2, 1), (3, 2)),
+      body, places, [ws, gs, mus, nus], outputs, hyper=hyper, sums=count, in_place=((2, 1), (3, 2)),
       interpret=interpret)
   return directions, new_mus, new_nus, sums
 
 
-def scaled_direction(ws, rs, rates, slots, places, programs, hyper: dict[str, Any], skip_decay: bool,
+def scaled_direction(ws, rs, rates, slots, places, hyper: dict[str, Any], skip_decay: bool,
                      out_dtypes: list[Any], interpret: bool) -> list[jax.Array]:
   """LAMB's kernel 2: each program's chunk of the update `-gamma_t * rate^l * (r + beta * w)` (selected
   leaves; `-gamma_t * r` elsewhere), as `layerwise.scale_by_layerwise_rate` and optax's
@@ -370,7 +371,7 @@ def scaled_direction(ws, rs, rates, slots, places, programs, hyper: dict[str, An
     chunk.store(0, chunk.values[f"step_{jnp.dtype(update.dtype).name}"] * update)
 
   outputs = [[None if r is None else (r.shape, dtype) for r, dtype in zip(rs, out_dtypes)]]
-  (updates,), _ = over_chunks(body, places, programs, [ws, rs], outputs, shared=(rates,), hyper=hyper,
+  (updates,), _ = over_chunks(body, places, [ws, rs], outputs, shared=(rates,), hyper=hyper,
                                interpret=interpret)
   return updates
 
@@ -427,9 +428,9 @@ def lamb(
     count = optax.safe_increment(adam_state.count)
     hyper = dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, weight_decay=weight_decay,
                  c1=1 - b1 ** count, c2=1 - b2 ** count)
-    places, programs = chunks(tree.sizes)
+    places = chunks(tree.sizes)
     directions, new_mus, new_nus, sums = adam_moments(
-        tree.flat(tree.ws), tree.flat(tree.gs), tree.flat(mus), tree.flat(nus), rate, tree.slots, places, programs,
+        tree.flat(tree.ws), tree.flat(tree.gs), tree.flat(mus), tree.flat(nus), rate, tree.slots, places,
         hyper, out_dtypes, interpret)
     rates, vectors = jnp.zeros((1,), jnp.float32), ()
     if tree.rates_layout.dtypes:  # some leaf is selected
@@ -440,7 +441,7 @@ def lamb(
     remaining = iter(directions)
     flat_r = [next(remaining) if keep else None for keep in tree.kept]
     final_dtypes = [u.dtype for u in tree.treedef.flatten_up_to(out_updates)]
-    new_updates = scaled_direction(tree.flat(tree.ws), flat_r, rates, tree.slots, places, programs,
+    new_updates = scaled_direction(tree.flat(tree.ws), flat_r, rates, tree.slots, places,
                                    dict(steps, weight_decay=weight_decay), skip_decay, final_dtypes, interpret)
     new_adam_state = adam_state._replace(count=count, mu=tree.unflatten(new_mus, mus),
                                          nu=tree.unflatten(new_nus, nus))
@@ -462,7 +463,7 @@ def momentum_sgd(
     interpret: bool = False,
 ) -> optax.GradientTransformation:
   """`reference`, `lbjax.optim.momentum` of these arguments (optax's `sgd` with weight decay on the
-  selected leaves), in the fused layout: one kernel over every leaf,
+  selected leaves), in the fused layout: one pass of kernels over every leaf,
 
       d = g + beta * w   (selected leaves),   v' = m * v + d,   u = -gamma_t * v'   (Nesterov: -gamma_t (m v' + d))
 
@@ -497,7 +498,7 @@ def momentum_sgd(
     vs = treedef.flatten_up_to(trace_state.trace) if has_momentum else gs
     out_updates, _ = jax.eval_shape(reference.update, updates, state, params)
     out_dtypes = [(u.dtype, v.dtype) for u, v in zip(treedef.flatten_up_to(out_updates), vs)]
-    places, programs = leaves.whole_leaf_chunks()
+    places = leaves.whole_leaf_chunks()
     flat = leaves.flat
     steps, new_learning_rate_state = _learning_rate_steps(
         scale_by_learning_rate, learning_rate_state, {jnp.dtype(u).name for u, _ in out_dtypes})
@@ -521,7 +522,7 @@ def momentum_sgd(
     outputs = [[None if g is None else (g.shape, dtypes[k]) for g, dtypes in zip(flat(gs), out_dtypes)]
                for k in range(2 if has_momentum else 1)]
     hyper = dict(steps, weight_decay=weight_decay, **(dict(momentum=momentum) if has_momentum else {}))
-    results, _ = over_chunks(body, places, programs, inputs, outputs, hyper=hyper,
+    results, _ = over_chunks(body, places, inputs, outputs, hyper=hyper,
                               in_place=((1, 1),) if has_momentum else (), interpret=interpret)
     new_updates = leaves.unflatten(results[0], [g.astype(dtypes[0]) for g, dtypes in zip(gs, out_dtypes)])
     if has_momentum:
@@ -557,14 +558,14 @@ def apply_updates(params: Any, updates: Any, *, interpret: bool = False) -> Any:
   def fused(params, updates):
     leaves = _Leaves.of(params)
     ws, us = leaves.treedef.flatten_up_to(params), leaves.treedef.flatten_up_to(updates)
-    places, programs = leaves.whole_leaf_chunks()
+    places = leaves.whole_leaf_chunks()
     flat = leaves.flat
 
     def body(chunk: Chunk) -> None:
       chunk.store(0, chunk.load(0) + chunk.load(1))
 
     outputs = [[None if w is None else (w.shape, w.dtype) for w in flat(ws)]]
-    (new,), _ = over_chunks(body, places, programs, [flat(ws), flat(us)], outputs, in_place=((0, 0),),
+    (new,), _ = over_chunks(body, places, [flat(ws), flat(us)], outputs, in_place=((0, 0),),
                              interpret=interpret)
     return leaves.unflatten(new, ws)
 

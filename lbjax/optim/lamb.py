@@ -147,8 +147,8 @@ def lamb(
       step, below bfloat16's half step of 0.2%: it changes only where g^2 is far from it. Keep `nu`
       in float32 unless b2 <= 0.99.
     layout: "per_leaf", "flat" (the multi-tensor layout: Adam's moments in a few block-padded
-      buffers; see `lars`) or "fused" (two Pallas kernels over every leaf on CUDA GPUs, the per-leaf
-      state: `lbjax.optim.fused.lamb`).
+      buffers; see `lars`) or "fused" (two passes of Pallas kernels over every leaf on CUDA GPUs,
+      the per-leaf state: `lbjax.optim.fused.lamb`).
 
   Returns:
     An `optax.GradientTransformation`.

@@ -153,8 +153,8 @@ def lars(
     layout: "per_leaf" (a reduction and an update per leaf), "flat" (the multi-tensor layout of
       `multi_tensor`: the momentum in a few block-padded buffers, every layer's norms in a few
       kernels; for GPUs, where an update is launch-bound; not for parameters sharded under `jit`) or
-      "fused" (`lbjax.optim.fused`: the norms and the update over every leaf in two Pallas kernels
-      on CUDA GPUs, the per-leaf update elsewhere, the per-leaf state; add the updates with
+      "fused" (`lbjax.optim.fused`: the norms, then the update, over every leaf in Pallas kernels
+      of up to 96 leaves each on CUDA GPUs, the per-leaf update elsewhere, the per-leaf state; add the updates with
       `fused.apply_updates`; not for parameters sharded under `jit`).
 
   Returns:

@@ -1,11 +1,13 @@
-"""apex's `multi_tensor_apply` in Pallas: one GPU kernel over chunks of every leaf of a tree.
+"""apex's `multi_tensor_apply` in Pallas: GPU kernels over chunks of any leaf of a tree, up to 96 leaves each.
 
 XLA:GPU launches at least one kernel per group of equally shaped outputs, so an update of ResNet-50's 161
 leaves (22 shapes) takes tens of kernels whatever its design (benchmarks/README.md, Findings 10). Here a
 kernel's programs are cut from the whole tree instead: leaf `i` (of `layers` layers of `layer_size`
 values) is covered by programs `first_i` to `first_i + count_i - 1`, each taking one chunk of `CHUNK`
 values of one layer, and every program's body is a static chain of `pl.when` branches, one per leaf,
-of which its id selects one. A kernel is a body run on a `Chunk` (its loads and stores are masked to the
+of which its id selects one. Triton compiles such a kernel in a time that grows with the square of its
+leaves, so a pass over more than `LEAVES_PER_KERNEL` leaves is cut into kernels of consecutive leaves. A
+kernel is a body run on a `Chunk` (its loads and stores are masked to the
 layer), over per-leaf inputs and outputs, inputs every program reads whole (a rate vector), the
 hyper-parameters, and per-program outputs (sums); outputs can be written in an input's place.
 `lbjax.optim.fused` builds the optimizers' kernels this way.
@@ -34,6 +36,11 @@ except ImportError:  # a JAX without it: `check_backend` refuses to build kernel
 
 CHUNK = 4096  # values per program: ResNet-50's 25.6M parameters are 6,300 programs
 KERNEL_DTYPES = ("float32", "bfloat16", "float16")
+# The most leaves one kernel covers: Triton compiles a kernel in a time that grows with the square of its
+# leaves (a branch per leaf, each load and store visiting the whole kernel), so ResNet-50's 161 leaves go in
+# two kernels per pass, which compile 2.6x faster (LAMB) for one more launch each (benchmarks/README.md,
+# Findings 10).
+LEAVES_PER_KERNEL = 96
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +61,9 @@ class LeafChunks:
     return self.layers * self.per_layer
 
 
-def chunks(sizes: list[tuple[int, int] | None]) -> tuple[list[LeafChunks | None], int]:
-  """Each leaf's programs, for leaves of `(layers, layer_size)` (None: not in the kernel), and their
-  total."""
+def chunks(sizes: list[tuple[int, int] | None]) -> list[LeafChunks | None]:
+  """Each leaf's programs, numbered on from leaf to leaf, for leaves of `(layers, layer_size)` (None: not
+  in the kernels)."""
   places, first = [], 0
   for size in sizes:
     if size is None:
@@ -65,7 +72,7 @@ def chunks(sizes: list[tuple[int, int] | None]) -> tuple[list[LeafChunks | None]
     place = LeafChunks(first, *size)
     places.append(place)
     first += place.count
-  return places, first
+  return places
 
 
 def _for_my_chunk(places: list[LeafChunks | None], body: Callable[[Any, int, Any, Any, Any], None]) -> None:
@@ -149,16 +156,18 @@ class Chunk:
       plgpu.store(ref.at[pl.ds(self.program, 1)], jnp.reshape(value, (1,)).astype(jnp.float32))
 
 
-def over_chunks(body: Callable[[Chunk], None], places: list[LeafChunks | None], programs: int,
+def over_chunks(body: Callable[[Chunk], None], places: list[LeafChunks | None],
                  leaf_inputs: list[list[Any]], leaf_outputs: list[list[Any]], *, shared: tuple[Any, ...] = (),
                  hyper: dict[str, Any] | None = None, sums: int = 0, in_place: tuple[tuple[int, int], ...] = (),
-                 interpret: bool = False) -> tuple[list[list[jax.Array]], list[jax.Array]]:
-  """One Pallas kernel of `programs` programs, each running `body` on the chunk `places` gives it.
+                 interpret: bool = False
+                 ) -> tuple[list[list[jax.Array]], list[jax.Array]]:
+  """Pallas kernels whose programs each run `body` on the chunk `places` gives it: as few kernels as
+  cover the leaves with at most `LEAVES_PER_KERNEL` each, each kernel of consecutive leaves, as many
+  as the first holds (ceil(leaves / kernels)) but the last.
 
   Args:
     body: reads and writes one chunk through its `Chunk`.
-    places: each leaf's programs (`chunks`; None: the leaf is not in the kernel).
-    programs: their total.
+    places: each leaf's programs (`chunks`; None: the leaf is not in the kernels).
     leaf_inputs: per-leaf inputs, each a list over the tree's leaves of flattened arrays (None where
       `places` is).
     leaf_outputs: per-leaf outputs, each a list of `(shape, dtype)` (None where `places` is).
@@ -170,9 +179,32 @@ def over_chunks(body: Callable[[Chunk], None], places: list[LeafChunks | None], 
     interpret: run in Pallas's interpreter.
 
   Returns:
-    Each per-leaf output as a list over the leaves in `places` (in order), and the per-program outputs.
+    Each per-leaf output as a list over the leaves in `places` (in order), and the per-program outputs
+    (programs in `places`' numbering).
   """
   leaves = [i for i, place in enumerate(places) if place is not None]
+  kernels = -(-len(leaves) // LEAVES_PER_KERNEL)
+  per_kernel = -(-len(leaves) // kernels)
+  per_leaf, per_program = [[] for _ in leaf_outputs], [[] for _ in range(sums)]
+  for k in range(0, len(leaves), per_kernel):
+    group = set(leaves[k:k + per_kernel])
+    offset = places[leaves[k]].first  # the kernel's program 0
+    kernel_places = [dataclasses.replace(place, first=place.first - offset) if i in group else None
+                     for i, place in enumerate(places)]
+    outputs, program_sums = _one_kernel(body, kernel_places, leaf_inputs, leaf_outputs, shared, hyper, sums,
+                                        in_place, interpret)
+    for collected, new in zip(per_leaf + per_program, outputs + program_sums):
+      collected.append(new)
+  return ([sum(parts, []) for parts in per_leaf],
+          [jnp.concatenate(parts) if len(parts) > 1 else parts[0] for parts in per_program])
+
+
+def _one_kernel(body, places, leaf_inputs, leaf_outputs, shared, hyper, sums, in_place, interpret
+                ) -> tuple[list[list[jax.Array]], list[jax.Array]]:
+  """One Pallas kernel of `over_chunks` (the same arguments) over the leaves in `places`; its per-program
+  outputs as one-element lists."""
+  leaves = [i for i, place in enumerate(places) if place is not None]
+  programs = sum(places[i].count for i in leaves)
   position = {leaf: j for j, leaf in enumerate(leaves)}
   scalars = Scalars(**(hyper or {}))
   n = len(leaves)
@@ -202,7 +234,7 @@ def over_chunks(body: Callable[[Chunk], None], places: list[LeafChunks | None], 
       input_output_aliases={a * n + j: b * n + j for a, b in in_place for j in range(n)},
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
   )(*[group[i] for group in leaf_inputs for i in leaves], *shared, *scalars.arrays)
-  return [results[k * n:(k + 1) * n] for k in range(len(leaf_outputs))], results[len(leaf_outputs) * n:]
+  return [list(results[k * n:(k + 1) * n]) for k in range(len(leaf_outputs))], list(results[len(leaf_outputs) * n:])
 
 
 def kernels_take(*trees: Any) -> bool:

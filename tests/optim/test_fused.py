@@ -217,6 +217,31 @@ def test_each_layer_of_a_stacked_leaf_longer_than_a_chunk_gets_its_own_rate():
   assert_close(got_state, want_state, rtol=1e-4)
 
 
+def pallas_calls(update, *args) -> int:
+  """How many Pallas kernels `update(*args)` builds (on a GPU, in the `platform_dependent` CUDA branch)."""
+  return str(jax.make_jaxpr(update)(*args)).count("pallas_call[")
+
+
+def test_more_leaves_than_a_kernel_takes_go_to_several_kernels_with_the_same_numbers(monkeypatch):
+  """Kernels of at most `LEAVES_PER_KERNEL` leaves each (Triton's compile grows with the square of a
+  kernel's leaves): with two, each pass over the 4 non-empty leaves is two kernels, the norms of the 3
+  selected ones two more whose program sums are joined, and the numbers stay the per-leaf layout's."""
+  monkeypatch.setattr(multi_tensor_apply, "LEAVES_PER_KERNEL", 2)
+  params, grads = tree(0), tree(1, scale=0.1)
+  for per_leaf, kernels in [sgd_pair(optim.lars_rate(1e-2)), lamb_pair()]:
+    assert pallas_calls(kernels.update, grads, kernels.init(params), params) == 2 + 2
+    assert_same_updates(kernels, per_leaf, rtol=1e-4)
+  per_leaf, kernels = momentum_pair()
+  assert pallas_calls(kernels.update, grads, kernels.init(params), params) == 2
+  for got, want in zip(run(kernels), run(per_leaf)):
+    assert_close(got, want, rtol=1e-6)
+  add = functools.partial(fused.apply_updates, interpret=INTERPRET)
+  assert pallas_calls(add, params, grads) == 2
+  for key, value in jax.jit(add)(params, grads).items():
+    np.testing.assert_array_equal(np.asarray(value, np.float32),
+                                  np.asarray(optax.apply_updates(params, grads)[key], np.float32), err_msg=key)
+
+
 def test_with_optax_multisteps_the_kernels_run_every_kth_call():
   per_leaf, kernels = sgd_pair(optim.lars_rate(1e-2))
   want, _, _ = run(optax.MultiSteps(per_leaf, 2), steps=4)
