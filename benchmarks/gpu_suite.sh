@@ -344,7 +344,8 @@ for name in ${PARTS//,/ }; do
         # arrays; 50 per call leave ~0.02 ms of it per update, and the loop adds ~2 small kernels per update,
         # compiled for an H100 here; the compile time does not depend on the count). Each row compiles
         # once; the fused rows took 17 s (momentum), 22 s (lars) and 106 s (lamb) on the H200 (2026-11-30, at
-        # b40ebda, when they compiled twice and the part ran out of time).
+        # b40ebda, when they compiled twice and the part ran out of time), in one kernel per pass; since
+        # 2026-12-01 a kernel takes up to 96 leaves, which compile 1.6x-2.6x faster here.
         part optimizer "$LIMIT_OPTIMIZER" "$PYTHON" -m benchmarks.optimizer --trees resnet50 --rounds 21 --write-noisy \
             --updates-per-call 50 --trace \
             --optimizers "momentum SGD (lbjax momentum), fused layout;optax.lars;lbjax lars;lars, one rate vector (the design of 2026-11-26, experiment);lbjax lars, flat layout;lbjax lars, fused layout;optax.lamb;lbjax lamb (all leaves);lbjax lamb (all leaves), flat layout;lbjax lamb (all leaves), fused layout"

@@ -558,14 +558,15 @@ the optimizer's state in that layout, block sums and one `segment_sum` per sum, 
 a few concatenation, scatter and elementwise kernels and one kernel per group of equally shaped leaves to
 write the weights back: XLA groups sibling slices of a buffer by shape, and ResNet-50's 161 leaves have 22
 shapes, so a design whose outputs are the leaves stays above 20 on this tree within XLA. The fused layout
-(`layout="fused"`, `lbjax.optim.fused`) is not: two Pallas (Triton) kernels, in which each program takes a
-chunk of 4,096 values of whichever leaf it covers, write every leaf (LARS: the norms, then the update and the
-momentum in place; LAMB: Adam's moments, direction and the norms, then the update), a few small XLA kernels
-turn the chunk sums into the rates, and a third Pallas kernel adds the updates to the weights in place
+(`layout="fused"`, `lbjax.optim.fused`) is not: two passes of Pallas (Triton) kernels, in which each program
+takes a chunk of 4,096 values of whichever leaf it covers, write every leaf (LARS: the norms, then the update
+and the momentum in place; LAMB: Adam's moments, direction and the norms, then the update), a few small XLA
+kernels turn the chunk sums into the rates, and a third pass adds the updates to the weights in place
 (`fused.apply_updates`, which its rows use instead of `optax.apply_updates`: XLA cannot fuse an addition into
-a kernel it did not write, and would add each leaf in a kernel of its own). Its bytes are the per-leaf
-layout's plus one write and one read of the update (4 + 4 bytes per parameter). bfloat16 LAMB moments add
-kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves). The train-step rows
+a kernel it did not write, and would add each leaf in a kernel of its own); a kernel covers up to 96 leaves
+(Triton's compile grows with the square of a kernel's leaves), so a pass over ResNet-50's 161 is two. Its bytes are
+the per-leaf layout's plus one write and one read of the update (4 + 4 bytes per parameter). bfloat16 LAMB
+moments add kernels on the GPU (436 vs 289; 132 of them are copies of small bfloat16 moment leaves). The train-step rows
 (`--step-kernels`) compile the trainer's whole ResNet-50 step (bfloat16, batch 256 on one GPU, no accumulation
 loop) with the config's LARS in both layouts and with momentum SGD: what LARS adds to the launches of a step
 (issue 29's target there: at most 1.02x the momentum step's time). "State in XLA's layouts": the same step

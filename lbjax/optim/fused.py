@@ -39,16 +39,19 @@ JAX without it the layout is refused when built (use "flat"), and `apply_updates
 `optax.apply_updates`.
 
 Compiled for an H100 (deviceless, `python -m benchmarks.optimizer --kernels-for h100`), a ResNet-50 update
-with its weight update (`apply_updates`) launches 7 kernels for LARS and PercentDelta, 9 for LAMB and 2
+with its weight update (`apply_updates`) launches 9 kernels for LARS and PercentDelta, 12 for LAMB and 4
 for momentum SGD (per leaf: 380, 279, 289 and 161; the flat layout 32, 33 and 34). In place: the momentum
 (LAMB's moments) and, with `apply_updates`, the weights are written where the old ones were, so a jitted
 step should donate them. Not for `lbjax-train`: its step keeps the previous state until it knows the
 update is finite (`lbjax.train.step`), which the in-place kernels defeat (the trainer refuses the layout).
 
-Compiling is slow: on an H200 (jax 0.11.2) 17 s for momentum SGD, 22 s for LARS and 106 s for LAMB on
-ResNet-50's 161 leaves (per leaf 2-5 s). Triton's coalescing pass visits, for every load and store, every
-op connected to it, which in a kernel with a branch per leaf is the whole kernel: the compile grows with
-the leaves times the kernel's size (benchmarks/README.md, Findings 10).
+Compiling takes longer than per leaf (2-5 s on an H200): Triton's coalescing pass visits, for every load
+and store, every op connected to it, which in a kernel with a branch per leaf is the whole kernel, so a
+kernel's compile grows with the square of its leaves. Cut into kernels of up to 96 leaves
+(`multi_tensor_apply.LEAVES_PER_KERNEL`: two per pass on ResNet-50), the updates compile deviceless for an
+H100 on 2 Intel Xeon cores (2026-12-01) in 4.7 s (momentum SGD), 7.5 s (LARS) and 27 s (LAMB), against
+7.9, 11 and 69 s as one kernel per pass, which took 17, 22 and 106 s on an H200 machine
+(benchmarks/README.md, Findings 10).
 
 References:
   NVIDIA apex, `multi_tensor_apply` (csrc/multi_tensor_apply.cuh) and `multi_tensor_lamb.cu`: every
