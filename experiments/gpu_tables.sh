@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The PTB runs owed to a GPU session (issue 31), for a lent device machine: several variant-table
-# processes ("lanes") share one GPU, working down the tables in order of priority; a packer writes
-# $OUT/tables.tgz every 30 s, so a call cut off at its limit still returns what finished.
+# The PTB runs owed to a GPU session, for a lent device machine: several processes ("lanes") share one GPU,
+# working down the variant tables (JOBS) and the batch warm-up comparisons (WARMUPS) in order of priority; a
+# packer writes $OUT/tables.tgz every 30 s, so a call cut off at its limit still returns what finished.
 #
-#   nothing is owed now: every committed PTB table has seeds 0-2 of every row. To run more seeds of a table,
-#   add it to JOBS as "table results-prefix seeds [rows]" (for example "ptb_lstm_fig7_50_epochs
-#   ptb_lstm_fig7_50_epochs 3,4").
+#   owed now: the PTB batch warm-up comparison (`experiments.critical_batch warmup`, 4 runs x seeds 0-2: the
+#   baseline B=20, LEGW, the noise-scale policy and the warm-up from the measured CBS curve), whose CPU runs
+#   (about 70 min each, two at a time; seeds 0-1 and part of 2) were lost with the machine on 2026-12-01; on
+#   the H200 a PTB run takes 40-190 s. The runs resume from their checkpoints in a second call to a warm machine.
+#   Every committed PTB variant table has seeds 0-2 of every row. To run more seeds of a table, add it to
+#   JOBS as "table results-prefix seeds [rows]" (for example "ptb_lstm_fig7_50_epochs ptb_lstm_fig7_50_epochs
+#   3,4"). A warm-up comparison runs whole (it does not start from its committed tables: drop it from WARMUPS
+#   once committed); its lanes share its run directories, each training a run no other lane trains, and each
+#   writes the comparison's files from the runs finished so far after each of its runs.
 # Done on 2026-11-26 and committed: the headline both ways (ptb_lstm_headline.md, "Evaluated again"; the
 # stream evaluation needs the runs' checkpoints, so it is `experiments.reevaluate` on the machine that
 # trained them), the five hypotheses rows, and seed 1 of Figure 5.2's LEGW rows. Done on 2026-11-28
@@ -21,7 +27,7 @@
 # On the device (the `run` tool of the device machine), carrying .whl:
 #   run(command="bash experiments/gpu_tables.sh", carry=[".whl"], timeout_s=600)
 # Back here, the tables it finished (CSV, markdown, plot; not the lanes' logs) go over the committed ones:
-#   tar xzf <files_at>/tables.tgz -C docs/results --wildcards './ptb_lstm_*'
+#   tar xzf <files_at>/tables.tgz -C docs/results --wildcards './ptb_lstm_*' './critical_batch_*'
 # `--dry-run` prints what would run; LANES (default 4) and BUDGET_SECONDS (default 480, the lanes'
 # share of the call) tune it. The mechanics can be tried here (CPU; trains a minute, records nothing):
 #   OUT=/tmp/o PYTHON=.venv/bin/python LANES=2 BUDGET_SECONDS=45 bash experiments/gpu_tables.sh
@@ -38,8 +44,11 @@ LANES=${LANES:-4}
 BUDGET_SECONDS=${BUDGET_SECONDS:-480}
 # (table, results prefix, seeds, rows if not all): the order is the priority.
 JOBS=()
-if [[ ${#JOBS[@]} -eq 0 && "${1:-}" != "--prepare" ]]; then
-  echo "gpu_tables.sh: nothing is owed (JOBS is empty); add a table to JOBS to run more seeds (see the top)" >&2
+# (adaptive-batch config, CBS table in docs/results, results prefix, seeds): run before JOBS.
+WARMUPS=("adaptive_batch_ptb critical_batch_ptb critical_batch_ptb_warmup 0,1,2")
+if [[ ${#JOBS[@]} -eq 0 && ${#WARMUPS[@]} -eq 0 && "${1:-}" != "--prepare" ]]; then
+  echo "gpu_tables.sh: nothing is owed (JOBS and WARMUPS are empty); add a table to JOBS to run more seeds" \
+       "(see the top)" >&2
   exit 0
 fi
 
@@ -53,7 +62,12 @@ if [[ "${1:-}" == "--prepare" ]]; then
 fi
 
 lane_commands() {  # the commands one lane runs, in order
-  local job table out seeds rows
+  local job table out seeds rows config cbs
+  for job in "${WARMUPS[@]}"; do  # the valid split's perplexity decides, as in critical_batch_notes.md
+    read -r config cbs out seeds <<< "$job"
+    echo "$PYTHON -m experiments.critical_batch warmup --config $config --overrides data_options.eval_split=valid" \
+         "--cbs $RESULTS/$cbs.csv --seeds $seeds --out $OUT_DIR/$out --workdir $RUNS/$out"
+  done
   for job in "${JOBS[@]}"; do
     read -r table out seeds rows <<< "$job"
     echo "$PYTHON -m experiments.variant_table $TABLES/$table.json --out $OUT_DIR/$out --workdir $RUNS/$table" \
