@@ -1,14 +1,15 @@
 """papers/002: decaying LR vs increasing batch vs hybrid, compared by test accuracy and updates.
 
-  python -m experiments.batch_schedule --config batch_schedule_mnist \
+  python -m experiments.batch_schedule --config batch_schedule_mnist --seeds 0,1,2 \
       --out reproduced/batch_schedule_mnist --workdir runs/batch_schedule_mnist
 
-Trains the config with the variant `schedule=<s>[,<variant>]` (`lbjax-train --config
-batch_schedule_mnist:schedule=<s>`) for each realisation s in `<workdir>/<s>` (a finished
-run is not trained again; an interrupted one resumes from its checkpoint), then writes
-`<out>.csv` (every evaluation: schedule, epoch, step, examples_seen, test_accuracy), `<out>.md` (final
-accuracy and number of parameter updates per realisation) and `<out>.png` (test accuracy vs epochs and
-vs parameter updates, side by side).
+Trains the config with the variant `schedule=<s>,seed=<k>[,<variant>]` (`lbjax-train --config
+batch_schedule_mnist:schedule=<s>,seed=<k>`) for each realisation s and seed k in `<workdir>/<s>_seed<k>`
+(a finished run is not trained again; an interrupted one resumes from its checkpoint), then writes
+`<out>.csv` (every evaluation: schedule, seed, epoch, step, test_accuracy, final), `<out>.md` (per
+realisation: its batch sizes, parameter updates and final test accuracy, mean ± sample sd over the seeds
+and each seed's) and `<out>.png` (test accuracy vs epochs and vs parameter updates, side by side, a line
+per seed).
 """
 
 import argparse
@@ -21,6 +22,7 @@ from experiments import config_spec
 from experiments import fields_the_experiment_sets
 from experiments import run_records
 from experiments import runner
+from experiments import sweep_table
 from experiments import variant_fields
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
@@ -30,79 +32,113 @@ LABELS = {"decay_lr": "decaying learning rate", "grow_batch": "increasing batch 
           "hybrid": "hybrid (batch up to B_max, then LR decay)"}
 
 
-def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULES,
-                  variant: str = "", max_device_batch: int = 0) -> dict[str, float]:
-  """Trains each realisation not yet finished in `<workdir>/<schedule>`.
+def run_dir(workdir: str, schedule: str, seed: int) -> pathlib.Path:
+  return pathlib.Path(workdir) / f"{schedule}_seed{seed}"
 
-  `config` is a packaged config or a config file whose variant key `schedule` chooses the realisation
-  (`batch_schedule_mnist`); `variant` adds keys for every run (e.g. `"epochs=5"`).
-  `max_device_batch` > 0 computes larger batches as accumulated micro-batches of that size (the same
-  update; faster on CPU).
+
+def argument_problem(schedules: Sequence[str], seeds: Sequence[int], max_device_batch: int) -> str:
+  """What is wrong with these arguments of `run_schedules`, or "" if nothing."""
+  if any(s not in SCHEDULES for s in schedules) or not schedules:
+    return f"schedules {list(schedules)} must be a non-empty subset of {', '.join(SCHEDULES)}."
+  if max_device_batch < 0:
+    return f"max_device_batch must be >= 0 (0 = no accumulation), got {max_device_batch}."
+  if not seeds or len(set(seeds)) != len(seeds):
+    return f"seeds {list(seeds)} must be distinct integers, at least one."
+  return ""
+
+
+def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULES,
+                  variant: str = "", max_device_batch: int = 0, seeds: Sequence[int] = (0,)
+                  ) -> dict[tuple[str, int], float]:
+  """Trains each (realisation, seed) not yet finished in `<workdir>/<schedule>_seed<seed>`, seed by seed.
+
+  `config` is a packaged config or a config file whose variant keys `schedule` and `seed` choose the
+  realisation and the seed (`batch_schedule_mnist`); `variant` adds keys for every run (e.g.
+  `"epochs=5"`). `max_device_batch` > 0 computes larger batches as accumulated micro-batches of that
+  size (the same update; faster on CPU).
 
   Returns:
     The wall-clock seconds each run took in this call (0 for runs already finished).
 
   Raises:
-    ValueError: an unknown schedule name (before any training).
+    ValueError: what `argument_problem` finds wrong (before any training).
   """
-  unknown = [s for s in schedules if s not in SCHEDULES]
-  if unknown or not schedules:
-    raise ValueError(f"schedules {list(schedules)} must be a non-empty subset of {', '.join(SCHEDULES)}.")
-  if max_device_batch < 0:
-    raise ValueError(f"max_device_batch must be >= 0 (0 = no accumulation), got {max_device_batch}.")
-  configs = {s: config_files.load(config_spec(config, f"schedule={s}", variant)).config for s in schedules}
+  if problem := argument_problem(schedules, seeds, max_device_batch):
+    raise ValueError(problem)
+  configs = {(s, k): config_files.load(config_spec(config, f"schedule={s}", f"seed={k}", variant)).config
+             for k in seeds for s in schedules}
   seconds = {}
-  for schedule, run_config in configs.items():
+  for (schedule, seed), run_config in configs.items():
     if max_device_batch:
       run_config.max_device_batch = max_device_batch
-    row = runner.run_once(run_config, pathlib.Path(workdir) / schedule, name=schedule, prefix="[batch_schedule]")
-    seconds[schedule] = row.seconds
+    row = runner.run_once(run_config, run_dir(workdir, schedule, seed), name=schedule, prefix="[batch_schedule]")
+    seconds[(schedule, seed)] = row.seconds
   return seconds
 
 
-def curves(workdir: str, schedules: Sequence[str] = SCHEDULES) -> dict[str, list[dict[str, Any]]]:
-  """The evaluation records of each finished realisation in `workdir`."""
-  return {s: run_records.eval_curve(pathlib.Path(workdir) / s) for s in schedules}
+def curves(workdir: str, schedules: Sequence[str] = SCHEDULES, seeds: Sequence[int] = (0,)
+           ) -> dict[tuple[str, int], list[dict[str, Any]]]:
+  """The evaluation records of each (realisation, seed) whose run started in `workdir`."""
+  return {(s, k): run_records.eval_curve(run_dir(workdir, s, k)) for s in schedules for k in seeds
+          if (run_dir(workdir, s, k) / "metrics.jsonl").is_file()}
 
 
-def _batch_history(workdir: str, schedule: str) -> str:
-  compiles = run_records.read_records(pathlib.Path(workdir) / schedule, "compile")
+def _batch_history(workdir: str, schedule: str, seed: int) -> str:
+  compiles = run_records.read_records(run_dir(workdir, schedule, seed), "compile")
   sizes = [r["batch_size"] for r in compiles]  # one compile per batch size, in the order used
   return " → ".join(str(s) for s in dict.fromkeys(sizes))
 
 
-def write_outputs(workdir: str, out: str, schedules: Sequence[str] = SCHEDULES, title: str = "") -> None:
-  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the runs in `workdir`."""
+def write_outputs(workdir: str, out: str, schedules: Sequence[str] = SCHEDULES, title: str = "",
+                  seeds: Sequence[int] = (0,)) -> None:
+  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the runs in `workdir` (a run not started is
+  left out; the table counts each realisation's finished seeds)."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  data = curves(workdir, schedules)
+  data = curves(workdir, schedules, seeds)
   with open(out_path.with_suffix(".csv"), "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(("schedule", "epoch", "step", "test_accuracy", "final"))
-    for schedule, records in data.items():
+    writer.writerow(("schedule", "seed", "epoch", "step", "test_accuracy", "final"))
+    for (schedule, seed), records in data.items():
       for r in records:
-        writer.writerow((schedule, f"{r['epoch']:.4f}", r["step"], f"{r['accuracy']:.4f}", bool(r.get("final"))))
+        writer.writerow((schedule, seed, f"{r['epoch']:.4f}", r["step"], f"{r['accuracy']:.4f}",
+                         bool(r.get("final"))))
   title = title or "Decaying LR vs increasing batch (papers/002)"
-  lines = [f"# {title}", "", "| realisation | batch sizes | parameter updates | final test accuracy |",
-           "|---|---|---:|---:|"]
-  for schedule, records in data.items():
-    final = records[-1]
-    lines.append(f"| {LABELS[schedule]} | {_batch_history(workdir, schedule)} | {final['step']} | "
-                 f"{100 * final['accuracy']:.2f}% |")
+  lines = [f"# {title}", "", f"Seeds {', '.join(map(str, seeds))}: final test accuracy as mean ± sample sd over "
+           "the seeds that finished, then each seed's.", "",
+           "| realisation | batch sizes | parameter updates | final test accuracy | seeds | per seed |",
+           "|---|---|---:|---:|---:|---|"]
+  for schedule in schedules:
+    finals = {seed: records[-1] for (s, seed), records in data.items()
+              if s == schedule and records and records[-1].get("final")}
+    if not finals:
+      lines.append(f"| {LABELS[schedule]} | | | not run | 0/{len(seeds)} | |")
+      continue
+    histories = {_batch_history(workdir, schedule, seed) for seed in finals}
+    updates = sorted({r["step"] for r in finals.values()})
+    accuracies = [r["accuracy"] for r in finals.values()]
+    per_seed = ", ".join(f"{100 * value:.2f}% (seed {seed})" for seed, value in zip(finals, accuracies))
+    lines.append(f"| {LABELS[schedule]} | {' / '.join(sorted(histories))} | {' / '.join(map(str, updates))} | "
+                 f"{sweep_table.mean_sd(accuracies, scale=100.0, unit='%')} | {len(finals)}/{len(seeds)} | "
+                 f"{per_seed} |")
   out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
   _plot(data, title, out_path.with_suffix(".png"))
 
 
-def _plot(data: dict[str, list[dict[str, Any]]], title: str, path: pathlib.Path) -> None:
+def _plot(data: dict[tuple[str, int], list[dict[str, Any]]], title: str, path: pathlib.Path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   figure, (by_epoch, by_step) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-  for schedule, records in data.items():
+  labelled = set()
+  for (schedule, _), records in data.items():
     accuracy = [100 * r["accuracy"] for r in records]
-    by_epoch.plot([r["epoch"] for r in records], accuracy, marker=".", label=LABELS[schedule])
-    by_step.plot([r["step"] for r in records], accuracy, marker=".", label=LABELS[schedule])
+    color = f"C{SCHEDULES.index(schedule)}"
+    label = None if schedule in labelled else LABELS[schedule]
+    labelled.add(schedule)
+    by_epoch.plot([r["epoch"] for r in records], accuracy, marker=".", color=color, alpha=0.8, label=label)
+    by_step.plot([r["step"] for r in records], accuracy, marker=".", color=color, alpha=0.8, label=label)
   by_epoch.set_xlabel("epochs")
   by_step.set_xlabel("parameter updates")
   by_step.set_xscale("log")
@@ -128,14 +164,17 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--title", default="")
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
+  parser.add_argument("--seeds", type=runner.ints, default=(0, 1, 2), help="comma-separated, e.g. 0,1,2")
   args = parser.parse_args(argv)
   spec = config_spec(args.config, args.variant)
-  if refusal := fields_the_experiment_sets(variant_fields(spec), {"schedule": "--schedules"},
+  if refusal := fields_the_experiment_sets(variant_fields(spec), {"schedule": "--schedules", "seed": "--seeds"},
                                            f"the variant of {spec!r}"):
     parser.error(refusal)
   schedules = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
-  run_schedules(args.config, args.workdir, schedules, args.variant, args.max_device_batch)
-  write_outputs(args.workdir, args.out, schedules, args.title)
+  if problem := argument_problem(schedules, args.seeds, args.max_device_batch):
+    parser.error(problem)
+  run_schedules(args.config, args.workdir, schedules, args.variant, args.max_device_batch, args.seeds)
+  write_outputs(args.workdir, args.out, schedules, args.title, args.seeds)
 
 
 if __name__ == "__main__":

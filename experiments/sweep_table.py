@@ -10,6 +10,7 @@ import dataclasses
 import math
 import pathlib
 import statistics
+from typing import Sequence
 
 from experiments.runner import RunRow
 
@@ -96,6 +97,16 @@ def summarize(rows: list[RunRow]) -> dict[tuple[str, int], PointSummary]:
 def format_value(value: float, metric: str) -> str:
   """An accuracy in percent with two decimals, a perplexity with two decimals."""
   return f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.2f}"
+
+
+def mean_sd(values: Sequence[float], fmt: str = "{:.2f}", scale: float = 1.0, unit: str = "") -> str:
+  """Mean ± sample standard deviation of `values` (times `scale`, each formatted by `fmt`, then `unit`);
+  the mean alone for one value, "–" for none."""
+  if not values:
+    return "–"
+  values = [scale * v for v in values]
+  mean = fmt.format(statistics.fmean(values))
+  return (mean if len(values) == 1 else f"{mean} ± {fmt.format(statistics.stdev(values))}") + unit
 
 
 def format_summary(point: PointSummary | None, metric: str) -> str:

@@ -47,6 +47,7 @@ import ml_collections
 from experiments import config_spec
 from experiments import run_records
 from experiments import runner
+from experiments import sweep_table
 from experiments.runner import RunRow
 from lbjax import config_files
 from lbjax import train
@@ -220,11 +221,7 @@ def _describe(row: TableRow) -> str:
 
 
 def _mean_sd(values: list[float]) -> str:
-  finite = [v for v in values if math.isfinite(v)]
-  if not finite:
-    return "–"
-  text = f"{statistics.fmean(finite):.2f}"
-  return text + (f" ± {statistics.stdev(finite):.2f}" if len(finite) > 1 else "")
+  return sweep_table.mean_sd([v for v in values if math.isfinite(v)])
 
 
 def _evaluations_section(table: Table, evaluations: Sequence[run_records.Evaluation],

@@ -4,7 +4,6 @@ policy, each with seeds, and its table of updates and examples to a target quali
 import dataclasses
 import json
 import pathlib
-import statistics
 from typing import Sequence
 
 import ml_collections
@@ -14,6 +13,7 @@ from experiments import config_spec
 from experiments import run_records
 from experiments.critical_batch.grid import at_batch, load_config, train_examples
 from experiments.sweep import METRIC_KEYS
+from experiments.sweep_table import mean_sd
 from lbjax import schedules
 from lbjax import train
 from lbjax.train import optimizer as optimizer_lib
@@ -181,15 +181,6 @@ def summarize_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int],
   return summaries
 
 
-def _spread(values: Sequence[float], fmt: str, scale: float = 1.0, unit: str = "") -> str:
-  """Mean ± sample sd of `values` (times `scale`), or "–" when there are none."""
-  if not values:
-    return "–"
-  values = [scale * v for v in values]
-  mean = fmt.format(statistics.fmean(values))
-  return (mean if len(values) == 1 else f"{mean} ± {fmt.format(statistics.stdev(values))}") + unit
-
-
 def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out: pathlib.Path, command: str,
                  title: str, sizes: Sequence[int], boundaries: Sequence[float], source: str,
                  extra_targets: Sequence[float] = ()) -> None:
@@ -217,9 +208,9 @@ def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out
               "examples to target |", "|---|---:|---:|---:|---:|---:|---:|"]
     for s in summarize_warmup(configs, workdir, seeds, target, metric, num_examples):
       reached = f" ({len(s.updates_to_target)} of {s.seeds})" if len(s.updates_to_target) < s.seeds else ""
-      lines.append(f"| {s.run} | {len(s.final)}/{len(seeds)} | {_spread(s.final, '{:.2f}', scale, unit)} | "
-                   f"{_spread(s.test, '{:.2f}', scale, unit)} | {_spread(s.updates, '{:.0f}')} | "
-                   f"{_spread(s.updates_to_target, '{:.0f}')}{reached} | {_spread(s.examples_to_target, '{:.0f}')}"
+      lines.append(f"| {s.run} | {len(s.final)}/{len(seeds)} | {mean_sd(s.final, '{:.2f}', scale, unit)} | "
+                   f"{mean_sd(s.test, '{:.2f}', scale, unit)} | {mean_sd(s.updates, '{:.0f}')} | "
+                   f"{mean_sd(s.updates_to_target, '{:.0f}')}{reached} | {mean_sd(s.examples_to_target, '{:.0f}')}"
                    f"{reached} |")
     lines.append("")
   out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import json
 import math
 import pathlib
 
@@ -181,13 +182,56 @@ def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
     return RunRow(name, config.seed, "test", "accuracy", 0.9, "done", 0.1, 0.0, 5.0, 10, 1.0)
 
   monkeypatch.setattr(batch_schedule.runner, "run_once", run_once)
-  batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), variant="epochs=5", max_device_batch=128)
-  assert set(trained) == set(batch_schedule.SCHEDULES)
-  assert trained["decay_lr"].lr.decay == "multistep_decay" and trained["decay_lr"].lr.boundaries == (2.0, 3.0, 4.0)
-  assert trained["grow_batch"].batch_sizes == (128, 640, 3200, 16000)
+  batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), variant="epochs=5", max_device_batch=128,
+                               seeds=(0, 3))
+  assert set(trained) == {f"{s}_seed{k}" for s in batch_schedule.SCHEDULES for k in (0, 3)}
+  decay = trained["decay_lr_seed0"]
+  assert decay.lr.decay == "multistep_decay" and decay.lr.boundaries == (2.0, 3.0, 4.0)
+  assert trained["grow_batch_seed3"].batch_sizes == (128, 640, 3200, 16000)
   assert all(c.num_epochs == 5.0 and c.max_device_batch == 128 for c in trained.values())
+  assert {c.seed for name, c in trained.items() if name.endswith("_seed3")} == {3}
   with pytest.raises(ValueError, match="must be a non-empty subset"):
     batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow",))
+  with pytest.raises(ValueError, match="must be distinct integers"):
+    batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), seeds=(1, 1))
+
+
+def test_batch_schedule_tables_every_seed_and_their_mean_and_spread(tmp_path):
+  """The table: per realisation its batch sizes, updates, mean ± sample sd of the final accuracy over the
+  seeds that finished (a seed still running is counted out) and each seed's; the CSV a row per evaluation."""
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  finals = {("decay_lr", 0): 0.98, ("decay_lr", 1): 0.99, ("grow_batch", 0): 0.97}
+  for (schedule, seed), accuracy in finals.items():
+    directory = batch_schedule.run_dir(str(tmp_path), schedule, seed)
+    directory.mkdir()
+    sizes = (128,) if schedule == "decay_lr" else (128, 640)
+    records = [{"kind": "compile", "step": 5 * i, "batch_size": size} for i, size in enumerate(sizes)] + [
+        {"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": accuracy - 0.1},
+        {"kind": "eval", "step": 10, "epoch": 2.0, "accuracy": accuracy, "final": True}]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  running = batch_schedule.run_dir(str(tmp_path), "grow_batch", 1)
+  running.mkdir()
+  (running / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": 0.5})
+                                         + "\n")
+  out = tmp_path / "out"
+  batch_schedule.write_outputs(str(tmp_path), str(out), seeds=(0, 1))
+  table = out.with_suffix(".md").read_text()
+  assert "| decaying learning rate | 128 | 10 | 98.50 ± 0.71% | 2/2 | 98.00% (seed 0), 99.00% (seed 1) |" in table
+  assert "| increasing batch size | 128 → 640 | 10 | 97.00% | 1/2 | 97.00% (seed 0) |" in table
+  assert "| hybrid (batch up to B_max, then LR decay) | | | not run | 0/2 | |" in table
+  with open(out.with_suffix(".csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 2 * 3 + 1 and {r["seed"] for r in rows} == {"0", "1"}
+  assert out.with_suffix(".png").is_file()
+
+
+def test_batch_schedule_refuses_repeated_seeds_before_training(monkeypatch, tmp_path, capsys):
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(batch_schedule.runner, "run_once", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    batch_schedule.main(["--config", "batch_schedule_mnist", "--seeds", "1,1", "--out", str(tmp_path / "out"),
+                         "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2 and "seeds [1, 1] must be distinct integers" in capsys.readouterr().err
 
 
 def test_batch_schedule_refuses_a_variant_that_sets_the_schedule(monkeypatch, tmp_path, capsys):
@@ -199,6 +243,10 @@ def test_batch_schedule_refuses_a_variant_that_sets_the_schedule(monkeypatch, tm
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and "the variant of 'batch_schedule_mnist:schedule=hybrid' sets schedule, which " \
       "the experiment sets itself (--schedules): drop it there." in err
+  with pytest.raises(SystemExit):
+    batch_schedule.main(["--config", "batch_schedule_mnist:seed=1", "--out", str(tmp_path / "out"),
+                         "--workdir", str(tmp_path / "runs")])
+  assert "sets seed, which the experiment sets itself (--seeds)" in capsys.readouterr().err
 
 
 def test_seeds_run_each_point_once_per_seed_and_report_mean_and_spread(tmp_path, capsys):
