@@ -15,6 +15,7 @@ per seed).
 import argparse
 import csv
 import pathlib
+import shlex
 import sys
 from typing import Any, Sequence
 
@@ -90,9 +91,9 @@ def _batch_history(workdir: str, schedule: str, seed: int) -> str:
 
 
 def write_outputs(workdir: str, out: str, schedules: Sequence[str] = SCHEDULES, title: str = "",
-                  seeds: Sequence[int] = (0,)) -> None:
-  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the runs in `workdir` (a run not started is
-  left out; the table counts each realisation's finished seeds)."""
+                  seeds: Sequence[int] = (0,), command: str = "") -> None:
+  """Writes `<out>.csv`, `<out>.md` (under `command`, the one that made it, if given) and `<out>.png` from the
+  runs in `workdir` (a run not started is left out; the table counts each realisation's finished seeds)."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   data = curves(workdir, schedules, seeds)
@@ -104,8 +105,9 @@ def write_outputs(workdir: str, out: str, schedules: Sequence[str] = SCHEDULES, 
         writer.writerow((schedule, seed, f"{r['epoch']:.4f}", r["step"], f"{r['accuracy']:.4f}",
                          bool(r.get("final"))))
   title = title or "Decaying LR vs increasing batch (papers/002)"
-  lines = [f"# {title}", "", f"Seeds {', '.join(map(str, seeds))}: final test accuracy as mean ± sample sd over "
-           "the seeds that finished, then each seed's.", "",
+  seed_list = f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+  lines = [f"# {title}", "", *([f"Command: `{command}`", ""] if command else []),
+           f"{seed_list}: final test accuracy as mean ± sample sd over the seeds that finished, then each seed's.", "",
            "| realisation | batch sizes | parameter updates | final test accuracy | seeds | per seed |",
            "|---|---|---:|---:|---:|---|"]
   for schedule in schedules:
@@ -165,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
   parser.add_argument("--seeds", type=runner.ints, default=(0, 1, 2), help="comma-separated, e.g. 0,1,2")
+  argv = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
   spec = config_spec(args.config, args.variant)
   if refusal := fields_the_experiment_sets(variant_fields(spec), {"schedule": "--schedules", "seed": "--seeds"},
@@ -174,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   if problem := argument_problem(schedules, args.seeds, args.max_device_batch):
     parser.error(problem)
   run_schedules(args.config, args.workdir, schedules, args.variant, args.max_device_batch, args.seeds)
-  write_outputs(args.workdir, args.out, schedules, args.title, args.seeds)
+  write_outputs(args.workdir, args.out, schedules, args.title, args.seeds,
+                "python -m experiments.batch_schedule " + shlex.join(argv))
 
 
 if __name__ == "__main__":
