@@ -22,7 +22,7 @@ ResNet-50), since XLA:GPU fuses sibling loops only when their outputs have the s
    state this layout keeps: the same `LayerwiseRateState`, learning-rate count and per-leaf momentum,
    so a checkpoint moves between layouts and `trust_ratios` reads it.
 
-LAMB (`lamb`) has the same two passes: its first kernel updates Adam's moments, writes Adam's direction
+LAMB (`lamb`) has the same two passes: its first updates Adam's moments, writes Adam's direction
 `r` and sums the trust ratio's norms (`|w|^2`, `|r + beta w|^2`); its second writes the update. Momentum
 SGD (`momentum_sgd`, the baseline LARS is compared with) is one pass.
 
@@ -104,7 +104,7 @@ def _number_of_sums(rate: layerwise.SummedRate, weight_decay: Any) -> int:
 def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array | None],
                gs: list[jax.Array | None], places: list[LeafChunks | None],
                interpret: bool) -> list[jax.Array]:
-  """Kernel 1: each program's sums of `rate.sums` over its chunk, one float32 vector per sum (a
+  """Pass 1: each program's sums of `rate.sums` over its chunk, one float32 vector per sum (a
   program's entry at its id). `ws`, `gs`: the flattened leaves (None where `places` is)."""
 
   def body(chunk: Chunk) -> None:
@@ -118,7 +118,7 @@ def chunk_sums(rate: layerwise.SummedRate, weight_decay: Any, ws: list[jax.Array
 def momentum_step(ws, gs, vs, rates, slots, places, hyper: dict[str, Any], skip_decay: bool,
                   nesterov: bool, out_dtypes: list[tuple[Any, Any]], interpret: bool
                   ) -> tuple[list[jax.Array], list[jax.Array]]:
-  """Kernel 2: each program's chunk of the update and the new momentum, as `layerwise.layerwise_sgd`
+  """Pass 2: each program's chunk of the update and the new momentum, as `layerwise.layerwise_sgd`
   computes them (module doc). `slots`: each leaf's first entry in `rates`, None if unselected;
   `hyper`: `weight_decay`, `momentum` and `step_<dtype>` (the learning-rate factor in each update dtype,
   `-gamma_t` rounded as optax rounds it); `out_dtypes`: each leaf's (update, momentum) dtypes. Returns
@@ -202,7 +202,7 @@ class _Tree(_Leaves):
     return cls(treedef, [g.shape for g in gs], kept, ws, gs, sizes, slots, rates_layout)
 
   def selected_chunks(self) -> list[LeafChunks | None]:
-    """The programs over the selected leaves (kernel 1 of `layerwise_sgd`)."""
+    """The programs over the selected leaves (pass 1 of `layerwise_sgd`)."""
     return chunks([size if slot is not None else None for size, slot in zip(self.sizes, self.slots)])
 
   def rates(self, rate: layerwise.SummedRate, chunk_vectors: list[jax.Array], places: list[LeafChunks | None],
@@ -328,7 +328,7 @@ def layerwise_sgd(
 def adam_moments(ws, gs, mus, nus, rate, slots, places, hyper: dict[str, Any],
                  out_dtypes: list[tuple[Any, Any, Any]], interpret: bool
                  ) -> tuple[list[jax.Array], list[jax.Array], list[jax.Array], list[jax.Array]]:
-  """LAMB's kernel 1: each program's chunk of Adam's moments and direction, and of the rate's sums.
+  """LAMB's pass 1: each program's chunk of Adam's moments and direction, and of the rate's sums.
 
       mu' = (1 - b1) g + b1 mu,   nu' = (1 - b2) g^2 + b2 nu,   r = (mu' / c1) / (sqrt(nu' / c2 + eps_root) + eps)
 
@@ -365,7 +365,7 @@ def adam_moments(ws, gs, mus, nus, rate, slots, places, hyper: dict[str, Any],
 
 def scaled_direction(ws, rs, rates, slots, places, hyper: dict[str, Any], skip_decay: bool,
                      out_dtypes: list[Any], interpret: bool) -> list[jax.Array]:
-  """LAMB's kernel 2: each program's chunk of the update `-gamma_t * rate^l * (r + beta * w)` (selected
+  """LAMB's pass 2: each program's chunk of the update `-gamma_t * rate^l * (r + beta * w)` (selected
   leaves; `-gamma_t * r` elsewhere), as `layerwise.scale_by_layerwise_rate` and optax's
   `scale_by_learning_rate` compute it."""
 
@@ -397,8 +397,8 @@ def lamb(
 
       r = Adam's direction (bias-corrected moments),   u^l = -gamma_t * ||w^l|| / ||r^l + beta w^l|| * (r^l + beta w^l)
 
-  (LAMB's Algorithm 2 with phi the identity): kernel 1 (`adam_moments`) updates the moments, writes `r`
-  and sums the trust ratio's norms; kernel 2 (`scaled_direction`) writes the update. `reference` itself
+  (LAMB's Algorithm 2 with phi the identity): pass 1 (`adam_moments`) updates the moments, writes `r`
+  and sums the trust ratio's norms; pass 2 (`scaled_direction`) writes the update. `reference` itself
   off CUDA; the same state.
 
   Args:
