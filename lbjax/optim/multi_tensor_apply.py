@@ -182,6 +182,8 @@ def over_chunks(body: Callable[[Chunk], None], places: list[LeafChunks | None],
     Each per-leaf output as a list over the leaves in `places` (in order), and the per-program outputs
     (programs in `places`' numbering).
   """
+  if not (isinstance(LEAVES_PER_KERNEL, int) and LEAVES_PER_KERNEL >= 1):
+    raise ValueError(f"multi_tensor_apply.LEAVES_PER_KERNEL must be a positive int, got {LEAVES_PER_KERNEL!r}.")
   leaves = [i for i, place in enumerate(places) if place is not None]
   kernels = -(-len(leaves) // LEAVES_PER_KERNEL)
   per_kernel = -(-len(leaves) // kernels)

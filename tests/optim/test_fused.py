@@ -237,6 +237,10 @@ def test_more_leaves_than_a_kernel_takes_go_to_several_kernels_with_the_same_num
     assert_close(got, want, rtol=1e-6)
   add = functools.partial(fused.apply_updates, interpret=INTERPRET)
   assert pallas_calls(add, params, grads) == 2
+  monkeypatch.setattr(multi_tensor_apply, "LEAVES_PER_KERNEL", 0)
+  with pytest.raises(ValueError, match="LEAVES_PER_KERNEL must be a positive int, got 0"):
+    fused.apply_updates(params, grads, interpret=INTERPRET)
+  monkeypatch.setattr(multi_tensor_apply, "LEAVES_PER_KERNEL", 2)
   for key, value in jax.jit(add)(params, grads).items():
     np.testing.assert_array_equal(np.asarray(value, np.float32),
                                   np.asarray(optax.apply_updates(params, grads)[key], np.float32), err_msg=key)
