@@ -48,6 +48,7 @@ LABELS = {"baseline": "baseline B={batch}", "legw": "LEGW, fixed B={batch}",
 
 
 def run_dir(workdir: str, run: str, seed: int) -> pathlib.Path:
+  """Where one run of an experiment trains: `<workdir>/<run>_seed<seed>` (also batch_schedule's)."""
   return pathlib.Path(workdir) / f"{run}_seed{seed}"
 
 

@@ -25,16 +25,13 @@ from experiments import run_records
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
+from experiments.adaptive_batch import run_dir
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
 LABELS = {"decay_lr": "decaying learning rate", "grow_batch": "increasing batch size",
           "hybrid": "hybrid (batch up to B_max, then LR decay)"}
-
-
-def run_dir(workdir: str, schedule: str, seed: int) -> pathlib.Path:
-  return pathlib.Path(workdir) / f"{schedule}_seed{seed}"
 
 
 def argument_problem(schedules: Sequence[str], seeds: Sequence[int], max_device_batch: int) -> str:
