@@ -21,6 +21,7 @@ def test_there_are_the_three_notebooks():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_tiny(path, tmp_path, monkeypatch):
   monkeypatch.setenv("LBJAX_NOTEBOOK_TINY", "1")
+  monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' tempfile.mkdtemp workdirs go with tmp_path
   notebook = nbformat.read(path, as_version=4)
   first = notebook.cells[1].source if notebook.cells[0].cell_type == "markdown" else notebook.cells[0].source
   assert 'if "google.colab" in sys.modules' in first and "pip install" in first
