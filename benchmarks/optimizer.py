@@ -382,14 +382,13 @@ def numerics(updates: dict[str, Update], steps: int) -> dict[str, float]:
           for a, b in pairs if a in updates and b in updates}
 
 
-NOTES = """\
+TIMING_NOTES = """\
 Time per update: median over interleaved rounds [first and third quartiles], in ms; one round runs
 each variant back to back for ~{seconds:g} s. {per_call} x SGD: the per-round ratio to momentum SGD, median
 [quartiles]. Bytes: XLA's `cost_analysis()` of the compiled update (what its fusions read and
 write); GB/s: those bytes over the median time; the last column compares that with the STREAM-like
 scale measured in the same rounds (the memory bandwidth this process got under the same load);
-above 100%, part of what XLA counts came from cache (the PTB LSTM tree, 18.6 MB, and the small
-leaves of ResNet-50 fit in the 32 MiB L3, so the PTB scale runs at cache speed). Kernels: how
+above 100%, part of what XLA counts came from cache. Kernels: how
 many kernels one update (with its apply_updates) launches (`hlo_analysis.kernel_count`: fusions,
 reductions, copies, library calls in the optimised HLO of the backend that ran it, loop bodies once
 per iteration; a GPU merges some by multi-output and horizontal fusion). State bytes / parameter: the optimizer
@@ -404,20 +403,34 @@ in one vector as the state, and update each leaf in one elementwise pass. LAMB a
 the rates as one vector from the stacked sums of all layers (one psum under `shard_map`): every update
 waits for all the reductions. LARS, under `jit`, computes each leaf's rates from that leaf's own sums
 (`SummedRate.leaf_local`), so that XLA:CPU can update a leaf right after its reductions, while it is in
-cache; the one-vector row is LARS computed the other way (the design of 2026-11-26), timed in the same
-rounds, with the same numbers. The flat-buffer row is the design the issue proposed: all kernels
-concatenated, block-padded (1,024), one reduction per buffer and `segment_sum` per layer; on XLA:CPU the
-concatenation is materialised and `segment_sum` is a scatter, and with sharded parameters it needs
-gathers (see the collectives section). The bfloat16 rows store the momentum (LAMB: both moments) in
-bfloat16, computed in float32 (`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter
-instead of 36, since its weights step along the stored momentum. The fused rows (`layout="fused"`,
-`lbjax.optim.fused`, their updates added by `fused.apply_updates`) run Pallas kernels on a CUDA GPU only:
-on any other backend they are the per-leaf update (and `optax.apply_updates`), so their CPU or TPU times
-are the per-leaf rows' and their numerics equal them exactly.
+cache."""
 
-Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4 bytes per parameter,
-487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion on CPU), so
-`optax.sgd` moves 6 x 4 bytes per parameter (585 MiB). LARS needs the norms of w and g of every
+# A paragraph for each kind of row, in the notes only when the table has such a row (a name containing the key).
+ROW_NOTES = {
+    ONE_VECTOR: "The one-vector row is LARS computed the other way (the design of 2026-11-26), timed in the "
+                "same rounds, with the same numbers.",
+    FLAT_BUFFER: "The flat-buffer row is the design the issue proposed: all kernels concatenated, "
+                 "block-padded (1,024), one reduction per buffer and `segment_sum` per layer, the update leaf "
+                 "by leaf; on XLA:CPU the concatenation is materialised and `segment_sum` is a scatter, and with "
+                 "sharded parameters it needs gathers (see the collectives section).",
+    "flat layout": "The flat-layout rows (`layout=\"flat\"`, `lbjax.optim.multi_tensor`) keep the state in a "
+                   "few block-padded buffers and take every layer's sums in a few kernels, for GPUs, where an "
+                   "update is launch-bound; each update concatenates w and g into the layout (full copies "
+                   "XLA cannot alias), so on a CPU, which is not launch-bound, the per-leaf rows are faster.",
+    "bfloat16": "The bfloat16 rows store the momentum (LAMB: both moments) in bfloat16, computed in float32 "
+                "(`lbjax.optim.low_precision`): LARS then moves 30 bytes per parameter instead of 36, since its "
+                "weights step along the stored momentum.",
+    "fused layout": "The fused rows (`layout=\"fused\"`, `lbjax.optim.fused`, their updates added by "
+                    "`fused.apply_updates`) run Pallas kernels of up to 96 leaves each on a CUDA GPU only: on "
+                    "any other backend they are the per-leaf update (and `optax.apply_updates`), so their CPU or "
+                    "TPU times are the per-leaf rows' and their numerics equal them exactly.",
+}
+
+CPU_BYTES_NOTES = """\
+On this CPU the PTB LSTM tree (18.6 MB) and the small leaves of ResNet-50 fit in the 32 MiB L3, so the
+PTB scale runs at cache speed. Bytes an update must move: momentum SGD reads w, g, v and writes w, v (5 x 4
+bytes per parameter, 487 MiB on ResNet-50). XLA:CPU writes v and w in two fusions (no multi-output fusion
+on CPU), so `optax.sgd` moves 6 x 4 bytes per parameter (585 MiB). LARS needs the norms of w and g of every
 kernel before it can update it: one more read of each, and its momentum pass reads w for the
 weight decay: 9 x 4 bytes per parameter (877 MiB), 1.5x SGD by bytes. With multi-output fusion
 (GPU) the update could write v and w in one pass and, carrying ||w_t+1|| from that pass, read only
@@ -432,8 +445,18 @@ one-reduction row) moves the same 877 MiB as `lbjax lars` but runs on XLA's gene
 loop instead of YNNPACK's, which is slower, and the SPMD partitioner gathers its sharded inputs.
 PercentDelta's rate is arithmetic only (no `where`), so XLA fuses its |d / w| and nonzero count
 into their reductions (1,172 MiB accessed, 45 MiB temporaries; a select-based version: 1,363 MiB
-and 195 MiB).
-"""
+and 195 MiB)."""
+
+
+def notes(names, backend, seconds, per_call):
+  """The notes under the optimizer table: how it is measured, a paragraph for each kind of row in
+  `names`, and, on a CPU, what its bytes say."""
+  parts = [TIMING_NOTES.format(seconds=seconds, per_call=per_call)]
+  parts += [text for key, text in ROW_NOTES.items() if any(key in name for name in names)]
+  if backend == "cpu":
+    parts.append(CPU_BYTES_NOTES)
+  return "\n\n".join(parts) + "\n"
+
 
 PER_CALL = {
     False: "One update per jitted call: the time includes the host's dispatch of the call (its arguments and "
@@ -693,7 +716,7 @@ def main() -> None:
   print(body)
   per_call = PER_CALL[args.updates_per_call > 1].format(k=args.updates_per_call)
   check.finish(args, "optimizer", "Optimizer update: `benchmarks/optimizer.py`",
-               body + "\n\n" + NOTES.format(seconds=args.seconds_per_round, per_call=per_call))
+               body + "\n\n" + notes(names, jax.default_backend(), args.seconds_per_round, per_call))
 
 
 if __name__ == "__main__":
