@@ -70,3 +70,14 @@ def test_a_trace_that_fails_is_reported_not_raised(monkeypatch):
   grads = bench.random_tree(SHAPES, seed=1, scale=1e-2)
   busy_ms, lines = bench.traced(bench.Update(bench.optimizers()["lbjax lars"], SHAPES, grads))
   assert busy_ms is None and lines == ["the trace failed: RuntimeError: no profiler here"]
+
+
+def test_the_notes_describe_the_rows_that_ran_and_the_cpu_bytes_only_on_a_cpu():
+  gpu_rows = [bench.SGD, "optax.lars", "lbjax lars", bench.LARS_FLAT]
+  gpu = bench.notes(gpu_rows, "gpu", 0.05, bench.PER_CALL[False])
+  assert bench.ROW_NOTES["flat layout"] in gpu
+  for key in (bench.ONE_VECTOR, bench.FLAT_BUFFER, "bfloat16", "fused layout"):
+    assert bench.ROW_NOTES[key] not in gpu, key
+  assert bench.CPU_BYTES_NOTES not in gpu
+  cpu = bench.notes(list(bench.optimizers()), "cpu", 0.1, bench.PER_CALL[False])
+  assert all(text in cpu for text in bench.ROW_NOTES.values()) and bench.CPU_BYTES_NOTES in cpu
