@@ -151,7 +151,7 @@ def main() -> None:
   parser.add_argument("--seconds-per-round", type=report.positive_float, default=1.0)
   parser.add_argument("--no-readme", action="store_true", help="print only")
   parser.add_argument("--any-batch", action="store_true", help="the any-batch step vs the per-size steps")
-  parser.add_argument("--case", action="append", default=[], metavar="MODEL:BATCH:MICRO",
+  parser.add_argument("--case", action="append", default=[], type=any_batch_case, metavar="MODEL:BATCH:MICRO",
                       help="--any-batch cases instead of the default ones, e.g. mnist_lstm:512:512")
   parser.add_argument("--loop", action="store_true",
                       help="--any-batch in the trainer's host loop (data, batch policy) instead of one placed batch")
@@ -205,22 +205,20 @@ def main() -> None:
   check.finish(args, "accumulation", "Gradient accumulation: k micro-batches vs one batch", table + "\n\n" + notes)
 
 
-def _cases(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
-  cases = []
-  for spec in specs:
-    model, batch_size, micro = spec.split(":")
-    if model not in workloads.MODELS or int(batch_size) % int(micro):
-      raise SystemExit(f"--case {spec}: MODEL:BATCH:MICRO with MODEL in {', '.join(workloads.MODELS)} and "
-                       "BATCH a multiple of MICRO.")
-    cases.append((model, int(batch_size), int(micro)))
-  return tuple(cases)
+def any_batch_case(text: str) -> tuple[str, int, int]:
+  """An argparse type: `MODEL:BATCH:MICRO` -> (model, batch, micro), BATCH a whole number of micro-batches."""
+  model, batch_size, micro = workloads.parse_case(text, ("BATCH", "MICRO"))
+  if batch_size % micro:
+    raise argparse.ArgumentTypeError(f"{text!r}: BATCH {batch_size} is not a whole number of micro-batches of "
+                                     f"MICRO {micro}; use a BATCH that is a multiple of MICRO.")
+  return model, batch_size, micro
 
 
 def any_batch_main(args) -> None:
   table = report.markdown_table(
       ["model", "global batch", "micro-batch", "k", "any-batch ms", "scan ms", "k=1 ms",
        "wall: scan / any-batch", "wall: k=1 / any-batch", "CPU: scan / any-batch", "CPU: k=1 / any-batch"],
-      any_batch_rows(args.rounds, args.seconds_per_round, _cases(args.case) or ANY_BATCH_CASES,
+      any_batch_rows(args.rounds, args.seconds_per_round, tuple(args.case) or ANY_BATCH_CASES,
                      args.adapt_every if args.loop else 0))
   if args.loop:
     notes = ("One CPU device (the machine's 2 cores shared with other jobs), momentum SGD, synthetic data. "

@@ -14,6 +14,7 @@ convolution kernels and their optimizer state in cuDNN's OHWI order instead of t
 every convolution; the trainer does not do this).
 """
 
+import argparse
 import contextlib
 import dataclasses
 import pathlib
@@ -60,6 +61,19 @@ def with_state_layouts_chosen_by_xla(program: Any) -> Any:
   state_out, *other_out = program.out_shardings
   return dataclasses.replace(program, in_shardings=(layouts_chosen_by_xla(state_in), *other_in),
                              out_shardings=(layouts_chosen_by_xla(state_out), *other_out))
+
+
+def parse_case(item: str, sizes: tuple[str, ...] = ("BATCH",)) -> tuple:
+  """A command line's `MODEL:SIZE:...` case -> (model, size, ...): MODEL one of `MODELS`, then one integer >= 1
+  per name in `sizes` (e.g. ("BATCH", "MICRO")). An argparse type's check: raises `argparse.ArgumentTypeError`
+  naming the case and the expected form."""
+  fields = item.split(":")
+  model, numbers = fields[0], fields[1:]
+  if model not in MODELS or len(numbers) != len(sizes) or not all(n.isdigit() and int(n) >= 1 for n in numbers):
+    raise argparse.ArgumentTypeError(
+        f"{item!r}: a case is {':'.join(('MODEL', *sizes))} with MODEL one of {', '.join(MODELS)} and "
+        f"{', '.join(sizes)} {'integers' if len(sizes) > 1 else 'an integer'} >= 1")
+  return (model, *(int(n) for n in numbers))
 
 
 def trainer_config(model: str, batch_size: int, *, num_train_examples: int = 4096,

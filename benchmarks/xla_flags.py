@@ -37,13 +37,7 @@ RESULT = "XLA_FLAGS_RESULT "  # the line a child prints its times on
 def parse_cases(text: str) -> list[tuple[str, int]]:
   """`model:batch,...` -> [(model, batch)], the models those of `benchmarks.workloads.MODELS`."""
   from benchmarks import workloads  # pylint: disable=import-outside-toplevel
-  cases = []
-  for item in filter(None, text.split(",")):
-    model, _, batch = item.partition(":")
-    if model not in workloads.MODELS or not batch.isdigit() or int(batch) < 1:
-      raise argparse.ArgumentTypeError(f"{item!r}: a case is MODEL:BATCH with MODEL one of "
-                                       f"{', '.join(workloads.MODELS)} and BATCH >= 1")
-    cases.append((model, int(batch)))
+  cases = [workloads.parse_case(item) for item in filter(None, text.split(","))]
   if not cases:
     raise argparse.ArgumentTypeError("--cases names no case")
   return cases

@@ -30,6 +30,21 @@ def test_accumulation_refuses_what_its_mode_would_not_use(monkeypatch, capsys, f
   assert message in _refused(monkeypatch, capsys, accumulation.main, "accumulation", flags)
 
 
+@pytest.mark.parametrize("case, message", [
+    ("foo", "argument --case: 'foo': a case is MODEL:BATCH:MICRO with MODEL one of mnist_lstm, ptb_lstm"),
+    ("alexnet:512:128", "'alexnet:512:128': a case is MODEL:BATCH:MICRO"),
+    ("mnist_lstm:512", "'mnist_lstm:512': a case is MODEL:BATCH:MICRO"),
+    ("mnist_lstm:512:0", "and BATCH, MICRO integers >= 1"),
+    ("mnist_lstm:x:128", "and BATCH, MICRO integers >= 1"),
+    ("resnet_tiny:512:100", "'resnet_tiny:512:100': BATCH 512 is not a whole number of micro-batches of MICRO 100; "
+                            "use a BATCH that is a multiple of MICRO."),
+])
+def test_accumulation_refuses_a_malformed_any_batch_case(monkeypatch, capsys, case, message):
+  monkeypatch.setattr(accumulation, "any_batch_rows", lambda *a, **k: pytest.fail("a case ran"))
+  assert message in _refused(monkeypatch, capsys, accumulation.main, "accumulation",
+                             ["--no-readme", "--any-batch", "--case", "mnist_lstm:8:8", "--case", case])
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--step-kernels"], "--step-kernels adds the train step's kernels to those --kernels-for counts: add "
                          "--kernels-for h100"),
