@@ -132,6 +132,28 @@ def run_overrides(args, data_dir: pathlib.Path, *, num_workers: int) -> list[str
   return overrides + list(DRY_RUN_OVERRIDES if args.dry_run else ()) + args.override
 
 
+def run_spec(args) -> str:
+  """The config the step and the trainer run: `resnet50_imagenet` at the device's batch (one device)."""
+  return f"{CONFIG}:batch={args.batch_per_device}"
+
+
+def config_problem(args) -> str | None:
+  """Why the step process or the trainer would refuse their config (`--override`s and the flags that set config
+  fields, resolved and validated as `lbjax.main` does: `config_files.load`, `validation.validate`), or None.
+  Checked before any data is written; it imports lbjax's configs (and jax) but starts no backend."""
+  from lbjax import config_files  # pylint: disable=import-outside-toplevel
+  from lbjax.train import validation  # pylint: disable=import-outside-toplevel
+  from lbjax.train.errors import ConfigError  # pylint: disable=import-outside-toplevel
+  try:
+    for num_workers in sorted({0, args.decode_workers}):  # the step's config, then the trainer's
+      validation.validate(config_files.load(run_spec(args), run_overrides(args, pathlib.Path(args.data_dir),
+                                                                          num_workers=num_workers)).config)
+  except ConfigError as error:
+    return (f"the step and the trainer would refuse their config ({run_spec(args)} with this command's sizes and "
+            f"--override values); nothing was built or run. {error}")
+  return None
+
+
 def _environment(args) -> dict[str, str]:
   env = dict(os.environ)
   env["XLA_FLAGS"] = " ".join(filter(None, (env.get("XLA_FLAGS", ""), XLA_FLAG_SETS.get(args.xla_flags,
@@ -228,9 +250,9 @@ def measure_loop(args, spec: str, overrides: list[str], env: dict[str, str], wor
   timed = records[args.warmup_windows:needed]
   if len(timed) < args.windows:
     tail = "\n".join(log.read_text().splitlines()[-15:])
-    raise RuntimeError(f"The trainer wrote {len(records)} train records ({needed} needed) before it ended "
-                       f"(exit status {process.returncode}, {time.perf_counter() - start:.0f} s); "
-                       f"its log {log} ends:\n{tail}")
+    raise SystemExit(f"The trainer wrote {len(records)} train records ({needed} needed) before it ended "
+                     f"(exit status {process.returncode}, {time.perf_counter() - start:.0f} s); "
+                     f"its log {log} ends:\n{tail}")
   seconds_per_step = statistics.fmean(r["batch_size"] / r["examples_per_second"] for r in timed)
   return {"command": " ".join(command), "loop_seconds_per_step": seconds_per_step,
           "loop_windows": [round(r["examples_per_second"], 1) for r in timed],
@@ -263,7 +285,7 @@ def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str])
                      f"minutes) or fewer --rounds/--step-repeats.") from e
   lines = [line for line in done.stdout.splitlines() if line.startswith(STEP_RESULT)]
   if done.returncode or not lines:
-    raise RuntimeError(f"The step process failed (status {done.returncode}):\n{_failure_of(done.stderr)}")
+    raise SystemExit(f"The step process failed (status {done.returncode}):\n{_failure_of(done.stderr)}")
   return json.loads(lines[-1][len(STEP_RESULT):])
 
 
@@ -272,7 +294,7 @@ def measure(args) -> dict:
   data_dir = pathlib.Path(args.data_dir)
   write_seconds = write_imagenet_like(data_dir, train_images=args.train_images, distinct_images=args.distinct_images,
                                       validation_images=args.validation_images)
-  spec = f"{CONFIG}:batch={args.batch_per_device}"  # one device: the global batch is the device's
+  spec = run_spec(args)
   env = _environment(args)
   step = _subprocess_step(args, spec, run_overrides(args, data_dir, num_workers=0), env)
   batch = args.batch_per_device
@@ -342,14 +364,39 @@ def row_command(row: dict) -> str:
   return " ".join(words)
 
 
+# The fields `table` and `row_command` read from every row (the others are optional).
+ROW_FIELDS = ("device", "jax", "cpu_count", "measured_at", "batch_per_device", "decode_workers", "xla_flags",
+              "max_device_batch", "overrides", "step_images_per_second", "dry_run")
+
+
+def read_rows(results: pathlib.Path) -> list[dict]:
+  """The rows of a results file, one JSON object a line (blank lines skipped); exits naming the file and the
+  line of one that is not JSON or not a row."""
+  rows = []
+  for number, line in enumerate(results.read_text().splitlines(), start=1):
+    if not line.strip():
+      continue
+    where = f"--table {results}, line {number}"
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise SystemExit(f"{where} is not JSON ({e.msg}): {line[:80]!r}. --table reads a results file that --results "
+                       "wrote, one JSON row a line (the GPU suite keeps them in benchmarks/resnet50_end_to_end.jsonl)."
+                       ) from None
+    missing = [field for field in ROW_FIELDS if field not in row] if isinstance(row, dict) else list(ROW_FIELDS)
+    if missing:
+      raise SystemExit(f"{where} is not a row that --results wrote: it lacks {', '.join(missing)}.")
+    rows.append(row)
+  return rows
+
+
 def write_table(results: pathlib.Path, no_readme: bool) -> None:
   """The README section from every measured row of `results` (rows may come from several GPU sessions)."""
   from benchmarks import report  # pylint: disable=import-outside-toplevel
   if not results.is_file():
     raise SystemExit(f"--table {results}: no such file; --table reads a results file that --results wrote "
                      f"(the GPU suite keeps them in benchmarks/resnet50_end_to_end.jsonl) and measures nothing.")
-  rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-  rows = [r for r in rows if not r["dry_run"]]
+  rows = [r for r in read_rows(results) if not r["dry_run"]]
   if not rows:
     raise SystemExit(f"{results} holds no measured (non dry-run) rows.")
   dates_by_machine = {}
@@ -443,10 +490,12 @@ def main() -> None:
   args, rest = parser.parse_known_args()
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the `finally`s stop the children
   if args.measure_step:
+    from lbjax.train.errors import exit_on_user_errors  # pylint: disable=import-outside-toplevel
     overrides = [a for a in rest if a != "--"]
-    result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum,
-                          args.compare_state_layouts, args.compare_jax_relu, args.trace_steps,
-                          pathlib.Path(args.trace_dir) if args.trace_dir else None)
+    with exit_on_user_errors("the step process"):
+      result = measure_step(args.measure_step, overrides, args.rounds, args.step_repeats, args.compare_momentum,
+                            args.compare_state_layouts, args.compare_jax_relu, args.trace_steps,
+                            pathlib.Path(args.trace_dir) if args.trace_dir else None)
     print(STEP_RESULT + json.dumps(result), flush=True)
     return
   if rest:
@@ -469,6 +518,9 @@ def main() -> None:
     parser.error("--trace-steps must be >= 0 (0: no trace)")
   if args.train_images < args.batch_per_device:
     parser.error("--train-images must be at least --batch-per-device")
+  refused = config_problem(args)
+  if refused:
+    parser.error(refused)
   row = measure(args)
   print(json.dumps(row, indent=1))
   if not args.step_only:

@@ -1,6 +1,8 @@
 """The end-to-end benchmark's data: ImageNet-like JPEGs as a TFDS imagenet2012 that lbjax's ImageNet stream reads."""
 
+import argparse
 import json
+import os
 import sys
 
 import pytest
@@ -91,3 +93,60 @@ def test_a_native_abort_keeps_its_check_message_ahead_of_the_stack_trace():
   assert shown.endswith(stderr[-3000:]) and "some warning" not in shown.split("(the end of stderr)")[0]
   assert resnet50_end_to_end._failure_of("plain\ntail") == "plain\ntail"
 
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a,b\n1,2\n", "e2e.csv, line 1 is not JSON (Expecting value): 'a,b'. --table reads a results file that --results "
+                   "wrote, one JSON row a line"),
+    ('{"device": "NVIDIA H200"}\n\n[1, 2]\n', "e2e.csv, line 1 is not a row that --results wrote: it lacks jax, "
+                                              "cpu_count, measured_at,"),
+])
+def test_a_results_file_line_that_is_not_a_row_is_named_without_a_traceback(tmp_path, text, message):
+  results = tmp_path / "e2e.csv"
+  results.write_text(text)
+  with pytest.raises(SystemExit) as exit_info:
+    resnet50_end_to_end.write_table(results, no_readme=True)
+  assert message in str(exit_info.value.code)
+
+
+def _main(monkeypatch, flags):
+  monkeypatch.setattr(resnet50_end_to_end.signal, "signal", lambda *a: None)  # the SIGTERM handler: not in pytest
+  monkeypatch.setattr(sys, "argv", ["resnet50_end_to_end", *flags])
+  resnet50_end_to_end.main()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.num_stepz=1", "--config.num_stepz: config has no field 'num_stepz'. Did you mean 'num_steps'?"),
+    ("--config.lr.base=abc", "--config.lr.base='abc': expected float."),
+])
+def test_an_override_the_run_would_refuse_is_refused_before_any_data_is_written(monkeypatch, capsys, override,
+                                                                                 message):
+  monkeypatch.setattr(resnet50_end_to_end, "write_imagenet_like", lambda *a, **k: pytest.fail("data written"))
+  monkeypatch.setattr(resnet50_end_to_end, "_subprocess_step", lambda *a: pytest.fail("the step process started"))
+  with pytest.raises(SystemExit) as exit_info:
+    _main(monkeypatch, ["--dry-run", f"--override={override}"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "Traceback" not in err
+  assert ("the step and the trainer would refuse their config (resnet50_imagenet:batch=8 with this command's sizes "
+          "and --override values); nothing was built or run." in err and message in err)
+
+
+def test_the_dry_run_s_own_config_and_a_sound_override_pass_the_check(monkeypatch):
+  measured = []
+  monkeypatch.setattr(resnet50_end_to_end, "measure", lambda args: measured.append(args) or {})
+  _main(monkeypatch, ["--dry-run", "--step-only", "--override=--config.num_steps=3"])
+  assert measured[0].override == ["--config.num_steps=3"]
+
+
+def test_a_failed_step_process_reports_its_error_without_a_traceback(tmp_path):
+  """A config only the step process refuses (the check above resolves the parent's overrides first): its message
+  ends this process, not a nested RuntimeError traceback."""
+  args = argparse.Namespace(rounds=1, step_repeats=1, compare_momentum=False, compare_state_layouts=False,
+                            compare_jax_relu=False, trace_steps=0, batch_per_device=8, work_root=str(tmp_path),
+                            step_timeout=300.0)
+  with pytest.raises(SystemExit) as exit_info:
+    resnet50_end_to_end._subprocess_step(args, "resnet50_imagenet:batch=8", ["--config.num_stepz=1"],
+                                         dict(os.environ))
+  shown = str(exit_info.value.code)
+  assert shown.startswith("The step process failed (status 2):\n")
+  assert "the step process: --config.num_stepz: config has no field 'num_stepz'" in shown and "Traceback" not in shown
