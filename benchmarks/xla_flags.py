@@ -7,6 +7,10 @@ synthetic data on the device, momentum SGD), times it in a few interleaved inner
 median. The table gives each set's time per step (median over rounds [quartiles]) and its per-round ratio
 to the defaults' process of the same round.
 
+Every set is first tried in a process that only starts the backend: XLA reads its flags then and aborts on
+one it does not know or a value it cannot read, so such a set is refused (exit 2) before anything is timed. A
+set XLA accepts but whose step then fails is a row with its error, the other sets measured.
+
 The default sets are about command buffers (CUDA graphs), which XLA:GPU records for fusions and library
 calls but, by default, not for `while` loops and conditionals: a step of a few hundred short kernels (the
 LSTMs: two scans of 28 time steps) spends its time launching them. On a CPU the GPU flags change
@@ -18,6 +22,7 @@ nothing (the ratios then say how much two processes differ).
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -67,16 +72,42 @@ def time_cases(cases: list[tuple[str, int]], inner_rounds: int, seconds_per_roun
           for name, step in steps.items()}
 
 
+def _environment(flags: str) -> dict[str, str]:
+  """This process's environment with `flags` added to its XLA_FLAGS."""
+  return dict(os.environ, XLA_FLAGS=" ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), flags))))
+
+
+def _last_lines(done: subprocess.CompletedProcess) -> str:
+  return " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])[:400] or f"exit status {done.returncode}"
+
+
+def xla_refusal(flags: str, timeout: float) -> str | None:
+  """Why XLA refuses `flags` when its backend starts, or None: a process that only starts the backend under them
+  (XLA parses XLA_FLAGS then, aborting on an unknown flag or a value it cannot read); its XLA error lines."""
+  env = _environment(flags)
+  if not env["XLA_FLAGS"]:
+    return None
+  try:
+    done = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+  except subprocess.TimeoutExpired:
+    return f"the backend did not start within --process-timeout {timeout:g} s"
+  if not done.returncode:
+    return None
+  logged = re.findall(r"^[EF]\d{4} [^\]]*\] (.*)$", done.stderr, re.MULTILINE)  # XLA's `F1201 ... file.cc:234] ...`
+  return " ".join(logged)[:400] or _last_lines(done)
+
+
 def run_process(flags: str, args: argparse.Namespace) -> dict[str, float] | str:
   """One child process under `flags`: its seconds per step by case, or its error's last lines."""
-  env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), flags))))
+  env = _environment(flags)
   command = [sys.executable, "-m", "benchmarks.xla_flags", "--child", "--cases", args.cases,
              "--inner-rounds", str(args.inner_rounds), "--seconds-per-round", str(args.seconds_per_round)]
   done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.process_timeout, check=False)
   for line in done.stdout.splitlines():
     if line.startswith(RESULT):
       return json.loads(line[len(RESULT):])
-  return " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])[:400] or f"exit status {done.returncode}"
+  return _last_lines(done)
 
 
 def main() -> None:
@@ -99,6 +130,11 @@ def main() -> None:
   if args.child:
     print(RESULT + json.dumps(time_cases(cases, args.inner_rounds, args.seconds_per_round)), flush=True)
     return
+  refused = {name: why for name, flags in sets.items() if (why := xla_refusal(flags, args.process_timeout))}
+  if refused:
+    parser.error("XLA refuses these flag sets when its backend starts, so nothing was timed:\n" + "".join(
+        f"  {name!r} (XLA_FLAGS={_environment(sets[name])['XLA_FLAGS']!r}): {why}\n" for name, why in refused.items())
+                 + "Correct the flag's name or value (XLA's flags: xla/debug_options_flags.cc), or drop the set.")
 
   names = list(sets)
   case_names = [f"{model}:{batch}" for model, batch in cases]  # the keys a child reports its times under
