@@ -1,6 +1,7 @@
-"""`benchmarks.xla_flags` times the trainer's step under each XLA flag set in processes of its own. A set XLA refuses
-when its backend starts (an unknown flag, a value it cannot read) is refused before anything is timed; a set XLA
-accepts whose step fails is reported in its row, the others measured (a GPU session runs it unattended)."""
+"""`benchmarks.xla_flags` times the trainer's step under each XLA flag set in processes of its own. A set given as
+NAME=FLAGS that XLA refuses when its backend starts (an unknown flag, a value it cannot read) is refused before
+anything is timed; a set XLA accepts whose step fails, or one of the module's own sets that XLA refuses, is
+reported in its row, the others measured (a GPU session runs it unattended)."""
 
 import re
 import sys
@@ -50,6 +51,14 @@ def test_a_set_with_a_flag_xla_does_not_know_is_refused_before_anything_is_timed
           "  'typo' (XLA_FLAGS='--xla_cpu_enable_fast_mth=false'): Unknown flag in XLA_FLAGS: "
           "--xla_cpu_enable_fast_mth=false\nCorrect the flag's name or value" in err)
   assert "'no command buffers'" not in err  # a set XLA accepts is not named
+
+
+def test_the_modules_own_sets_are_not_tried_first(monkeypatch, capsys):
+  monkeypatch.setattr(xla_flags, "xla_refusal", lambda *a: pytest.fail("one of the module's own sets was tried"))
+  monkeypatch.setattr(xla_flags, "run_process", lambda flags, args: {"mnist_lstm:8": 0.01})
+  out = _main(monkeypatch, capsys, "--cases", "mnist_lstm:8", "--rounds", "1", "--no-readme")
+  assert [line.split(" | ")[1] for line in out.splitlines() if line.startswith("| mnist_lstm:8")] == list(
+      xla_flags.FLAG_SETS)
 
 
 @pytest.mark.parametrize("flags, message", [
