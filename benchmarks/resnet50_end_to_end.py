@@ -427,8 +427,9 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
 
 
 def _refuse_flags_the_mode_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-  """Exit 2 on a flag that `--table` or `--dry-run` would not use. `report` (which imports jax) is imported
-  only in those two modes: the measurement's parent process stays without jax."""
+  """Exit 2 on a flag that `--table` or `--dry-run` would not use. (`report` is imported only in those two modes;
+  a measurement's parent imports jax only through `config_problem`, and starts no backend: the GPU is the
+  children's.)"""
   if args.table:
     from benchmarks import report  # pylint: disable=import-outside-toplevel
     unused = report.flags_given(parser, args, [name for name in vars(args) if name not in ("table", "no_readme")])
