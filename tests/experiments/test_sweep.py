@@ -115,6 +115,24 @@ def test_bad_specs_are_rejected_before_training(tmp_path, overrides, message):
   assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--rules", "legw,sqr"], "unknown scaling rule(s) ['sqr']; choose from none, linear, sqrt, legw, goyal."),
+    (["--batch_sizes", "0,-128"], "batch sizes must be positive integers, got [0, -128]."),
+    (["--metric", "perplexity"], "trains on 'synthetic_mnist', whose test metric is 'accuracy', but the sweep "
+                                 "measures 'perplexity'; pass --metric accuracy."),
+])
+def test_cli_refuses_a_bad_sweep_before_training(tmp_path, monkeypatch, capsys, flags, message):
+  monkeypatch.setattr(sweep.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  arguments = {"--config": TINY_CONFIG, "--rules": "none", "--batch_sizes": "32", "--out": str(tmp_path / "out"),
+               "--workdir": str(tmp_path / "runs"), **dict(zip(flags[::2], flags[1::2]))}
+  with pytest.raises(SystemExit) as exit_info:
+    sweep.main([token for pair in arguments.items() for token in pair])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "python -m experiments.sweep: error: Invalid sweep:\n  - " in err
+  assert message in err and "Traceback" not in err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out.csv").exists()
+
+
 def test_cli_parses_lists(tmp_path):
   with pytest.raises(SystemExit):
     sweep.main(["--config", TINY_CONFIG, "--rules", "none", "--batch_sizes", "32,abc", "--out", "x",
