@@ -166,6 +166,18 @@ def test_lr_grid_refuses_a_variant_that_sets_the_learning_rate(tmp_path, capsys)
   assert not (tmp_path / "runs").exists()
 
 
+def test_lr_grid_refuses_a_non_positive_learning_rate_before_training(tmp_path, monkeypatch, capsys):
+  from experiments import lr_grid  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    lr_grid.main(["--config", TINY_CONFIG, "--lrs", "0.1,-0.5", "--out", str(tmp_path / "grid"),
+                  "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "python -m experiments.lr_grid: error: learning rates must be a non-empty " \
+      "list of positive numbers, got [0.1, -0.5]." in err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "grid.csv").exists()
+
+
 def test_zoom_panel_only_when_collapsed_runs_flatten_the_good_ones():
   assert sweep_table._zoom_limits([98.96, 98.25, 10.28], "accuracy") == pytest.approx((95.96, 99.46))
   assert sweep_table._zoom_limits([98.96, 98.25, 97.1], "accuracy") is None
