@@ -108,6 +108,17 @@ def test_a_grid_that_does_not_fit_the_reference_is_refused_before_training():
     assert expected in message
 
 
+@pytest.mark.parametrize("budget", ["-5", "0"])
+def test_a_budget_that_is_not_positive_is_refused_before_training(tmp_path, capsys, monkeypatch, budget):
+  monkeypatch.setattr(measure.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    _measure(tmp_path, "--budget_epochs", budget)
+  assert exit_info.value.code == 2 and capsys.readouterr().err == (
+      "Invalid critical-batch grid:\n  - --budget_epochs must be > 0 (the examples each branch trains on, in epochs); "
+      f"got {float(budget)}.\n")
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "cbs.csv").exists()
+
+
 def test_the_ptb_lstm_branches_restore_its_carried_state_and_count_rows_of_windows(tmp_path):
   cli.main(["measure", "--config", f"{TINY_PTB}:run=legw,large_batch=16,epochs=1", "--checkpoints",
             "0,0.5", "--batch_sizes", "16,32", "--budget_epochs", "0.25", "--out", str(tmp_path / "cbs"),
