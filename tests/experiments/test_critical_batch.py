@@ -142,6 +142,23 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
   assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
 
 
+@pytest.mark.parametrize("max_batch, message", [
+    ("-5", "--max_batch must be >= 0 (the largest batch of the warm-up; 0: no cap), got -5"),
+    ("16", "--max_batch 16 caps the warm-up at or below the baseline batch 16, which it grows from: give a larger "
+           "one, or 0 for no cap"),
+])
+def test_warmup_refuses_a_max_batch_that_leaves_no_warmup(tmp_path, capsys, monkeypatch, max_batch, message):
+  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), f"--max_batch={max_batch}",
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and f"python -m experiments.critical_batch: error: {message}\n" in err
+  assert "never exceeds" not in err and not (tmp_path / "runs").exists()
+
+
 def test_warmup_refuses_a_run_or_seed_set_in_the_config_or_the_overrides(tmp_path, capsys):
   """warmup appends each run's `run=` and `seed=`: the variant's would be dropped, an override would beat --seeds."""
   with pytest.raises(SystemExit) as exit_info:
