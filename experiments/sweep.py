@@ -119,6 +119,14 @@ def spec_problem(spec: SweepSpec) -> str:
   if spec.reference and not pathlib.Path(spec.reference).is_file():
     errors.append(f"reference {spec.reference} not found; pass a CSV written by a sweep, e.g. "
                   "docs/results/mnist_lstm_headline.csv.")
+  csvs = {pathlib.Path(spec.out).with_suffix(".csv"): "move it away or choose another --out"}  # rows recorded
+  if spec.reference:
+    csvs[pathlib.Path(spec.reference)] = f"pass a --reference of a sweep that measured {spec.metric}"
+  for path, advice in csvs.items() if spec.metric in ("accuracy", "perplexity") else ():
+    try:  # a sweep's CSV, of this metric
+      sweep_table.read_csv(path, spec.metric, advice)
+    except ValueError as e:
+      errors.append(str(e))
   if not errors:  # the config loads: its dataset's test metric must be the one the sweep measures
     try:
       dataset = config_files.load(config).config.dataset

@@ -325,6 +325,35 @@ def test_compare_verdicts(tmp_path):
   assert compare.main([str(tmp_path / "absent.csv"), str(tmp_path / "ref.csv")]) == 2
 
 
+def test_compare_refuses_a_negative_tolerance_and_advises_on_a_csv_of_another_metric(tmp_path, capsys):
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  rows = [RunRow("legw", 0, "test", "perplexity", 120.0, "done", 0.8, 0.0, 5.0, 10, 1.0, batch_size=640)]
+  sweep_table.write_csv(rows, tmp_path / "ptb.csv", "perplexity")
+  with pytest.raises(SystemExit) as exit_info:
+    compare.main([str(tmp_path / "ptb.csv"), str(tmp_path / "ptb.csv"), "--metric", "perplexity", "--tolerance", "-1"])
+  assert exit_info.value.code == 2 and "python -m experiments.compare: error: --tolerance must be >= 0 (0: no check " \
+      "of single-seed points), got -1" in capsys.readouterr().err
+  assert compare.main([str(tmp_path / "ptb.csv"), str(tmp_path / "ptb.csv")]) == 2
+  err = capsys.readouterr().err
+  assert err == (f"error: {tmp_path / 'ptb.csv'} lacks the column(s) ['test_accuracy']: it was not written by a sweep "
+                 "measuring 'accuracy'; compare CSVs written by `python -m experiments.sweep` (for sweeps that "
+                 "measured perplexity, add --metric perplexity).\n")
+  assert "--out" not in err
+
+
+def test_a_sweep_refuses_recorded_rows_or_a_reference_of_another_metric(tmp_path):
+  rows = [RunRow("none", 0, "test", "perplexity", 120.0, "done", 0.8, 0.0, 5.0, 10, 1.0, batch_size=32)]
+  sweep_table.write_csv(rows, tmp_path / "ptb.csv", "perplexity")
+  with pytest.raises(ValueError, match=r"ptb.csv lacks the column\(s\) \['test_accuracy'\]: .*; pass a --reference "
+                                       "of a sweep that measured accuracy"):
+    sweep.run_sweep(_spec(tmp_path, reference=str(tmp_path / "ptb.csv")))
+  (tmp_path / "results").mkdir()
+  sweep_table.write_csv(rows, tmp_path / "results" / "tiny.csv", "perplexity")
+  with pytest.raises(ValueError, match="tiny.csv lacks the column.*; move it away or choose another --out"):
+    sweep.run_sweep(_spec(tmp_path))
+  assert not (tmp_path / "runs").exists()
+
+
 def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):
   path = tmp_path / "old.csv"
   path.write_text("rule,batch_size,test_accuracy,status,learning_rate,warmup_epochs,epochs,steps,seconds,same_as\n"
