@@ -52,17 +52,43 @@ def run_dir(workdir: str, run: str, seed: int) -> pathlib.Path:
   return pathlib.Path(workdir) / f"{run}_seed{seed}"
 
 
+def seeds_problem(seeds: Sequence[int]) -> str:
+  """What is wrong with the seeds of an experiment whose runs are `run_dir`s, or "" if nothing (also
+  batch_schedule's)."""
+  if not seeds or len(set(seeds)) != len(seeds):
+    return f"seeds {list(seeds)} must be distinct integers, at least one."
+  return ""
+
+
+def argument_problem(runs: Sequence[str], seeds: Sequence[int]) -> str:
+  """What is wrong with these arguments of `load_configs`, or "" if nothing."""
+  if any(r not in RUNS for r in runs) or not runs:
+    return f"runs {list(runs)} must be a non-empty subset of {', '.join(RUNS)}."
+  return seeds_problem(seeds)
+
+
+def target_problem(targets: Sequence[float], metric: str) -> str:
+  """What is wrong with fixed targets of the test `metric`, or "" if nothing: an accuracy is a fraction in
+  (0, 1] as the runs record it (0.975, not 97.5), a perplexity at least 1."""
+  if metric == "accuracy":
+    bad, rule = [t for t in targets if not 0 < t <= 1], "an accuracy target is a fraction in (0, 1], e.g. 0.975"
+  else:
+    bad, rule = [t for t in targets if not t >= 1], "a perplexity target is at least 1, e.g. 150"
+  if not bad:
+    return ""
+  return f"--targets {', '.join(f'{t:g}' for t in bad)}: the test metric is {metric}, and {rule}."
+
+
 def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant: str = "") -> dict:
   """The config of every (run, seed), validated before any training as lbjax-train does (what depends on
   the devices is checked at each run's start).
 
   Raises:
-    ValueError: unknown run names, invalid configs (every problem named), or a dataset without a known
-      test metric.
+    ValueError: what `argument_problem` finds wrong, invalid configs (every problem named), or a dataset
+      without a known test metric.
   """
-  unknown = [r for r in runs if r not in RUNS]
-  if unknown or not runs:
-    raise ValueError(f"runs {list(runs)} must be a non-empty subset of {', '.join(RUNS)}.")
+  if problem := argument_problem(runs, seeds):
+    raise ValueError(problem)
   configs, errors = {}, []
   for run in runs:
     for seed in seeds:
@@ -260,9 +286,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--out", required=True, help="output prefix, e.g. docs/results/adaptive_batch_mnist")
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--runs", default=",".join(RUNS), help="subset of " + ",".join(RUNS))
-  parser.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+  parser.add_argument("--seeds", type=runner.ints, default=(0,), help="comma-separated seeds, e.g. 0,1,2")
   parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=2")
-  parser.add_argument("--targets", default="",
+  parser.add_argument("--targets", type=runner.floats, default=(),
                       help="more test-metric targets besides the baseline's: accuracy as a fraction (e.g. 0.975), "
                            "perplexity as it is (e.g. 150); met at >= for accuracy, <= for perplexity")
   parser.add_argument("--title", default="", help="default: the first line of the config's docstring")
@@ -271,16 +297,21 @@ def main(argv: Sequence[str] | None = None) -> None:
   if refusal := fields_the_experiment_sets(variant_fields(spec), {"run": "--runs", "seed": "--seeds"},
                                            f"the variant of {spec!r}"):
     parser.error(refusal)
-  runs = tuple(r.strip() for r in args.runs.split(",") if r.strip())
-  seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-  extra_targets = tuple(float(t) for t in args.targets.split(",") if t.strip())
-  configs = load_configs(args.config, runs, seeds, args.variant)
+  runs, seeds = tuple(r.strip() for r in args.runs.split(",") if r.strip()), args.seeds
+  if problem := argument_problem(runs, seeds):
+    parser.error(problem)
+  try:
+    configs = load_configs(args.config, runs, seeds, args.variant)
+  except ValueError as e:  # a config that does not validate, or a dataset without a known test metric
+    parser.error(str(e))
+  if problem := target_problem(args.targets, metric_of(configs)):
+    parser.error(problem)
   train_runs(configs, args.workdir)
   command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
   title = (args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))
            or "Adaptive batch vs fixed and scheduled batches")
   write_outputs(args.workdir, args.out, runs, seeds, title.rstrip("."), command, metric_of(configs),
-                labels(configs), extra_targets)
+                labels(configs), args.targets)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
 from experiments.adaptive_batch import run_dir
+from experiments.adaptive_batch import seeds_problem
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
@@ -40,9 +41,7 @@ def argument_problem(schedules: Sequence[str], seeds: Sequence[int], max_device_
     return f"schedules {list(schedules)} must be a non-empty subset of {', '.join(SCHEDULES)}."
   if max_device_batch < 0:
     return f"max_device_batch must be >= 0 (0 = no accumulation), got {max_device_batch}."
-  if not seeds or len(set(seeds)) != len(seeds):
-    return f"seeds {list(seeds)} must be distinct integers, at least one."
-  return ""
+  return seeds_problem(seeds)
 
 
 def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULES,

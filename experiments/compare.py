@@ -56,8 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--tolerance", type=float, default=0.0,
                       help="largest accepted difference of single-seed points (0: no check)")
   args = parser.parse_args(argv)
+  if not args.tolerance >= 0:
+    parser.error(f"--tolerance must be >= 0 (0: no check of single-seed points), got {args.tolerance:g}")
+  other = "perplexity" if args.metric == "accuracy" else "accuracy"
+  advice = (f"compare CSVs written by `python -m experiments.sweep` (for sweeps that measured {other}, add "
+            f"--metric {other})")
   try:
-    new, reference = (sweep_table.read_csv(path, args.metric) for path in (args.new, args.reference))
+    new, reference = (sweep_table.read_csv(path, args.metric, advice) for path in (args.new, args.reference))
   except ValueError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2

@@ -47,6 +47,7 @@ import jax
 
 from experiments import fields_the_experiment_sets, run_records, runner, simulated_devices, variant_fields
 from lbjax import config_files
+from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 
@@ -102,6 +103,20 @@ def read_result(run_dir: pathlib.Path, variant: str) -> Result | None:
   train_records = run_records.read_records(run_dir, "train")
   return Result(variant, bits["bits_per_device_step"], bits["ratio"], final["step"],
                 train_records[-1]["loss"], final["accuracy"])
+
+
+def settings_problem(args: argparse.Namespace, common: Sequence[str]) -> str:
+  """What is wrong with the settings of any run of the experiment, or "" if nothing: every variant's config
+  (at each of `--lrs` on the validation split) checked as lbjax-train checks it, before the first run trains."""
+  problems = []
+  for variant in variants(args.ranks, args.qsgd_levels):
+    for overrides in [[f"--config.lr.base={lr!r}", VALIDATION_SPLIT] for lr in args.lrs] or [[]]:
+      try:
+        train.validate(run_config(args.config, variant, args.batch_size, args.epochs, (*common, *overrides)),
+                       data_parallel_size=1)  # what depends on the devices is checked at each run's start
+      except train.ConfigError as e:
+        problems.append(f"{variant.name}: {e}")
+  return "\n".join(dict.fromkeys(problems))
 
 
 def variant_result(variant: Variant, args: argparse.Namespace, common: Sequence[str]) -> Result:
@@ -204,7 +219,8 @@ def plot(results: list[Result], path: str, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Result]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m experiments.compression_bytes",
+                                   description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="mnist_lstm", help="a packaged config or a config file")
   parser.add_argument("--batch_size", type=int, default=128)
   parser.add_argument("--epochs", type=float, default=1.0)
@@ -222,8 +238,10 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
             **({"lr.base": "--lrs"} if args.lrs else {})}
   if refusal := fields_the_experiment_sets(variant_fields(args.config), set_by, f"the variant of {args.config!r}"):
     parser.error(refusal)
-  command = simulated_devices.command("experiments.compression_bytes", argv)
   common = [f"--config.seed={args.seed}"]
+  if problem := settings_problem(args, common):
+    parser.error(problem)
+  command = simulated_devices.command("experiments.compression_bytes", argv)
   results = []
   for variant in variants(args.ranks, args.qsgd_levels):
     results.append(variant_result(variant, args, common))

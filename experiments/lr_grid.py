@@ -27,6 +27,15 @@ from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
 
+def argument_problem(learning_rates: Sequence[float], metric: str) -> str:
+  """What is wrong with these arguments of `run_grid`, or "" if nothing."""
+  if not learning_rates or any(not lr > 0 for lr in learning_rates):
+    return f"learning rates must be a non-empty list of positive numbers, got {list(learning_rates)}."
+  if metric not in ("accuracy", "perplexity"):
+    return f"metric must be 'accuracy' or 'perplexity', got {metric!r}."
+  return ""
+
+
 def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
              metric: str = "accuracy") -> dict[float, dict]:
   """Trains each LR not yet finished and returns {lr: final eval record} (NaN for a run that diverged).
@@ -39,12 +48,11 @@ def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant
     metric: "accuracy" or "perplexity".
 
   Raises:
-    ValueError: no learning rates, a non-positive one, or an unknown metric (before any training).
+    ValueError: what `argument_problem` finds wrong (no learning rates, a non-positive one, or an unknown
+      metric), before any training.
   """
-  if not learning_rates or any(not lr > 0 for lr in learning_rates):
-    raise ValueError(f"learning rates must be a non-empty list of positive numbers, got {list(learning_rates)}.")
-  if metric not in ("accuracy", "perplexity"):
-    raise ValueError(f"metric must be 'accuracy' or 'perplexity', got {metric!r}.")
+  if problem := argument_problem(learning_rates, metric):
+    raise ValueError(problem)
   finals = {}
   for lr in learning_rates:
     run_dir = pathlib.Path(workdir) / f"lr_{lr:g}"
@@ -95,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> float:
   spec = config_spec(args.config, args.variant)
   if refusal := fields_the_experiment_sets(variant_fields(spec), {"lr.base": "--lrs"}, f"the variant of {spec!r}"):
     parser.error(refusal)
+  if problem := argument_problem(args.lrs, args.metric):
+    parser.error(problem)
   finals = run_grid(args.config, args.lrs, args.workdir, args.variant, args.metric)
   best = write_outputs(finals, args.out, args.metric, args.title, eval_split(args.config, args.variant))
   print(f"[lr_grid] best learning rate {best:g}", flush=True)

@@ -47,6 +47,10 @@ from lbjax.train.errors import exit_on_user_errors
 
 RULES = ("none", "linear", "sqrt", "legw", "goyal")
 _FINGERPRINT_SAMPLES = 4001
+# The test metric of the packaged datasets (lbjax.train.datasets); a user's dataset is taken at --metric.
+METRIC_KEYS = {"mnist": "accuracy", "synthetic_mnist": "accuracy", "imagenet": "accuracy",
+               "cifar10": "accuracy", "synthetic_images": "accuracy", "ptb": "perplexity",
+               "synthetic_ptb": "perplexity"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +86,8 @@ class SweepSpec:
   reference: str = ""
 
 
-def check_spec(spec: SweepSpec) -> None:
-  """Raises ValueError naming every problem of `spec` before any training."""
+def spec_problem(spec: SweepSpec) -> str:
+  """What is wrong with `spec` (every problem, one per line), or "" if nothing; loads the config, trains nothing."""
   errors = []
   config = config_spec(spec.config, spec.variant)
   try:
@@ -115,8 +119,30 @@ def check_spec(spec: SweepSpec) -> None:
   if spec.reference and not pathlib.Path(spec.reference).is_file():
     errors.append(f"reference {spec.reference} not found; pass a CSV written by a sweep, e.g. "
                   "docs/results/mnist_lstm_headline.csv.")
-  if errors:
-    raise ValueError("Invalid sweep:\n  - " + "\n  - ".join(errors))
+  csvs = {pathlib.Path(spec.out).with_suffix(".csv"): "move it away or choose another --out"}  # rows recorded
+  if spec.reference:
+    csvs[pathlib.Path(spec.reference)] = f"pass a --reference of a sweep that measured {spec.metric}"
+  for path, advice in csvs.items() if spec.metric in ("accuracy", "perplexity") else ():
+    try:  # a sweep's CSV, of this metric
+      sweep_table.read_csv(path, spec.metric, advice)
+    except ValueError as e:
+      errors.append(str(e))
+  if not errors:  # the config loads: its dataset's test metric must be the one the sweep measures
+    try:
+      dataset = config_files.load(config).config.dataset
+    except train.ConfigError as e:
+      errors.append(str(e))
+    else:
+      if METRIC_KEYS.get(dataset, spec.metric) != spec.metric:
+        errors.append(f"{spec.config} trains on {dataset!r}, whose test metric is {METRIC_KEYS[dataset]!r}, but "
+                      f"the sweep measures {spec.metric!r}; pass --metric {METRIC_KEYS[dataset]}.")
+  return "Invalid sweep:\n  - " + "\n  - ".join(errors) if errors else ""
+
+
+def check_spec(spec: SweepSpec) -> None:
+  """Raises ValueError naming every problem of `spec` (`spec_problem`) before any training."""
+  if problem := spec_problem(spec):
+    raise ValueError(problem)
 
 
 def point_config(spec: SweepSpec, rule: str, batch_size: int, seed: int | None = None
@@ -142,12 +168,6 @@ def recipe_fingerprint(config: ml_collections.ConfigDict) -> str:
   epochs = np.linspace(0.0, config.num_epochs, _FINGERPRINT_SAMPLES)
   fields["learning_rate"] = [float(f"{float(schedule(float(e))):.9g}") for e in epochs]
   return json.dumps(fields, sort_keys=True)
-
-
-# The test metric of the packaged datasets (lbjax.train.datasets); a user's dataset is taken at --metric.
-METRIC_KEYS = {"mnist": "accuracy", "synthetic_mnist": "accuracy", "imagenet": "accuracy",
-               "cifar10": "accuracy", "synthetic_images": "accuracy", "ptb": "perplexity",
-               "synthetic_ptb": "perplexity"}
 
 
 def write_outputs(rows: list[RunRow], spec: SweepSpec) -> None:
@@ -187,8 +207,8 @@ def run_sweep(spec: SweepSpec) -> list[RunRow]:
     All rows of `<out>.csv` (earlier ones included), after the sweep.
 
   Raises:
-    ValueError: an invalid spec, an invalid point config (all checked before any training), or a
-      metric that does not match the config's dataset.
+    ValueError: an invalid spec (`spec_problem`: a metric that does not match the config's dataset too) or an
+      invalid point config, all checked before any training.
   """
   check_spec(spec)
   csv_path = pathlib.Path(spec.out).with_suffix(".csv")
@@ -199,13 +219,7 @@ def run_sweep(spec: SweepSpec) -> list[RunRow]:
   configs = {(rule, b, seed): point_config(spec, rule, b, seed)
              for rule in spec.rules for b in spec.batch_sizes for seed in seeds}
   configs = {(rule, b, config.seed): config for (rule, b, _), config in configs.items()}
-  fingerprints = {}
-  for point, config in configs.items():
-    if METRIC_KEYS.get(config.dataset, spec.metric) != spec.metric:
-      raise ValueError(f"{spec.config} trains on {config.dataset!r}, whose test metric is "
-                       f"{METRIC_KEYS[config.dataset]!r}, but the sweep measures {spec.metric!r}; pass "
-                       f"--metric {METRIC_KEYS[config.dataset]}.")
-    fingerprints[point] = recipe_fingerprint(config)
+  fingerprints = {point: recipe_fingerprint(config) for point, config in configs.items()}
   # Seed-major: a complete one-seed table first, then the spread.
   order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))
   print(_plan(spec, order, done, reference), flush=True)
@@ -255,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
                    batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir, variant=args.variant,
                    metric=args.metric, title=args.title,
                    max_device_batch=args.max_device_batch, seeds=args.seeds, reference=args.reference)
+  if problem := spec_problem(spec):
+    parser.error(problem)
   return run_sweep(spec)
 
 

@@ -39,11 +39,13 @@ def write_csv(rows: list[RunRow], path: str | pathlib.Path, metric: str) -> None
                        r.seed, r.device))
 
 
-def read_csv(path: str | pathlib.Path, metric: str) -> list[RunRow]:
+def read_csv(path: str | pathlib.Path, metric: str,
+             advice: str = "move it away or choose another --out") -> list[RunRow]:
   """The rows of a CSV written by `write_csv`; [] if the file does not exist.
 
   Raises:
-    ValueError: if the file exists but lacks the columns `write_csv` writes for `metric`.
+    ValueError: if the file exists but lacks the columns `write_csv` writes for `metric`; the message ends
+      with `advice`, what the caller's user can do (the default: a sweep's own `<out>.csv`).
   """
   path = pathlib.Path(path)
   if not path.is_file():
@@ -54,7 +56,7 @@ def read_csv(path: str | pathlib.Path, metric: str) -> list[RunRow]:
     missing = {"rule", "batch_size", column, *FIELDS} - LATER_FIELDS - set(reader.fieldnames or ())
     if missing:
       raise ValueError(f"{path} lacks the column(s) {sorted(missing)}: it was not written by a sweep "
-                       f"measuring {metric!r}; move it away or choose another --out.")
+                       f"measuring {metric!r}; {advice}.")
     return [RunRow(name=d["rule"], batch_size=int(d["batch_size"]), split="test", metric=metric, value=float(d[column]),
                    status=d["status"], learning_rate=float(d["learning_rate"]),
                    warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),

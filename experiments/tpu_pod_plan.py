@@ -197,7 +197,7 @@ def render(results: dict, command: str) -> str:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m experiments.tpu_pod_plan", description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default="docs/results/tpu_pod_plan", help="writes <out>.json and <out>.md")
   parser.add_argument("--only", default="", help="comma-separated entry keys to compile (default: all)")
   parser.add_argument("--render-only", action="store_true", help="render <out>.md from <out>.json, compile nothing")
@@ -207,6 +207,9 @@ def main(argv=None) -> None:
                  "--render-only to compile those entries.")
   out = pathlib.Path(args.out)
   store = out.with_suffix(".json")
+  if args.render_only and not store.is_file():
+    parser.error(f"--render-only renders {out.with_suffix('.md')} from {store}, which does not exist: compile the "
+                 f"entries into it first with `python -m experiments.tpu_pod_plan --out {args.out}` (needs libtpu).")
   results = json.loads(store.read_text()) if store.exists() else {}
   wanted = {k for k in args.only.split(",") if k}
   unknown = wanted - {e.key for e in ENTRIES}

@@ -51,6 +51,7 @@ from experiments import sweep_table
 from experiments.runner import RunRow
 from lbjax import config_files
 from lbjax import train
+from lbjax.train import workdir_lock
 from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.errors import WorkdirInUseError
 
@@ -426,8 +427,8 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
     only: if not empty, the names of the rows to run.
 
   Raises:
-    ValueError: unknown row names in `only`, bad seeds, or a row whose config does not load (all
-      checked before any training).
+    ValueError: unknown row names in `only`, bad seeds, a row whose config does not load, or a workdir that
+      cannot hold the runs (`workdir_lock.check_workdir`), all checked before any training.
   """
   seeds = tuple(seeds) or table.seeds
   names = [row.name for row in table.rows]
@@ -446,6 +447,11 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
         train.validate(configs[(row.name, seed)], data_parallel_size=1)
       except train.ConfigError as e:
         errors.append(f"row {row.name}: {e}")
+  if not errors:  # the runs' directory (made now, so only once nothing else is wrong)
+    try:
+      workdir_lock.check_workdir(workdir)
+    except train.ConfigError as e:
+      errors.append(str(e))
   if errors:
     raise ValueError("Invalid table run:\n  - " + "\n  - ".join(errors))
   csv_path = pathlib.Path(out).with_suffix(".csv")

@@ -54,6 +54,7 @@ from lbjax.train import gpu_targets
 from lbjax.train import orbax_log
 from lbjax.train import summary
 from lbjax.train import validation
+from lbjax.train import workdir_lock
 from lbjax.train.errors import TRACEBACK_ENV, USER_ERRORS, CheckpointSaveError, ConfigError, print_error
 
 # Training stopped with its checkpoints intact: the message, and exit status 1 (a non-finite step, a record
@@ -124,28 +125,6 @@ def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str]) -
   return 0
 
 
-def _check_workdir(workdir: str) -> None:
-  """A workdir is a directory, new or holding a run, that this process can write: a file at its path or
-  above it, or a directory the system refuses to create or write (a read-only or virtual file system,
-  no permission), is a user error. Creates the directory."""
-  path = pathlib.Path(workdir)
-  for candidate in (path, *path.parents):
-    if candidate.exists() and not candidate.is_dir():
-      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
-      raise ConfigError(f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to "
-                        "resume.")
-    if candidate.exists():
-      break
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise ConfigError(f"--workdir {workdir!r} cannot be created: {e.strerror}. Name a directory this process can "
-                      "create and write.") from e
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ConfigError(f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and "
-                      "lock go there. Name a directory it can write, or change its permissions.")
-
-
 def _compile_only(args, loaded: config_files.LoadedConfig) -> int:
   """`--compile-only`: the report on the console and in <workdir>/compile.json; 0, or DOES_NOT_FIT."""
   from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
@@ -164,7 +143,7 @@ def _layer_table(args, loaded: config_files.LoadedConfig) -> int:
   from lbjax import diagnostics  # pylint: disable=import-outside-toplevel
   from lbjax.train import layer_table  # pylint: disable=import-outside-toplevel
   if args.workdir:
-    _check_workdir(args.workdir)
+    workdir_lock.check_workdir(args.workdir)
   rows = layer_table.first_step_layer_norms(loaded.config)
   print(diagnostics.format_table(rows))
   if args.workdir:
@@ -247,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
       return _compile_only(args, loaded)
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
-    _check_workdir(args.workdir)
+    workdir_lock.check_workdir(args.workdir)
     return _train(args, loaded, resolved, argv)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):

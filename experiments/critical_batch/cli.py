@@ -88,11 +88,16 @@ def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, c
   extra_targets = _numbers(args.targets, float, "--targets", parser)
   if args.tolerance is not None and not args.tolerance >= 0:
     parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+  if args.max_batch < 0:
+    parser.error(f"--max_batch must be >= 0 (the largest batch of the warm-up; 0: no cap), got {args.max_batch}")
   curve = measure_lib.read_cbs_curve(args.cbs, args.tolerance)
   source = f"the CBS of {args.cbs}" + ("" if args.tolerance is None else f" at tolerance {args.tolerance:g}")
   if not curve:
     parser.exit(2, f"{args.cbs} holds no measured CBS yet; run `measure` first.\n")
   probe = load_config(config_spec(args.config, "run=baseline"), overrides)
+  if 0 < args.max_batch <= probe.batch_size:
+    parser.error(f"--max_batch {args.max_batch} caps the warm-up at or below the baseline batch {probe.batch_size}, "
+                 "which it grows from: give a larger one, or 0 for no cap")
   sizes, boundaries = warmup_lib.warmup_schedule(curve, probe.batch_size, args.max_batch or max(c for _, c in curve),
                                       probe.num_epochs)
   if len(sizes) < 2:

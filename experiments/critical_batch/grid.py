@@ -54,7 +54,7 @@ def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], b
 
   Raises:
     ValueError: every problem, named (the reference not on the any-batch step, a batch that is not a
-      whole number of micro-batches, checkpoints outside the reference run, ...).
+      whole number of micro-batches, checkpoints outside the reference run, a budget <= 0, ...).
   """
   errors = []
   micro = config.batch.micro_batch_size
@@ -85,6 +85,8 @@ def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], b
     errors.append(f"--lr_multipliers must be positive numbers; got {list(lr_multipliers)}.")
   if not tolerance >= 0:
     errors.append(f"--tolerance must be >= 0 (relative to the B0 branch's loss); got {tolerance}.")
+  if not budget_epochs > 0:
+    errors.append(f"--budget_epochs must be > 0 (the examples each branch trains on, in epochs); got {budget_epochs}.")
   for size in sizes if not errors else ():
     for multiplier in lr_multipliers:
       try:  # the rule's LR schedule at every batch (e.g. LEGW's warm-up must end within num_epochs)

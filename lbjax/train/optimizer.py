@@ -179,8 +179,10 @@ def resolve_compressor(read: FieldReads) -> names.Call | None:
   if name == "none":
     return None
   resolved = names.resolve("compression.name", name, [compression])
-  return names.Call(resolved, names.bind("compression", resolved, options,
-                                         supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
+  compressor = names.Call(resolved, names.bind("compression", resolved, options,
+                                               supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
+  compressor()  # built once now, so that it refuses its arguments' values (qsgd's num_levels 0) before any compute
+  return compressor
 
 
 def make_compressor(compressor: names.Call | None, per_device_gradients: bool

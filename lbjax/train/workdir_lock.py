@@ -8,6 +8,9 @@ cannot be checked from here: the message names it and how to remove it once that
 
 The lock file is created with `O_CREAT | O_EXCL`, atomic on local and NFS v3+ file systems, so of two
 runs starting together exactly one gets it.
+
+`check_workdir` refuses, before any compute, a workdir that cannot hold a run (a file, or a directory
+that cannot be created or written): lbjax-train's and the experiment scripts' check.
 """
 
 import json
@@ -19,9 +22,32 @@ import time
 
 from absl import logging
 
+from lbjax.train.errors import ConfigError
 from lbjax.train.errors import WorkdirInUseError
 
 LOCK_NAME = "lock"
+
+
+def check_workdir(workdir: str) -> None:
+  """A workdir is a directory, new or holding a run, that this process can write: a file at its path or
+  above it, or a directory the system refuses to create or write (a read-only or virtual file system,
+  no permission), is a user error. Creates the directory."""
+  path = pathlib.Path(workdir)
+  for candidate in (path, *path.parents):
+    if candidate.exists() and not candidate.is_dir():
+      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
+      raise ConfigError(f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to "
+                        "resume.")
+    if candidate.exists():
+      break
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"--workdir {workdir!r} cannot be created: {e.strerror}. Name a directory this process can "
+                      "create and write.") from e
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ConfigError(f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and "
+                      "lock go there. Name a directory it can write, or change its permissions.")
 
 
 def _process_exists(pid: int) -> bool:

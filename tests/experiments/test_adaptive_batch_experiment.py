@@ -42,6 +42,30 @@ def test_a_variant_that_sets_the_run_or_the_seed_is_refused_before_training(tmp_
   assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("config, flags, message", [
+    (TINY, ["--seeds", "a,b"], "error: argument --seeds: expected comma-separated ints such as 128,512, got 'a,b'"),
+    (TINY, ["--seeds", "1,1"], "error: seeds [1, 1] must be distinct integers, at least one."),
+    (TINY, ["--runs", "adaptiv"], "error: runs ['adaptiv'] must be a non-empty subset of baseline, legw, "
+                                  "grow_batch, adaptive, adascale."),
+    (TINY, ["--targets", "0.97x"], "error: argument --targets: expected comma-separated floats such as "
+                                   "0.1,0.3, got '0.97x'"),
+    (TINY, ["--runs", "baseline", "--targets", "0.9,97.5,0"],
+     "error: --targets 97.5, 0: the test metric is accuracy, and an accuracy target is a fraction in (0, 1], "
+     "e.g. 0.975."),
+    (TINY_PTB, ["--runs", "baseline", "--targets", "150,0.5"],
+     "error: --targets 0.5: the test metric is perplexity, and a perplexity target is at least 1, e.g. 150."),
+])
+def test_bad_runs_seeds_and_targets_are_usage_errors_before_training(tmp_path, monkeypatch, capsys, config, flags,
+                                                                     message):
+  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    adaptive_batch.main(["--config", config, *flags, "--out", str(tmp_path / "out"),
+                         "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and f"python -m experiments.adaptive_batch: {message}" in err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out.md").exists()
+
+
 def test_unknown_runs_are_refused_before_training():
   with pytest.raises(ValueError, match="must be a non-empty subset"):
     adaptive_batch.load_configs(TINY, ("baseline", "bigger"), (0,))

@@ -88,6 +88,22 @@ def test_a_variant_that_the_flags_would_override_is_refused_before_training(tmp_
   assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("flags", [[], ["--lrs", "0.05,0.1"]])
+def test_every_variants_settings_are_checked_before_the_first_trains(tmp_path, capsys, monkeypatch, flags):
+  """`none` and `one_bit` are fine; QSGD at 0 levels and PowerSGD at rank 0 are not: nothing trains."""
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    compression_bytes.main(["--config", TINY_CONFIG, "--batch_size", "16", "--epochs", "0.01", "--qsgd_levels", "0",
+                            "--ranks", "1,0", *flags, "--out", str(tmp_path / "out"),
+                            "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "python -m experiments.compression_bytes: error: qsgd_s0: Invalid config:\n" \
+      "  - config.compression: qsgd: num_levels (s) must be >= 1, got 0.\npowersgd_r0: Invalid config:\n" \
+      "  - config.compression: powersgd: rank must be >= 1, got 0." in err
+  assert "none:" not in err and "powersgd_r1" not in err and err.count("qsgd_s0") == 1
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out.csv").exists()
+
+
 def test_a_variant_learning_rate_is_accepted_without_lrs(tmp_path, monkeypatch):
   class Trained(Exception):
     pass

@@ -108,6 +108,17 @@ def test_a_grid_that_does_not_fit_the_reference_is_refused_before_training():
     assert expected in message
 
 
+@pytest.mark.parametrize("budget", ["-5", "0"])
+def test_a_budget_that_is_not_positive_is_refused_before_training(tmp_path, capsys, monkeypatch, budget):
+  monkeypatch.setattr(measure.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    _measure(tmp_path, "--budget_epochs", budget)
+  assert exit_info.value.code == 2 and capsys.readouterr().err == (
+      "Invalid critical-batch grid:\n  - --budget_epochs must be > 0 (the examples each branch trains on, in epochs); "
+      f"got {float(budget)}.\n")
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "cbs.csv").exists()
+
+
 def test_the_ptb_lstm_branches_restore_its_carried_state_and_count_rows_of_windows(tmp_path):
   cli.main(["measure", "--config", f"{TINY_PTB}:run=legw,large_batch=16,epochs=1", "--checkpoints",
             "0,0.5", "--batch_sizes", "16,32", "--budget_epochs", "0.25", "--out", str(tmp_path / "cbs"),
@@ -129,6 +140,23 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
     assert exit_info.value.code == 2
   errors = capsys.readouterr().err
   assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
+
+
+@pytest.mark.parametrize("max_batch, message", [
+    ("-5", "--max_batch must be >= 0 (the largest batch of the warm-up; 0: no cap), got -5"),
+    ("16", "--max_batch 16 caps the warm-up at or below the baseline batch 16, which it grows from: give a larger "
+           "one, or 0 for no cap"),
+])
+def test_warmup_refuses_a_max_batch_that_leaves_no_warmup(tmp_path, capsys, monkeypatch, max_batch, message):
+  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), f"--max_batch={max_batch}",
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and f"python -m experiments.critical_batch: error: {message}\n" in err
+  assert "never exceeds" not in err and not (tmp_path / "runs").exists()
 
 
 def test_warmup_refuses_a_run_or_seed_set_in_the_config_or_the_overrides(tmp_path, capsys):

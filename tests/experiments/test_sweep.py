@@ -115,6 +115,24 @@ def test_bad_specs_are_rejected_before_training(tmp_path, overrides, message):
   assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--rules", "legw,sqr"], "unknown scaling rule(s) ['sqr']; choose from none, linear, sqrt, legw, goyal."),
+    (["--batch_sizes", "0,-128"], "batch sizes must be positive integers, got [0, -128]."),
+    (["--metric", "perplexity"], "trains on 'synthetic_mnist', whose test metric is 'accuracy', but the sweep "
+                                 "measures 'perplexity'; pass --metric accuracy."),
+])
+def test_cli_refuses_a_bad_sweep_before_training(tmp_path, monkeypatch, capsys, flags, message):
+  monkeypatch.setattr(sweep.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  arguments = {"--config": TINY_CONFIG, "--rules": "none", "--batch_sizes": "32", "--out": str(tmp_path / "out"),
+               "--workdir": str(tmp_path / "runs"), **dict(zip(flags[::2], flags[1::2]))}
+  with pytest.raises(SystemExit) as exit_info:
+    sweep.main([token for pair in arguments.items() for token in pair])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "python -m experiments.sweep: error: Invalid sweep:\n  - " in err
+  assert message in err and "Traceback" not in err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out.csv").exists()
+
+
 def test_cli_parses_lists(tmp_path):
   with pytest.raises(SystemExit):
     sweep.main(["--config", TINY_CONFIG, "--rules", "none", "--batch_sizes", "32,abc", "--out", "x",
@@ -146,6 +164,18 @@ def test_lr_grid_refuses_a_variant_that_sets_the_learning_rate(tmp_path, capsys)
   assert exit_info.value.code == 2 and "sets lr.base, which the experiment sets itself (--lrs): drop it there." \
       in capsys.readouterr().err
   assert not (tmp_path / "runs").exists()
+
+
+def test_lr_grid_refuses_a_non_positive_learning_rate_before_training(tmp_path, monkeypatch, capsys):
+  from experiments import lr_grid  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  with pytest.raises(SystemExit) as exit_info:
+    lr_grid.main(["--config", TINY_CONFIG, "--lrs", "0.1,-0.5", "--out", str(tmp_path / "grid"),
+                  "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "python -m experiments.lr_grid: error: learning rates must be a non-empty " \
+      "list of positive numbers, got [0.1, -0.5]." in err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "grid.csv").exists()
 
 
 def test_zoom_panel_only_when_collapsed_runs_flatten_the_good_ones():
@@ -293,6 +323,35 @@ def test_compare_verdicts(tmp_path):
   assert "| legw | 128 | 98.10% ± 0.10 (3 seeds) | 98.90% ± 0.10 (3 seeds) | -0.80 | differs |" in table
   assert "| none | 128 | – | 98.87% | – | missing |" in table
   assert compare.main([str(tmp_path / "absent.csv"), str(tmp_path / "ref.csv")]) == 2
+
+
+def test_compare_refuses_a_negative_tolerance_and_advises_on_a_csv_of_another_metric(tmp_path, capsys):
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  rows = [RunRow("legw", 0, "test", "perplexity", 120.0, "done", 0.8, 0.0, 5.0, 10, 1.0, batch_size=640)]
+  sweep_table.write_csv(rows, tmp_path / "ptb.csv", "perplexity")
+  with pytest.raises(SystemExit) as exit_info:
+    compare.main([str(tmp_path / "ptb.csv"), str(tmp_path / "ptb.csv"), "--metric", "perplexity", "--tolerance", "-1"])
+  assert exit_info.value.code == 2 and "python -m experiments.compare: error: --tolerance must be >= 0 (0: no check " \
+      "of single-seed points), got -1" in capsys.readouterr().err
+  assert compare.main([str(tmp_path / "ptb.csv"), str(tmp_path / "ptb.csv")]) == 2
+  err = capsys.readouterr().err
+  assert err == (f"error: {tmp_path / 'ptb.csv'} lacks the column(s) ['test_accuracy']: it was not written by a sweep "
+                 "measuring 'accuracy'; compare CSVs written by `python -m experiments.sweep` (for sweeps that "
+                 "measured perplexity, add --metric perplexity).\n")
+  assert "--out" not in err
+
+
+def test_a_sweep_refuses_recorded_rows_or_a_reference_of_another_metric(tmp_path):
+  rows = [RunRow("none", 0, "test", "perplexity", 120.0, "done", 0.8, 0.0, 5.0, 10, 1.0, batch_size=32)]
+  sweep_table.write_csv(rows, tmp_path / "ptb.csv", "perplexity")
+  with pytest.raises(ValueError, match=r"ptb.csv lacks the column\(s\) \['test_accuracy'\]: .*; pass a --reference "
+                                       "of a sweep that measured accuracy"):
+    sweep.run_sweep(_spec(tmp_path, reference=str(tmp_path / "ptb.csv")))
+  (tmp_path / "results").mkdir()
+  sweep_table.write_csv(rows, tmp_path / "results" / "tiny.csv", "perplexity")
+  with pytest.raises(ValueError, match="tiny.csv lacks the column.*; move it away or choose another --out"):
+    sweep.run_sweep(_spec(tmp_path))
+  assert not (tmp_path / "runs").exists()
 
 
 def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):

@@ -42,3 +42,16 @@ def test_render_only_refuses_only_which_it_would_not_compile(tmp_path, capsys, m
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and "compiles nothing: drop --only" in err and "Traceback" not in err
   assert not (tmp_path / "plan.md").exists()
+
+
+def test_render_only_without_the_json_names_it_and_the_command_that_writes_it(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(tpu_pod_plan, "compile_entry", lambda entry: pytest.fail("compiled"))
+  out = tmp_path / "o" / "tp"
+  with pytest.raises(SystemExit) as exit_info:
+    tpu_pod_plan.main(["--out", str(out), "--render-only"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "Traceback" not in err
+  assert (f"python -m experiments.tpu_pod_plan: error: --render-only renders {out}.md from {out}.json, which does "
+          f"not exist: compile the entries into it first with `python -m experiments.tpu_pod_plan --out {out}` "
+          "(needs libtpu).") in err
+  assert not (tmp_path / "o").exists()

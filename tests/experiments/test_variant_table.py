@@ -145,6 +145,25 @@ def test_bad_rows_and_names_are_refused_before_training(tmp_path, monkeypatch):
     variant_table.run_table(_table(), str(tmp_path / "t"), str(tmp_path / "runs"), only=("nope",))
 
 
+@pytest.mark.parametrize("under", [False, True])
+def test_a_workdir_that_is_a_file_is_refused_before_training(tmp_path, monkeypatch, capsys, under):
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  path = tmp_path / "t.json"
+  path.write_text(json.dumps({"title": "tiny", "config": TINY_CONFIG, "rows": [{"name": "legw", "tests": "t"}]}))
+  existing = tmp_path / "a_file"
+  existing.write_text("not a workdir")
+  workdir = existing / "runs" if under else existing
+  with pytest.raises(SystemExit) as exit_info:
+    variant_table.main([str(path), "--out", str(tmp_path / "o"), "--workdir", str(workdir), "--rows", "legw",
+                        "--seeds", "0"])
+  captured = capsys.readouterr()
+  what = f"lies under {str(existing)!r}, which is a file" if under else "is a file"
+  assert exit_info.value.code == 2 and captured.err == (
+      f"Invalid table run:\n  - --workdir {str(workdir)!r} {what}, not a directory: name a new directory or one "
+      "holding a run to resume.\n")
+  assert captured.out == "" and not (tmp_path / "o.csv").exists()
+
+
 def test_cli_reports_a_bad_table_in_one_message(tmp_path, capsys):
   path = tmp_path / "t.json"
   path.write_text("{not json")

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from lbjax import main as cli
+from lbjax.train import workdir_lock
 
 
 def _run(capsys, *argv):
@@ -158,15 +159,15 @@ def test_a_workdir_the_system_refuses_is_named_before_training(tmp_path, monkeyp
   def refuse(self, *args, **kwargs):
     raise PermissionError(13, "Permission denied", str(self))
 
-  monkeypatch.setattr(cli.pathlib.Path, "mkdir", refuse)
+  monkeypatch.setattr(workdir_lock.pathlib.Path, "mkdir", refuse)
   with pytest.raises(cli.ConfigError, match=r"--workdir '.*new' cannot be created: Permission denied\. Name a "):
-    cli._check_workdir(str(tmp_path / "new"))  # pylint: disable=protected-access
+    workdir_lock.check_workdir(str(tmp_path / "new"))
   monkeypatch.undo()
-  monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+  monkeypatch.setattr(workdir_lock.os, "access", lambda path, mode: False)
   with pytest.raises(cli.ConfigError, match="is not writable by this process: the run's checkpoints"):
-    cli._check_workdir(str(tmp_path))  # pylint: disable=protected-access
+    workdir_lock.check_workdir(str(tmp_path))
 
 
 def test_a_new_workdir_is_created_before_training(tmp_path):
-  cli._check_workdir(str(tmp_path / "a" / "run"))  # pylint: disable=protected-access
+  workdir_lock.check_workdir(str(tmp_path / "a" / "run"))
   assert (tmp_path / "a" / "run").is_dir()

@@ -35,6 +35,8 @@ from tests.train import helpers
     ({"keep_checkpoints": 0}, r"keep_checkpoints must be an integer >= 1"),
     ({"lr.warmup_epochs": 0.5}, r"lr.warmup_epochs=0.5 but config.lr.warmup='none'"),
     ({"compression.num_levels": 4}, r"config.compression sets num_levels but compression.name='none'"),
+    ({"compression.name": "qsgd", "compression.num_levels": 0, "mesh.per_device_gradients": True},
+     r"config.compression: qsgd: num_levels \(s\) must be >= 1, got 0"),
     ({"batch_size": 36}, r"global batch size 36 is not divisible by the data-parallel size 8"),
     ({"batch_sizes": (32, 64), "batch_size_boundaries": ()}, r"has 2 sizes but .* 0 epochs"),
     ({"max_device_batch": 3}, r"cannot split a device share of 4 examples .*max_device_batch=3"),
