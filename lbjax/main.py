@@ -149,6 +149,8 @@ def _check_workdir(workdir: str) -> None:
 def _compile_only(args, loaded: config_files.LoadedConfig) -> int:
   """`--compile-only`: the report on the console and in <workdir>/compile.json; 0, or DOES_NOT_FIT."""
   from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
+  if args.workdir:  # before compiling: compile.json is written there
+    _check_workdir(args.workdir)
   report = compile_only.compile_run(loaded.config, args.topology, log=lambda line: print(line, flush=True))
   print("\n".join(report.lines()))
   if args.workdir:

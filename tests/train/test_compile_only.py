@@ -313,3 +313,14 @@ def test_a_step_that_cannot_fit_on_a_tpu_exits_4_with_the_compilers_figures(caps
   # half the 7,500: 3,750 divides it.
   assert "--config.max_device_batch=3750" in err
   assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30 and report["device_kind"] == "TPU v3"
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_anything_compiles(capsys, tmp_path, monkeypatch):
+  existing = tmp_path / "notes.txt"
+  existing.write_text("not a run")
+  monkeypatch.setattr(compile_only, "compile_run", lambda *a, **k: pytest.fail("compiled before checking --workdir"))
+  status = cli.main(["--config", "mnist_lstm", "--compile-only", "--workdir", str(existing)])
+  _, err = capsys.readouterr()
+  assert status == 2 and "Traceback" not in err
+  assert f"--workdir {str(existing)!r} is a file, not a directory" in err
+  assert existing.read_text() == "not a run"
