@@ -170,3 +170,13 @@ def test_a_workdir_the_system_refuses_is_named_before_training(tmp_path, monkeyp
 def test_a_new_workdir_is_created_before_training(tmp_path):
   cli._check_workdir(str(tmp_path / "a" / "run"))  # pylint: disable=protected-access
   assert (tmp_path / "a" / "run").is_dir()
+
+
+def test_a_config_file_without_get_config_is_a_message_under_dry_run(tmp_path):
+  path = tmp_path / "my_config.py"
+  path.write_text("import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({'seed': 1})\n")
+  result = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", str(path), "--dry-run"],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert f"lbjax-train: Config file {path}: get_config() returned a config without " in result.stderr
+  assert "copy a packaged one, e.g. " in result.stderr and len(result.stderr.splitlines()) == 2
