@@ -179,8 +179,14 @@ def resolve_compressor(read: FieldReads) -> names.Call | None:
   if name == "none":
     return None
   resolved = names.resolve("compression.name", name, [compression])
-  return names.Call(resolved, names.bind("compression", resolved, options,
+  call = names.Call(resolved, names.bind("compression", resolved, options,
                                          supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
+  try:  # the values, now: building a compressor only checks them (e.g. qsgd's num_levels=0, powersgd's rank=0)
+    call()
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.compression.name={resolved.name!r}: {resolved.qualified_name} refuses its "
+                      f"arguments: {e}") from e
+  return call
 
 
 def make_compressor(compressor: names.Call | None, per_device_gradients: bool

@@ -180,3 +180,11 @@ def test_a_config_file_without_get_config_is_a_message_under_dry_run(tmp_path):
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert f"lbjax-train: Config file {path}: get_config() returned a config without " in result.stderr
   assert "copy a packaged one, e.g. " in result.stderr and len(result.stderr.splitlines()) == 2
+
+
+def test_a_compression_argument_the_compressor_refuses_fails_the_dry_run(capsys):
+  status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.compression.name=qsgd",
+                        "--config.compression.num_levels=0", "--dry-run")
+  assert status == 2 and "Traceback" not in err
+  assert ("config.compression.name='qsgd': lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels (s) "
+          "must be >= 1, got 0.") in err
