@@ -188,3 +188,22 @@ def test_a_compression_argument_the_compressor_refuses_fails_the_dry_run(capsys)
   assert status == 2 and "Traceback" not in err
   assert ("config.compression.name='qsgd': lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels (s) "
           "must be >= 1, got 0.") in err
+
+
+@pytest.mark.parametrize("flags, env, message", [
+    (["--coordinator_address", "localhost:12345", "--num_processes", "2", "--process_id", "5"], {},
+     "--process_id 5 is not a process of --num_processes 2: processes are numbered 0 to 1"),
+    (["--coordinator_address", "nohostport"], {},
+     "--coordinator_address 'nohostport' is not host:port: give the host of process 0 and a free port number"),
+    (["--coordinator_address", "localhost:http"], {}, "--coordinator_address 'localhost:http' is not host:port"),
+    (["--distributed", "--num_processes", "0"], {}, "--num_processes 0 must be >= 1"),
+    (["--distributed"], {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"},
+     "JAX_PROCESS_ID 2 is not a process of JAX_NUM_PROCESSES 2"),
+])
+def test_multi_host_settings_are_checked_before_the_run_even_under_dry_run(capsys, monkeypatch, flags, env, message):
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  status, out, err = _run(capsys, "--config", "mnist_lstm", *flags, "--dry-run")
+  assert status == 2 and message in err and "Traceback" not in err and not out
