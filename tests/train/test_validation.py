@@ -59,6 +59,9 @@ from tests.train import helpers
     ({"data_options.num_train_examples": -3}, r"synthetic_mnist fails with config.data_options.num_train_examples=-3"),
     ({"init_from": "/nowhere", "resume_with_changed_optimizer": True}, r"config.init_from starts a new run .* Set one"),
     ({"init_from": "/nowhere"}, r"config.init_from='/nowhere': no checkpoints/ folder there"),
+    ({"data_options.eval_split": "valid"}, r"config.data_options.eval_split='valid': lbjax.train.datasets."
+                                           r"synthetic_mnist takes eval_split 'test' or 'validation' \(did you mean "
+                                           r"'validation'\?\)"),
     ({"data_options.num_validation_examples": 5000}, r"config.data_options.num_validation_examples=5000 applies only "
                                                      r"with config.data_options.eval_split='validation', but it is "
                                                      r"'test': remove it \(the default is 10000\)"),
