@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     # Names, arguments and values now; what depends on the devices once they are known.
     resolved = validation.validate(loaded.config)
     if args.dry_run:
+      # What the start of a run checks that needs no device and no data beyond its known shapes.
+      from lbjax.train import abstract_data  # pylint: disable=import-outside-toplevel
+      abstract_data.check_without_data(resolved)
       print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
     if args.layer_table:

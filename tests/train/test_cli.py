@@ -207,3 +207,19 @@ def test_multi_host_settings_are_checked_before_the_run_even_under_dry_run(capsy
     monkeypatch.setenv(name, value)
   status, out, err = _run(capsys, "--config", "mnist_lstm", *flags, "--dry-run")
   assert status == 2 and message in err and "Traceback" not in err and not out
+
+
+@pytest.mark.parametrize("config, overrides, message", [
+    ("mnist_lstm", ["--config.mesh.data=3"], "global batch size 128 is not divisible by the data-parallel size 3"),
+    ("mnist_lstm:eval_split=valid", [], "config.data_options.eval_split='valid': lbjax.train.datasets.mnist takes "
+                                        "eval_split 'test' or 'validation' (did you mean 'validation'?)"),
+    ("mnist_lstm", ["--config.dataset=ptb"], "lbjax.models.MnistLSTM is a classifier; config.dataset='ptb' is a "
+                                             "language-model dataset"),
+    ("mnist_lstm", ["--config.batch_size=70000"], "a batch of 70000: the 60000 training examples are fewer than the "
+                                                  "batch"),
+])
+def test_dry_run_refuses_what_the_start_of_a_run_refuses_without_reading_data(capsys, monkeypatch, tmp_path, config,
+                                                                               overrides, message):
+  monkeypatch.setenv("LBJAX_DATA_DIR", str(tmp_path))  # empty: a check that opened the data would say so
+  status, out, err = _run(capsys, "--config", config, *overrides, "--dry-run")
+  assert status == 2 and message in err and "Traceback" not in err and not out
