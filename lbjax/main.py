@@ -247,11 +247,14 @@ def main(argv: list[str] | None = None) -> int:
   args, rest = parser.parse_known_args(argv)
   overrides = [a for a in rest if a.startswith("--config.")]
   unexpected = [a for a in rest if not a.startswith("--config.")]
-  if unexpected:
-    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
   if args.list:
+    others = [a for a in argv if not (a.startswith("--li") and "--list".startswith(a))]  # argparse's --lis too
+    if others:
+      parser.error(f"--list takes no other options; drop {' '.join(others)} (or run them without --list).")
     print(list_configs())
     return 0
+  if unexpected:
+    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
   _refuse_conflicting_modes(parser, args)
   if args.topology:
     # Before JAX starts its backends. Compiling for named devices uses no local accelerator: without

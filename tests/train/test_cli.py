@@ -223,3 +223,13 @@ def test_dry_run_refuses_what_the_start_of_a_run_refuses_without_reading_data(ca
   monkeypatch.setenv("LBJAX_DATA_DIR", str(tmp_path))  # empty: a check that opened the data would say so
   status, out, err = _run(capsys, "--config", config, *overrides, "--dry-run")
   assert status == 2 and message in err and "Traceback" not in err and not out
+
+
+@pytest.mark.parametrize("others", [["--config.num_stepz=3"], ["--topology", "foo"], ["--config", "mnist_lstm"],
+                                    ["--dry-run"], ["stray"]])
+def test_list_takes_no_other_options(capsys, others):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--list", *others])
+  out, err = capsys.readouterr()
+  assert exit_info.value.code == 2 and not out
+  assert f"--list takes no other options; drop {' '.join(others)}" in err
