@@ -6,6 +6,8 @@ it is absent. The others compile for the 8 simulated CPU devices.
 """
 
 import json
+import subprocess
+import sys
 import types
 import warnings
 
@@ -177,6 +179,29 @@ def test_topology_needs_compile_only(capsys):
 def test_an_unknown_topology_is_a_message(capsys, tmp_path):
   status, _, err, _ = _compile(capsys, tmp_path, "mnist_lstm", "--topology", "v3:3x3")
   assert status == 2 and "is not a TPU topology" in err and "v3:32x32" in err
+
+
+@pytest.mark.parametrize("name", ["foo", "v5p", "v5p:2x", "v5p:2x2x1-big"])
+def test_a_malformed_topology_name_is_refused_before_libtpu_loads(capsys, tmp_path, monkeypatch, name):
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: pytest.fail("looked for libtpu"))
+  status, out, err, _ = _compile(capsys, tmp_path, "mnist_lstm", "--topology", name)
+  assert status == 2 and not out
+  assert err.splitlines() == [f"lbjax-train: --topology {name!r} is not a TPU topology name: names look like "
+                              f"{topology.EXAMPLES} (a TPU generation, a colon, the chips along each axis), or GPUs: "
+                              "h100, h100:8, h200:2x8.", "(Set LBJAX_TRACEBACK=1 for the traceback.)"]
+
+
+@needs_libtpu
+def test_an_unsupported_topology_is_the_message_alone_without_libtpus_start_up_lines(tmp_path):
+  """libtpu, starting on a machine without TPUs, writes five lines (TPU_ACCELERATOR_TYPE, TPU_WORKER_HOSTNAMES)
+  to file descriptor 2; they are dropped, so the refusal is all the console shows."""
+  result = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", "mnist_lstm", "--compile-only", "--topology",
+                           "v5p:3x3x3", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2 and not result.stdout
+  lines = result.stderr.splitlines()
+  assert len(lines) == 2 and lines[0].startswith("lbjax-train: --topology 'v5p:3x3x3' is not a TPU topology libtpu "
+                                                 "knows (INVALID_ARGUMENT: Topology layout")
+  assert "TPU_WORKER_HOSTNAMES" not in result.stderr
 
 
 @needs_libtpu
