@@ -233,3 +233,13 @@ def test_list_takes_no_other_options(capsys, others):
   out, err = capsys.readouterr()
   assert exit_info.value.code == 2 and not out
   assert f"--list takes no other options; drop {' '.join(others)}" in err
+
+
+def test_an_empty_data_folder_says_where_it_is_what_set_it_and_what_it_should_hold(capsys, monkeypatch, tmp_path):
+  monkeypatch.setenv("LBJAX_DATA_DIR", str(tmp_path / "data"))
+  (tmp_path / "data").mkdir()
+  status, _, err = _run(capsys, "--config", "mnist_lstm", "--workdir", str(tmp_path / "run"))
+  assert status == 2 and "Traceback" not in err
+  assert f"not found in the data folder {tmp_path / 'data'} (set by LBJAX_DATA_DIR)" in err
+  assert "MNIST is read from <data folder>/mnist/" in err and "--config.data_dir=PATH" in err
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
