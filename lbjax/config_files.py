@@ -31,6 +31,7 @@ import importlib
 import importlib.util
 import pathlib
 import pkgutil
+import traceback
 from types import ModuleType
 from typing import Any
 
@@ -39,6 +40,7 @@ import ml_collections
 from lbjax import configs as packaged_configs
 from lbjax.configs import Variant
 from lbjax.train import names
+from lbjax.train import config as config_lib
 from lbjax.train.config import ARGUMENT_SECTIONS
 from lbjax.train.errors import ConfigError
 
@@ -58,11 +60,71 @@ def packaged_names() -> list[str]:
   return sorted(m.name for m in pkgutil.iter_modules(packaged_configs.__path__) if not m.name.startswith("_"))
 
 
+def _what_a_config_file_defines() -> str:
+  example = pathlib.Path(packaged_configs.__file__).parent / "mnist_lstm.py"
+  return ("A config file defines get_config() returning lbjax.train.default_config() with its changes (and "
+          f"optionally VARIANTS and finalize(config, presets)); copy a packaged one, e.g. {example}.")
+
+
+def _failure_in_file(path: pathlib.Path, error: Exception) -> str:
+  """What went wrong running the user's file: the error and the line of the file it came from."""
+  if isinstance(error, SyntaxError) and error.filename and pathlib.Path(error.filename) == path:
+    return f"has a syntax error at line {error.lineno}: {error.msg}"
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if frame.filename and pathlib.Path(frame.filename) == path]
+  where = f" at line {lines[-1]}" if lines else ""
+  if isinstance(error, ImportError):
+    return f"failed to import{where}: {error}. Install the module it needs, or remove the import"
+  return f"raised {type(error).__name__}{where}: {error}"
+
+
 def _module_from_file(path: pathlib.Path) -> ModuleType:
   spec = importlib.util.spec_from_file_location(f"lbjax_user_config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except  (the user's code: any error is the file's)
+    raise ConfigError(f"Config file {path} {_failure_in_file(path, e)}. {_what_a_config_file_defines()}") from e
   return module
+
+
+def _file_config(module: ModuleType, source: str) -> ml_collections.ConfigDict:
+  """`module.get_config()`, checked to be a whole run config: every field of `default_config()` outside the
+  argument sections (whose fields are a function's arguments), and no field it does not have."""
+  get_config = getattr(module, "get_config", None)
+  if not callable(get_config):
+    raise ConfigError(f"Config file {source} defines no get_config(). {_what_a_config_file_defines()}")
+  try:
+    config = get_config()
+  except Exception as e:  # pylint: disable=broad-except  (the user's code: any error is the file's)
+    path = pathlib.Path(module.__file__) if getattr(module, "__file__", None) else None
+    raise ConfigError(f"Config file {source}: get_config() "
+                      f"{_failure_in_file(path, e) if path else f'raised {type(e).__name__}: {e}'}. "
+                      f"{_what_a_config_file_defines()}") from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"Config file {source}: get_config() returned a {type(config).__name__}, not an "
+                      f"ml_collections.ConfigDict. {_what_a_config_file_defines()}")
+  default = config_lib.default_config()
+  own = {path for path in config_lib.field_paths(default) if path.split(".")[0] not in ARGUMENT_SECTIONS}
+  own |= {f"{section}.{field}" for section, field in SECTION_NAME_FIELDS.items()}
+  own |= {f"{section}.{field}" for section, fields in SECTION_OWN_FIELDS.items() for field in fields}
+  present = config_lib.field_paths(config)
+  missing = sorted(own - present) + [section for section in ARGUMENT_SECTIONS
+                                     if not isinstance(config.get(section), ml_collections.ConfigDict)]
+  if missing:
+    shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+    raise ConfigError(f"Config file {source}: get_config() returned a config without {shown}. "
+                      f"{_what_a_config_file_defines()}")
+  unknown = sorted(path for path in present - own if path.split(".")[0] not in ARGUMENT_SECTIONS)
+  if unknown:
+    details = []
+    for path in unknown:
+      close = names.suggestions(path, sorted(own))
+      details.append(f"{path!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ConfigError(f"Config file {source}: get_config() sets fields a run does not have: {', '.join(details)}. "
+                      "Only the argument sections (" + ", ".join(ARGUMENT_SECTIONS) + ") take new fields, their "
+                      "functions' arguments.")
+  return config
 
 
 def config_module(source: str) -> ModuleType:
@@ -242,7 +304,7 @@ def load(spec: str, overrides: Sequence[str] = ()) -> LoadedConfig:
   source, _, variant = spec.partition(":")
   module = config_module(source)
   declared: Mapping[str, Variant] = getattr(module, "VARIANTS", {})
-  config = module.get_config()
+  config = _file_config(module, source)
   explicit: list[tuple[str, str, str]] = []  # (field, value, where)
   presets = {key: v.default for key, v in declared.items() if v.field is None}
   for key, text in parse_variant(variant, declared, source).items():

@@ -128,6 +128,8 @@ def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str]) -
 def _compile_only(args, loaded: config_files.LoadedConfig) -> int:
   """`--compile-only`: the report on the console and in <workdir>/compile.json; 0, or DOES_NOT_FIT."""
   from lbjax.train import compile_only  # pylint: disable=import-outside-toplevel
+  if args.workdir:  # before compiling: compile.json is written there
+    workdir_lock.check_workdir(args.workdir)
   report = compile_only.compile_run(loaded.config, args.topology, log=lambda line: print(line, flush=True))
   print("\n".join(report.lines()))
   if args.workdir:
@@ -161,6 +163,31 @@ def _env_int(name: str) -> int | None:
   if not value.strip().isdigit():
     raise ConfigError(f"{name}={value!r} must be a non-negative integer.")
   return int(value)
+
+
+def _check_multi_host(args) -> None:
+  """The multi-host settings, flags or JAX_* environment variables, before anything starts: the coordinator's
+  address is host:port with a numeric port, there is at least one process and this process's index is one of
+  them. (JAX itself would raise a ValueError or IndexError once the run started, or wait for a peer forever.)"""
+  address_from = "--coordinator_address" if args.coordinator_address is not None else "JAX_COORDINATOR_ADDRESS"
+  address = args.coordinator_address if args.coordinator_address is not None else os.environ.get(address_from)
+  if address is not None:
+    host, _, port = address.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ConfigError(f"{address_from} {address!r} is not host:port: give the host of process 0 and a free "
+                        "port number (1-65535) on it, e.g. --coordinator_address 10.0.0.1:1234 (localhost:1234 for "
+                        "processes on one machine).")
+  num_from = "--num_processes" if args.num_processes is not None else "JAX_NUM_PROCESSES"
+  num_processes = args.num_processes if args.num_processes is not None else _env_int(num_from)
+  id_from = "--process_id" if args.process_id is not None else "JAX_PROCESS_ID"
+  process_id = args.process_id if args.process_id is not None else _env_int(id_from)
+  if num_processes is not None and num_processes < 1:
+    raise ConfigError(f"{num_from} {num_processes} must be >= 1: the number of processes of the job.")
+  if process_id is not None and process_id < 0:
+    raise ConfigError(f"{id_from} {process_id} must be >= 0: this process's index, 0 for the coordinator.")
+  if process_id is not None and num_processes is not None and process_id >= num_processes:
+    raise ConfigError(f"{id_from} {process_id} is not a process of {num_from} {num_processes}: processes are "
+                      f"numbered 0 to {num_processes - 1}, 0 being the coordinator.")
 
 
 def _origin(loaded: config_files.LoadedConfig) -> str:
@@ -199,11 +226,14 @@ def main(argv: list[str] | None = None) -> int:
   args, rest = parser.parse_known_args(argv)
   overrides = [a for a in rest if a.startswith("--config.")]
   unexpected = [a for a in rest if not a.startswith("--config.")]
-  if unexpected:
-    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
   if args.list:
+    others = [a for a in argv if not (a.startswith("--li") and "--list".startswith(a))]  # argparse's --lis too
+    if others:
+      parser.error(f"--list takes no other options; drop {' '.join(others)} (or run them without --list).")
     print(list_configs())
     return 0
+  if unexpected:
+    parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")
   _refuse_conflicting_modes(parser, args)
   if args.topology:
     # Before JAX starts its backends. Compiling for named devices uses no local accelerator: without
@@ -214,10 +244,15 @@ def main(argv: list[str] | None = None) -> int:
   if not args.config:
     parser.error("--config is required (a packaged config such as mnist_lstm, see --list, or a .py file).")
   try:
+    if args.distributed or args.coordinator_address is not None:
+      _check_multi_host(args)
     loaded = config_files.load(args.config, overrides)
     # Names, arguments and values now; what depends on the devices once they are known.
     resolved = validation.validate(loaded.config)
     if args.dry_run:
+      # What the start of a run checks that needs no device and no data beyond its known shapes.
+      from lbjax.train import abstract_data  # pylint: disable=import-outside-toplevel
+      abstract_data.check_without_data(resolved)
       print("\n".join(summary.format_run(summary.resolved_run(resolved), _origin(loaded))))
       return 0
     if args.layer_table:

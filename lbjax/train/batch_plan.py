@@ -22,6 +22,11 @@ LEARNING_RATE_MODES = ("scaling_rule", "adascale")
 # Fields only the adaptive policy reads, with their defaults (set away from them elsewhere: refused).
 ADAPTIVE_FIELDS = {"min_batch_size": 0, "max_batch_size": 0, "noise_multiple": 1.0, "never_shrink": True,
                    "learning_rate": "scaling_rule"}
+# Fields of the gradient noise-scale measurement (its averaging and `batch` records), with their defaults: they
+# act only where a step measures it from micro-batches (the adaptive policy, config.batch.micro_batch_size, or
+# accumulation under config.max_device_batch); set away from their defaults elsewhere: refused.
+NOISE_SCALE_FIELDS = {"adapt_every": config_lib.default_config().batch.adapt_every,
+                      "ema_decay": config_lib.default_config().batch.ema_decay}
 
 
 def _is_int(value) -> bool:
@@ -205,6 +210,14 @@ def _policy_problems(config: ml_collections.ConfigDict, data_parallel_size: int)
     if changed:
       found.append(f"config.{', config.'.join(changed)} only apply with config.batch.policy='adaptive' "
                    f"(it is {batch.policy!r}); remove them or set the policy.")
+  if batch.policy != "adaptive" and not micro and not _accumulates(config, data_parallel_size):
+    changed = [f"batch.{k}={batch[k]!r}" for k, default in NOISE_SCALE_FIELDS.items() if batch[k] != default]
+    if changed:
+      found.append(f"config.{', config.'.join(changed)} set how the gradient noise scale is averaged and recorded "
+                   f"(`batch` records), but no step of this run measures it: it is measured from micro-batches, "
+                   f"under config.batch.policy='adaptive' (it is {batch.policy!r}), with "
+                   "config.batch.micro_batch_size > 0, or with gradient accumulation (config.max_device_batch below "
+                   "a device's share of the batch). Remove them or set one of those.")
   if batch.policy == "fixed" and config.batch_sizes:
     found.append("config.batch.policy='fixed' uses config.batch_size only, but config.batch_sizes is set; "
                  "set config.batch.policy='schedule' for a batch-size schedule.")
@@ -216,6 +229,13 @@ def _policy_problems(config: ml_collections.ConfigDict, data_parallel_size: int)
         found.append(f"batch size {size} is not a whole number of micro-batches of "
                      f"config.batch.micro_batch_size={micro}; use a multiple of {micro}.")
   return found
+
+
+def _accumulates(config: ml_collections.ConfigDict, data_parallel_size: int) -> bool:
+  """Whether a step of the run accumulates micro-batches under `config.max_device_batch` (and so measures the
+  gradient noise scale); batch sizes that are not valid are reported by `_size_problems`."""
+  return any(_is_int(size) and size > 0 and microbatch_count(size, data_parallel_size, config.max_device_batch) > 1
+             for size in config_lib.batch_sizes(config))
 
 
 def _adaptive_problems(config: ml_collections.ConfigDict) -> list[str]:

@@ -33,7 +33,6 @@ from lbjax.train import device_data
 from lbjax.train import gpu_targets
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
-from lbjax.train import tasks
 from lbjax.train import topology as topology_lib
 from lbjax.train import validation
 from lbjax.train.any_batch import SLOTS
@@ -99,12 +98,7 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   data_parallel = mesh_lib.data_parallel_size(mesh)
   validation.check_devices(resolved, data_parallel)
   data = abstract_data.data_shapes(resolved.dataset)
-  if resolved.train_data_on_device and not data.in_memory:
-    raise device_data.refusal(resolved.dataset_name, "does not read in-memory arrays without host transforms")
-  for size in resolved.batch.sizes:
-    if (problem := data.refuse_impossible(size)) is not None:
-      raise ConfigError(f"config.batch_size(s): {problem}")
-  parts = build.StepParts.create(resolved, tasks.make_task(resolved.model, data.dataset, resolved.dataset_name), mesh)
+  parts = build.StepParts.create(resolved, abstract_data.check_data(resolved, data), mesh)
   graphdef, task, train_task, optimizer = parts.graphdef, parts.task, parts.train_task, parts.optimizer
   replicated, batch_sharding = parts.replicated, parts.batch_sharding
   state = parts.abstract_state()

@@ -29,6 +29,11 @@ EvalBatchesFactory = Callable[[int, int, int], Iterator[dict[str, np.ndarray]]] 
 
 MNIST_VALIDATION_SEED = 0
 
+# Options of this module's functions that act only when another option has a given value: (option, the
+# option it depends on, that value). Set away from its default otherwise it would change nothing, so
+# `lbjax.train.tasks.resolve_dataset` refuses it.
+DEPENDENT_OPTIONS = (("num_validation_examples", "eval_split", "validation"),)
+
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:

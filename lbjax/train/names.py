@@ -14,6 +14,7 @@ import difflib
 import importlib
 import inspect
 from types import ModuleType
+import typing
 from typing import Any
 import warnings
 
@@ -155,7 +156,25 @@ def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
   if unset:
     raise ConfigError(f"config.{section}: {resolved.qualified_name} needs {', '.join(unset)}; set "
                       + ", ".join(f"config.{section}.{u}" for u in unset) + ".")
+  refused = [_choice_problem(section, resolved, name, value, accepted[name]) for name, value in options.items()]
+  if any(refused):
+    raise ConfigError("\n".join(filter(None, refused)))
   return arguments
+
+
+def _choice_problem(section: str, resolved: Resolved, name: str, value: Any, parameter: inspect.Parameter
+                    ) -> str | None:
+  """The option's value against the choices of a `Literal[...]` annotation (e.g. a dataset's `eval_split`), which
+  the function would refuse only once called (a dataset: once its data is opened)."""
+  if typing.get_origin(parameter.annotation) is not typing.Literal:
+    return None
+  choices = typing.get_args(parameter.annotation)
+  if value in choices:
+    return None
+  close = suggestions(value, [str(c) for c in choices]) if isinstance(value, str) else []
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  return (f"config.{section}.{name}={value!r}: {resolved.qualified_name} takes {name} "
+          f"{' or '.join(map(repr, choices))}{hint}.")
 
 
 def _replace_hint(section: str, resolved: Resolved) -> str:

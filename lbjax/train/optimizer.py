@@ -179,10 +179,14 @@ def resolve_compressor(read: FieldReads) -> names.Call | None:
   if name == "none":
     return None
   resolved = names.resolve("compression.name", name, [compression])
-  compressor = names.Call(resolved, names.bind("compression", resolved, options,
-                                               supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
-  compressor()  # built once now, so that it refuses its arguments' values (qsgd's num_levels 0) before any compute
-  return compressor
+  call = names.Call(resolved, names.bind("compression", resolved, options,
+                                         supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
+  try:  # the values, now: building a compressor only checks them (e.g. qsgd's num_levels=0, powersgd's rank=0)
+    call()
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.compression.name={resolved.name!r}: {resolved.qualified_name} refuses its "
+                      f"arguments: {e}") from e
+  return call
 
 
 def make_compressor(compressor: names.Call | None, per_device_gradients: bool

@@ -189,7 +189,24 @@ def resolve_dataset(read: config_lib.FieldReads) -> names.Call:
   """The dataset function `config.dataset` names and its bound arguments (nothing is opened)."""
   resolved = names.resolve("dataset", read("dataset"), [datasets])
   supplied = {"data_dir": read("data_dir") or None, "seed": read("seed")}
-  return names.Call(resolved, names.bind("data_options", resolved, read.options("data_options"), supplied=supplied))
+  arguments = names.bind("data_options", resolved, read.options("data_options"), supplied=supplied)
+  if resolved.function.__module__ == datasets.__name__:
+    _check_dependent_options(arguments, names.parameters(resolved.function))
+  return names.Call(resolved, arguments)
+
+
+def _check_dependent_options(arguments: dict[str, Any], accepted) -> None:
+  """An option set away from its default where the option it depends on turns it off (`datasets.DEPENDENT_OPTIONS`,
+  e.g. `num_validation_examples` without `eval_split='validation'`) would change nothing: refused."""
+  for option, condition, needed in datasets.DEPENDENT_OPTIONS:
+    if option not in accepted or condition not in accepted:
+      continue
+    default = accepted[option].default
+    value, current = arguments.get(option, default), arguments.get(condition, accepted[condition].default)
+    if value != default and current != needed:
+      raise ConfigError(f"config.data_options.{option}={value!r} applies only with config.data_options.{condition}="
+                        f"{needed!r}, but it is {current!r}: remove it (the default is {default!r}) or set "
+                        f"config.data_options.{condition}={needed!r}.")
 
 
 def open_dataset(dataset: names.Call) -> datasets.Dataset:

@@ -10,17 +10,24 @@ memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a table by `device_ki
 and TensorCores (Google's Cloud TPU system-architecture pages), and gives a device its cores' share.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
+import re
+import sys
+import tempfile
 from typing import Any
 
 from lbjax.train import gpu_targets
-from lbjax.train.errors import ConfigError
+from lbjax.train.errors import TRACEBACK_ENV, ConfigError
 
 GIB = 2**30
 INSTALL_HINT = "pip install 'lbjax[tpu]' (libtpu through jax[tpu], in the version that matches the installed jax)"
 EXAMPLES = "v3:32x32, v4:8x8x16, v5p:8x16x16, v5e:16x16, v6e:16x16"
+# A TPU topology name as libtpu parses it (its own pattern, `^([a-zA-Z0-9\_ ]+)[=\_:]([0-9x]+)(\_twisted|
+# \_untwisted)?$`, with the dimensions numbers between x's): a generation, then the chips along each axis.
+NAME = re.compile(r"^[a-zA-Z0-9_ ]+[=_:][0-9]+(x[0-9]+)*(_twisted|_untwisted)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +62,9 @@ def topology_devices(name: str) -> list[Any]:
   """
   if gpu_targets.is_gpu_name(name):
     return gpu_targets.devices(name)
+  if not NAME.match(name):
+    raise ConfigError(f"--topology {name!r} is not a TPU topology name: names look like {EXAMPLES} (a TPU "
+                      f"generation, a colon, the chips along each axis), or GPUs: {gpu_targets.EXAMPLES}.")
   if not libtpu_installed():
     raise ConfigError(f"--topology {name} names no GPU lbjax knows ({gpu_targets.EXAMPLES}), so a TPU topology, "
                       f"which needs libtpu: {INSTALL_HINT}.")
@@ -63,15 +73,39 @@ def topology_devices(name: str) -> list[Any]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   try:  # megacore where the chip has it (v4, v5p): one device per chip, as JAX runs them and its meshes need
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name="megacore").devices)
+    with _libtpu_start_up_quiet():
+      return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
+                                               chip_config_name="megacore").devices)
   except Exception:  # pylint: disable=broad-except  (no megacore config: v2, v3, v5e, v6e have one device per core)
     pass
   try:
-    return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+    with _libtpu_start_up_quiet():
+      return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
   except Exception as e:  # pylint: disable=broad-except  (libtpu's JaxRuntimeError/RuntimeError: a bad name)
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"--topology {name!r} is not a TPU topology libtpu knows ({reason}); names look like "
                       f"{EXAMPLES} (GPUs: {gpu_targets.EXAMPLES}).") from e
+
+
+@contextlib.contextmanager
+def _libtpu_start_up_quiet():
+  """Drops what libtpu writes to file descriptor 2 while it starts on a machine without TPUs (its lookups of
+  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES fail, five lines that say nothing about the compile; its
+  refusal of a topology comes back as the exception). Kept on the console with LBJAX_TRACEBACK=1."""
+  if os.environ.get(TRACEBACK_ENV):
+    yield
+    return
+  sys.stderr.flush()
+  console = os.dup(2)
+  try:
+    with tempfile.TemporaryFile() as sink:
+      os.dup2(sink.fileno(), 2)
+      try:
+        yield
+      finally:
+        os.dup2(console, 2)
+  finally:
+    os.close(console)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -174,13 +174,24 @@ def _raise(problems: list[str]) -> None:
     raise ConfigError("Invalid config:\n  - " + "\n  - ".join(p.replace("\n", "\n    ") for p in problems))
 
 
-def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int = 1) -> resolved.ResolvedRun:
+def configured_data_parallel_size(config: ml_collections.ConfigDict) -> int:
+  """The data-parallel size the config fixes without the devices: `mesh.data * mesh.fsdp` when `mesh.data`
+  is a size (the mesh is built with exactly that many batch shards, or not at all); 1 for `mesh.data=-1`
+  (all devices: known once they are)."""
+  data, fsdp = config.mesh.data, config.mesh.fsdp
+  if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (data, fsdp)):
+    return data * fsdp
+  return 1
+
+
+def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int | None = None) -> resolved.ResolvedRun:
   """Checks the config before any compute and resolves it, once.
 
   Args:
     config: the run config.
-    data_parallel_size: number of batch shards of the mesh (devices of the `data` x `fsdp` axes); 1
-      before the devices are known (`check_devices` checks the run's mesh then).
+    data_parallel_size: number of batch shards of the mesh (devices of the `data` x `fsdp` axes); None
+      before the devices are known: what the config fixes (`configured_data_parallel_size`; `check_devices`
+      checks the run's mesh once it is built).
 
   Returns:
     The `ResolvedRun`.
@@ -189,6 +200,8 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int = 1) 
     ConfigError: listing every problem found.
   """
   _raise(config_lib.renamed_problems(config))  # names and values are read only once the fields mean what they say
+  if data_parallel_size is None:
+    data_parallel_size = configured_data_parallel_size(config)
   read = config_lib.FieldReads(config)
   parts, name_problems = resolved.resolve_parts(read)
   model = parts.get("model")

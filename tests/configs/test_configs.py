@@ -207,3 +207,35 @@ def test_an_explicit_setting_wins_over_what_the_config_derives():
 def test_bad_settings_name_the_key_and_what_it_wants(spec, overrides, message):
   with pytest.raises(train.ConfigError, match=message):
     config_files.load(spec, overrides)
+
+
+COPY_A_PACKAGED_CONFIG = "A config file defines get_config() returning lbjax.train.default_config() with its changes"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("X = 1\n", r"defines no get_config\(\)\. "),
+    ("def get_config():\n  return {'model': 'MnistLSTM'}\n",
+     r"get_config\(\) returned a dict, not an ml_collections.ConfigDict\. "),
+    ("import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({'batch_size': 8})\n",
+     r"get_config\(\) returned a config without batch.adapt_every, .* and \d+ more\. "),
+    ("def get_config(:\n  pass\n", r"has a syntax error at line 1: "),
+    ("import no_such_module_xyz\n", r"failed to import at line 1: No module named 'no_such_module_xyz'\. Install the "),
+    ("def get_config():\n  return 1 / 0\n", r"get_config\(\) raised ZeroDivisionError at line 2: division by zero\. "),
+])
+def test_a_config_file_that_is_not_a_config_says_what_is_wrong_and_what_a_config_file_defines(tmp_path, source,
+                                                                                               message):
+  path = tmp_path / "my_config.py"
+  path.write_text(source)
+  with pytest.raises(train.ConfigError, match=message) as error:
+    config_files.load(str(path))
+  assert str(error.value).startswith(f"Config file {path}")
+  assert COPY_A_PACKAGED_CONFIG in str(error.value) and "lbjax/configs/mnist_lstm.py" in str(error.value)
+
+
+def test_a_config_file_setting_a_field_a_run_does_not_have_is_refused_naming_it(tmp_path):
+  path = tmp_path / "my_config.py"
+  path.write_text("from lbjax.train import default_config\n\ndef get_config():\n  config = default_config()\n"
+                  "  config.num_epoch = 3\n  config.optimizer.nesterov = True\n  return config\n")
+  with pytest.raises(train.ConfigError, match=r"get_config\(\) sets fields a run does not have: 'num_epoch' \(did "
+                                              r"you mean 'num_epochs'\?\)\. Only the argument sections"):
+    config_files.load(str(path))

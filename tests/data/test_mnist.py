@@ -124,6 +124,19 @@ def test_missing_directory_and_file_errors_say_where_to_get_mnist(tmp_path):
     data.load_mnist_idx(tmp_path, "train")
 
 
+def test_an_empty_data_folder_names_itself_where_it_was_set_and_the_layout(tmp_path, monkeypatch):
+  monkeypatch.setenv("LBJAX_DATA_DIR", str(tmp_path))
+  with pytest.raises(FileNotFoundError) as error:
+    data.load_mnist_idx(None, "train")
+  message = str(error.value)
+  assert f"not found in the data folder {tmp_path} (set by LBJAX_DATA_DIR); looked for " in message
+  assert "MNIST is read from <data folder>/mnist/: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz" in message
+  assert ("Set LBJAX_DATA_DIR or config.data_dir (lbjax-train: --config.data_dir=PATH) to the folder that holds "
+          "mnist/.") in message
+  with pytest.raises(FileNotFoundError, match=r"\(set by data_dir, lbjax-train's config.data_dir\)"):
+    data.load_mnist_idx(tmp_path, "train")
+
+
 def test_bad_split_raises(tmp_path):
   with pytest.raises(ValueError, match="one of \\('train', 'test'\\)"):
     data.load_mnist_idx(tmp_path, "validation")

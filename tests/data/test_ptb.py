@@ -46,7 +46,9 @@ def test_ties_are_alphabetical_and_unknown_words_map_to_unk():
 
 def test_missing_files_say_where_to_get_ptb(tmp_path):
   (tmp_path / "ptb.train.txt").write_text(" a \n")
-  with pytest.raises(FileNotFoundError, match="ptb.valid.txt not found.*simple-examples"):
+  with pytest.raises(FileNotFoundError, match=r"ptb.valid.txt not found in the data folder .* \(set by data_dir, "
+                                              r"lbjax-train's config.data_dir\)\. PTB is read from <data folder>/ptb/: "
+                                              r".*to the folder that holds ptb/\..*simple-examples"):
     data.PtbCorpus.from_dir(tmp_path)
   with pytest.raises(FileNotFoundError, match="not a directory"):
     data.PtbCorpus.from_dir(tmp_path / "absent")

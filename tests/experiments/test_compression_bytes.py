@@ -98,8 +98,10 @@ def test_every_variants_settings_are_checked_before_the_first_trains(tmp_path, c
                             "--workdir", str(tmp_path / "runs")])
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and "python -m experiments.compression_bytes: error: qsgd_s0: Invalid config:\n" \
-      "  - config.compression: qsgd: num_levels (s) must be >= 1, got 0.\npowersgd_r0: Invalid config:\n" \
-      "  - config.compression: powersgd: rank must be >= 1, got 0." in err
+      "  - config.compression.name='qsgd': lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels (s) " \
+      "must be >= 1, got 0.\npowersgd_r0: Invalid config:\n" \
+      "  - config.compression.name='powersgd': lbjax.optim.compression.powersgd refuses its arguments: powersgd: " \
+      "rank must be >= 1, got 0." in err
   assert "none:" not in err and "powersgd_r1" not in err and err.count("qsgd_s0") == 1
   assert not (tmp_path / "runs").exists() and not (tmp_path / "out.csv").exists()
 

@@ -243,10 +243,25 @@ def test_adascale_counts_scale_invariant_epochs_and_stops_when_they_reach_num_ep
     ({"batch.micro_batch_size": 12}, r"batch size 32 is not a whole number of micro-batches"),
     ({"batch.micro_batch_size": 8, "max_device_batch": 8}, r"set config.max_device_batch=0"),
     ({"batch.adapt_every": 0}, r"config.batch.adapt_every must be an integer >= 1"),
+    ({"batch.adapt_every": 1, "batch.ema_decay": 0.5},
+     r"config.batch.adapt_every=1, config.batch.ema_decay=0.5 set how the gradient noise scale is averaged and "
+     r"recorded \(`batch` records\), but no step of this run measures it"),
+    ({"batch.ema_decay": 0.5, "max_device_batch": 32}, r"config.batch.ema_decay=0.5 set how the gradient noise"),
 ])
 def test_bad_batch_configs_are_refused_before_compute(overrides, message):
   with pytest.raises(ConfigError, match=message):
     validation.validate(helpers.tiny_classifier_config(**overrides), data_parallel_size=1)
+
+
+def test_the_noise_scale_settings_are_accepted_where_a_step_measures_it():
+  """Micro-batches (the any-batch step) measure it, and so does accumulation: a device's share of the batch
+  (32 examples over 1 device; 4 over 8) above max_device_batch=8."""
+  noise = {"batch.adapt_every": 1, "batch.ema_decay": 0.5}
+  validation.validate(helpers.tiny_classifier_config(**noise, **{"batch.micro_batch_size": 8}), data_parallel_size=1)
+  accumulating = helpers.tiny_classifier_config(**noise, max_device_batch=8)
+  validation.validate(accumulating, data_parallel_size=1)
+  with pytest.raises(ConfigError, match=r"config.batch.adapt_every=1, config.batch.ema_decay=0.5 set how"):
+    validation.validate(accumulating, data_parallel_size=8)
 
 
 @pytest.mark.parametrize("run, policy, sizes", [

@@ -171,3 +171,76 @@ def test_a_workdir_the_system_refuses_is_named_before_training(tmp_path, monkeyp
 def test_a_new_workdir_is_created_before_training(tmp_path):
   workdir_lock.check_workdir(str(tmp_path / "a" / "run"))
   assert (tmp_path / "a" / "run").is_dir()
+
+
+def test_a_config_file_without_get_config_is_a_message_under_dry_run(tmp_path):
+  path = tmp_path / "my_config.py"
+  path.write_text("import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({'seed': 1})\n")
+  result = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", str(path), "--dry-run"],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert f"lbjax-train: Config file {path}: get_config() returned a config without " in result.stderr
+  assert "copy a packaged one, e.g. " in result.stderr and len(result.stderr.splitlines()) == 2
+
+
+def test_a_compression_argument_the_compressor_refuses_fails_the_dry_run(capsys):
+  status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.compression.name=qsgd",
+                        "--config.compression.num_levels=0", "--dry-run")
+  assert status == 2 and "Traceback" not in err
+  assert ("config.compression.name='qsgd': lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels (s) "
+          "must be >= 1, got 0.") in err
+
+
+@pytest.mark.parametrize("flags, env, message", [
+    (["--coordinator_address", "localhost:12345", "--num_processes", "2", "--process_id", "5"], {},
+     "--process_id 5 is not a process of --num_processes 2: processes are numbered 0 to 1"),
+    (["--coordinator_address", "nohostport"], {},
+     "--coordinator_address 'nohostport' is not host:port: give the host of process 0 and a free port number"),
+    (["--coordinator_address", "localhost:http"], {}, "--coordinator_address 'localhost:http' is not host:port"),
+    (["--distributed", "--num_processes", "0"], {}, "--num_processes 0 must be >= 1"),
+    (["--distributed"], {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"},
+     "JAX_PROCESS_ID 2 is not a process of JAX_NUM_PROCESSES 2"),
+])
+def test_multi_host_settings_are_checked_before_the_run_even_under_dry_run(capsys, monkeypatch, flags, env, message):
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  status, out, err = _run(capsys, "--config", "mnist_lstm", *flags, "--dry-run")
+  assert status == 2 and message in err and "Traceback" not in err and not out
+
+
+@pytest.mark.parametrize("config, overrides, message", [
+    ("mnist_lstm", ["--config.mesh.data=3"], "global batch size 128 is not divisible by the data-parallel size 3"),
+    ("mnist_lstm:eval_split=valid", [], "config.data_options.eval_split='valid': lbjax.train.datasets.mnist takes "
+                                        "eval_split 'test' or 'validation' (did you mean 'validation'?)"),
+    ("mnist_lstm", ["--config.dataset=ptb"], "lbjax.models.MnistLSTM is a classifier; config.dataset='ptb' is a "
+                                             "language-model dataset"),
+    ("mnist_lstm", ["--config.batch_size=70000"], "a batch of 70000: the 60000 training examples are fewer than the "
+                                                  "batch"),
+])
+def test_dry_run_refuses_what_the_start_of_a_run_refuses_without_reading_data(capsys, monkeypatch, tmp_path, config,
+                                                                               overrides, message):
+  monkeypatch.setenv("LBJAX_DATA_DIR", str(tmp_path))  # empty: a check that opened the data would say so
+  status, out, err = _run(capsys, "--config", config, *overrides, "--dry-run")
+  assert status == 2 and message in err and "Traceback" not in err and not out
+
+
+@pytest.mark.parametrize("others", [["--config.num_stepz=3"], ["--topology", "foo"], ["--config", "mnist_lstm"],
+                                    ["--dry-run"], ["stray"]])
+def test_list_takes_no_other_options(capsys, others):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--list", *others])
+  out, err = capsys.readouterr()
+  assert exit_info.value.code == 2 and not out
+  assert f"--list takes no other options; drop {' '.join(others)}" in err
+
+
+def test_an_empty_data_folder_says_where_it_is_what_set_it_and_what_it_should_hold(capsys, monkeypatch, tmp_path):
+  monkeypatch.setenv("LBJAX_DATA_DIR", str(tmp_path / "data"))
+  (tmp_path / "data").mkdir()
+  status, _, err = _run(capsys, "--config", "mnist_lstm", "--workdir", str(tmp_path / "run"))
+  assert status == 2 and "Traceback" not in err
+  assert f"not found in the data folder {tmp_path / 'data'} (set by LBJAX_DATA_DIR)" in err
+  assert "MNIST is read from <data folder>/mnist/" in err and "--config.data_dir=PATH" in err
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -6,6 +6,8 @@ it is absent. The others compile for the 8 simulated CPU devices.
 """
 
 import json
+import subprocess
+import sys
 import types
 import warnings
 
@@ -179,6 +181,29 @@ def test_an_unknown_topology_is_a_message(capsys, tmp_path):
   assert status == 2 and "is not a TPU topology" in err and "v3:32x32" in err
 
 
+@pytest.mark.parametrize("name", ["foo", "v5p", "v5p:2x", "v5p:2x2x1-big"])
+def test_a_malformed_topology_name_is_refused_before_libtpu_loads(capsys, tmp_path, monkeypatch, name):
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: pytest.fail("looked for libtpu"))
+  status, out, err, _ = _compile(capsys, tmp_path, "mnist_lstm", "--topology", name)
+  assert status == 2 and not out
+  assert err.splitlines() == [f"lbjax-train: --topology {name!r} is not a TPU topology name: names look like "
+                              f"{topology.EXAMPLES} (a TPU generation, a colon, the chips along each axis), or GPUs: "
+                              "h100, h100:8, h200:2x8.", "(Set LBJAX_TRACEBACK=1 for the traceback.)"]
+
+
+@needs_libtpu
+def test_an_unsupported_topology_is_the_message_alone_without_libtpus_start_up_lines(tmp_path):
+  """libtpu, starting on a machine without TPUs, writes five lines (TPU_ACCELERATOR_TYPE, TPU_WORKER_HOSTNAMES)
+  to file descriptor 2; they are dropped, so the refusal is all the console shows."""
+  result = subprocess.run([sys.executable, "-m", "lbjax.main", "--config", "mnist_lstm", "--compile-only", "--topology",
+                           "v5p:3x3x3", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2 and not result.stdout
+  lines = result.stderr.splitlines()
+  assert len(lines) == 2 and lines[0].startswith("lbjax-train: --topology 'v5p:3x3x3' is not a TPU topology libtpu "
+                                                 "knows (INVALID_ARGUMENT: Topology layout")
+  assert "TPU_WORKER_HOSTNAMES" not in result.stderr
+
+
 @needs_libtpu
 def test_mnist_lstm_data_parallel_collectives_are_the_gradient_bytes(capsys, tmp_path):
   """One all-reduce per step: the float32 gradient of every parameter, and the loss and accuracy means."""
@@ -313,3 +338,14 @@ def test_a_step_that_cannot_fit_on_a_tpu_exits_4_with_the_compilers_figures(caps
   # half the 7,500: 3,750 divides it.
   assert "--config.max_device_batch=3750" in err
   assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30 and report["device_kind"] == "TPU v3"
+
+
+def test_a_workdir_that_is_a_file_is_refused_before_anything_compiles(capsys, tmp_path, monkeypatch):
+  existing = tmp_path / "notes.txt"
+  existing.write_text("not a run")
+  monkeypatch.setattr(compile_only, "compile_run", lambda *a, **k: pytest.fail("compiled before checking --workdir"))
+  status = cli.main(["--config", "mnist_lstm", "--compile-only", "--workdir", str(existing)])
+  _, err = capsys.readouterr()
+  assert status == 2 and "Traceback" not in err
+  assert f"--workdir {str(existing)!r} is a file, not a directory" in err
+  assert existing.read_text() == "not a run"

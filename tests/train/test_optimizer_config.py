@@ -58,6 +58,19 @@ def test_an_optimizer_argument_the_transform_refuses_is_a_config_error_before_an
     validate(config)
 
 
+@pytest.mark.parametrize("compressor, argument, message", [
+    ("qsgd", {"num_levels": 0}, r"lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels \(s\) must be "
+                                r">= 1, got 0\."),
+    ("powersgd", {"rank": 0}, r"lbjax.optim.compression.powersgd refuses its arguments: powersgd: rank must be >= 1"),
+])
+def test_a_compression_argument_the_compressor_refuses_is_a_config_error_before_any_compute(compressor, argument,
+                                                                                            message):
+  config = default_config()
+  config.compression = {"name": compressor, **argument}
+  with pytest.raises(ConfigError, match=message):
+    validate(config)
+
+
 def test_the_flat_layout_with_parameters_split_over_devices_is_a_config_error():
   """The flat layout concatenates the parameters: with fsdp/model/stage splitting them it would gather
   them on every device, so the run is refused before any compute, saying what to use instead."""

@@ -36,7 +36,8 @@ from tests.train import helpers
     ({"lr.warmup_epochs": 0.5}, r"lr.warmup_epochs=0.5 but config.lr.warmup='none'"),
     ({"compression.num_levels": 4}, r"config.compression sets num_levels but compression.name='none'"),
     ({"compression.name": "qsgd", "compression.num_levels": 0, "mesh.per_device_gradients": True},
-     r"config.compression: qsgd: num_levels \(s\) must be >= 1, got 0"),
+     r"config.compression.name='qsgd': lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels \(s\) "
+     r"must be >= 1, got 0"),
     ({"batch_size": 36}, r"global batch size 36 is not divisible by the data-parallel size 8"),
     ({"batch_sizes": (32, 64), "batch_size_boundaries": ()}, r"has 2 sizes but .* 0 epochs"),
     ({"max_device_batch": 3}, r"cannot split a device share of 4 examples .*max_device_batch=3"),
@@ -61,6 +62,12 @@ from tests.train import helpers
     ({"data_options.num_train_examples": -3}, r"synthetic_mnist fails with config.data_options.num_train_examples=-3"),
     ({"init_from": "/nowhere", "resume_with_changed_optimizer": True}, r"config.init_from starts a new run .* Set one"),
     ({"init_from": "/nowhere"}, r"config.init_from='/nowhere': no checkpoints/ folder there"),
+    ({"data_options.eval_split": "valid"}, r"config.data_options.eval_split='valid': lbjax.train.datasets."
+                                           r"synthetic_mnist takes eval_split 'test' or 'validation' \(did you mean "
+                                           r"'validation'\?\)"),
+    ({"data_options.num_validation_examples": 5000}, r"config.data_options.num_validation_examples=5000 applies only "
+                                                     r"with config.data_options.eval_split='validation', but it is "
+                                                     r"'test': remove it \(the default is 10000\)"),
     # ghost BN's groups against the batch one call of the model sees (ResNet.training_batch_multiple)
     ({"model": "ResNetTiny", "dataset": "synthetic_images", "model_options": {"bn_group_size": 16}, "batch_size": 40},
      r"splits each training batch into groups of 16 .* sees the global batch 40: 40 examples"),
