@@ -185,6 +185,12 @@ def _check_multi_host(args) -> None:
     raise ConfigError(f"{num_from} {num_processes} must be >= 1: the number of processes of the job.")
   if process_id is not None and process_id < 0:
     raise ConfigError(f"{id_from} {process_id} must be >= 0: this process's index, 0 for the coordinator.")
+  if not args.distributed and (num_processes is None or process_id is None):
+    missing = [flag for flag, value in (("--num_processes", num_processes), ("--process_id", process_id))
+               if value is None]
+    raise ConfigError(f"{address_from} without --distributed sets the job up by hand: give {' and '.join(missing)} "
+                      "too (or JAX_NUM_PROCESSES, JAX_PROCESS_ID), or add --distributed to let JAX read them from "
+                      "the cluster (SLURM, Open MPI, a TPU pod, Kubernetes).")
   if process_id is not None and num_processes is not None and process_id >= num_processes:
     raise ConfigError(f"{id_from} {process_id} is not a process of {num_from} {num_processes}: processes are "
                       f"numbered 0 to {num_processes - 1}, 0 being the coordinator.")
@@ -230,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     others = [a for a in argv if not (a.startswith("--li") and "--list".startswith(a))]  # argparse's --lis too
     if others:
       parser.error(f"--list takes no other options; drop {' '.join(others)} (or run them without --list).")
-    print(list_configs())
+    try:
+      print(list_configs(), flush=True)
+    except BrokenPipeError:  # the reader stopped early (`lbjax-train --list | head`): not an error
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
     return 0
   if unexpected:
     parser.error(f"unexpected arguments {unexpected}; overrides are written --config.<field>=<value>.")

@@ -197,6 +197,9 @@ def test_a_compression_argument_the_compressor_refuses_fails_the_dry_run(capsys)
     (["--coordinator_address", "nohostport"], {},
      "--coordinator_address 'nohostport' is not host:port: give the host of process 0 and a free port number"),
     (["--coordinator_address", "localhost:http"], {}, "--coordinator_address 'localhost:http' is not host:port"),
+    (["--coordinator_address", "localhost:12345"], {},
+     "--coordinator_address without --distributed sets the job up by hand: give --num_processes and --process_id"),
+    (["--coordinator_address", "localhost:12345", "--num_processes", "2"], {}, "by hand: give --process_id too"),
     (["--distributed", "--num_processes", "0"], {}, "--num_processes 0 must be >= 1"),
     (["--distributed"], {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2"},
      "JAX_PROCESS_ID 2 is not a process of JAX_NUM_PROCESSES 2"),
@@ -234,6 +237,15 @@ def test_list_takes_no_other_options(capsys, others):
   out, err = capsys.readouterr()
   assert exit_info.value.code == 2 and not out
   assert f"--list takes no other options; drop {' '.join(others)}" in err
+
+
+def test_list_into_a_reader_that_stops_early_is_not_an_error():
+  """`lbjax-train --list | head -1`: the pipe closes under the listing, which ends it quietly."""
+  listing = subprocess.Popen([sys.executable, "-m", "lbjax.main", "--list"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+  listing.stdout.close()  # before the listing is written: as `head -1` exits after its line
+  err = listing.stderr.read().decode()
+  assert listing.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 def test_an_empty_data_folder_says_where_it_is_what_set_it_and_what_it_should_hold(capsys, monkeypatch, tmp_path):
