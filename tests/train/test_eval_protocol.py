@@ -77,7 +77,8 @@ def test_stream_batches_score_every_prediction_once_on_row_zero_of_process_zero(
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"eval_protocol": "token"}, r"eval_protocol must be one of \('windows', 'stream'\)"),
+    ({"eval_protocol": "token"}, r"eval_protocol='token': lbjax.train.datasets.synthetic_ptb takes eval_protocol "
+                                 r"'windows' or 'stream'"),
     ({"eval_protocol": "stream", "carry_state": False}, "contradicts carry_state=False"),
     ({"eval_protocol": "stream", "stream_window": 0}, "stream_window must be a positive integer"),
 ])
