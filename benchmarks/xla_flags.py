@@ -101,11 +101,16 @@ def xla_refusal(flags: str, timeout: float) -> str | None:
 
 
 def run_process(flags: str, args: argparse.Namespace) -> dict[str, float] | str:
-  """One child process under `flags`: its seconds per step by case, or its error's last lines."""
+  """One child process under `flags`: its seconds per step by case, or its error's last lines (or that it ran past
+  --process-timeout, a failure of that set like any other)."""
   env = _environment(flags)
   command = [sys.executable, "-m", "benchmarks.xla_flags", "--child", "--cases", args.cases,
              "--inner-rounds", str(args.inner_rounds), "--seconds-per-round", str(args.seconds_per_round)]
-  done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.process_timeout, check=False)
+  try:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.process_timeout,
+                          check=False)
+  except subprocess.TimeoutExpired:
+    return f"the process ran past --process-timeout {args.process_timeout:g} s (stopped)"
   for line in done.stdout.splitlines():
     if line.startswith(RESULT):
       return json.loads(line[len(RESULT):])

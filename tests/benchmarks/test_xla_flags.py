@@ -74,3 +74,12 @@ def test_a_malformed_case_or_set_is_refused_before_any_process_starts(monkeypatc
     xla_flags.main()
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_process_past_its_timeout_is_a_failed_set_not_a_traceback(monkeypatch):
+  def too_slow(*args, **kwargs):
+    raise xla_flags.subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+  monkeypatch.setattr(xla_flags.subprocess, "run", too_slow)
+  args = xla_flags.argparse.Namespace(cases="mnist_lstm:8", inner_rounds=1, seconds_per_round=0.01,
+                                      process_timeout=5.0)
+  assert xla_flags.run_process("--xla_slow", args) == "the process ran past --process-timeout 5 s (stopped)"
