@@ -160,7 +160,7 @@ def lamb(
     Kingma, D. P. and Ba, J. Adam: A Method for Stochastic Optimization. ICLR 2015. arXiv:1412.6980.
       (Algorithm 1, the direction r_t.)
   """
-  validation.check_nonnegative("learning_rate", learning_rate)
+  validation.check_nonnegative("learning_rate", learning_rate, schedule=True)
   validation.check_momentum("b1", b1)
   validation.check_momentum("b2", b2)
   validation.check_nonnegative("eps", eps)

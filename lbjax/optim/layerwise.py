@@ -569,7 +569,7 @@ def layerwise_sgd(
       arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
       Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
   """
-  validation.check_nonnegative("learning_rate", learning_rate)
+  validation.check_nonnegative("learning_rate", learning_rate, schedule=True)
   validation.check_momentum("momentum", momentum)
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   return optax.chain(

@@ -58,6 +58,9 @@ def momentum(
     You, Gitman, Ginsburg. Large Batch Training of Convolutional Networks. arXiv:1708.03888, 2017
     (papers/000, the momentum baseline of its tables).
   """
+  validation.check_nonnegative("learning_rate", learning_rate, schedule=True)
+  validation.check_momentum("momentum", momentum)
+  validation.check_nonnegative("weight_decay", weight_decay)
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   validation.check_choice("layout", layout, LAYOUTS)
   if mask is None:

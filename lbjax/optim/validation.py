@@ -20,49 +20,69 @@ def is_literal_zero(value: Any) -> bool:
   return isinstance(value, (int, float)) and value == 0
 
 
-def concrete_value(value: Any) -> float | None:
-  """Returns `value` as a Python float, or None if it is a schedule or traced.
+def concrete_value(value: Any, name: str = "value", schedule: bool = False) -> float | None:
+  """Returns `value` as a Python float, or None if it is a schedule (where allowed) or traced.
 
   Args:
     value: a hyper-parameter: Python number, NumPy or JAX scalar, a tracer or a schedule (callable).
+    name: the argument's name, for the message.
+    schedule: whether a schedule (a callable of the step count) is accepted (only `learning_rate`).
 
   Raises:
-    TypeError: if `value` is neither a number, a scalar array nor a callable.
+    TypeError: if `value` is neither a number nor a scalar array, nor (with `schedule`) a callable.
   """
-  if callable(value) or isinstance(value, jax.core.Tracer):
+  if callable(value):
+    if schedule:
+      return None
+    raise TypeError(
+        f"{name} must be a number, not a schedule, got {value!r}: only learning_rate is evaluated at "
+        f"the step count. To schedule {name}, wrap the optimizer in optax.inject_hyperparams and give "
+        f"the schedule there: optax.inject_hyperparams(optimizer)(learning_rate=..., {name}=schedule)."
+    )
+  if isinstance(value, jax.core.Tracer):
     return None
+  expected = "a scalar number or a schedule" if schedule else "a scalar number"
   if isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"expected a number, got the bool {value!r}")
+    raise TypeError(f"{name} must be {expected}, got the bool {value!r}.")
   try:
     array = np.asarray(value)
   except TypeError as error:
-    raise TypeError(f"expected a number or a schedule, got {value!r}") from error
+    raise TypeError(f"{name} must be {expected}, got {value!r}.") from error
   if array.shape != () or not np.issubdtype(array.dtype, np.number):
-    raise TypeError(f"expected a scalar number or a schedule, got {value!r}")
+    raise TypeError(f"{name} must be {expected}, got {value!r}.")
   return float(array)
 
 
-def check_nonnegative(name: str, value: Any) -> None:
-  """Raises ValueError if the concrete `value` of hyper-parameter `name` is negative or not finite."""
-  number = concrete_value(value)
+def check_nonnegative(name: str, value: Any, *, schedule: bool = False) -> None:
+  """Raises ValueError if the concrete `value` of hyper-parameter `name` is negative or not finite
+  (TypeError if it is not a number, or a schedule where `schedule` is False)."""
+  number = concrete_value(value, name, schedule)
   if number is not None and not (np.isfinite(number) and number >= 0.0):
     raise ValueError(f"{name} must be a finite number >= 0, got {number}.")
 
 
 def check_positive(name: str, value: Any) -> None:
-  """Raises ValueError if the concrete `value` of hyper-parameter `name` is not > 0 and finite."""
-  number = concrete_value(value)
+  """Raises ValueError if the concrete `value` of hyper-parameter `name` is not > 0 and finite
+  (TypeError if it is not a number)."""
+  number = concrete_value(value, name)
   if number is not None and not (np.isfinite(number) and number > 0.0):
     raise ValueError(f"{name} must be a finite number > 0, got {number}.")
 
 
 def check_momentum(name: str, value: Any) -> None:
-  """Raises ValueError unless the concrete `value` lies in [0, 1) (a decay rate)."""
-  number = concrete_value(value)
+  """Raises ValueError unless the concrete `value` lies in [0, 1) (a decay rate; TypeError if it is
+  not a number)."""
+  number = concrete_value(value, name)
   if number is not None and not 0.0 <= number < 1.0:
     raise ValueError(
         f"{name} must lie in [0, 1) (it is a decay rate; 0.9 is the usual choice), got {number}."
     )
+
+
+def check_bool(name: str, value: Any) -> None:
+  """Raises TypeError unless `value` is a bool (a string such as "False" would count as True)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

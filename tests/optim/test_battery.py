@@ -719,3 +719,45 @@ def test_zero_parameters_and_gradients_stay_finite(case):
   for grads in (zeros, nonzero):
     params, state, updates = run(case.make(), zeros, [grads] * 3)
     assert_finite((params, state, updates), f"{case.id} with zero parameters")
+
+
+# --- bad arguments: refused when built (or at the first update), naming the argument ---------------
+
+BAD_VALUES = {
+    "learning_rate": [-0.1, float("nan"), float("inf")],
+    "momentum": [-0.1, 1.0, float("nan")],
+    "weight_decay": [-1e-4, float("nan")],
+    "trust_coefficient": [0.0, -1e-3, float("inf")],
+    "b1": [1.0, -0.1],
+    "b2": [1.0, -0.1],
+    "eps": [-1.0],
+    "eps_root": [-1.0],
+}
+
+
+def numeric_hyperparameters(case):
+  """The names of `case`'s numeric arguments (each must have bad values in `BAD_VALUES`)."""
+  names = [k for k, v in case.kwargs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+  assert set(names) <= set(BAD_VALUES), f"add bad values for {set(names) - set(BAD_VALUES)}"
+  return names
+
+
+@battery(only=lambda case: case.kind != "compressor")
+def test_bad_hyperparameter_values_are_refused_when_built(case):
+  for name in numeric_hyperparameters(case):
+    for value in BAD_VALUES[name]:
+      with pytest.raises(ValueError, match=f"{name} must"):
+        case.make(**{name: value})
+  if "learning_rate" in case.kwargs:
+    with pytest.raises(TypeError, match="learning_rate must be a scalar number or a schedule"):
+      case.make(learning_rate="0.1")
+
+
+@battery(only=lambda case: case.kind != "compressor")
+def test_a_schedule_where_a_number_is_needed_is_refused_when_built(case):
+  """Only the learning rate is a schedule of the step count; any other hyper-parameter given one
+  (which would fail deep in the first update) is refused, pointing to `optax.inject_hyperparams`."""
+  for name in numeric_hyperparameters(case):
+    if name != "learning_rate":
+      with pytest.raises(TypeError, match=f"{name} must be a number, not a schedule.*inject_hyperparams"):
+        case.make(**{name: optax.constant_schedule(0.5)})
