@@ -333,17 +333,27 @@ def _resolve_stacked(stacked: StackedOrFn, params: Params) -> Params:
   return tree
 
 
-def _resolve_mask(mask: MaskOrFn, params: Params, stacked: Params) -> Params:
-  """A pytree of Python bools like `params` saying which leaves get the layer-wise rate."""
+def resolve_mask(mask: MaskOrFn, params: Params, stacked: Params | None = None, *,
+                 meaning: str = "True: layer-wise rate and weight decay; False: plain update") -> Params:
+  """A pytree of Python bools like `params` saying which leaves `mask` selects.
+
+  Args:
+    mask: None (the `default_mask`), a pytree of bools like `params`, or a callable returning one.
+    params: the parameters (or any tree of arrays with their structure and shapes).
+    stacked: each leaf's number of stacked-layer axes (a pytree of ints like `params`); None: 0.
+    meaning: what True and False select, for the message.
+
+  Raises:
+    ValueError: if the tree has another structure than `params`, or a leaf that is not a bool.
+  """
   if mask is None:
-    return default_mask(params, stacked)
+    return default_mask(params, jax.tree.map(lambda _: 0, params) if stacked is None else stacked)
   tree = _tree_like("mask", mask, params)
   for path, _, selected in _zip_with_path(params, tree):
     if not isinstance(selected, (bool, np.bool_)):
       raise ValueError(
-          f"mask for leaf {path} must be a Python bool (True: layer-wise rate and weight decay; "
-          f"False: plain update), got {selected!r}. (Under optax.inject_hyperparams, pass a "
-          "callable mask with static_args=('mask',).)"
+          f"mask for leaf {path} must be a Python bool ({meaning}), got {selected!r}. (Under "
+          "optax.inject_hyperparams, pass a callable mask with static_args=('mask',).)"
       )
   return jax.tree.map(bool, tree)
 
@@ -354,7 +364,7 @@ def selection(params: Params, mask: MaskOrFn, stacked: StackedOrFn) -> tuple[Any
   treedef = jax.tree.structure(params, is_leaf=_is_masked)
   stacked_tree = _resolve_stacked(stacked, params)
   selected = [not _is_masked(x) and bool(x)
-              for x in treedef.flatten_up_to(_resolve_mask(mask, params, stacked_tree))]
+              for x in treedef.flatten_up_to(resolve_mask(mask, params, stacked_tree))]
   return treedef, selected, treedef.flatten_up_to(stacked_tree)
 
 

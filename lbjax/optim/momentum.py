@@ -2,7 +2,6 @@
 
 from typing import Any
 
-import jax
 import optax
 
 from lbjax.optim import fused
@@ -63,15 +62,22 @@ def momentum(
   validation.check_nonnegative("weight_decay", weight_decay)
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   validation.check_choice("layout", layout, LAYOUTS)
-  if mask is None:
-    mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  # A pytree of bools for the parameters, its structure and leaves checked (`layerwise.resolve_mask`).
+  given_mask = mask
+  mask = lambda params: layerwise.resolve_mask(given_mask, params, meaning="True: weight decay; False: none")
   # A literal 0 leaves its term out: no decay term, no momentum buffer (`validation.is_literal_zero`).
   no_decay = validation.is_literal_zero(weight_decay)
   no_momentum = validation.is_literal_zero(momentum)
   decay = optax.identity() if no_decay else optax.add_decayed_weights(weight_decay, mask=mask)
   # optax.sgd's chain, with its trace computed in float32 when it is stored in a narrower dtype.
   trace = optax.identity() if no_momentum else low_precision.trace(momentum, nesterov, accumulator_dtype)
-  per_leaf = optax.chain(decay, optax.chain(trace, optax.scale_by_learning_rate(learning_rate)))
+  chained = optax.chain(decay, optax.chain(trace, optax.scale_by_learning_rate(learning_rate)))
+
+  def init_fn(params):
+    mask(params)  # a wrong mask is an error also where weight_decay=0 leaves it unused
+    return chained.init(params)
+
+  per_leaf = optax.GradientTransformation(init_fn, chained.update)
   if layout == "fused":
     return fused.momentum_sgd(per_leaf, learning_rate, momentum, nesterov, weight_decay, mask)
   return per_leaf

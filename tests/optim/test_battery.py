@@ -761,3 +761,18 @@ def test_a_schedule_where_a_number_is_needed_is_refused_when_built(case):
     if name != "learning_rate":
       with pytest.raises(TypeError, match=f"{name} must be a number, not a schedule.*inject_hyperparams"):
         case.make(**{name: optax.constant_schedule(0.5)})
+
+
+@battery(only=lambda case: case.has_mask)
+@pytest.mark.parametrize("mask, message", [
+    ({"k": True}, "mask must have the same tree structure as the parameters"),
+    (lambda params: jax.tree.map(lambda _: "yes", params), "mask for leaf .* must be a Python bool"),
+    (lambda params: True, "mask must have the same tree structure as the parameters"),
+], ids=["structure", "leaves", "callable-structure"])
+@pytest.mark.parametrize("weight_decay", [None, 0.0], ids=["decay", "no_decay"])
+def test_bad_mask_is_a_clear_error(case, mask, message, weight_decay):
+  """Also where weight_decay=0 leaves momentum()'s mask unused (it was silently accepted)."""
+  overrides = {} if weight_decay is None or "weight_decay" not in case.kwargs else {"weight_decay": weight_decay}
+  params = random_tree(0, MASK_SHAPES)
+  with pytest.raises(ValueError, match=message):
+    run(case.make(mask=mask, **overrides), params, [params])
