@@ -421,6 +421,7 @@ def scale_by_layerwise_rate(
       statistics of the curvature radius |w_i / g_i|.)
   """
   validation.check_nonnegative("weight_decay", weight_decay)
+  validation.check_axis_name(axis_name, "a layer-wise optimizer")
   skip_decay = validation.is_literal_zero(weight_decay)
 
   def leaves_and_layout(tree, params):
@@ -474,6 +475,8 @@ def scale_by_layerwise_rate(
           "layer-wise rates need the parameters: call update(grads, state, params), "
           "not update(grads, state)."
       )
+    if axis_name is not None:
+      check_axis_bound(axis_name)
     flat_g, flat_w, ks, rates_layout = leaves_and_layout(updates, params)
     # A `SummedRate` across devices: one psum of all layers' sums; `leaf_local` under `jit`: leaf by leaf.
     stacked = isinstance(rate, SummedRate) and (axis_name is not None or not rate.leaf_local)
@@ -495,6 +498,15 @@ def scale_by_layerwise_rate(
     return rates_layout.treedef.unflatten(new_updates), LayerwiseRateState(rates=rates)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def check_axis_bound(axis_name: AxisName) -> None:
+  """Raises ValueError unless the update of a layer-wise transform built with `axis_name` runs where
+  that mapped axis is bound (`validation.check_axis_bound`)."""
+  validation.check_axis_bound(
+      axis_name, f"the update of a layer-wise optimizer built with axis_name={axis_name!r} (norms summed over it)",
+      "under jax.jit (where the norms of sharded parameters are global already) or on one device, build "
+      "it with axis_name=None")
 
 
 def _is_state(x: Any) -> bool:

@@ -248,6 +248,7 @@ def scale_by_summed_rate(
     raise ValueError(f"the flat layout needs a statistic made of per-layer sums (a layerwise.SummedRate), "
                      f"got {rate!r}: build it with layout='per_leaf'.")
   validation.check_nonnegative("weight_decay", weight_decay)
+  validation.check_axis_name(axis_name, "a layer-wise optimizer")
   skip_decay = validation.is_literal_zero(weight_decay)
 
   def init_fn(params):
@@ -270,6 +271,8 @@ def scale_by_summed_rate(
     if params is None:
       raise ValueError("layer-wise rates need the parameters: call update(grads, state, params), "
                        "not update(grads, state).")
+    if axis_name is not None:
+      layerwise.check_axis_bound(axis_name)
     layout = _layout_of(params)
     vectors = rate_vectors(updates, params, layout)
     new_buffers = []

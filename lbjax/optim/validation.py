@@ -91,6 +91,37 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     raise ValueError(f"{name} must be one of {choices}, got {value!r}.")
 
 
+def check_axis_name(axis_name: Any, where: str) -> None:
+  """Raises TypeError unless `axis_name` is None, a string, or a non-empty tuple of strings."""
+  if axis_name is None or isinstance(axis_name, str):
+    return
+  if isinstance(axis_name, tuple) and axis_name and all(isinstance(a, str) for a in axis_name):
+    return
+  raise TypeError(
+      f"{where}: axis_name must be None, a mesh axis name (str) or a tuple of them, got "
+      f"{axis_name!r}. Pass the name used in shard_map/pmap, e.g. axis_name='data'.")
+
+
+def check_axis_bound(axis_name: Any, where: str, otherwise: str | None = None) -> None:
+  """Raises ValueError unless the mapped axis `axis_name` is bound where this runs (inside a
+  `shard_map` over a mesh with that axis, or a `pmap`/`vmap` of that name): the collective that
+  would use it fails with JAX's "unbound axis name", or inside a `shard_map` over other axes with a
+  bare AssertionError. Traces nothing (`jax.lax.axis_size` is a Python int).
+
+  Args:
+    axis_name: the axis name (or tuple of names) about to be reduced over.
+    where: who needs it, first in the message.
+    otherwise: what to do instead when no such axis is meant to exist, last in the message.
+  """
+  try:
+    jax.lax.axis_size(axis_name)
+  except NameError as error:
+    raise ValueError(
+        f"{where}: axis {axis_name!r} is not bound here; call it inside jax.shard_map (mesh axis "
+        f"{axis_name!r}) or jax.pmap(axis_name={axis_name!r})" + (f"; {otherwise}" if otherwise else "") + "."
+    ) from error
+
+
 def state_dtype(name: str, value: Any) -> np.dtype | None:
   """Returns the optimizer-state dtype `value` names (None: the parameters' dtype).
 

@@ -776,3 +776,31 @@ def test_bad_mask_is_a_clear_error(case, mask, message, weight_decay):
   params = random_tree(0, MASK_SHAPES)
   with pytest.raises(ValueError, match=message):
     run(case.make(mask=mask, **overrides), params, [params])
+
+
+def _takes_axis_name(case):
+  return case.kind != "compressor" and "axis_name" in str(case.sharded)
+
+
+@battery(only=_takes_axis_name)
+def test_axis_name_where_no_such_axis_is_bound_is_a_clear_error(case):
+  """Outside shard_map/pmap (eagerly or under jit), or inside a shard_map over other mesh axes: not
+  JAX's "unbound axis name" (or, inside shard_map, a bare AssertionError) from deep in the update."""
+  params = random_tree(0, SHARDED_SHAPES)
+  opt = case.make(**case.sharded)  # axis_name="data"
+  state = opt.init(params)
+  message = r"axis 'data' is not bound here.*jax.shard_map.*axis_name=None"
+  for update in (opt.update, jax.jit(opt.update)):
+    with pytest.raises(ValueError, match=message):
+      update(params, state, params)
+  mesh = Mesh(np.array(jax.devices()[:1]), ("other",))
+  in_shard_map = jax.shard_map(lambda g, s, p: opt.update(g, s, p)[0], mesh=mesh, in_specs=P(), out_specs=P())
+  with pytest.raises(ValueError, match=message):
+    in_shard_map(params, state, params)
+
+
+@battery(only=lambda case: case.kind != "compressor"
+         and "axis_name" in inspect.signature(case.factory).parameters)
+def test_axis_name_of_the_wrong_type_is_refused_when_built(case):
+  with pytest.raises(TypeError, match="axis_name must be None, a mesh axis name"):
+    case.make(axis_name=0)

@@ -7,11 +7,14 @@ compressed all-reduce with `compressed_pmean`. `bits_per_step` counts the messag
 
 from collections.abc import Callable, Hashable
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from lbjax.optim.validation import check_axis_bound
+from lbjax.optim.validation import check_axis_name
 
 AxisName = Hashable
 FLOAT_BITS = 32
@@ -60,26 +63,11 @@ class BitsPerStep(NamedTuple):
   ratio: float
 
 
-def check_axis_name(axis_name: Any, where: str) -> None:
-  """Raises if `axis_name` is neither None, a string, nor a tuple of strings."""
-  if axis_name is None or isinstance(axis_name, str):
-    return
-  if isinstance(axis_name, tuple) and axis_name and all(isinstance(a, str) for a in axis_name):
-    return
-  raise TypeError(
-      f"{where}: axis_name must be None, a mesh axis name (str) or a tuple of them, got "
-      f"{axis_name!r}. Pass the name used in shard_map/pmap, e.g. axis_name='data'.")
-
-
 def device_index(axis_name: AxisName) -> jax.Array:
   """This device's index along `axis_name`; a clear error if the axis is not bound."""
-  try:
-    return jax.lax.axis_index(axis_name)
-  except NameError as e:
-    raise ValueError(
-        f"axis {axis_name!r} is not bound here: a compressor built with axis_name="
-        f"{axis_name!r} must run inside jax.shard_map (mesh axis {axis_name!r}) or "
-        f"jax.pmap(axis_name={axis_name!r}); build it with axis_name=None otherwise.") from e
+  check_axis_bound(axis_name, f"a compressor built with axis_name={axis_name!r}",
+                   "build it with axis_name=None otherwise")
+  return jax.lax.axis_index(axis_name)
 
 
 def check_real(grads: optax.Updates, where: str) -> None:
@@ -162,12 +150,7 @@ def compressed_pmean(
         f"compressed_pmean: the compressor was built with axis_name={compressor.axis_name!r} "
         f"but the reduction is over {axis_name!r}; it all-reduces its factors over the axis it was "
         f"built with. Build it with axis_name={axis_name!r}, e.g. powersgd(2, axis_name={axis_name!r}).")
-  try:
-    jax.lax.axis_size(axis_name)
-  except NameError as e:
-    raise ValueError(
-        f"compressed_pmean: axis {axis_name!r} is not bound here; call it inside "
-        f"jax.shard_map (mesh axis {axis_name!r}) or jax.pmap(axis_name={axis_name!r}).") from e
+  check_axis_bound(axis_name, "compressed_pmean")
   decoded, new_state = compressor.update(grads, state)
   if compressor.aggregates:
     return decoded, new_state

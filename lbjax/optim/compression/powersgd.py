@@ -36,9 +36,9 @@ import jax.numpy as jnp
 from lbjax.optim.compression.base import FLOAT_BITS
 from lbjax.optim.compression.base import AxisName
 from lbjax.optim.compression.base import GradientCompressor
-from lbjax.optim.compression.base import check_axis_name
 from lbjax.optim.compression.base import check_real
 from lbjax.optim.compression.base import device_index
+from lbjax.optim.validation import check_axis_name
 
 
 class PowerSGDState(NamedTuple):

@@ -23,9 +23,9 @@ from lbjax.optim.compression.base import FLOAT_BITS
 from lbjax.optim.compression.base import AxisName
 from lbjax.optim.compression.base import ErrorFeedbackState
 from lbjax.optim.compression.base import GradientCompressor
-from lbjax.optim.compression.base import check_axis_name
 from lbjax.optim.compression.base import check_real
 from lbjax.optim.compression.base import device_index
+from lbjax.optim.validation import check_axis_name
 
 
 class QSGDState(NamedTuple):
