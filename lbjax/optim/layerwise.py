@@ -37,6 +37,7 @@ leaf (and the state that keeps them) are float32, or float64 for float64/complex
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -376,6 +377,26 @@ def _zip_with_path(params: Params, other: Params):
     yield jax.tree_util.keystr(path), leaf, value
 
 
+def _check_rate(rate: Any) -> None:
+  """Raises TypeError unless `rate` is a `SummedRate` or a function `(w, g, weight_decay, layer)`."""
+  if isinstance(rate, SummedRate):
+    return
+  hint = ("a SummedRate such as lars_rate() or a LayerRate function (w, g, weight_decay, layer) -> rates, "
+          "such as median_curvature_rate()")
+  if not callable(rate) or isinstance(rate, optax.GradientTransformation):
+    raise TypeError(f"rate must be {hint}; got {rate!r}.")
+  try:
+    inspect.signature(rate).bind(None, None, None, None)
+  except TypeError as error:
+    name = getattr(rate, "__name__", repr(rate))
+    raise TypeError(
+        f"rate must be {hint}; got {name}, which does not take (w, g, weight_decay, layer) ({error}). "
+        f"If {name} builds the rate, call it: rate={name}(...)."
+    ) from error
+  except ValueError:  # no signature to inspect (a builtin): taken as it is
+    pass
+
+
 def scale_by_layerwise_rate(
     rate: "LayerRate | SummedRate",
     *,
@@ -420,6 +441,7 @@ def scale_by_layerwise_rate(
       Second Order Gradient. arXiv:2012.08795, 2020. (papers/003: eq. 17-24, the layer-wise rates as
       statistics of the curvature radius |w_i / g_i|.)
   """
+  _check_rate(rate)
   validation.check_nonnegative("weight_decay", weight_decay)
   validation.check_axis_name(axis_name, "a layer-wise optimizer")
   skip_decay = validation.is_literal_zero(weight_decay)
@@ -591,8 +613,15 @@ def layerwise_sgd(
       arXiv:1708.03888, 2017. (papers/000 is its ICLR 2018 submission, "Large Batch Training of
       Convolutional Networks with Layer-wise Adaptive Rate Scaling": eq. 4-6, Algorithm 1.)
   """
+  if not isinstance(scaling, optax.GradientTransformation):
+    raise TypeError(
+        "scaling must be an optax.GradientTransformation such as scale_by_lars(...) or "
+        f"scale_by_layerwise_rate(rate, ...), got {scaling!r}"
+        + (": a rate; wrap it as scale_by_layerwise_rate(rate)." if isinstance(scaling, SummedRate) else ".")
+    )
   validation.check_nonnegative("learning_rate", learning_rate, schedule=True)
   validation.check_momentum("momentum", momentum)
+  validation.check_bool("nesterov", nesterov)
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   return optax.chain(
       scaling,

@@ -59,6 +59,7 @@ def momentum(
   """
   validation.check_nonnegative("learning_rate", learning_rate, schedule=True)
   validation.check_momentum("momentum", momentum)
+  validation.check_bool("nesterov", nesterov)
   validation.check_nonnegative("weight_decay", weight_decay)
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   validation.check_choice("layout", layout, LAYOUTS)

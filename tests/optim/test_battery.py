@@ -804,3 +804,10 @@ def test_axis_name_where_no_such_axis_is_bound_is_a_clear_error(case):
 def test_axis_name_of_the_wrong_type_is_refused_when_built(case):
   with pytest.raises(TypeError, match="axis_name must be None, a mesh axis name"):
     case.make(axis_name=0)
+
+
+@battery(only=lambda case: "nesterov" in inspect.signature(case.factory).parameters)
+def test_a_nesterov_that_is_not_a_bool_is_refused_when_built(case):
+  """A string from a config ("False") would otherwise count as True."""
+  with pytest.raises(TypeError, match="nesterov must be True or False"):
+    case.make(nesterov="False")

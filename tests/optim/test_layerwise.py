@@ -66,6 +66,20 @@ def test_relatives_reject_bad_arguments(build, message):
     build()
 
 
+@pytest.mark.parametrize("build, message", [
+    (lambda: optim.scale_by_layerwise_rate(1.0), "rate must be a SummedRate .* got 1.0"),
+    (lambda: optim.scale_by_layerwise_rate(optim.lars_rate), r"call it: rate=lars_rate\(...\)"),
+    (lambda: optim.scale_by_layerwise_rate(optim.scale_by_lars()), "rate must be a SummedRate"),
+    (lambda: optim.layerwise_sgd(optim.lars_rate(), 0.1),
+     r"scaling must be an optax.GradientTransformation .* wrap it as scale_by_layerwise_rate\(rate\)"),
+    (lambda: optim.layerwise_sgd(None, 0.1), "scaling must be an optax.GradientTransformation"),
+])
+def test_a_rate_or_scaling_of_the_wrong_kind_is_a_type_error_when_built(build, message):
+  """Not "'float' object is not callable" or "'SummedRate' object has no attribute 'init'"."""
+  with pytest.raises(TypeError, match=message):
+    build()
+
+
 def test_non_numeric_hyperparameter_is_a_type_error():
   with pytest.raises(TypeError, match="number"):
     optim.lars("0.1")
