@@ -15,6 +15,7 @@ and returns a `ScaledRecipe`.
 """
 
 from lbjax.schedules import scaling
+from lbjax.schedules import validation
 from lbjax.schedules.scaling import ScaledRecipe
 
 __all__ = ["goyal", "legw", "linear", "none", "sqrt"]
@@ -22,9 +23,11 @@ __all__ = ["goyal", "legw", "linear", "none", "sqrt"]
 
 def none(base_batch_size: int, base_learning_rate: float, base_warmup_epochs: float,
          batch_size: int) -> ScaledRecipe:
-  """The baseline recipe at every batch size."""
-  del base_batch_size, batch_size
-  return ScaledRecipe(base_learning_rate, base_warmup_epochs)
+  """The baseline recipe at every batch size (its arguments checked as the other rules check them)."""
+  validation.check_positive_int("base_batch_size", base_batch_size)
+  validation.check_positive_int("batch_size", batch_size)
+  return ScaledRecipe(validation.check_positive("base_learning_rate", base_learning_rate),
+                      validation.check_non_negative("base_warmup_epochs", base_warmup_epochs))
 
 
 def linear(base_batch_size: int, base_learning_rate: float, base_warmup_epochs: float,
@@ -42,7 +45,7 @@ def sqrt(base_batch_size: int, base_learning_rate: float, base_warmup_epochs: fl
 def goyal(base_batch_size: int, base_learning_rate: float, base_warmup_epochs: float, batch_size: int, *,
           warmup_epochs: float = scaling.GOYAL_WARMUP_EPOCHS) -> ScaledRecipe:
   """Goyal et al.: LR x k with a fixed gradual warm-up (5 epochs) that replaces the baseline's."""
-  del base_warmup_epochs
+  validation.check_non_negative("base_warmup_epochs", base_warmup_epochs)  # replaced, but not a bad one
   return scaling.goyal_scaling(base_batch_size, base_learning_rate, batch_size, warmup_epochs=warmup_epochs)
 
 

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from lbjax import schedules
+from lbjax.schedules import rules
 
 # papers/001 Table 1 (ResNet-50, LARS, poly power 2, 90 epochs): batch, log2(init LR), warm-up.
 TABLE_1 = [
@@ -112,3 +113,21 @@ def test_warmup_is_keyword_only_for_linear_and_sqrt_scaling():
   """Positional order differs from legw; a legw-style call must fail instead of mis-binding."""
   with pytest.raises(TypeError):
     schedules.linear_scaling(1024, 5.0, 0.3125, 2048)
+
+
+@pytest.mark.parametrize("rule", rules.__all__)
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((0, 0.1, 1.0, 1024), ValueError, "base_batch_size must be a positive integer, got 0"),
+        ((256, 0.1, 1.0, 0), ValueError, "batch_size must be a positive integer, got 0"),
+        ((256, 0.1, 1.0, 1024.0), TypeError, "batch_size must be a positive integer"),
+        ((256, -0.1, 1.0, 1024), ValueError, "base_learning_rate must be > 0"),
+        ((256, 0.1, -1.0, 1024), ValueError, "warmup_epochs must be"),
+    ],
+    ids=["base_batch_size", "batch_size", "float_batch_size", "learning_rate", "warmup"],
+)
+def test_every_rule_refuses_a_bad_baseline(rule, args, error, match):
+  """`none` returned a negative LR and warm-up unchecked; `goyal` dropped a negative warm-up."""
+  with pytest.raises(error, match=match):
+    getattr(rules, rule)(*args)
