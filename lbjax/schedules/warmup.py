@@ -13,6 +13,20 @@ from lbjax.schedules import decay
 from lbjax.schedules import validation
 
 
+def _value_after_warmup(schedule: base.Schedule, warmup_epochs: float, where: str) -> float:
+  """The value `schedule` takes over with at `warmup_epochs`; raises if it is 0 (the run would train
+  at a zero rate from there: a warm-up past the end of a decay)."""
+  value = float(schedule(warmup_epochs))
+  if value == 0:
+    raise ValueError(
+        f"{where}: the schedule is 0 at the end of the warm-up (epoch {warmup_epochs:g}), so every step "
+        f"after it (and, for a linear warm-up from 0, every step) would have a zero learning rate. Is "
+        f"warmup_epochs longer than the schedule (past the total_epochs of its decay)? Shorten the "
+        f"warm-up or lengthen the schedule."
+    )
+  return value
+
+
 def linear_warmup(
     schedule: base.Schedule, warmup_epochs: float, init_value: float = 0.0
 ) -> base.Schedule:
@@ -31,14 +45,15 @@ def linear_warmup(
 
   Args:
     schedule: the schedule that takes over at epoch `warmup_epochs` (absolute epochs).
-    warmup_epochs: warm-up length in epochs, > 0.
+    warmup_epochs: warm-up length in epochs, > 0, where `schedule` is not 0 (a warm-up past the end
+      of a decay to 0 is refused).
     init_value: value at epoch 0, >= 0.
   """
   if not callable(schedule):
     raise TypeError(f"schedule must be a schedule (epoch -> value), got {schedule!r}.")
   warmup_epochs = validation.check_positive("warmup_epochs", warmup_epochs)
   init_value = validation.check_non_negative("init_value", init_value)
-  target = schedule(warmup_epochs)
+  target = _value_after_warmup(schedule, warmup_epochs, "linear_warmup")
 
   def ramp(epoch):
     return base.evaluate(
@@ -60,13 +75,15 @@ def constant_warmup(
 
   Args:
     schedule: the schedule that takes over at epoch `warmup_epochs` (absolute epochs).
-    warmup_epochs: warm-up length in epochs, > 0.
+    warmup_epochs: warm-up length in epochs, > 0, where `schedule` is not 0 (a warm-up past the end
+      of a decay to 0 is refused).
     warmup_value: the small constant used during warm-up, >= 0.
   """
   if not callable(schedule):
     raise TypeError(f"schedule must be a schedule (epoch -> value), got {schedule!r}.")
   warmup_epochs = validation.check_positive("warmup_epochs", warmup_epochs)
   warmup_value = validation.check_non_negative("warmup_value", warmup_value)
+  _value_after_warmup(schedule, warmup_epochs, "constant_warmup")
   return composition.join_schedules(
       (decay.constant(warmup_value), schedule), (warmup_epochs,)
   )

@@ -122,6 +122,16 @@ def test_composition_under_jit_matches_the_host():
             "warmup_epochs must be > 0",
         ),
         (lambda: schedules.linear_warmup(1.0, 5), TypeError, "schedule must be a schedule"),
+        (  # a warm-up past the end of the decay ramped from 0 to 0: a zero LR all run
+            lambda: schedules.linear_warmup(schedules.polynomial_decay(1.0, 90), 100),
+            ValueError,
+            r"linear_warmup: the schedule is 0 at the end of the warm-up \(epoch 100\).*longer than the schedule",
+        ),
+        (
+            lambda: schedules.constant_warmup(schedules.cosine_decay(1.0, 90), 90, 0.1),
+            ValueError,
+            r"constant_warmup: the schedule is 0 at the end of the warm-up \(epoch 90\)",
+        ),
         (
             lambda: schedules.constant_warmup(schedules.constant(1.0), 5, -0.1),
             ValueError,
