@@ -74,8 +74,8 @@ class GhostBatchNorm(nnx.Module):
       param_dtype: dtype of the parameters and running statistics.
 
     Raises:
-      ValueError: on a non-positive `num_features`/`group_size`, `momentum` outside [0, 1) or a
-        non-positive `epsilon`.
+      ValueError: on a non-positive `num_features`/`group_size`, `momentum` outside [0, 1), a
+        non-positive `epsilon` or a dtype that is not floating point.
     """
     validation.check_positive_int("num_features", num_features)
     if group_size is not None:
@@ -84,6 +84,8 @@ class GhostBatchNorm(nnx.Module):
       raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
     if not epsilon > 0.0:
       raise ValueError(f"epsilon must be > 0, got {epsilon!r}.")
+    validation.check_float_dtype("dtype", dtype)
+    validation.check_float_dtype("param_dtype", param_dtype)
     self.num_features = num_features
     self.group_size = group_size
     self.momentum = momentum

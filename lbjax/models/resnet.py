@@ -139,6 +139,28 @@ class BasicBlock(nnx.Module):
     return relu(self.residual(x, train=train) + self.shortcut_path(x, train=train))
 
 
+# The standard depths (He et al. 2016, Table 1): blocks per stage and block type.
+STAGES_BY_DEPTH = {18: ((2, 2, 2, 2), "basic"), 34: ((3, 4, 6, 3), "basic"),
+                   50: ((3, 4, 6, 3), "bottleneck"), 101: ((3, 4, 23, 3), "bottleneck"),
+                   152: ((3, 8, 36, 3), "bottleneck")}
+
+
+def _check_not_a_depth(stage_sizes: Any) -> None:
+  """Raises a `ValueError` that says how to build a depth when `stage_sizes` is one (50, "resnet50")."""
+  if isinstance(stage_sizes, bool) or not isinstance(stage_sizes, (int, str)):
+    return
+  digits = "".join(c for c in str(stage_sizes) if c.isdigit())
+  depth = int(digits) if digits else None
+  if depth in STAGES_BY_DEPTH:
+    stages, block = STAGES_BY_DEPTH[depth]
+    how = f"for ResNet-{depth} pass ResNet({stages}, block={block!r}, ...)"
+  else:
+    how = f"the standard depths are {', '.join(map(str, STAGES_BY_DEPTH))} ({depth or stage_sizes!r} is not one)"
+  raise ValueError(
+      f"stage_sizes must be a non-empty sequence of positive ints (blocks per stage), got {stage_sizes!r}: "
+      f"ResNet takes the blocks of each stage, not a depth; {how}, or use ResNet50(...) or ResNet18(...).")
+
+
 class ResNet(nnx.Module):
   """ResNet v1.5 for NHWC images.
 
@@ -197,8 +219,10 @@ class ResNet(nnx.Module):
       rngs: `nnx.Rngs` for parameter initialisation.
 
     Raises:
-      ValueError: on an unknown `block`, non-positive sizes or BatchNorm settings out of range.
+      ValueError: on an unknown `block`, non-positive sizes (or a depth such as 50 for
+        `stage_sizes`), BatchNorm settings out of range or a dtype that is not floating point.
     """
+    _check_not_a_depth(stage_sizes)
     stage_sizes = validation.check_positive_int_sequence("stage_sizes", stage_sizes)
     if block not in BLOCK_TYPES:
       raise ValueError(f"Unknown block type {block!r}; expected one of {BLOCK_TYPES}.")
@@ -211,6 +235,8 @@ class ResNet(nnx.Module):
       raise ValueError(f"bn_momentum must be in [0, 1), got {bn_momentum!r}.")
     if not bn_epsilon > 0.0:
       raise ValueError(f"bn_epsilon must be > 0, got {bn_epsilon!r}.")
+    validation.check_float_dtype("dtype", dtype)
+    validation.check_float_dtype("param_dtype", param_dtype)
     if not isinstance(param_dtype_gradients, bool):
       raise ValueError(f"param_dtype_gradients must be True or False, got {param_dtype_gradients!r}.")
     settings = _BNSettings(bn_group_size, bn_momentum, bn_epsilon, zero_init_last_bn_scale,

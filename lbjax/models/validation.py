@@ -29,3 +29,18 @@ def check_floating_array(name: str, array: object, expected_shape: str) -> None:
     raise ValueError(
         f"{name} must be a floating-point array of shape {expected_shape}, "
         f"got dtype {dtype}; convert it with `.astype(jnp.float32)`.")
+
+
+def check_float_dtype(name: str, value: object) -> None:
+  """Raises a `ValueError` unless `value` is (or names) a floating-point dtype."""
+  try:
+    dtype = None if value is None else jnp.dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype is None:
+    raise ValueError(
+        f"{name} must name a floating-point dtype such as 'float32' or 'bfloat16' (or jnp.float32, "
+        f"jnp.bfloat16), got {value!r}.")
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(
+        f"{name} must be a floating-point dtype such as 'float32' or 'bfloat16', got {dtype.name}.")

@@ -167,6 +167,15 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(stage_sizes=(1,), bn_momentum=1.5), r"bn_momentum must be in \[0, 1\), got 1.5"),
     (dict(stage_sizes=(1,), bn_epsilon=-1.0), "bn_epsilon must be > 0"),
     (dict(stage_sizes="34"), "stage_sizes must be a non-empty sequence of positive ints"),
+    # A depth where the stage sizes go: how to build that depth, or which depths there are.
+    (dict(stage_sizes=50), r"not a depth; for ResNet-50 pass ResNet\(\(3, 4, 6, 3\), block='bottleneck'"),
+    (dict(stage_sizes="resnet101"), r"for ResNet-101 pass ResNet\(\(3, 4, 23, 3\), block='bottleneck'"),
+    (dict(stage_sizes=42), r"the standard depths are 18, 34, 50, 101, 152 \(42 is not one\)"),
+    # A dtype name that is not one, or not floating point (was 'data type not understood' or a
+    # failure at the first call).
+    (dict(stage_sizes=(1,), dtype="bf16"), "dtype must name a floating-point dtype .* got 'bf16'"),
+    (dict(stage_sizes=(1,), dtype="int8"), "dtype must be a floating-point dtype .* got int8"),
+    (dict(stage_sizes=(1,), param_dtype="float8"), "param_dtype must name a floating-point dtype"),
 ])
 def test_constructor_validation(kwargs, message):
   kwargs.setdefault("num_classes", 3)
