@@ -95,6 +95,8 @@ def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, c
   if not curve:
     parser.exit(2, f"{args.cbs} holds no measured CBS yet; run `measure` first.\n")
   probe = load_config(config_spec(args.config, "run=baseline"), overrides)
+  if problem := adaptive_batch.target_problem(extra_targets, warmup_lib.METRIC_KEYS[probe.dataset]):
+    parser.error(problem)
   if 0 < args.max_batch <= probe.batch_size:
     parser.error(f"--max_batch {args.max_batch} caps the warm-up at or below the baseline batch {probe.batch_size}, "
                  "which it grows from: give a larger one, or 0 for no cap")

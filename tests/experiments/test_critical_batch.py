@@ -85,11 +85,11 @@ def test_the_warmup_comparison_trains_every_run_and_reports_validation_and_test(
                    "0.5,1.0,1.04,16\n")
   assert measure.read_cbs_curve(table) == [(0.0, 16), (0.5, 16)]
   cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--tolerance", "0.05",
-            "--seeds", "0", "--targets", "0.0", "--out", str(tmp_path / "warmup"),
+            "--seeds", "0", "--targets", "0.01", "--out", str(tmp_path / "warmup"),
             "--workdir", str(tmp_path / "runs")])
   page = (tmp_path / "warmup.md").read_text()
   assert "16 from epoch 0 → 32 from epoch 0.5" in page
-  assert "## Target: the baseline's final test accuracy" in page and "## Target: a fixed test accuracy, 0.00%" in page
+  assert "## Target: the baseline's final test accuracy" in page and "## Target: a fixed test accuracy, 1.00%" in page
   for run in warmup.WARMUP_RUNS:
     assert page.count(f"| {run} | 1/1 |") == 2
   assert "| baseline | 1/1 |" in page.split("## Target: a fixed")[1] and "(0 of 1)" not in page.split("a fixed")[1]
@@ -181,3 +181,16 @@ def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_p
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size is None and row.noise_scale is None
   row, = measure.cbs_rows(two_batches, partial + [branch(32, 1.0, float("inf"))], tmp_path, {0.0: None})
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size == 32
+
+
+def test_warmup_refuses_an_accuracy_target_given_as_a_percentage(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--targets", "97.5",
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and ("--targets 97.5: the test metric is accuracy, and an accuracy target is a "
+                                        "fraction in (0, 1], e.g. 0.975.") in err
+  assert not (tmp_path / "runs").exists()
