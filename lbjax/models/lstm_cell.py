@@ -71,13 +71,13 @@ class LSTMCell(nnx.Module):
       rngs: `nnx.Rngs` for the kernel initialisation.
 
     Raises:
-      ValueError: on non-positive sizes.
+      ValueError: on non-positive sizes or a forget_bias that is not a finite number.
     """
     validation.check_positive_int("input_size", input_size)
     validation.check_positive_int("hidden_size", hidden_size)
     self.input_size = input_size
     self.hidden_size = hidden_size
-    self.forget_bias = float(forget_bias)
+    self.forget_bias = validation.check_finite_number("forget_bias", forget_bias)
     self.kernel = nnx.Param(kernel_init(rngs.params(), (input_size + hidden_size, 4 * hidden_size), jnp.float32))
     self.bias = nnx.Param(jnp.zeros((4 * hidden_size,), jnp.float32))
 

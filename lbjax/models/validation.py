@@ -1,5 +1,6 @@
 """Argument checks shared by the lbjax models: each raises a `ValueError` naming the fix."""
 
+import math
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -10,6 +11,13 @@ def check_positive_int(name: str, value: object) -> int:
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     raise ValueError(f"{name} must be a positive int, got {value!r}.")
   return value
+
+
+def check_finite_number(name: str, value: object) -> float:
+  """Returns `value` as a float if it is a finite real number (not a bool, a string or NaN/inf)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ValueError(f"{name} must be a finite number, got {value!r}.")
+  return float(value)
 
 
 def check_positive_int_sequence(name: str, value: object) -> tuple[int, ...]:

@@ -101,6 +101,8 @@ def test_unroll_keeps_only_the_gates_for_its_gradient_with_the_same_numbers():
 def test_cell_validation():
   with pytest.raises(ValueError, match="hidden_size must be a positive int"):
     LSTMCell(3, 0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="forget_bias must be a finite number, got nan"):
+    LSTMCell(3, 2, forget_bias=float("nan"), rngs=nnx.Rngs(0))
   cell = LSTMCell(3, 2, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"inputs of shape \[N, 3\], got shape \(1, 4\)"):
     cell(cell.initial_carry(1), jnp.ones((1, 4)))

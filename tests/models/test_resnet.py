@@ -166,6 +166,8 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(stage_sizes=(1,), bn_group_size=0), "bn_group_size"),
     (dict(stage_sizes=(1,), bn_momentum=1.5), r"bn_momentum must be in \[0, 1\), got 1.5"),
     (dict(stage_sizes=(1,), bn_epsilon=-1.0), "bn_epsilon must be > 0"),
+    (dict(stage_sizes=(1,), bn_momentum="0.9"), "bn_momentum must be a finite number, got '0.9'"),
+    (dict(stage_sizes=(1,), bn_epsilon=float("inf")), "bn_epsilon must be a finite number, got inf"),
     (dict(stage_sizes="34"), "stage_sizes must be a non-empty sequence of positive ints"),
     # A depth where the stage sizes go: how to build that depth, or which depths there are.
     (dict(stage_sizes=50), r"not a depth; for ResNet-50 pass ResNet\(\(3, 4, 6, 3\), block='bottleneck'"),
