@@ -1,8 +1,8 @@
 """The multi-tensor layout: a layer-wise optimizer run on a few flat buffers instead of on every leaf.
 
 On a GPU an optimizer update is launch-bound: momentum SGD over ResNet-50's 161 leaves launches 161
-kernels, and a layer-wise rate adds a reduction and an update per leaf (`lars` 324 kernels, `optax.lars`
-528; benchmarks/README.md, section `optimizer-gpu-kernels`). The fastest LARS and LAMB launch a
+kernels, and a layer-wise rate adds a reduction and an update per leaf (`lars` 380 kernels, `optax.lars`
+528, compiled for an H100; benchmarks/README.md, section `optimizer-gpu-kernels`). The fastest LARS and LAMB launch a
 handful whatever the number of leaves (NVIDIA's MLPerf LARS, apex's `multi_tensor_apply`). This module
 is that design within XLA:
 
