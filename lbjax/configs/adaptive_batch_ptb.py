@@ -35,7 +35,9 @@ Time on this repository's shared 2-core CPU, seed 0, `--variant epochs=0.3` (sta
 evaluations included), at load average 5-7: baseline 156 s, legw 110 s, grow_batch 131 s, adaptive 154 s,
 adascale 153 s (it trains until its scale-invariant epochs reach 0.3: 0.36 data epochs); at load 12-16
 the baseline took 294 s, legw 235 s, grow_batch 371 s. So `epochs=2` (8 evaluations of about 15 s each)
-takes about 9-17 min per run at load 5-7, about 1.2 h for the five, and about twice that at load 12-16.
+takes about 9-17 min per run at load 5-7, about 1.2 h for the five, and about twice that at load 12-16
+(an estimate from those; measured: 5-17 min per run, 56 min for the five, the wall s of
+docs/results/adaptive_batch_ptb.md).
 """
 
 from lbjax import schedules

@@ -313,7 +313,7 @@ def flat_layout(
   traced. Updates are in the parameters' dtypes. Why `inner` returns the step rather than the update:
   each leaf's update is then `-slice(s)`, and XLA:GPU fuses the weight updates of equally shaped leaves
   into one kernel (22 on ResNet-50's 161 leaves); a bare `slice(s)` is a read of a disjoint part of
-  `s`, which XLA does not fuse across leaves (81 kernels; benchmarks/README.md `optimizer-gpu-kernels`).
+  `s`, which XLA does not fuse across leaves (90 kernels; benchmarks/README.md, Findings 10).
 
   Args:
     inner: a transformation of `FlatTree`s returning the step: `scale_by_summed_rate` chained with

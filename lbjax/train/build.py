@@ -49,7 +49,7 @@ def global_call_batches(local_batches: Sequence[HostBatch], sharding) -> dict[st
   """A call's batches (`config.steps_per_call`; every process's share of each) as global [k, B, ...]
   arrays split by `sharding` (`mesh.call_batch_sharding`), placed in one call: each input stacked over
   the k batches on the host, one copy of them for one transfer instead of k (benchmarks/README.md,
-  section train-loop: per batch on a CPU 0.011-0.015 ms stacked against 0.071-0.074 placed alone)."""
+  section train-loop: per batch on a CPU 0.012-0.022 ms stacked against 0.068-0.074 placed alone)."""
   stacked = stacked_batches(local_batches)
   count = jax.process_count()
   return jax.make_array_from_process_local_data(

@@ -5,8 +5,10 @@ scatter-add (the embedding gradient of the PTB LSTM is one) and in some reductio
 convolution algorithms chosen by timing. Two runs of the same config then differ in the last bits from
 the first step on, and the difference grows (issue 30: two PTB runs on one H200 ended 0.5% apart in
 perplexity). `--xla_gpu_deterministic_ops` makes XLA use deterministic implementations of these, and
-`--xla_gpu_exclude_nondeterministic_ops` makes it refuse to compile an operation that has none (e.g.
-select-and-scatter, the gradient of max pooling) rather than run it nondeterministically. Both are read when the backend
+`--xla_gpu_exclude_nondeterministic_ops` makes it refuse to compile an operation that has none rather
+than run it nondeterministically (select-and-scatter, the gradient of max pooling, gets a slower deterministic
+form: 18.4 ms against 2.2 ms per gradient on an H200, benchmarks/README.md, section
+max-pool-gradient-deterministic-gpu). Both are read when the backend
 starts, so `request` puts them in `XLA_FLAGS` before the first JAX computation. CPU runs are already
 deterministic; the flags change nothing there.
 """
