@@ -574,7 +574,8 @@ own: `compile s`, on this machine's CPU cores, which for the fused rows were 0.8
 operands, a fusion's operand only as far as it slices it; what bounds the time of memory-bound kernels;
 cuDNN's and cuBLAS's calls count their operands and results too). The counts of the designs the lent H200
 ran match (2026-11-26: momentum SGD 161, optax.lars 528, optax.lamb 775; lbjax lars 324 there, the one-rate-
-vector row here, since `lbjax lars` takes leaf-local rates: 380; lbjax lamb 291 there, 289 here). Issue 29's target: at most 20 for `lars` and `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's
+vector row here, since `lbjax lars` takes leaf-local rates: 380; lbjax lamb 291 there, 289 here). Issue
+29's target: at most 20 for `lars` and `lamb`. In the per-leaf layout XLA:GPU fuses each leaf's
 momentum and weight update into one kernel (SGD: one per leaf) and adds one reduction kernel per sum and leaf.
 The flat layout (`layout="flat"`, `lbjax.optim.multi_tensor`: every leaf in one block-padded buffer per dtype,
 the optimizer's state in that layout, block sums and one `segment_sum` per sum, one elementwise pass) launches
