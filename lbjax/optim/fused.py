@@ -3,8 +3,8 @@
 On a GPU an optimizer update is launch-bound (`multi_tensor`). The flat layout brings LARS on the
 ResNet-50 tree from 380 kernels to 32 (compiled for an H100), but no further within XLA: the flat
 buffers are concatenations (4 kernels) and the leaves are written back by one kernel per group of
-equally shaped leaves (22 on ResNet-50), since XLA:GPU fuses sibling loops only when their outputs have the same shape
-(benchmarks/README.md, Findings 10). A kernel written for the job has no such limit: as in apex's
+equally shaped leaves (22 on ResNet-50), since XLA:GPU fuses sibling loops only when their outputs have
+the same shape (benchmarks/README.md, Findings 10). A kernel written for the job has no such limit: as in apex's
 `multi_tensor_apply` (`lbjax.optim.multi_tensor_apply`), each program of a Pallas kernel takes one chunk of
 4,096 values of one leaf, whichever leaf it is, so one launch covers up to 96 leaves (a pass over ResNet-50's
 161 leaves is two launches):

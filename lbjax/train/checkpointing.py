@@ -88,8 +88,8 @@ def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, 
   Leaves in CPU memory are summed with numpy where they lie (on ResNet-50's parameters and momentum,
   25.5 ms against 105.4 ms for the compiled sums on a 2-core CPU, 2026-11-30:
   `benchmarks/checkpoint_checksums.py` and its section of benchmarks/README.md); leaves on an
-  accelerator, or spread over several processes, are summed on their devices. Both give the same numbers (sums modulo 2^32 depend neither
-  on the order of addition nor on the sharding).
+  accelerator, or spread over several processes, are summed on their devices. Both give the same
+  numbers (sums modulo 2^32 depend neither on the order of addition nor on the sharding).
   """
   named = {_leaf_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
   on_host = {name for name, leaf in named.items() if _on_host_cpu(leaf)}
