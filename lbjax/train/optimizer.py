@@ -44,9 +44,6 @@ FieldReads = config_lib.FieldReads
 
 LR_RECIPE_FIELDS = ("base", "warmup", "warmup_epochs", "decay")  # the rest of config.lr: decay arguments
 SCALING_FIELDS = ("rule", "base_batch_size")  # the rest of config.scaling: the rule's keyword options
-# The baseline arguments a scaling rule gets, and the fields that give them (named in the rule's refusals).
-RULE_ARGUMENT_FIELDS = {"base_batch_size": "scaling.base_batch_size", "base_learning_rate": "lr.base",
-                        "base_warmup_epochs": "lr.warmup_epochs"}
 
 
 def resolve_optimizer(read: FieldReads) -> names.Call:
@@ -112,9 +109,7 @@ class LearningRate:
     except ValueError as e:
       hint = (" LEGW scales the baseline's warm-up: give it one with config.lr.warmup='linear_warmup' and "
               "config.lr.warmup_epochs > 0." if self.rule.resolved.name == "legw" else "")
-      given = [f"{name} is config.{field}" for name, field in RULE_ARGUMENT_FIELDS.items() if str(e).startswith(name)]
-      source = f" ({given[0]})" if given else ""
-      raise ConfigError(f"config.scaling.rule={self.rule.resolved.name!r}: {e}{source}{hint}") from e
+      raise ConfigError(f"config.scaling.rule={self.rule.resolved.name!r}: {e}{hint}") from e
 
   def schedule(self, batch_size: int) -> schedules.Schedule:
     """The learning rate in epochs of the recipe scaled to `batch_size`. A rule that brings its own

@@ -128,6 +128,10 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
     problems.append(f"config.num_epochs must be > 0, got {config.num_epochs}.")
   if not config.lr.base > 0:
     problems.append(f"config.lr.base must be > 0, got {config.lr.base}.")
+  base_batch = config.scaling.base_batch_size
+  if isinstance(base_batch, bool) or not isinstance(base_batch, int) or base_batch < 1:
+    problems.append(f"config.scaling.base_batch_size must be a positive integer (the batch of the baseline recipe "
+                    f"the rule scales from), got {base_batch!r}.")
   if not 0.0 <= config.loss.discard_fraction < 1.0:
     problems.append(f"config.loss.discard_fraction must be in [0, 1), got {config.loss.discard_fraction}.")
   if config.loss.discard_fraction > 0 and not config.loss.discard_until_epoch > 0:
