@@ -298,11 +298,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                            f"the variant of {spec!r}"):
     parser.error(refusal)
   runs, seeds = tuple(r.strip() for r in args.runs.split(",") if r.strip()), args.seeds
-  if problem := argument_problem(runs, seeds):
-    parser.error(problem)
   try:
     configs = load_configs(args.config, runs, seeds, args.variant)
-  except ValueError as e:  # a config that does not validate, or a dataset without a known test metric
+  except ValueError as e:  # bad --runs/--seeds, a config that does not validate, or a dataset without a test metric
     parser.error(str(e))
   if problem := target_problem(args.targets, metric_of(configs)):
     parser.error(problem)

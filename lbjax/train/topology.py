@@ -16,7 +16,6 @@ import importlib.util
 import os
 import re
 import sys
-import tempfile
 from typing import Any
 
 from lbjax.train import gpu_targets
@@ -98,7 +97,7 @@ def _libtpu_start_up_quiet():
   sys.stderr.flush()
   console = os.dup(2)
   try:
-    with tempfile.TemporaryFile() as sink:
+    with open(os.devnull, "wb") as sink:
       os.dup2(sink.fileno(), 2)
       try:
         yield
