@@ -27,6 +27,7 @@ it imports the configs and the trainer, and neither imports it.
 import ast
 from collections.abc import Mapping, Sequence
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import pathlib
@@ -88,6 +89,17 @@ def _module_from_file(path: pathlib.Path) -> ModuleType:
   return module
 
 
+@functools.cache
+def _run_fields() -> frozenset[str]:
+  """The field paths every run config has: `default_config()`'s outside the argument sections (whose fields
+  are a function's arguments), and each argument section's own fields (its name and the like)."""
+  own = {path for path in config_lib.field_paths(config_lib.default_config())
+         if path.split(".")[0] not in ARGUMENT_SECTIONS}
+  own |= {f"{section}.{field}" for section, field in SECTION_NAME_FIELDS.items()}
+  own |= {f"{section}.{field}" for section, fields in SECTION_OWN_FIELDS.items() for field in fields}
+  return frozenset(own)
+
+
 def _file_config(module: ModuleType, source: str) -> ml_collections.ConfigDict:
   """`module.get_config()`, checked to be a whole run config: every field of `default_config()` outside the
   argument sections (whose fields are a function's arguments), and no field it does not have."""
@@ -104,10 +116,7 @@ def _file_config(module: ModuleType, source: str) -> ml_collections.ConfigDict:
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"Config file {source}: get_config() returned a {type(config).__name__}, not an "
                       f"ml_collections.ConfigDict. {_what_a_config_file_defines()}")
-  default = config_lib.default_config()
-  own = {path for path in config_lib.field_paths(default) if path.split(".")[0] not in ARGUMENT_SECTIONS}
-  own |= {f"{section}.{field}" for section, field in SECTION_NAME_FIELDS.items()}
-  own |= {f"{section}.{field}" for section, fields in SECTION_OWN_FIELDS.items() for field in fields}
+  own = _run_fields()
   present = config_lib.field_paths(config)
   missing = sorted(own - present) + [section for section in ARGUMENT_SECTIONS
                                      if not isinstance(config.get(section), ml_collections.ConfigDict)]

@@ -25,8 +25,8 @@ ADAPTIVE_FIELDS = {"min_batch_size": 0, "max_batch_size": 0, "noise_multiple": 1
 # Fields of the gradient noise-scale measurement (its averaging and `batch` records), with their defaults: they
 # act only where a step measures it from micro-batches (the adaptive policy, config.batch.micro_batch_size, or
 # accumulation under config.max_device_batch); set away from their defaults elsewhere: refused.
-NOISE_SCALE_FIELDS = {"adapt_every": config_lib.default_config().batch.adapt_every,
-                      "ema_decay": config_lib.default_config().batch.ema_decay}
+NOISE_SCALE_FIELDS = {field: value for field, value in config_lib.default_config().batch.items()
+                      if field in ("adapt_every", "ema_decay")}
 
 
 def _is_int(value) -> bool:
