@@ -38,6 +38,7 @@ import argparse
 import os
 import pathlib
 import sys
+from typing import NamedTuple
 
 from lbjax import dependencies
 
@@ -105,13 +106,21 @@ def list_configs() -> str:
   return "\n".join(lines)
 
 
-def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str]) -> int:
+class Processes(NamedTuple):
+  """A multi-host job's process count and this process's index, from the flags or JAX_* variables (None:
+  `jax.distributed` reads them from the cluster)."""
+
+  num_processes: int | None
+  process_id: int | None
+
+
+def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str], processes: Processes | None) -> int:
+  """Trains; `processes`: the multi-host job's (`_multi_host`), or None for one process."""
   determinism.request(resolved)  # before the backend starts
-  process_id = args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID")
-  if args.coordinator_address is not None or args.distributed:
+  if processes is not None:
     if distributed.supervised_state() is None:  # a lost host ends every process with a message (exit 5)
-      return distributed.supervise(argv, args.workdir, process_id, resolved.heartbeat_timeout_seconds)
-    distributed.initialize(args.coordinator_address, args.num_processes or _env_int("JAX_NUM_PROCESSES"), process_id,
+      return distributed.supervise(argv, args.workdir, processes.process_id, resolved.heartbeat_timeout_seconds)
+    distributed.initialize(args.coordinator_address, processes.num_processes, processes.process_id,
                            resolved.heartbeat_timeout_seconds)
   if not os.environ.get(TRACEBACK_ENV):  # a failed save's Orbax tracebacks: in <workdir>/logs, not on the console
     state = distributed.supervised_state()
@@ -165,10 +174,11 @@ def _env_int(name: str) -> int | None:
   return int(value)
 
 
-def _check_multi_host(args) -> None:
-  """The multi-host settings, flags or JAX_* environment variables, before anything starts: the coordinator's
-  address is host:port with a numeric port, there is at least one process and this process's index is one of
-  them. (JAX itself would raise a ValueError or IndexError once the run started, or wait for a peer forever.)"""
+def _multi_host(args) -> Processes:
+  """The multi-host settings, flags or JAX_* environment variables, checked before anything starts: the
+  coordinator's address is host:port with a numeric port, there is at least one process and this process's index
+  is one of them. (JAX itself would raise a ValueError or IndexError once the run started, or wait for a peer
+  forever.)"""
   address_from = "--coordinator_address" if args.coordinator_address is not None else "JAX_COORDINATOR_ADDRESS"
   address = args.coordinator_address if args.coordinator_address is not None else os.environ.get(address_from)
   if address is not None:
@@ -194,6 +204,7 @@ def _check_multi_host(args) -> None:
   if process_id is not None and num_processes is not None and process_id >= num_processes:
     raise ConfigError(f"{id_from} {process_id} is not a process of {num_from} {num_processes}: processes are "
                       f"numbered 0 to {num_processes - 1}, 0 being the coordinator.")
+  return Processes(num_processes, process_id)
 
 
 def _origin(loaded: config_files.LoadedConfig) -> str:
@@ -253,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
   if not args.config:
     parser.error("--config is required (a packaged config such as mnist_lstm, see --list, or a .py file).")
   try:
-    if args.distributed or args.coordinator_address is not None:
-      _check_multi_host(args)
+    processes = _multi_host(args) if args.distributed or args.coordinator_address is not None else None
     loaded = config_files.load(args.config, overrides)
     # Names, arguments and values now; what depends on the devices once they are known.
     resolved = validation.validate(loaded.config)
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workdir:
       parser.error("--workdir is required to train (or pass --dry-run).")
     workdir_lock.check_workdir(args.workdir)
-    return _train(args, loaded, resolved, argv)
+    return _train(args, loaded, resolved, argv, processes)
   except (USER_ERRORS + STOPPED_ERRORS) as e:
     if os.environ.get(TRACEBACK_ENV):
       raise
