@@ -80,10 +80,7 @@ class GhostBatchNorm(nnx.Module):
     validation.check_positive_int("num_features", num_features)
     if group_size is not None:
       validation.check_positive_int("group_size (None for the whole batch)", group_size)
-    if not 0.0 <= momentum < 1.0:
-      raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
-    if not epsilon > 0.0:
-      raise ValueError(f"epsilon must be > 0, got {epsilon!r}.")
+    validation.check_batch_norm("momentum", momentum, "epsilon", epsilon)
     validation.check_float_dtype("dtype", dtype)
     validation.check_float_dtype("param_dtype", param_dtype)
     self.num_features = num_features

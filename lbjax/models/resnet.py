@@ -231,10 +231,7 @@ class ResNet(nnx.Module):
     validation.check_positive_int("input_channels", input_channels)
     if bn_group_size is not None:
       validation.check_positive_int("bn_group_size (None for the whole batch)", bn_group_size)
-    if not 0.0 <= validation.check_finite_number("bn_momentum", bn_momentum) < 1.0:
-      raise ValueError(f"bn_momentum must be in [0, 1), got {bn_momentum!r}.")
-    if not validation.check_finite_number("bn_epsilon", bn_epsilon) > 0.0:
-      raise ValueError(f"bn_epsilon must be > 0, got {bn_epsilon!r}.")
+    validation.check_batch_norm("bn_momentum", bn_momentum, "bn_epsilon", bn_epsilon)
     validation.check_float_dtype("dtype", dtype)
     validation.check_float_dtype("param_dtype", param_dtype)
     if not isinstance(param_dtype_gradients, bool):

@@ -1,6 +1,7 @@
 """Argument checks shared by the lbjax models: each raises a `ValueError` naming the fix."""
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -15,9 +16,17 @@ def check_positive_int(name: str, value: object) -> int:
 
 def check_finite_number(name: str, value: object) -> float:
   """Returns `value` as a float if it is a finite real number (not a bool, a string or NaN/inf)."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
     raise ValueError(f"{name} must be a finite number, got {value!r}.")
   return float(value)
+
+
+def check_batch_norm(momentum_name: str, momentum: object, epsilon_name: str, epsilon: object) -> None:
+  """Raises a `ValueError` unless the BatchNorm `momentum` is a number in [0, 1) and `epsilon` one > 0."""
+  if not 0.0 <= check_finite_number(momentum_name, momentum) < 1.0:
+    raise ValueError(f"{momentum_name} must be in [0, 1), got {momentum!r}.")
+  if not check_finite_number(epsilon_name, epsilon) > 0.0:
+    raise ValueError(f"{epsilon_name} must be > 0, got {epsilon!r}.")
 
 
 def check_positive_int_sequence(name: str, value: object) -> tuple[int, ...]:

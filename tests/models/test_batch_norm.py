@@ -143,6 +143,8 @@ def test_state_is_params_and_batch_stats_only():
     (dict(num_features=3, group_size=0), "group_size"),
     (dict(num_features=3, momentum=1.0), r"momentum must be in \[0, 1\)"),
     (dict(num_features=3, epsilon=0.0), "epsilon must be > 0"),
+    (dict(num_features=3, epsilon=float("inf")), "epsilon must be a finite number, got inf"),
+    (dict(num_features=3, momentum="0.9"), "momentum must be a finite number, got '0.9'"),
     (dict(num_features=3, dtype="bf16"), "dtype must name a floating-point dtype .* got 'bf16'"),
     (dict(num_features=3, param_dtype="int32"), "param_dtype must be a floating-point dtype .* got int32"),
 ])
