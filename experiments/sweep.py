@@ -211,6 +211,11 @@ def run_sweep(spec: SweepSpec) -> list[RunRow]:
       invalid point config, all checked before any training.
   """
   check_spec(spec)
+  return _run_checked(spec)
+
+
+def _run_checked(spec: SweepSpec) -> list[RunRow]:
+  """`run_sweep` of a spec already checked (`spec_problem`)."""
   csv_path = pathlib.Path(spec.out).with_suffix(".csv")
   rows = sweep_table.read_csv(csv_path, spec.metric)
   reference = sweep_table.read_csv(spec.reference, spec.metric) if spec.reference else []
@@ -271,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
                    max_device_batch=args.max_device_batch, seeds=args.seeds, reference=args.reference)
   if problem := spec_problem(spec):
     parser.error(problem)
-  return run_sweep(spec)
+  return _run_checked(spec)
 
 
 if __name__ == "__main__":
