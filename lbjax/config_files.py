@@ -126,10 +126,7 @@ def _file_config(module: ModuleType, source: str) -> ml_collections.ConfigDict:
                       f"{_what_a_config_file_defines()}")
   unknown = sorted(path for path in present - own if path.split(".")[0] not in ARGUMENT_SECTIONS)
   if unknown:
-    details = []
-    for path in unknown:
-      close = names.suggestions(path, sorted(own))
-      details.append(f"{path!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    details = [f"{path!r}{names.did_you_mean(path, sorted(own))}" for path in unknown]
     raise ConfigError(f"Config file {source}: get_config() sets fields a run does not have: {', '.join(details)}. "
                       "Only the argument sections (" + ", ".join(ARGUMENT_SECTIONS) + ") take new fields, their "
                       "functions' arguments.")
@@ -297,9 +294,8 @@ def parse_variant(variant: str, declared: Mapping[str, Variant], source: str) ->
                         f"'batch=8192,rule=legw', got {item!r}.")
     if key not in declared:
       known = ", ".join(declared) or "none"
-      close = names.suggestions(key, list(declared))
-      hint = f" (did you mean {close[0]!r}?)" if close else ""
-      raise ConfigError(f"{source}: unknown variant key {key!r}{hint}; this config understands {known}.")
+      raise ConfigError(f"{source}: unknown variant key {key!r}{names.did_you_mean(key, list(declared))}; this "
+                        f"config understands {known}.")
     parsed[key] = value.strip()
   return parsed
 

@@ -53,6 +53,12 @@ def _normalized(name: str) -> str:
   return name.lower().replace("_", "")
 
 
+def did_you_mean(name: str, candidates: Sequence[str]) -> str:
+  """" (did you mean 'x'?)" with the closest of `candidates` to a mistyped `name`, or "" if none is close."""
+  close = suggestions(name, candidates)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def suggestions(name: str, candidates: Sequence[str]) -> list[str]:
   """Close matches of a mistyped name (`larz` -> `lars`; `mnist_lstm` -> `MnistLSTM`)."""
   same = [c for c in candidates if _normalized(c) == _normalized(name)]
@@ -171,8 +177,7 @@ def _choice_problem(section: str, resolved: Resolved, name: str, value: Any, par
   choices = typing.get_args(parameter.annotation)
   if value in choices:
     return None
-  close = suggestions(value, [str(c) for c in choices]) if isinstance(value, str) else []
-  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
   return (f"config.{section}.{name}={value!r}: {resolved.qualified_name} takes {name} "
           f"{' or '.join(map(repr, choices))}{hint}.")
 
