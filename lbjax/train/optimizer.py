@@ -24,7 +24,9 @@ Under the adaptive policy the recipe follows the batch in force instead.
 one part of a config; a run resolves the whole config once and reads its `ResolvedRun`.
 """
 
+from collections.abc import Callable
 import dataclasses
+from typing import Any
 
 import ml_collections
 import optax
@@ -52,12 +54,19 @@ def resolve_optimizer(read: FieldReads) -> names.Call:
   arguments = names.bind("optimizer", resolved, read.options("optimizer", ("name",)),
                          supplied={"learning_rate": 0.0}, required=("learning_rate",))
   arguments.pop("learning_rate")
-  try:  # the values, now: building a transformation computes nothing (e.g. an unknown accumulator_dtype)
-    resolved.function(learning_rate=0.0, **arguments)
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f"config.optimizer.name={resolved.name!r}: {resolved.qualified_name} refuses its "
-                      f"arguments: {e}") from e
+  # The values, now: building a transformation computes nothing (e.g. an unknown accumulator_dtype).
+  _built_once("optimizer", resolved, lambda: resolved.function(learning_rate=0.0, **arguments))
   return names.Call(resolved, arguments)
+
+
+def _built_once(section: str, resolved: names.Resolved, build: Callable[[], Any]) -> None:
+  """Calls `build` (which only checks the values: building a transformation computes nothing); a ValueError or
+  TypeError it raises is a ConfigError naming `config.<section>.name` and the function."""
+  try:
+    build()
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.{section}.name={resolved.name!r}: {resolved.qualified_name} refuses its "
+                      f"arguments: {e}") from e
 
 
 def make_optimizer(optimizer: names.Call, clip_global_norm: float) -> optax.GradientTransformation:
@@ -181,11 +190,7 @@ def resolve_compressor(read: FieldReads) -> names.Call | None:
   resolved = names.resolve("compression.name", name, [compression])
   call = names.Call(resolved, names.bind("compression", resolved, options,
                                          supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
-  try:  # the values, now: building a compressor only checks them (e.g. qsgd's num_levels=0, powersgd's rank=0)
-    call()
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f"config.compression.name={resolved.name!r}: {resolved.qualified_name} refuses its "
-                      f"arguments: {e}") from e
+  _built_once("compression", resolved, call)  # e.g. qsgd's num_levels=0, powersgd's rank=0
   return call
 
 
