@@ -295,13 +295,15 @@ def _accepts_resnet_keywords(factory):
 @_accepts_resnet_keywords
 def ResNet50(num_classes: int = 1000, **kwargs) -> ResNet:  # pylint: disable=invalid-name
   """ResNet-50 v1.5: bottleneck blocks (3, 4, 6, 3); 25,557,032 parameters for 1000 classes."""
-  return ResNet((3, 4, 6, 3), block="bottleneck", num_classes=num_classes, **kwargs)
+  stages, block = STAGES_BY_DEPTH[50]
+  return ResNet(stages, block=block, num_classes=num_classes, **kwargs)
 
 
 @_accepts_resnet_keywords
 def ResNet18(num_classes: int, **kwargs) -> ResNet:  # pylint: disable=invalid-name
   """ResNet-18: basic blocks (2, 2, 2, 2); 11,689,512 parameters for 1000 classes."""
-  return ResNet((2, 2, 2, 2), block="basic", num_classes=num_classes, **kwargs)
+  stages, block = STAGES_BY_DEPTH[18]
+  return ResNet(stages, block=block, num_classes=num_classes, **kwargs)
 
 
 @_accepts_resnet_keywords
