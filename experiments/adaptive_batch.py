@@ -47,24 +47,11 @@ LABELS = {"baseline": "baseline B={batch}", "legw": "LEGW, fixed B={batch}",
           "adascale": "adaptive batch, AdaScale LR"}
 
 
-def run_dir(workdir: str, run: str, seed: int) -> pathlib.Path:
-  """Where one run of an experiment trains: `<workdir>/<run>_seed<seed>` (also batch_schedule's)."""
-  return pathlib.Path(workdir) / f"{run}_seed{seed}"
-
-
-def seeds_problem(seeds: Sequence[int]) -> str:
-  """What is wrong with the seeds of an experiment whose runs are `run_dir`s, or "" if nothing (also
-  batch_schedule's)."""
-  if not seeds or len(set(seeds)) != len(seeds):
-    return f"seeds {list(seeds)} must be distinct integers, at least one."
-  return ""
-
-
 def argument_problem(runs: Sequence[str], seeds: Sequence[int]) -> str:
   """What is wrong with these arguments of `load_configs`, or "" if nothing."""
   if any(r not in RUNS for r in runs) or not runs:
     return f"runs {list(runs)} must be a non-empty subset of {', '.join(RUNS)}."
-  return seeds_problem(seeds)
+  return runner.seeds_problem(seeds)
 
 
 def target_problem(targets: Sequence[float], metric: str) -> str:
@@ -130,7 +117,7 @@ def train_runs(configs: dict, workdir: str) -> None:
   """Trains every (run, seed) of `configs` (`load_configs`) neither finished nor diverged in `workdir`;
   stops at a preempted run (`RunPreempted`), which resumes from its checkpoint on the next call."""
   for (run, seed), run_config in configs.items():
-    row = runner.run_once(run_config, run_dir(workdir, run, seed), name=run, prefix="[adaptive_batch]")
+    row = runner.run_once(run_config, runner.run_dir(workdir, run, seed), name=run, prefix="[adaptive_batch]")
     if row.seconds:
       print(f"[adaptive_batch] {run} seed {seed}: {row.status}, {row.seconds:.0f} s", flush=True)
 
@@ -159,7 +146,7 @@ def _cell(values: Sequence[float], fmt: str) -> str:
 
 def baseline_target(workdir: str, seeds: Sequence[int], metric: str) -> float | None:
   """The baseline's final test `metric`, its mean over the seeds that finished; None if none did."""
-  finals = [_final(run_dir(workdir, "baseline", s)) for s in seeds]
+  finals = [_final(runner.run_dir(workdir, "baseline", s)) for s in seeds]
   values = [final[metric] for final in finals if final is not None]
   return statistics.fmean(values) if values else None
 
@@ -174,7 +161,7 @@ def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: f
     row = {"run": run, "metric": [], "updates": [], "wall": [], "updates_to_target": [], "wall_to_target": [],
            "sizes": set(), "diverged": 0}
     for seed in seeds:
-      directory = run_dir(workdir, run, seed)
+      directory = runner.run_dir(workdir, run, seed)
       batches, final = _logged(directory, "batch"), _final(directory)
       if final is None:  # diverged: its updates up to the last step it logged
         row["diverged"] += 1
@@ -205,7 +192,7 @@ def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[i
                      "wall_seconds"))
     for run in runs:
       for seed in seeds:
-        directory = run_dir(workdir, run, seed)
+        directory = runner.run_dir(workdir, run, seed)
         for r in _logged(directory, "eval"):
           writer.writerow((run, seed, "eval", r["step"], f"{r['epoch']:.4f}", f"{r[metric]:.4f}",
                            "", "", "", "", "", "", ""))
@@ -259,7 +246,7 @@ def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, m
   for index, run in enumerate(runs):
     color = f"C{index}"
     for seed in seeds:
-      directory = run_dir(workdir, run, seed)
+      directory = runner.run_dir(workdir, run, seed)
       evals, records = _logged(directory, "eval"), _logged(directory, "batch")
       label = run_labels[run] if seed == seeds[0] else None
       quality.plot([r["step"] for r in evals], [scale * r[metric] for r in evals], marker=".", color=color,

@@ -25,8 +25,6 @@ from experiments import run_records
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
-from experiments.adaptive_batch import run_dir
-from experiments.adaptive_batch import seeds_problem
 from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
@@ -41,7 +39,7 @@ def argument_problem(schedules: Sequence[str], seeds: Sequence[int], max_device_
     return f"schedules {list(schedules)} must be a non-empty subset of {', '.join(SCHEDULES)}."
   if max_device_batch < 0:
     return f"max_device_batch must be >= 0 (0 = no accumulation), got {max_device_batch}."
-  return seeds_problem(seeds)
+  return runner.seeds_problem(seeds)
 
 
 def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULES,
@@ -68,7 +66,7 @@ def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULE
   for (schedule, seed), run_config in configs.items():
     if max_device_batch:
       run_config.max_device_batch = max_device_batch
-    row = runner.run_once(run_config, run_dir(workdir, schedule, seed), name=schedule, prefix="[batch_schedule]")
+    row = runner.run_once(run_config, runner.run_dir(workdir, schedule, seed), name=schedule, prefix="[batch_schedule]")
     seconds[(schedule, seed)] = row.seconds
   return seconds
 
@@ -76,12 +74,12 @@ def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULE
 def curves(workdir: str, schedules: Sequence[str] = SCHEDULES, seeds: Sequence[int] = (0,)
            ) -> dict[tuple[str, int], list[dict[str, Any]]]:
   """The evaluation records of each (realisation, seed) whose run started in `workdir`."""
-  return {(s, k): run_records.eval_curve(run_dir(workdir, s, k)) for s in schedules for k in seeds
-          if (run_dir(workdir, s, k) / "metrics.jsonl").is_file()}
+  return {(s, k): run_records.eval_curve(runner.run_dir(workdir, s, k)) for s in schedules for k in seeds
+          if (runner.run_dir(workdir, s, k) / "metrics.jsonl").is_file()}
 
 
 def _batch_history(workdir: str, schedule: str, seed: int) -> str:
-  compiles = run_records.read_records(run_dir(workdir, schedule, seed), "compile")
+  compiles = run_records.read_records(runner.run_dir(workdir, schedule, seed), "compile")
   sizes = [r["batch_size"] for r in compiles]  # one compile per batch size, in the order used
   return " → ".join(str(s) for s in dict.fromkeys(sizes))
 

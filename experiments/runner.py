@@ -6,7 +6,8 @@ a run that finished far worse than a uniform guess (`DIVERGED_ABOVE_UNIFORM_NATS
 an interrupted run resumes from its checkpoint, a preempted one stops the experiment (`RunPreempted`,
 a KeyboardInterrupt) so that running it again resumes. It returns a `RunRow`: the one row type of the
 experiments' tables.
-`ints` and `floats` are the scripts' comma-separated list arguments.
+`ints` and `floats` are the scripts' comma-separated list arguments, `seeds_problem` checks their seeds and
+`run_dir` names a seeded run's directory.
 """
 
 import argparse
@@ -14,6 +15,7 @@ import dataclasses
 import math
 import pathlib
 import time
+from collections.abc import Sequence
 
 import ml_collections
 
@@ -71,6 +73,20 @@ class RunRow:
   device: str = ""
   batch_size: int | None = None
   same_as: str = ""
+
+
+def run_dir(workdir: str | pathlib.Path, run: str, seed: int) -> pathlib.Path:
+  """Where one seeded run of adaptive_batch, batch_schedule or critical_batch warmup trains:
+  `<workdir>/<run>_seed<seed>` (a variant table's runs are `<workdir>/<row>_s<seed>`)."""
+  return pathlib.Path(workdir) / f"{run}_seed{seed}"
+
+
+def seeds_problem(seeds: Sequence[int]) -> str:
+  """What is wrong with an experiment's seeds, or "" if nothing: at least one, each an integer >= 0, no
+  seed twice (two runs of one seed would share a directory and a result)."""
+  if not seeds or len(set(seeds)) != len(seeds) or any(not isinstance(s, int) or s < 0 for s in seeds):
+    return f"seeds {list(seeds)} must be distinct integers >= 0, at least one."
+  return ""
 
 
 def finished(run_dir: str | pathlib.Path) -> bool:

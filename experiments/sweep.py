@@ -114,8 +114,8 @@ def spec_problem(spec: SweepSpec) -> str:
   if not isinstance(spec.max_device_batch, int) or spec.max_device_batch < 0:
     errors.append(f"max_device_batch must be an integer >= 0 (0 = no accumulation), got "
                   f"{spec.max_device_batch!r}.")
-  if len(set(spec.seeds)) != len(spec.seeds) or any(not isinstance(s, int) or s < 0 for s in spec.seeds):
-    errors.append(f"seeds must be distinct integers >= 0, got {list(spec.seeds)}.")
+  if spec.seeds and (problem := runner.seeds_problem(spec.seeds)):  # none: the config's seed
+    errors.append(problem)
   if spec.reference and not pathlib.Path(spec.reference).is_file():
     errors.append(f"reference {spec.reference} not found; pass a CSV written by a sweep, e.g. "
                   "docs/results/mnist_lstm_headline.csv.")

@@ -434,8 +434,8 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   names = [row.name for row in table.rows]
   errors = [f"--rows names {n!r}, which the table does not have; its rows: {', '.join(names)}."
             for n in only if n not in names]
-  if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
-    errors.append(f"seeds must be distinct integers >= 0, got {list(seeds)}.")
+  if problem := runner.seeds_problem(seeds):
+    errors.append(problem)
   configs = {}
   for row in table.rows:
     if only and row.name not in only:

@@ -10,19 +10,13 @@ from experiments import adaptive_batch
 from experiments import config_spec
 from experiments import critical_batch
 from experiments import fields_the_experiment_sets
+from experiments import runner
 from experiments import variant_fields
 from experiments.critical_batch import measure as measure_lib
 from experiments.critical_batch import warmup as warmup_lib
 from experiments.critical_batch.grid import load_config, make_grid, train_examples
 from lbjax import train
 from lbjax.train.errors import WorkdirInUseError
-
-
-def _numbers(text: str, kind, flag: str, parser: argparse.ArgumentParser) -> tuple:
-  try:
-    return tuple(kind(v) for v in text.split(",") if v.strip())
-  except ValueError:
-    parser.error(f"{flag} must be comma-separated numbers, got {text!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -40,19 +34,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub.add_argument("--workdir", required=True)
     sub.add_argument("--title", default="")
   measure_parser, warmup_parser = commands.choices["measure"], commands.choices["warmup"]
-  measure_parser.add_argument("--checkpoints", default="0,0.25,0.5,1,2,4", help="epochs of the reference run")
-  measure_parser.add_argument("--batch_sizes", default="128,256,512,1024,2048,4096,8192",
+  measure_parser.add_argument("--checkpoints", type=runner.floats, default="0,0.25,0.5,1,2,4",
+                              help="epochs of the reference run")
+  measure_parser.add_argument("--batch_sizes", type=runner.ints, default="128,256,512,1024,2048,4096,8192",
                               help="the grid; the first is the reference batch")
   measure_parser.add_argument("--budget_epochs", type=float, default=0.5,
                               help="examples per branch, in epochs (rounded to a whole number of the largest batch)")
   measure_parser.add_argument("--tolerance", type=float, default=0.02,
                               help="relative: B is within the CBS while loss(B) <= (1 + tolerance) loss(B0)")
-  measure_parser.add_argument("--lr_multipliers", default="1", help="e.g. 0.5,1,2: the best LR per branch")
+  measure_parser.add_argument("--lr_multipliers", type=runner.floats, default="1",
+                              help="e.g. 0.5,1,2: the best LR per branch")
   warmup_parser.add_argument("--cbs", required=True,
                              help="a `measure` table, e.g. docs/results/critical_batch_mnist.csv")
-  warmup_parser.add_argument("--seeds", default="0,1,2")
+  warmup_parser.add_argument("--seeds", type=runner.ints, default="0,1,2")
   warmup_parser.add_argument("--max_batch", type=int, default=0, help="cap of the warm-up's batch (0: none)")
-  warmup_parser.add_argument("--targets", default="", help="more targets besides the baseline's final metric: "
+  warmup_parser.add_argument("--targets", type=runner.floats, default="",
+                             help="more targets besides the baseline's final metric: "
                              "accuracy as a fraction (0.97), perplexity as it is")
   warmup_parser.add_argument("--tolerance", type=float, default=None,
                              help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
@@ -68,9 +65,8 @@ def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, 
   config = load_config(args.config,
                        shlex.split(args.overrides) + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
   train.validate(config, data_parallel_size=1)
-  grid = make_grid(config, _numbers(args.checkpoints, float, "--checkpoints", parser),
-                   _numbers(args.batch_sizes, int, "--batch_sizes", parser), args.budget_epochs, args.tolerance,
-                   _numbers(args.lr_multipliers, float, "--lr_multipliers", parser), train_examples(config))
+  grid = make_grid(config, args.checkpoints, args.batch_sizes, args.budget_epochs, args.tolerance,
+                   args.lr_multipliers, train_examples(config))
   measure_lib.measure(config, grid, pathlib.Path(args.workdir), pathlib.Path(args.out), command,
           args.title or "Critical batch size vs the gradient noise scale")
 
@@ -84,8 +80,9 @@ def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, c
   out, workdir = pathlib.Path(args.out), pathlib.Path(args.workdir)
   if not pathlib.Path(args.cbs).is_file():
     raise ValueError(f"--cbs {args.cbs} not found: give the table `measure` wrote (<out>.csv).")
-  seeds = _numbers(args.seeds, int, "--seeds", parser)
-  extra_targets = _numbers(args.targets, float, "--targets", parser)
+  seeds, extra_targets = args.seeds, args.targets
+  if problem := runner.seeds_problem(seeds):
+    parser.error(f"--{problem}")
   if args.tolerance is not None and not args.tolerance >= 0:
     parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
   if args.max_batch < 0:

@@ -11,6 +11,7 @@ import ml_collections
 from experiments import adaptive_batch
 from experiments import config_spec
 from experiments import run_records
+from experiments import runner
 from experiments.critical_batch.grid import at_batch, load_config, train_examples
 from experiments.sweep import METRIC_KEYS
 from experiments.sweep_table import mean_sd
@@ -163,7 +164,7 @@ def summarize_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int],
   for run in WARMUP_RUNS:
     summary = WarmupSummary(run)
     for seed in seeds:
-      directory = adaptive_batch.run_dir(str(workdir), run, seed)
+      directory = runner.run_dir(workdir, run, seed)
       if not (directory / "metrics.jsonl").is_file():
         continue
       summary.seeds += 1
@@ -216,7 +217,7 @@ def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out
   out.with_suffix(".md").write_text("\n".join(lines) + "\n")
   rows = []
   for (run, seed) in configs:
-    directory = adaptive_batch.run_dir(str(workdir), run, seed)
+    directory = runner.run_dir(workdir, run, seed)
     if (directory / "metrics.jsonl").is_file():
       rows += [[run, seed, r["step"], f"{r['epoch']:.4f}", f"{r[metric]:.4f}", bool(r.get("final"))]
                for r in run_records.read_records(directory, "eval")]
@@ -236,7 +237,7 @@ def _plot_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], met
   figure, (quality, batch) = plt.subplots(1, 2, figsize=(11, 4))
   for index, run in enumerate(WARMUP_RUNS):
     for seed in seeds:
-      directory = adaptive_batch.run_dir(str(workdir), run, seed)
+      directory = runner.run_dir(workdir, run, seed)
       if (run, seed) not in configs or not (directory / "metrics.jsonl").is_file():
         continue
       label = run if seed == seeds[0] else None

@@ -44,7 +44,7 @@ def test_a_variant_that_sets_the_run_or_the_seed_is_refused_before_training(tmp_
 
 @pytest.mark.parametrize("config, flags, message", [
     (TINY, ["--seeds", "a,b"], "error: argument --seeds: expected comma-separated ints such as 128,512, got 'a,b'"),
-    (TINY, ["--seeds", "1,1"], "error: seeds [1, 1] must be distinct integers, at least one."),
+    (TINY, ["--seeds", "1,1"], "error: seeds [1, 1] must be distinct integers >= 0, at least one."),
     (TINY, ["--runs", "adaptiv"], "error: runs ['adaptiv'] must be a non-empty subset of baseline, legw, "
                                   "grow_batch, adaptive, adascale."),
     (TINY, ["--targets", "0.97x"], "error: argument --targets: expected comma-separated floats such as "

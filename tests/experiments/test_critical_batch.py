@@ -194,3 +194,31 @@ def test_warmup_refuses_an_accuracy_target_given_as_a_percentage(tmp_path, capsy
   assert exit_info.value.code == 2 and ("--targets 97.5: the test metric is accuracy, and an accuracy target is a "
                                         "fraction in (0, 1], e.g. 0.975.") in err
   assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--seeds", "1,1", "--seeds [1, 1] must be distinct integers >= 0, at least one."),
+    ("--seeds", "", "--seeds [] must be distinct integers >= 0, at least one."),
+    ("--seeds", "0,one", "argument --seeds: expected comma-separated ints such as 128,512, got '0,one'"),
+    ("--targets", "0.9,high", "argument --targets: expected comma-separated floats such as 0.1,0.3, got '0.9,high'"),
+])
+def test_warmup_refuses_seeds_and_targets_that_are_not_lists_it_can_run(tmp_path, capsys, monkeypatch, flag, value,
+                                                                        message):
+  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), f"{flag}={value}",
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and f"error: {message}\n" in err and "Traceback" not in err
+  assert not (tmp_path / "runs").exists()
+
+
+def test_measure_refuses_a_grid_list_that_is_not_numbers(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["measure", "--config", REFERENCE, "--batch_sizes", "32,sixty-four",
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2
+  assert ("argument --batch_sizes: expected comma-separated ints such as 128,512, got '32,sixty-four'"
+          in capsys.readouterr().err)

@@ -9,6 +9,7 @@ import pathlib
 import jax
 import pytest
 
+from experiments import runner
 from experiments import sweep
 from experiments import sweep_table
 from experiments.runner import RunRow
@@ -232,14 +233,14 @@ def test_batch_schedule_tables_every_seed_and_their_mean_and_spread(tmp_path):
   from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
   finals = {("decay_lr", 0): 0.98, ("decay_lr", 1): 0.99, ("grow_batch", 0): 0.97}
   for (schedule, seed), accuracy in finals.items():
-    directory = batch_schedule.run_dir(str(tmp_path), schedule, seed)
+    directory = runner.run_dir(str(tmp_path), schedule, seed)
     directory.mkdir()
     sizes = (128,) if schedule == "decay_lr" else (128, 640)
     records = [{"kind": "compile", "step": 5 * i, "batch_size": size} for i, size in enumerate(sizes)] + [
         {"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": accuracy - 0.1},
         {"kind": "eval", "step": 10, "epoch": 2.0, "accuracy": accuracy, "final": True}]
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-  running = batch_schedule.run_dir(str(tmp_path), "grow_batch", 1)
+  running = runner.run_dir(str(tmp_path), "grow_batch", 1)
   running.mkdir()
   (running / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": 0.5})
                                          + "\n")
