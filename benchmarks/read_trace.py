@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     profile = ProfileData.from_file(str(path))
   except (RuntimeError, OSError) as error:
     parser.error(f"{path} is not a jax.profiler trace ({error}); give {WHERE}.")
-  held = platforms_held(profile)
-  if args.platform not in held:
+  kind, kernels = trace_analysis.kernels_by_device(profile, args.platform)
+  if not (kind == args.platform and kernels):
+    held = platforms_held(profile)  # read only to say which --platform to give
     parser.error(f"{path} holds no {args.platform} kernels; " +
                  (f"it holds {', '.join(held)} kernels: rerun with --platform {held[0]}." if held else
                   "it holds no kernels of any platform (on a GPU the profiler records kernels only where NVIDIA's "
