@@ -81,7 +81,7 @@ def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant
     for seed in seeds:
       try:
         configs[(run, seed)] = config_files.load(config_spec(config, f"run={run}", f"seed={seed}", variant)).config
-        train.validate(configs[(run, seed)], data_parallel_size=1)
+        train.validate(configs[(run, seed)])
       except train.ConfigError as e:
         errors.append(f"run {run} seed {seed}: {e}")
   if errors:

@@ -112,8 +112,7 @@ def settings_problem(args: argparse.Namespace, common: Sequence[str]) -> str:
   for variant in variants(args.ranks, args.qsgd_levels):
     for overrides in [[f"--config.lr.base={lr!r}", VALIDATION_SPLIT] for lr in args.lrs] or [[]]:
       try:
-        train.validate(run_config(args.config, variant, args.batch_size, args.epochs, (*common, *overrides)),
-                       data_parallel_size=1)  # what depends on the devices is checked at each run's start
+        train.validate(run_config(args.config, variant, args.batch_size, args.epochs, (*common, *overrides)))
       except train.ConfigError as e:
         problems.append(f"{variant.name}: {e}")
   return "\n".join(dict.fromkeys(problems))

@@ -247,7 +247,7 @@ def run_experiment(spec: LipschitzSpec) -> dict[int, list[dict[str, float]]]:
   check_spec(spec)
   configs = {b: run_config(spec, b) for b in spec.batch_sizes}
   for config in configs.values():
-    train.validate(config, data_parallel_size=1)
+    train.validate(config)
   curves = {}
   for batch_size, config in configs.items():
     run_dir = pathlib.Path(spec.workdir) / f"b{batch_size}"

@@ -288,7 +288,7 @@ def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
   points = [(name, lr) for name in OPTIMIZERS for lr in spec.learning_rates[name]]
   configs = {point: run_config(spec, *point) for point in points}
   for config in configs.values():
-    train.validate(config, data_parallel_size=1)
+    train.validate(config)
     if config.dataset in ("ptb", "synthetic_ptb"):
       raise train.ConfigError(f"{spec.config} trains a language model; the comparison reports accuracy and "
                               "needs a classification config.")

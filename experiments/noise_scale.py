@@ -185,7 +185,7 @@ def run_experiment(spec: NoiseScaleSpec) -> list[dict[str, Any]]:
   """
   config = run_config(spec)
   check_spec(spec, config)
-  train.validate(config, data_parallel_size=1)
+  train.validate(config)
   workdir = pathlib.Path(spec.workdir)
   if runner.run_once(config, workdir, name="accumulating run", prefix="[noise_scale]").status == "diverged":
     raise train.NonFiniteError(f"the run diverged ({workdir / runner.DIVERGED_NOTE}); lower the learning rate.")

@@ -444,7 +444,7 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
       try:
         configs[(row.name, seed)] = row_config(table, row, seed)
         # Names, arguments and values now, as lbjax-train does; what depends on the devices at the start.
-        train.validate(configs[(row.name, seed)], data_parallel_size=1)
+        train.validate(configs[(row.name, seed)])
       except train.ConfigError as e:
         errors.append(f"row {row.name}: {e}")
   if not errors:  # the runs' directory (made now, so only once nothing else is wrong)

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
   config = load_config(args.config,
                        shlex.split(args.overrides) + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
-  train.validate(config, data_parallel_size=1)
+  train.validate(config)
   grid = make_grid(config, args.checkpoints, args.batch_sizes, args.budget_epochs, args.tolerance,
                    args.lr_multipliers, train_examples(config))
   measure_lib.measure(config, grid, pathlib.Path(args.workdir), pathlib.Path(args.out), command,

@@ -112,7 +112,7 @@ def warmup_configs(config: str, overrides: Sequence[str], seeds: Sequence[int], 
                  "boundaries": tuple(boundaries), "recipe": recipe})
         else:
           run_config = load_config(config_spec(config, variants[run], f"seed={seed}"), overrides)
-        train.validate(run_config, data_parallel_size=1)
+        train.validate(run_config)
         configs[(run, seed)] = run_config
       except (train.ConfigError, ValueError) as e:
         errors.append(f"run {run} seed {seed}: {e}")

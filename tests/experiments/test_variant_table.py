@@ -145,6 +145,16 @@ def test_bad_rows_and_names_are_refused_before_training(tmp_path, monkeypatch):
     variant_table.run_table(_table(), str(tmp_path / "t"), str(tmp_path / "runs"), only=("nope",))
 
 
+
+def test_a_row_whose_batch_its_own_mesh_cannot_split_is_refused_before_any_row_trains(tmp_path, monkeypatch):
+  """The rows are checked with the mesh their config fixes (here 3 batch shards of a batch of 64), as
+  lbjax-train checks a run, so that no earlier row trains before a later one fails at its start."""
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = _table(rows=[{"name": "a", "tests": "t"}, {"name": "b", "tests": "t", "overrides": ["mesh.data=3"]}])
+  with pytest.raises(ValueError, match="(?s)row b: .*batch size 64 is not divisible by the data-parallel size 3"):
+    variant_table.run_table(table, str(tmp_path / "t"), str(tmp_path / "runs"))
+
+
 @pytest.mark.parametrize("under", [False, True])
 def test_a_workdir_that_is_a_file_is_refused_before_training(tmp_path, monkeypatch, capsys, under):
   monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
