@@ -71,8 +71,10 @@ class LSTMCell(nnx.Module):
       rngs: `nnx.Rngs` for the kernel initialisation.
 
     Raises:
-      ValueError: on non-positive sizes or a forget_bias that is not a finite number.
+      ValueError: on `rngs` that is not an `nnx.Rngs`, non-positive sizes or a forget_bias that is not a finite
+        number.
     """
+    validation.check_rngs(rngs)
     validation.check_positive_int("input_size", input_size)
     validation.check_positive_int("hidden_size", hidden_size)
     self.input_size = input_size

@@ -32,8 +32,9 @@ class MnistLSTM(nnx.Module):
       rngs: `nnx.Rngs` for parameter initialisation.
 
     Raises:
-      ValueError: on non-positive sizes.
+      ValueError: on `rngs` that is not an `nnx.Rngs` or non-positive sizes.
     """
+    validation.check_rngs(rngs)
     validation.check_positive_int("num_classes", num_classes)
     validation.check_positive_int("input_size", input_size)
     validation.check_positive_int("transform_size", transform_size)

@@ -127,8 +127,10 @@ class PtbLSTM(nnx.Module):
       rngs: `nnx.Rngs` for parameter initialisation.
 
     Raises:
-      ValueError: on non-positive sizes, `dropout_rate` outside [0, 1) or a negative `init_scale`.
+      ValueError: on `rngs` that is not an `nnx.Rngs`, non-positive sizes, `dropout_rate` outside [0, 1) or a
+        negative `init_scale`.
     """
+    validation.check_rngs(rngs)
     validation.check_positive_int("vocab_size", vocab_size)
     validation.check_positive_int("embed_size", embed_size)
     validation.check_positive_int("hidden_size", hidden_size)

@@ -219,9 +219,10 @@ class ResNet(nnx.Module):
       rngs: `nnx.Rngs` for parameter initialisation.
 
     Raises:
-      ValueError: on an unknown `block`, non-positive sizes (or a depth such as 50 for
+      ValueError: on `rngs` that is not an `nnx.Rngs`, an unknown `block`, non-positive sizes (or a depth such as 50 for
         `stage_sizes`), BatchNorm settings out of range or a dtype that is not floating point.
     """
+    validation.check_rngs(rngs)
     _check_not_a_depth(stage_sizes)
     stage_sizes = validation.check_positive_int_sequence("stage_sizes", stage_sizes)
     if block not in BLOCK_TYPES:

@@ -5,6 +5,7 @@ import numbers
 from collections.abc import Sequence
 
 import jax.numpy as jnp
+from flax import nnx
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -12,6 +13,14 @@ def check_positive_int(name: str, value: object) -> int:
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     raise ValueError(f"{name} must be a positive int, got {value!r}.")
   return value
+
+
+def check_rngs(value: object) -> None:
+  """Raises a `ValueError` unless `value` is an `nnx.Rngs` (a seed alone is flax's AttributeError deep inside
+  the first layer)."""
+  if not isinstance(value, nnx.Rngs):
+    hint = f"nnx.Rngs({value!r})" if isinstance(value, int) and not isinstance(value, bool) else "nnx.Rngs(0)"
+    raise ValueError(f"rngs must be an nnx.Rngs, e.g. rngs={hint}; got {value!r}.")
 
 
 def check_finite_number(name: str, value: object) -> float:

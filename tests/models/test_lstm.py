@@ -1,12 +1,14 @@
 """LSTMCell, MnistLSTM and PtbLSTM against a hand-written NumPy LSTM; counts, carry, dropout."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from lbjax.models import LSTMCell, MnistLSTM, PtbLSTM
+from lbjax.models import LSTMCell, MnistLSTM, PtbLSTM, ResNetTiny
 from lbjax.models import lstm_cell
 
 
@@ -314,3 +316,16 @@ def test_ptb_lstm_validation():
     model(_tokens(), model.initial_carry(3), train=False)
   with pytest.raises(ValueError, match="batch_size must be a positive int"):
     model.initial_carry(0)
+
+
+@pytest.mark.parametrize("build", [
+    lambda rngs: LSTMCell(3, 2, rngs=rngs),
+    lambda rngs: MnistLSTM(rngs=rngs),
+    lambda rngs: PtbLSTM(vocab_size=10, embed_size=4, hidden_size=4, rngs=rngs),
+    lambda rngs: ResNetTiny(num_classes=10, rngs=rngs),
+], ids=["LSTMCell", "MnistLSTM", "PtbLSTM", "ResNetTiny"])
+@pytest.mark.parametrize("rngs, hint", [(0, "nnx.Rngs(0)"), (jax.random.key(0), "nnx.Rngs(0)"), (None, "nnx.Rngs(0)"),
+                                        (7, "nnx.Rngs(7)")])
+def test_a_seed_or_key_given_as_rngs_is_refused_with_the_call_to_make(build, rngs, hint):
+  with pytest.raises(ValueError, match=rf"rngs must be an nnx.Rngs, e.g. rngs={re.escape(hint)}; got "):
+    build(rngs)
