@@ -280,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                            "perplexity as it is (e.g. 150); met at >= for accuracy, <= for perplexity")
   parser.add_argument("--title", default="", help="default: the first line of the config's docstring")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)
   if refusal := fields_the_experiment_sets(variant_fields(spec), {"run": "--runs", "seed": "--seeds"},
                                            f"the variant of {spec!r}"):

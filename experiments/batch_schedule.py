@@ -163,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--seeds", type=runner.ints, default=(0, 1, 2), help="comma-separated, e.g. 0,1,2")
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)
   if refusal := fields_the_experiment_sets(variant_fields(spec), {"schedule": "--schedules", "seed": "--seeds"},
                                            f"the variant of {spec!r}"):

@@ -17,6 +17,7 @@ import sys
 from typing import NamedTuple, Sequence
 
 from experiments import run_records
+from experiments import runner
 from lbjax.train.errors import exit_on_user_errors
 
 METRICS = ("accuracy", "perplexity", "loss")
@@ -91,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--out", required=True, help="output path without extension")
   parser.add_argument("--title", default="Test metric by epoch")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out)
   try:
     write_outputs(args.run, args.metric, args.out, args.title)
   except ValueError as e:  # no runs, a repeated label, an unknown metric, a metric the runs did not log

@@ -231,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
   parser.add_argument("--out", required=True)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   if any(not lr > 0 for lr in args.lrs):
     parser.error(f"--lrs must be positive numbers, got {','.join(f'{lr:g}' for lr in args.lrs)}.")
   set_by = {"batch_size": "--batch_size", "num_epochs": "--epochs", "seed": "--seed",

@@ -274,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]
   parser.add_argument("--max_device_batch", type=int, default=0)
   parser.add_argument("--title", default="Local Lipschitz estimate L(x, g) along the gradient")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = LipschitzSpec(config=args.config, batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir,
                        steps=args.steps, every=args.every, lipschitz_batch_size=args.lipschitz_batch_size,
                        variant=args.variant, max_device_batch=args.max_device_batch, title=args.title)

@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> float:
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
   parser.add_argument("--title", default="Baseline learning-rate grid")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)
   if refusal := fields_the_experiment_sets(variant_fields(spec), {"lr.base": "--lrs"}, f"the variant of {spec!r}"):
     parser.error(refusal)

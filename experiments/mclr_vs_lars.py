@@ -327,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   parser.add_argument("--max_device_batch", type=int, default=0)
   parser.add_argument("--title", default="MCLR vs LARS")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   set_by = {"batch_size": "--batch_size", "num_epochs": "--epochs", "optimizer": "--lars_lrs/--mclr_lrs and the "
             "optimizer flags", "scaling": "the LR recipe flags", "lr": "the LR recipe flags"}
   if refusal := fields_the_experiment_sets(variant_fields(args.config), set_by, f"the variant of {args.config!r}"):

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from benchmarks import report
+from experiments import runner
 from experiments import simulated_devices
 from lbjax.train import default_config
 from lbjax.train import hlo_analysis
@@ -112,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--width", type=int, default=200, help="embedding and LSTM size D = H")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out)
   simulated_devices.require(parser, 8, exact=True)
   rows = measure(args.steps, args.repeats, args.batch_size, args.seq_len, args.vocab, args.width)
   command = simulated_devices.command("experiments.model_parallel_layouts", argv)

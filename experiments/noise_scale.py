@@ -206,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--log_every", type=int, default=5)
   parser.add_argument("--title", default="Gradient noise scale B_simple during training")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = NoiseScaleSpec(config=args.config, out=args.out, workdir=args.workdir,
                         max_device_batch=args.max_device_batch, variant=args.variant, log_every=args.log_every,
                         title=args.title)

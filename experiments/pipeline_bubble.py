@@ -149,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   parser.add_argument("--repeats", type=report.positive_int, default=7)
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out)
   simulated_devices.require(parser, max(args.stages), reason=f"--stages up to {max(args.stages)}")
   problems = argument_problems(args.stages, args.microbatches, args.num_layers, args.batch_size)
   if problems:

@@ -26,6 +26,7 @@ import tempfile
 from typing import Sequence
 
 from experiments import run_records
+from experiments import runner
 from experiments import variant_table
 from lbjax.train.errors import exit_on_user_errors
 from lbjax.train.run import Run
@@ -97,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> list[run_records.Evaluation]:
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                       help="an evaluation setting, as --config.FIELD=VALUE of lbjax-train (repeatable)")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out)
   if not args.overrides:
     parser.error("give at least one --set FIELD=VALUE: the settings to evaluate under")
   try:

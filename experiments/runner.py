@@ -6,13 +6,14 @@ a run that finished far worse than a uniform guess (`DIVERGED_ABOVE_UNIFORM_NATS
 an interrupted run resumes from its checkpoint, a preempted one stops the experiment (`RunPreempted`,
 a KeyboardInterrupt) so that running it again resumes. It returns a `RunRow`: the one row type of the
 experiments' tables.
-`ints` and `floats` are the scripts' comma-separated list arguments, `seeds_problem` checks their seeds and
-`run_dir` names a seeded run's directory.
+`ints` and `floats` are the scripts' comma-separated list arguments, `check_paths` checks their `--out` and
+`--workdir`, `seeds_problem` their seeds, and `run_dir` names a seeded run's directory.
 """
 
 import argparse
 import dataclasses
 import math
+import os
 import pathlib
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from lbjax.train import abstract_data
 from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
 from lbjax.train import validation
+from lbjax.train import workdir_lock
 from lbjax.train.errors import RunPreempted
 
 # A run diverged when it ended this many nats above a uniform guess's loss (`uniform_guess_loss`): its
@@ -182,3 +184,32 @@ def _numbers(kind: type, example: str):
 
 ints = _numbers(int, "128,512")  # argparse type: "128,512" -> (128, 512)
 floats = _numbers(float, "0.1,0.3")  # argparse type: "0.1,0.3" -> (0.1, 0.3)
+
+
+def out_problem(out: str) -> str:
+  """What keeps this process from writing the files of the output prefix `out` (`<out>.csv`, `<out>.md`, ...),
+  or "" if nothing: a directory named `out`, a file where its folder or a folder above is, or a folder it
+  cannot write."""
+  path = pathlib.Path(out)
+  if path.is_dir():
+    return (f"--out {out!r} is a directory; --out is the prefix of the files written (<out>.csv, <out>.md, ...), "
+            f"e.g. {str(path / 'results')!r}.")
+  for folder in path.parents:
+    if folder.exists():
+      if not folder.is_dir():
+        return (f"--out {out!r} lies under {str(folder)!r}, which is a file: name a prefix in a folder, e.g. "
+                "reproduced/results.")
+      if not os.access(folder, os.W_OK | os.X_OK):
+        return (f"--out {out!r}: {str(folder)!r} is not writable by this process; name a prefix in a folder it "
+                "can write.")
+      return ""
+  return ""
+
+
+def check_paths(parser: argparse.ArgumentParser, *, out: str | None = None, workdir: str | None = None) -> None:
+  """Ends the command with `parser`'s usage error (exit 2) before anything runs, creating nothing, if the
+  experiment could not write its outputs at `out` (`out_problem`) or its runs in `workdir`
+  (`workdir_lock.workdir_problem`); None: not given."""
+  problems = [out_problem(out) if out is not None else "", workdir_lock.workdir_problem(workdir) if workdir else ""]
+  if problem := next((p for p in problems if p), ""):
+    parser.error(problem)

@@ -270,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
                       help="a committed CSV (e.g. docs/results/mnist_lstm_headline.csv): its times for the plan, "
                            "and a comparison at the end")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = SweepSpec(config=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
                    batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir, variant=args.variant,
                    metric=args.metric, title=args.title,

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding
 
+from experiments import runner
 from experiments import simulated_devices
 from lbjax import models
 from lbjax.parallel import tensor
@@ -170,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                       f"{', '.join(f'{n} for {m}' for m, n in DEFAULT_BATCH.items())})")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out)
   given = [f"--{name}" for name in PTB_SIZES if getattr(args, name) is not None]
   if args.model != "ptb" and given:
     parser.error(f"{', '.join(given)} size the PTB layers; the ResNet-50 head's sizes are the model's "

@@ -23,6 +23,7 @@ import json
 import pathlib
 import time
 
+from experiments import runner
 from lbjax.train.errors import exit_on_user_errors
 from lbjax.train import compile_only
 from lbjax import config_files
@@ -202,6 +203,7 @@ def main(argv=None) -> None:
   parser.add_argument("--only", default="", help="comma-separated entry keys to compile (default: all)")
   parser.add_argument("--render-only", action="store_true", help="render <out>.md from <out>.json, compile nothing")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out)
   if args.render_only and args.only:
     parser.error("--render-only renders <out>.md from <out>.json and compiles nothing: drop --only, or drop "
                  "--render-only to compile those entries.")

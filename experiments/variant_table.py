@@ -523,6 +523,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   parser.add_argument("--replot", action="store_true",
                       help="rewrite <out>.md and <out>.png from <out>.csv, training nothing")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   if args.replot:
     unused = [flag for flag, given in (("--workdir", args.workdir), ("--seeds", args.seeds), ("--rows", args.rows))
               if given]

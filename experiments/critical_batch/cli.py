@@ -19,6 +19,15 @@ from lbjax import train
 from lbjax.train.errors import WorkdirInUseError
 
 
+def _overrides(text: str) -> list[str]:
+  """argparse type of --overrides: "a=1 b='x y'" -> ['a=1', 'b=x y'], split as a shell splits words."""
+  try:
+    return shlex.split(text)
+  except ValueError as e:  # an unclosed quote
+    raise argparse.ArgumentTypeError(f"{e} in {text!r}: quote as a shell does, e.g. "
+                                     "\"data_options.eval_split=validation lr.base=0.1\"") from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   """Command-line entry; see the package docstring."""
   argv = list(sys.argv[1:] if argv is None else argv)
@@ -28,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   for name in ("measure", "warmup"):
     sub = commands.add_parser(name)
     sub.add_argument("--config", required=True)
-    sub.add_argument("--overrides", default="", help="field=value settings, space-separated, e.g. "
+    sub.add_argument("--overrides", type=_overrides, default="", help="field=value settings, space-separated, e.g. "
                      "'data_options.eval_split=validation batch.micro_batch_size=64'")
     sub.add_argument("--out", required=True, help="output prefix, e.g. docs/results/critical_batch_mnist")
     sub.add_argument("--workdir", required=True)
@@ -54,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   warmup_parser.add_argument("--tolerance", type=float, default=None,
                              help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
   args = parser.parse_args(argv)
+  runner.check_paths(parser, out=args.out, workdir=args.workdir)
   command = "python -m experiments.critical_batch " + shlex.join(argv)
   try:  # a bad grid, config or table: the message and exit status 2, as lbjax-train does
     (_measure_command if args.command == "measure" else _warmup_command)(args, parser, command)
@@ -63,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
   config = load_config(args.config,
-                       shlex.split(args.overrides) + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
+                       args.overrides + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
   train.validate(config)
   grid = make_grid(config, args.checkpoints, args.batch_sizes, args.budget_epochs, args.tolerance,
                    args.lr_multipliers, train_examples(config))
@@ -72,7 +82,7 @@ def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, 
 
 
 def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
-  overrides = shlex.split(args.overrides)
+  overrides = args.overrides
   given = variant_fields(args.config) | {o.partition("=")[0].strip() for o in overrides}
   set_by = {"run": "each run", "seed": "--seeds", "large_batch": "each run", "batch.max_batch_size": "each run"}
   if refusal := fields_the_experiment_sets(given, set_by, f"--config {args.config!r} or --overrides"):

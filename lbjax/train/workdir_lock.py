@@ -10,7 +10,8 @@ The lock file is created with `O_CREAT | O_EXCL`, atomic on local and NFS v3+ fi
 runs starting together exactly one gets it.
 
 `check_workdir` refuses, before any compute, a workdir that cannot hold a run (a file, or a directory
-that cannot be created or written): lbjax-train's and the experiment scripts' check.
+that cannot be created or written) and creates it: lbjax-train's check; `workdir_problem` finds the same
+without creating anything: the experiment scripts' check of their arguments.
 """
 
 import json
@@ -28,26 +29,37 @@ from lbjax.train.errors import WorkdirInUseError
 LOCK_NAME = "lock"
 
 
+def workdir_problem(workdir: str) -> str:
+  """What keeps `workdir` from holding a run, found without creating anything, or "" if nothing: a file at its
+  path or above it, or a directory this process cannot write where the run's files or its folder would go."""
+  path = pathlib.Path(workdir)
+  for candidate in (path, *path.parents):
+    if not candidate.exists():
+      continue
+    if not candidate.is_dir():
+      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
+      return f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to resume."
+    if not os.access(candidate, os.W_OK | os.X_OK):
+      if candidate == path:
+        return (f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and lock go "
+                "there. Name a directory it can write, or change its permissions.")
+      return (f"--workdir {workdir!r} cannot be created: {str(candidate)!r} is not writable by this process. Name a "
+              "directory this process can create and write.")
+    return ""
+  return ""
+
+
 def check_workdir(workdir: str) -> None:
   """A workdir is a directory, new or holding a run, that this process can write: a file at its path or
   above it, or a directory the system refuses to create or write (a read-only or virtual file system,
-  no permission), is a user error. Creates the directory."""
-  path = pathlib.Path(workdir)
-  for candidate in (path, *path.parents):
-    if candidate.exists() and not candidate.is_dir():
-      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
-      raise ConfigError(f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to "
-                        "resume.")
-    if candidate.exists():
-      break
+  no permission), is a user error (`workdir_problem`). Creates the directory."""
+  if problem := workdir_problem(workdir):
+    raise ConfigError(problem)
   try:
-    path.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
   except OSError as e:
     raise ConfigError(f"--workdir {workdir!r} cannot be created: {e.strerror}. Name a directory this process can "
                       "create and write.") from e
-  if not os.access(path, os.W_OK | os.X_OK):
-    raise ConfigError(f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and "
-                      "lock go there. Name a directory it can write, or change its permissions.")
 
 
 def _process_exists(pid: int) -> bool:

@@ -168,9 +168,9 @@ def test_a_workdir_that_is_a_file_is_refused_before_training(tmp_path, monkeypat
                         "--seeds", "0"])
   captured = capsys.readouterr()
   what = f"lies under {str(existing)!r}, which is a file" if under else "is a file"
-  assert exit_info.value.code == 2 and captured.err == (
-      f"Invalid table run:\n  - --workdir {str(workdir)!r} {what}, not a directory: name a new directory or one "
-      "holding a run to resume.\n")
+  assert exit_info.value.code == 2 and captured.err.endswith(
+      f"python -m experiments.variant_table: error: --workdir {str(workdir)!r} {what}, not a directory: name a new "
+      "directory or one holding a run to resume.\n")
   assert captured.out == "" and not (tmp_path / "o.csv").exists()
 
 
