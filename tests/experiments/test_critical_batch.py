@@ -142,20 +142,27 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
   assert "--batch_sizes must be increasing" in errors and "none.csv not found" in errors
 
 
+def _refused_warmup(tmp_path, capsys, monkeypatch, *flags: str) -> str:
+  """`warmup` of a one-step CBS table (16 -> 32 at epoch 0.5) with `flags`: ends with status 2 before training;
+  returns its stderr."""
+  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), *flags,
+              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2
+  return capsys.readouterr().err
+
+
 @pytest.mark.parametrize("max_batch, message", [
     ("-5", "--max_batch must be >= 0 (the largest batch of the warm-up; 0: no cap), got -5"),
     ("16", "--max_batch 16 caps the warm-up at or below the baseline batch 16, which it grows from: give a larger "
            "one, or 0 for no cap"),
 ])
 def test_warmup_refuses_a_max_batch_that_leaves_no_warmup(tmp_path, capsys, monkeypatch, max_batch, message):
-  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
-  table = tmp_path / "cbs.csv"
-  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), f"--max_batch={max_batch}",
-              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
-  err = capsys.readouterr().err
-  assert exit_info.value.code == 2 and f"python -m experiments.critical_batch: error: {message}\n" in err
+  err = _refused_warmup(tmp_path, capsys, monkeypatch, f"--max_batch={max_batch}")
+  assert f"python -m experiments.critical_batch: error: {message}\n" in err
   assert "never exceeds" not in err and not (tmp_path / "runs").exists()
 
 
@@ -184,15 +191,9 @@ def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_p
 
 
 def test_warmup_refuses_an_accuracy_target_given_as_a_percentage(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
-  table = tmp_path / "cbs.csv"
-  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--targets", "97.5",
-              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
-  err = capsys.readouterr().err
-  assert exit_info.value.code == 2 and ("--targets 97.5: the test metric is accuracy, and an accuracy target is a "
-                                        "fraction in (0, 1], e.g. 0.975.") in err
+  err = _refused_warmup(tmp_path, capsys, monkeypatch, "--targets", "97.5")
+  assert ("--targets 97.5: the test metric is accuracy, and an accuracy target is a fraction in (0, 1], e.g. "
+          "0.975.") in err
   assert not (tmp_path / "runs").exists()
 
 
@@ -204,14 +205,8 @@ def test_warmup_refuses_an_accuracy_target_given_as_a_percentage(tmp_path, capsy
 ])
 def test_warmup_refuses_seeds_and_targets_that_are_not_lists_it_can_run(tmp_path, capsys, monkeypatch, flag, value,
                                                                         message):
-  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
-  table = tmp_path / "cbs.csv"
-  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), f"{flag}={value}",
-              "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
-  err = capsys.readouterr().err
-  assert exit_info.value.code == 2 and f"error: {message}\n" in err and "Traceback" not in err
+  err = _refused_warmup(tmp_path, capsys, monkeypatch, f"{flag}={value}")
+  assert f"error: {message}\n" in err and "Traceback" not in err
   assert not (tmp_path / "runs").exists()
 
 
