@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec as P
 
 STAGE_AXIS = "stage"
 
@@ -140,8 +140,9 @@ def pipeline(layer_fn: LayerFn, mesh: Mesh, num_microbatches: int, *, stage_axis
   Differentiate `apply` with `jax.grad` for the pipelined backward pass.
 
   Raises:
-    ValueError: before compute, if the mesh lacks an axis, L is not divisible by S, or the batch is
-      not divisible into M micro-batches per data shard.
+    ValueError: before compute, if `layer_fn` is not a function, `mesh` not a mesh or it lacks an axis, M is
+      not an int >= 1, `remat` not a bool, `x` not a batch, L is not divisible by S, or the batch is not
+      divisible into M micro-batches per data shard.
 
   References:
     Huang, Y., Cheng, Y., Bapna, A., Firat, O., Chen, M. X., Chen, D., Lee, H., Ngiam, J., Le, Q. V.,
@@ -152,6 +153,7 @@ def pipeline(layer_fn: LayerFn, mesh: Mesh, num_microbatches: int, *, stage_axis
       Lecture 9, London School of Economics, 2021 (papers/004, "Loss factor" and "Loss factor with
       pipelining").
   """
+  _check_layer_fn(layer_fn)
   apply = pipeline_with_state(lambda w, state, h: (state, layer_fn(w, h)), mesh, num_microbatches,
                               stage_axis=stage_axis, batch_axis=batch_axis, remat=remat)
   return lambda params, x: apply(params, (), x)[0]
@@ -171,13 +173,8 @@ def pipeline_with_state(layer_fn: StatefulLayerFn, mesh: Mesh, num_microbatches:
   Raises:
     ValueError: as `pipeline`.
   """
-  if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
-    raise ValueError(f"pipeline: num_microbatches (M) must be an int >= 1, got {num_microbatches!r}.")
-  batch_axes = (batch_axis,) if isinstance(batch_axis, str) else tuple(batch_axis or ())
-  for axis in (stage_axis, *batch_axes):
-    if axis not in mesh.shape:
-      raise ValueError(f"pipeline: the mesh has axes {tuple(mesh.shape)} but not {axis!r}; build it with a "
-                       f"{axis!r} axis, e.g. jax.make_mesh((2, 4), ('data', 'stage')).")
+  _check_layer_fn(layer_fn)
+  batch_axes = _checked_batch_axes(mesh, num_microbatches, stage_axis, batch_axis, remat)
   num_stages = mesh.shape[stage_axis]
   data_shards = 1
   for axis in batch_axes:
@@ -194,6 +191,8 @@ def pipeline_with_state(layer_fn: StatefulLayerFn, mesh: Mesh, num_microbatches:
                         out_specs=(per_stage_spec, per_stage_spec, per_stage_spec))
 
   def apply(params: Any, states: Any, x: jax.Array) -> tuple[PipelineOutput, Any]:
+    if jnp.ndim(x) < 1:
+      raise ValueError(f"pipeline: x must be a batch [B, ...], got shape {jnp.shape(x)}.")
     num_layers = {jnp.shape(leaf)[0] for leaf in jax.tree.leaves(params)}
     if len(num_layers) != 1 or next(iter(num_layers)) % num_stages:
       raise ValueError(f"pipeline: every parameter leaf must stack the L layers on its first axis, with L "
@@ -208,11 +207,38 @@ def pipeline_with_state(layer_fn: StatefulLayerFn, mesh: Mesh, num_microbatches:
   return apply
 
 
+def _check_layer_fn(layer_fn: Any) -> None:
+  if not callable(layer_fn):
+    raise ValueError(f"pipeline: layer_fn must be a function of (w, h) (with a state: (w, state, h)), got "
+                     f"{layer_fn!r}.")
+
+
+def _checked_batch_axes(mesh: Any, num_microbatches: Any, stage_axis: str, batch_axis: Any, remat: Any
+                        ) -> tuple[str, ...]:
+  """The data-parallel axes of `batch_axis`, after checking the pipeline's arguments (`ValueError`s naming the
+  fix)."""
+  if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+    raise ValueError(f"pipeline: num_microbatches (M) must be an int >= 1, got {num_microbatches!r}.")
+  if not isinstance(mesh, (Mesh, AbstractMesh)):
+    raise ValueError(f"pipeline: mesh must be a jax.sharding.Mesh, e.g. jax.make_mesh((2, 4), ('data', 'stage')); "
+                     f"got {mesh!r}.")
+  if not isinstance(remat, bool):
+    raise ValueError(f"pipeline: remat must be True or False, got {remat!r}.")
+  batch_axes = (batch_axis,) if isinstance(batch_axis, str) else tuple(batch_axis or ())
+  for axis in (stage_axis, *batch_axes):
+    if axis not in mesh.shape:
+      raise ValueError(f"pipeline: the mesh has axes {tuple(mesh.shape)} but not {axis!r}; build it with a "
+                       f"{axis!r} axis, e.g. jax.make_mesh((2, 4), ('data', 'stage')).")
+  return batch_axes
+
+
 def stack_runner(mesh: Mesh, num_microbatches: int, *, stage_axis: str = STAGE_AXIS,
                  batch_axis: str | tuple[str, ...] | None = None, remat: bool = False
                  ) -> Callable[[StatefulLayerFn, Any, Any, jax.Array], tuple[Any, jax.Array]]:
   """`run(layer_fn, params, states, x) -> (states, outputs)`: `pipeline_with_state` for a model that
-  hands its stack of layers to a runner (e.g. `lbjax.models.PtbLSTM`'s `run_stack`)."""
+  hands its stack of layers to a runner (e.g. `lbjax.models.PtbLSTM`'s `run_stack`). Raises `ValueError` as
+  `pipeline`, when built."""
+  _checked_batch_axes(mesh, num_microbatches, stage_axis, batch_axis, remat)
 
   def run(layer_fn, params, states, x):
     output, states = pipeline_with_state(layer_fn, mesh, num_microbatches, stage_axis=stage_axis,

@@ -11,13 +11,17 @@ Parameters are pytrees whose leaves stack the L layers on their first axis, the 
 import jax
 import jax.numpy as jnp
 
+from lbjax.models import validation
 from lbjax.models.lstm_cell import lstm_unroll
 
 FORGET_BIAS = 1.0
 
 
 def init_lstm_stack(key: jax.Array, num_layers: int, hidden_size: int) -> dict[str, jax.Array]:
-  """L LSTM layers of width H: kernel [L, 2H, 4H] Glorot-uniform, bias [L, 4H] zeros (as `LSTMCell`)."""
+  """L LSTM layers of width H: kernel [L, 2H, 4H] Glorot-uniform, bias [L, 4H] zeros (as `LSTMCell`).
+  `ValueError` unless L and H are positive ints."""
+  validation.check_positive_int("num_layers", num_layers)
+  validation.check_positive_int("hidden_size", hidden_size)
   shape = (2 * hidden_size, 4 * hidden_size)
   kernels = jnp.stack([jax.nn.initializers.glorot_uniform()(k, shape, jnp.float32)
                        for k in jax.random.split(key, num_layers)])
@@ -32,7 +36,10 @@ def lstm_layer(params: dict[str, jax.Array], inputs: jax.Array) -> jax.Array:
 
 
 def init_mlp_stack(key: jax.Array, num_layers: int, width: int) -> dict[str, jax.Array]:
-  """L residual blocks of width D: kernel [L, D, D] LeCun-normal, bias [L, D] zeros."""
+  """L residual blocks of width D: kernel [L, D, D] LeCun-normal, bias [L, D] zeros. `ValueError` unless L
+  and D are positive ints."""
+  validation.check_positive_int("num_layers", num_layers)
+  validation.check_positive_int("width", width)
   kernel = jax.nn.initializers.lecun_normal()(key, (num_layers, width, width), jnp.float32)
   return {"kernel": kernel, "bias": jnp.zeros((num_layers, width), jnp.float32)}
 

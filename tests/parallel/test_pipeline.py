@@ -82,6 +82,23 @@ def test_bad_inputs_are_refused_before_compute():
     pipeline.pipeline(stacks.mlp_block, _mesh(4, 2), 0)
 
 
+@pytest.mark.parametrize("build, message", [
+    (lambda mesh: pipeline.pipeline(None, mesh, 2), r"layer_fn must be a function of \(w, h\)"),
+    (lambda mesh: pipeline.pipeline_with_state("lstm", mesh, 2), "layer_fn must be a function"),
+    (lambda mesh: pipeline.pipeline(stacks.mlp_block, "mesh", 2), "mesh must be a jax.sharding.Mesh, e.g."),
+    (lambda mesh: pipeline.pipeline(stacks.mlp_block, mesh, 2, remat="yes"), "remat must be True or False"),
+    (lambda mesh: pipeline.stack_runner(mesh, 2.5), r"num_microbatches \(M\) must be an int >= 1, got 2.5"),
+    (lambda mesh: pipeline.stack_runner(mesh, 2, batch_axis="dp"), "not 'dp'"),
+    (lambda mesh: pipeline.pipeline(stacks.mlp_block, mesh, 2)(stacks.init_mlp_stack(jax.random.key(0), 4, 4),
+                                                               jnp.ones(())), r"x must be a batch \[B, ...\]"),
+    (lambda mesh: stacks.init_mlp_stack(jax.random.key(0), 0, 4), "num_layers must be a positive int, got 0"),
+    (lambda mesh: stacks.init_lstm_stack(jax.random.key(0), 2, -1), "hidden_size must be a positive int, got -1"),
+])
+def test_arguments_that_are_not_a_pipeline_are_refused_when_it_is_built(build, message):
+  with pytest.raises(ValueError, match=message):
+    build(_mesh(2, 2))
+
+
 def test_ptb_lstm_pipelined_with_carries_and_dropout_equals_its_layer_loop():
   """PtbLSTM's four layers through `stack_runner` (2 stages x 4 data shards, 2 micro-batches, remat): the
   logits, each layer's new carry and the gradients equal the model's own loop, dropout masks included."""
