@@ -16,6 +16,8 @@ MCLR (eq. 21) sets the layer LR to gamma * R_m; LARS (eq. 23) uses ||w||/||g|| i
 """
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -62,17 +64,25 @@ class CurvatureRadiusRow:
 def curvature_radius(w: jax.Array, g: jax.Array, weight_decay: float = 0.0) -> jax.Array:
   """Elementwise R_i = |w_i / (g_i + beta w_i)| (eq. 17; eq. 22 form with weight decay beta).
 
-  +inf where the denominator is 0 (failure case eq. 19).
+  +inf where the denominator is 0 (failure case eq. 19). `ValueError` if w and g differ in shape or beta is
+  a negative or non-finite number.
   """
+  if jnp.shape(w) != jnp.shape(g):  # they would broadcast into a radius of neither
+    raise ValueError(f"curvature_radius: w and g must have the same shape, got {jnp.shape(w)} and {jnp.shape(g)}.")
+  _check_weight_decay(weight_decay, "curvature_radius")
   w = w.astype(jnp.float32)
   denom = jnp.abs(g.astype(jnp.float32) + weight_decay * w)
   return jnp.where(denom > 0, jnp.abs(w) / jnp.where(denom > 0, denom, 1.0), jnp.inf)
 
 
+def _check_weight_decay(weight_decay, where):
+  if isinstance(weight_decay, numbers.Real) and not 0 <= weight_decay < math.inf:  # a traced beta is the caller's
+    raise ValueError(f"{where}: weight_decay must be a finite number >= 0, got {weight_decay}.")
+
+
 def _check_options(weight_decay, quantile_levels, min_abs_weight, min_abs_grad, where):
-  if weight_decay < 0:
-    raise ValueError(f"{where}: weight_decay must be >= 0, got {weight_decay}.")
-  if min_abs_weight < 0 or min_abs_grad < 0:
+  _check_weight_decay(weight_decay, where)
+  if not (min_abs_weight >= 0 and min_abs_grad >= 0):
     raise ValueError(
         f"{where}: min_abs_weight and min_abs_grad must be >= 0, got {min_abs_weight} and "
         f"{min_abs_grad}.")

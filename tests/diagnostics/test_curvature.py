@@ -77,3 +77,17 @@ def test_bad_inputs_raise_clear_errors():
     diagnostics.per_layer_curvature_radius(p, p, weight_decay=-1.0)
   with pytest.raises(ValueError, match="same pytree structure"):
     diagnostics.per_layer_curvature_radius(p, {"m": jnp.ones(3)})
+  with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0, got nan"):
+    diagnostics.per_layer_curvature_radius(p, p, weight_decay=float("nan"))
+  with pytest.raises(ValueError, match="min_abs_weight and min_abs_grad must be >= 0"):
+    diagnostics.per_layer_curvature_radius(p, p, min_abs_grad=float("nan"))
+
+
+def test_the_elementwise_radius_refuses_what_would_broadcast_or_a_bad_weight_decay():
+  """w [3, 4] and g [4] would broadcast into a radius that is neither's; beta < 0 flips eq. 22's sign."""
+  with pytest.raises(ValueError, match=r"w and g must have the same shape, got \(3, 4\) and \(4,\)"):
+    diagnostics.curvature_radius(jnp.ones((3, 4)), jnp.ones(4))
+  with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0, got -0.1"):
+    diagnostics.curvature_radius(jnp.ones(3), jnp.ones(3), weight_decay=-0.1)
+  traced = jax.jit(diagnostics.curvature_radius)(jnp.ones(3), jnp.full(3, 0.5), 0.5)  # a traced beta is computed
+  np.testing.assert_allclose(traced, 1.0)
