@@ -13,7 +13,6 @@ experiments' tables.
 import argparse
 import dataclasses
 import math
-import os
 import pathlib
 import time
 from collections.abc import Sequence
@@ -188,22 +187,20 @@ floats = _numbers(float, "0.1,0.3")  # argparse type: "0.1,0.3" -> (0.1, 0.3)
 
 def out_problem(out: str) -> str:
   """What keeps this process from writing the files of the output prefix `out` (`<out>.csv`, `<out>.md`, ...),
-  or "" if nothing: a directory named `out`, a file where its folder or a folder above is, or a folder it
-  cannot write."""
+  or "" if nothing: a directory named `out`, or a folder for them it cannot create or write
+  (`workdir_lock.blocked_folder`)."""
   path = pathlib.Path(out)
   if path.is_dir():
     return (f"--out {out!r} is a directory; --out is the prefix of the files written (<out>.csv, <out>.md, ...), "
             f"e.g. {str(path / 'results')!r}.")
-  for folder in path.parents:
-    if folder.exists():
-      if not folder.is_dir():
-        return (f"--out {out!r} lies under {str(folder)!r}, which is a file: name a prefix in a folder, e.g. "
-                "reproduced/results.")
-      if not os.access(folder, os.W_OK | os.X_OK):
-        return (f"--out {out!r}: {str(folder)!r} is not writable by this process; name a prefix in a folder it "
-                "can write.")
-      return ""
-  return ""
+  blocked = workdir_lock.blocked_folder(path.parent)
+  if blocked is None:
+    return ""
+  where, kind = blocked
+  if kind == "file":
+    return (f"--out {out!r} lies under {str(where)!r}, which is a file: name a prefix in a folder, e.g. "
+            "reproduced/results.")
+  return f"--out {out!r}: {str(where)!r} is not writable by this process; name a prefix in a folder it can write."
 
 
 def check_paths(parser: argparse.ArgumentParser, *, out: str | None = None, workdir: str | None = None) -> None:

@@ -29,24 +29,34 @@ from lbjax.train.errors import WorkdirInUseError
 LOCK_NAME = "lock"
 
 
+def blocked_folder(folder: str | os.PathLike[str]) -> tuple[pathlib.Path, str] | None:
+  """What keeps this process from creating or writing the directory `folder`, found without creating anything:
+  `(path, "file")` for a file at `folder` or above it, `(path, "unwritable")` for the nearest existing
+  directory on the way if this process cannot write it; None if nothing."""
+  path = pathlib.Path(folder)
+  existing = next((candidate for candidate in (path, *path.parents) if candidate.exists()), None)
+  if existing is None:
+    return None
+  if not existing.is_dir():
+    return existing, "file"
+  return None if os.access(existing, os.W_OK | os.X_OK) else (existing, "unwritable")
+
+
 def workdir_problem(workdir: str) -> str:
-  """What keeps `workdir` from holding a run, found without creating anything, or "" if nothing: a file at its
-  path or above it, or a directory this process cannot write where the run's files or its folder would go."""
-  path = pathlib.Path(workdir)
-  for candidate in (path, *path.parents):
-    if not candidate.exists():
-      continue
-    if not candidate.is_dir():
-      what = "is a file" if candidate == path else f"lies under {str(candidate)!r}, which is a file"
-      return f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to resume."
-    if not os.access(candidate, os.W_OK | os.X_OK):
-      if candidate == path:
-        return (f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and lock go "
-                "there. Name a directory it can write, or change its permissions.")
-      return (f"--workdir {workdir!r} cannot be created: {str(candidate)!r} is not writable by this process. Name a "
-              "directory this process can create and write.")
+  """What keeps `workdir` from holding a run, found without creating anything (`blocked_folder`), or "" if
+  nothing."""
+  blocked = blocked_folder(workdir)
+  if blocked is None:
     return ""
-  return ""
+  where, kind = blocked
+  if kind == "file":
+    what = "is a file" if where == pathlib.Path(workdir) else f"lies under {str(where)!r}, which is a file"
+    return f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to resume."
+  if where == pathlib.Path(workdir):
+    return (f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and lock go "
+            "there. Name a directory it can write, or change its permissions.")
+  return (f"--workdir {workdir!r} cannot be created: {str(where)!r} is not writable by this process. Name a "
+          "directory this process can create and write.")
 
 
 def check_workdir(workdir: str) -> None:

@@ -2,12 +2,14 @@
 
 import json
 import math
+import pathlib
 from types import SimpleNamespace
 
 import pytest
 
 from experiments import runner
 from lbjax import config_files
+from lbjax.train import workdir_lock
 from lbjax.train.errors import RunPreempted
 from tests.train import helpers
 
@@ -51,3 +53,16 @@ def test_a_run_that_ends_far_worse_than_a_uniform_guess_diverged(tmp_path, loss,
 def test_a_language_models_uniform_guess_is_its_vocabulary():
   """PTB's 10,000 words: perplexity 10,000 is the line (nothing is read: the vocabulary is published)."""
   assert runner.uniform_guess_loss(config_files.load("ptb_lstm").config) == pytest.approx(math.log(10_000))
+
+
+def test_an_out_prefix_or_workdir_in_a_folder_this_process_cannot_write_is_named_without_creating_it(tmp_path,
+                                                                                                  monkeypatch):
+  monkeypatch.setattr(workdir_lock.os, "access", lambda path, mode: pathlib.Path(path) != tmp_path)
+  assert runner.out_problem(str(tmp_path / "new" / "results")) == (
+      f"--out '{tmp_path / 'new' / 'results'}': '{tmp_path}' is not writable by this process; name a prefix in a "
+      "folder it can write.")
+  assert workdir_lock.workdir_problem(str(tmp_path / "runs")) == (
+      f"--workdir '{tmp_path / 'runs'}' cannot be created: '{tmp_path}' is not writable by this process. Name a "
+      "directory this process can create and write.")
+  assert runner.out_problem(str(tmp_path.parent / "results")) == ""
+  assert not (tmp_path / "new").exists() and not (tmp_path / "runs").exists()
