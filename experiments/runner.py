@@ -22,8 +22,10 @@ import ml_collections
 from experiments import run_records
 from lbjax import train
 from lbjax.train import abstract_data
+from lbjax.train import checkpointing
 from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
+from lbjax.train import summary
 from lbjax.train import validation
 from lbjax.train import workdir_lock
 from lbjax.train.errors import RunPreempted
@@ -95,6 +97,18 @@ def finished(run_dir: str | pathlib.Path) -> bool:
   run_dir = pathlib.Path(run_dir)
   return (run_dir / DIVERGED_NOTE).is_file() or (
       (run_dir / "metrics.jsonl").is_file() and run_records.final_eval(run_dir) is not None)
+
+
+def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) -> str:
+  """What `run_once(config, run_dir)` would do, in one line (an experiment's `--dry-run`): the recipe as it
+  resolves (batch, peak LR and warm-up after the scaling rule, epochs, the split evaluated) and whether the
+  run is new, resumes from its newest checkpoint, or ended in `run_dir` (read back, not trained)."""
+  run = summary.resolved_run(validation.validate(config))
+  steps = checkpointing.complete_steps(pathlib.Path(run_dir) / "checkpoints")
+  state = ("ended there: read back" if finished(run_dir) else f"resumes at step {steps[0]}" if steps else "new")
+  return (f"batch {run['batch_size']}, peak LR {run['learning_rate']:.6g}, warm-up {run['warmup_epochs']:.6g} "
+          f"epochs, {run['num_epochs']:g} epochs, {config.data_options.get('eval_split', 'test')} split; "
+          f"{run_dir}: {state}")
 
 
 def uniform_guess_loss(config: ml_collections.ConfigDict) -> float:

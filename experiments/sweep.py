@@ -179,8 +179,10 @@ def write_outputs(rows: list[RunRow], spec: SweepSpec) -> None:
   sweep_table.plot(rows, spec.metric, spec.title, out.with_suffix(".png"))
 
 
-def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, reference: list) -> str:
-  """What the sweep will run, what it skips, and the time each point took in the reference run."""
+def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, reference: list,
+          configs: dict | None = None) -> str:
+  """What the sweep will run, what it skips, and the time each point took in the reference run; with the
+  points' `configs`, what each would train (`runner.planned_run`)."""
   seconds = {}
   for r in reference:
     seconds.setdefault((r.name, r.batch_size), []).append(r.seconds)
@@ -196,8 +198,14 @@ def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, refer
   for rule, b, seed in to_run:
     took = f", {sum(seconds[(rule, b)]) / len(seconds[(rule, b)]) / 60:.1f} min in the reference" \
         if (rule, b) in seconds else ""
-    lines.append(f"[sweep]   rule={rule} batch={b} seed={seed}{took}")
+    planned = f": {runner.planned_run(configs[(rule, b, seed)], _point_dir(spec, rule, b, seed))}" if configs else ""
+    lines.append(f"[sweep]   rule={rule} batch={b} seed={seed}{took}{planned}")
   return "\n".join(lines)
+
+
+def _point_dir(spec: SweepSpec, rule: str, batch_size: int, seed: int) -> pathlib.Path:
+  """Where a point trains: `<workdir>/<rule>_b<batch>` (`_s<seed>` added when the sweep has `seeds`)."""
+  return pathlib.Path(spec.workdir) / (f"{rule}_b{batch_size}" + (f"_s{seed}" if spec.seeds else ""))
 
 
 def run_sweep(spec: SweepSpec) -> list[RunRow]:
@@ -214,8 +222,9 @@ def run_sweep(spec: SweepSpec) -> list[RunRow]:
   return _run_checked(spec)
 
 
-def _run_checked(spec: SweepSpec) -> list[RunRow]:
-  """`run_sweep` of a spec already checked (`spec_problem`)."""
+def _run_checked(spec: SweepSpec, dry_run: bool = False) -> list[RunRow]:
+  """`run_sweep` of a spec already checked (`spec_problem`); `dry_run`: print what each point to run would
+  train (`runner.planned_run`), train nothing and return the recorded rows."""
   csv_path = pathlib.Path(spec.out).with_suffix(".csv")
   rows = sweep_table.read_csv(csv_path, spec.metric)
   reference = sweep_table.read_csv(spec.reference, spec.metric) if spec.reference else []
@@ -227,7 +236,9 @@ def _run_checked(spec: SweepSpec) -> list[RunRow]:
   fingerprints = {point: recipe_fingerprint(config) for point, config in configs.items()}
   # Seed-major: a complete one-seed table first, then the spread.
   order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))
-  print(_plan(spec, order, done, reference), flush=True)
+  print(_plan(spec, order, done, reference, configs if dry_run else None), flush=True)
+  if dry_run:
+    return list(done.values())
   for rule, b, seed in order:
     if (rule, b, seed) in done:
       continue
@@ -238,8 +249,7 @@ def _run_checked(spec: SweepSpec) -> list[RunRow]:
     if twin is not None:
       row = dataclasses.replace(twin, name=rule, same_as=twin.name)
     else:
-      name = f"{rule}_b{b}" + (f"_s{seed}" if spec.seeds else "")
-      row = runner.run_once(configs[(rule, b, seed)], pathlib.Path(spec.workdir) / name, name=rule,
+      row = runner.run_once(configs[(rule, b, seed)], _point_dir(spec, rule, b, seed), name=rule,
                             metric=spec.metric, prefix=f"[sweep] batch={b}")
       print(f"[sweep] rule={rule} batch={b} seed={seed}: {spec.metric}={row.value:.4f} ({row.status}, "
             f"{row.seconds:.0f} s)", flush=True)
@@ -269,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   parser.add_argument("--reference", default="",
                       help="a committed CSV (e.g. docs/results/mnist_lstm_headline.csv): its times for the plan, "
                            "and a comparison at the end")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="check every point and print what each would train (recipe, new or resuming), training "
+                           "nothing")
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = SweepSpec(config=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),
@@ -277,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
                    max_device_batch=args.max_device_batch, seeds=args.seeds, reference=args.reference)
   if problem := spec_problem(spec):
     parser.error(problem)
-  return _run_checked(spec)
+  return _run_checked(spec, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

@@ -416,7 +416,7 @@ def write_pages(table: Table, results: list[RunRow], out: pathlib.Path) -> None:
 
 
 def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
-              only: Sequence[str] = ()) -> list[RunRow]:
+              only: Sequence[str] = (), dry_run: bool = False) -> list[RunRow]:
   """Runs every (row, seed) not yet in `<out>.csv`; returns all recorded runs.
 
   Args:
@@ -425,6 +425,8 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
     workdir: directory holding one run directory per (row, seed).
     seeds: the seeds to run (default: the table's).
     only: if not empty, the names of the rows to run.
+    dry_run: print what each run to do would train (`runner.planned_run`) after the checks, and train nothing
+      (nor create `workdir`).
 
   Raises:
     ValueError: unknown row names in `only`, bad seeds, a row whose config does not load, or a workdir that
@@ -447,7 +449,9 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
         train.validate(configs[(row.name, seed)])
       except train.ConfigError as e:
         errors.append(f"row {row.name}: {e}")
-  if not errors:  # the runs' directory (made now, so only once nothing else is wrong)
+  if not errors and dry_run:
+    errors += [problem] if (problem := workdir_lock.workdir_problem(workdir)) else []
+  elif not errors:  # the runs' directory (made now, so only once nothing else is wrong)
     try:
       workdir_lock.check_workdir(workdir)
     except train.ConfigError as e:
@@ -461,6 +465,11 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   to_run = [key for key in order if key not in done]
   print(f"[variant_table] {len(order)} runs ({len(order) // len(seeds)} rows x {len(seeds)} seeds): "
         f"{len(order) - len(to_run)} recorded in {csv_path} (skipped), {len(to_run)} to run.", flush=True)
+  if dry_run:
+    for name, seed in to_run:
+      print(f"[variant_table]   {name} seed={seed}: "
+            f"{runner.planned_run(configs[(name, seed)], pathlib.Path(workdir) / f'{name}_s{seed}')}")
+    return results
   for name, seed in to_run:
     if (name, seed) in {(r.name, r.seed) for r in read_results(csv_path)}:
       continue  # another process working on the table recorded it meanwhile
@@ -522,11 +531,14 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
   parser.add_argument("--replot", action="store_true",
                       help="rewrite <out>.md and <out>.png from <out>.csv, training nothing")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="check every run and print what each would train (recipe, new or resuming), training "
+                           "nothing")
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   if args.replot:
-    unused = [flag for flag, given in (("--workdir", args.workdir), ("--seeds", args.seeds), ("--rows", args.rows))
-              if given]
+    unused = [flag for flag, given in (("--workdir", args.workdir), ("--seeds", args.seeds), ("--rows", args.rows),
+                                       ("--dry-run", args.dry_run)) if given]
     if unused:
       parser.error(f"--replot rewrites <out>.md and <out>.png from <out>.csv and runs nothing: drop "
                    f"{', '.join(unused)}.")
@@ -538,7 +550,8 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
     parser.error("--workdir is required to run a table (only --replot goes without it)")
   try:
     table = load_table(args.table)
-    return run_table(table, args.out, args.workdir, args.seeds, [n for n in args.rows.split(",") if n.strip()])
+    return run_table(table, args.out, args.workdir, args.seeds, [n for n in args.rows.split(",") if n.strip()],
+                     dry_run=args.dry_run)
   except ValueError as e:
     parser.exit(2, f"{e}\n")
 

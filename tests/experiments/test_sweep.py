@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import shutil
 
 import jax
 import pytest
@@ -362,3 +363,33 @@ def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):
   [row] = sweep_table.read_csv(path, "accuracy")
   assert row.seed == sweep_table.DEFAULT_SEED and row.value == 0.9896
   assert row.device == "" and "| not recorded |" in sweep_table.markdown_table([row], "accuracy", "t")
+
+
+def test_dry_run_prints_each_point_recipe_and_whether_it_is_new_resumed_or_read_back(finished_sweep, tmp_path,
+                                                                                    capsys, monkeypatch):
+  """--dry-run checks the points and prints what each would train; it trains nothing and writes nothing."""
+  spec, _ = finished_sweep
+  resumed = pathlib.Path(spec.workdir) / "linear_b64"
+  interrupted = tmp_path / "runs" / "linear_b64"
+  shutil.copytree(resumed, interrupted)
+  records = (interrupted / "metrics.jsonl").read_text().splitlines()
+  (interrupted / "metrics.jsonl").write_text("".join(f"{r}\n" for r in records if '"final": true' not in r))
+  shutil.copytree(pathlib.Path(spec.workdir) / "none_b32", tmp_path / "runs" / "none_b32")
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  out = tmp_path / "results" / "dry"
+  assert sweep.main(["--config", TINY_CONFIG, "--rules", "none,linear", "--batch_sizes", "32,64", "--out", str(out),
+                     "--workdir", str(tmp_path / "runs"), "--dry-run"]) == []
+  lines = capsys.readouterr().out.splitlines()
+  steps = sorted(int(p.name) for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())
+  assert lines[0] == f"[sweep] 4 runs (2 rules x 2 batch sizes x 1 seeds): 0 recorded in {out}.csv (skipped), 4 to run."
+  assert lines[1:] == [
+      f"[sweep]   rule=none batch=32 seed=0: batch 32, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
+      f"{tmp_path / 'runs' / 'none_b32'}: ended there: read back",
+      f"[sweep]   rule=linear batch=32 seed=0: batch 32, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
+      f"{tmp_path / 'runs' / 'linear_b32'}: new",
+      f"[sweep]   rule=none batch=64 seed=0: batch 64, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
+      f"{tmp_path / 'runs' / 'none_b64'}: new",
+      f"[sweep]   rule=linear batch=64 seed=0: batch 64, peak LR 0.1, warm-up 0 epochs, 1 epochs, test split; "
+      f"{interrupted}: resumes at step {steps[-1]}"]
+  assert not out.parent.exists() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["linear_b64",
+                                                                                               "none_b32"]

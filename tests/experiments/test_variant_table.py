@@ -318,3 +318,18 @@ def test_processes_sharing_a_table_train_each_run_once(tmp_path):
   assert sorted(trained) == sorted(f"[variant_table] {n} seed={s}" for n, s in runs)  # each once, in all
   assert {(r.name, r.seed) for r in variant_table.read_results(tmp_path / "out" / "t.csv")} == runs
   assert len(variant_table.read_results(tmp_path / "out" / "t.csv")) == len(runs)
+
+
+def test_dry_run_prints_what_each_run_would_train_and_creates_nothing(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  path = tmp_path / "t.json"
+  path.write_text(json.dumps({"title": "tiny", "config": TINY_CONFIG + ":batch=64", "seeds": [0, 1], "rows": [
+      {"name": "base", "tests": "the config"}, {"name": "legw", "variant": "rule=legw", "tests": "LEGW"}]}))
+  workdir = tmp_path / "runs"
+  assert variant_table.main([str(path), "--out", str(tmp_path / "out" / "t"), "--workdir", str(workdir), "--rows",
+                             "legw", "--dry-run"]) == []
+  assert capsys.readouterr().out.splitlines() == [
+      f"[variant_table] 2 runs (1 rows x 2 seeds): 0 recorded in {tmp_path / 'out' / 't.csv'} (skipped), 2 to run.",
+      *(f"[variant_table]   legw seed={seed}: batch 64, peak LR 0.0707107, warm-up 0.25 epochs, 1 epochs, test split; "
+        f"{workdir / f'legw_s{seed}'}: new" for seed in (0, 1))]
+  assert not workdir.exists() and not (tmp_path / "out").exists()
