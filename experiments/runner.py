@@ -13,6 +13,7 @@ experiments' tables.
 import argparse
 import dataclasses
 import math
+import numbers
 import pathlib
 import time
 from collections.abc import Sequence
@@ -85,9 +86,11 @@ def run_dir(workdir: str | pathlib.Path, run: str, seed: int) -> pathlib.Path:
 
 
 def seeds_problem(seeds: Sequence[int]) -> str:
-  """What is wrong with an experiment's seeds, or "" if nothing: at least one, each an integer >= 0, no
-  seed twice (two runs of one seed would share a directory and a result)."""
-  if not seeds or len(set(seeds)) != len(seeds) or any(not isinstance(s, int) or s < 0 for s in seeds):
+  """What is wrong with an experiment's seeds, or "" if nothing: at least one, each an integer >= 0 (a NumPy
+  integer too, not a bool), no seed twice (two runs of one seed would share a directory and a result)."""
+  seeds = list(seeds)
+  if (not seeds or len(set(seeds)) != len(seeds)
+      or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in seeds)):
     return f"seeds {list(seeds)} must be distinct integers >= 0, at least one."
   return ""
 
@@ -214,7 +217,7 @@ def out_problem(out: str) -> str:
   if kind == "file":
     return (f"--out {out!r} lies under {str(where)!r}, which is a file: name a prefix in a folder, e.g. "
             "reproduced/results.")
-  return f"--out {out!r}: {str(where)!r} is not writable by this process; name a prefix in a folder it can write."
+  return f"--out {out!r}: {workdir_lock.blocked_reason(where, kind)}; name a prefix in a folder this process can write."
 
 
 def check_paths(parser: argparse.ArgumentParser, *, out: str | None = None, workdir: str | None = None) -> None:

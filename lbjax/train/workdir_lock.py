@@ -31,15 +31,29 @@ LOCK_NAME = "lock"
 
 def blocked_folder(folder: str | os.PathLike[str]) -> tuple[pathlib.Path, str] | None:
   """What keeps this process from creating or writing the directory `folder`, found without creating anything:
-  `(path, "file")` for a file at `folder` or above it, `(path, "unwritable")` for the nearest existing
-  directory on the way if this process cannot write it; None if nothing."""
+  `(path, "file")` for a file at `folder` or above it, `(path, "dangling link")` for a symbolic link there to a
+  path that does not exist, `(path, "unwritable")` for the nearest existing directory on the way if this
+  process cannot write or enter it; None if nothing."""
   path = pathlib.Path(folder)
-  existing = next((candidate for candidate in (path, *path.parents) if candidate.exists()), None)
-  if existing is None:
-    return None
-  if not existing.is_dir():
-    return existing, "file"
-  return None if os.access(existing, os.W_OK | os.X_OK) else (existing, "unwritable")
+  for candidate in (path, *path.parents):
+    try:
+      if candidate.is_symlink() and not candidate.exists():
+        return candidate, "dangling link"
+      if not candidate.exists():
+        continue
+    except OSError:  # a folder above it this process cannot enter: that one is named below
+      continue
+    if not candidate.is_dir():
+      return candidate, "file"
+    return None if os.access(candidate, os.W_OK | os.X_OK) else (candidate, "unwritable")
+  return None
+
+
+def blocked_reason(where: pathlib.Path, kind: str) -> str:
+  """`blocked_folder`'s finding in words, e.g. "'/a/b' is a file"."""
+  if kind == "dangling link":
+    return f"{str(where)!r} is a link to {os.readlink(where)!r}, which does not exist"
+  return f"{str(where)!r} is {'a file' if kind == 'file' else 'not writable by this process'}"
 
 
 def workdir_problem(workdir: str) -> str:
@@ -52,11 +66,11 @@ def workdir_problem(workdir: str) -> str:
   if kind == "file":
     what = "is a file" if where == pathlib.Path(workdir) else f"lies under {str(where)!r}, which is a file"
     return f"--workdir {workdir!r} {what}, not a directory: name a new directory or one holding a run to resume."
-  if where == pathlib.Path(workdir):
+  if kind == "unwritable" and where == pathlib.Path(workdir):
     return (f"--workdir {workdir!r} is not writable by this process: the run's checkpoints, metrics and lock go "
             "there. Name a directory it can write, or change its permissions.")
-  return (f"--workdir {workdir!r} cannot be created: {str(where)!r} is not writable by this process. Name a "
-          "directory this process can create and write.")
+  return (f"--workdir {workdir!r} cannot be created: {blocked_reason(where, kind)}. Name a directory this process "
+          "can create and write.")
 
 
 def check_workdir(workdir: str) -> None:

@@ -5,6 +5,7 @@ import math
 import pathlib
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from experiments import runner
@@ -60,9 +61,42 @@ def test_an_out_prefix_or_workdir_in_a_folder_this_process_cannot_write_is_named
   monkeypatch.setattr(workdir_lock.os, "access", lambda path, mode: pathlib.Path(path) != tmp_path)
   assert runner.out_problem(str(tmp_path / "new" / "results")) == (
       f"--out '{tmp_path / 'new' / 'results'}': '{tmp_path}' is not writable by this process; name a prefix in a "
-      "folder it can write.")
+      "folder this process can write.")
   assert workdir_lock.workdir_problem(str(tmp_path / "runs")) == (
       f"--workdir '{tmp_path / 'runs'}' cannot be created: '{tmp_path}' is not writable by this process. Name a "
       "directory this process can create and write.")
   assert runner.out_problem(str(tmp_path.parent / "results")) == ""
   assert not (tmp_path / "new").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_folder_this_process_cannot_enter_or_a_dangling_link_is_named_not_a_traceback(tmp_path, monkeypatch):
+  secret = tmp_path / "secret"
+  exists = pathlib.Path.exists
+
+  def exists_unless_inside_secret(path, *args, **kwargs):  # as stat(2) answers EACCES under a folder mode 700
+    if secret in path.parents:
+      raise PermissionError(13, "Permission denied", str(path))
+    return exists(path, *args, **kwargs)
+
+  secret.mkdir()
+  monkeypatch.setattr(pathlib.Path, "exists", exists_unless_inside_secret)
+  monkeypatch.setattr(workdir_lock.os, "access", lambda path, mode: pathlib.Path(path) != secret)
+  assert workdir_lock.workdir_problem(str(secret / "run")) == (
+      f"--workdir '{secret / 'run'}' cannot be created: '{secret}' is not writable by this process. Name a "
+      "directory this process can create and write.")
+  monkeypatch.undo()
+  link = tmp_path / "link"
+  link.symlink_to(tmp_path / "gone")
+  assert workdir_lock.workdir_problem(str(link)) == (
+      f"--workdir '{link}' cannot be created: '{link}' is a link to '{tmp_path / 'gone'}', which does not exist. "
+      "Name a directory this process can create and write.")
+  assert runner.out_problem(str(link / "results")) == (
+      f"--out '{link / 'results'}': '{link}' is a link to '{tmp_path / 'gone'}', which does not exist; name a "
+      "prefix in a folder this process can write.")
+
+
+@pytest.mark.parametrize("seeds, problem", [
+    (list(np.arange(3)), ""), ((0, 1), ""), ([], "seeds [] must"), ([1, 1], "seeds [1, 1] must"),
+    ([-1], "seeds [-1] must"), ([True], "seeds [True] must"), ([0.5], "seeds [0.5] must")])
+def test_seeds_are_distinct_integers_numpy_ones_included(seeds, problem):
+  assert runner.seeds_problem(seeds).startswith(problem) and bool(runner.seeds_problem(seeds)) == bool(problem)
