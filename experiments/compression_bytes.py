@@ -151,6 +151,7 @@ def _percent(accuracy: float) -> str:
 
 def write_outputs(results: list[Result], out: str, command: str, args: argparse.Namespace, num_devices: int) -> None:
   tuned = bool(args.lrs)
+  pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
   with open(f"{out}.csv", "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("variant", "learning_rate", "validation_accuracy", "bits_per_device_step", "ratio", "steps",

@@ -130,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
   for r in rows:
     lines.append(f"| {r['layout']} | {r['loss']:.6f} | {r['max_rel_diff']:.1e} | {r['ms']:.0f} ({r['ms_min']:.0f}-"
                  f"{r['ms_max']:.0f}) | {r['sent_mb']:.2f} | {r['parameters_per_device']:,} |")
+  pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
   return rows
 

@@ -36,6 +36,7 @@ from benchmarks import report
 from experiments import runner
 from experiments import simulated_devices
 from lbjax.parallel import pipeline, stacks
+from lbjax.train.errors import exit_on_user_errors
 
 
 def gpipe_bubble(stages: int, microbatches: int) -> float:
@@ -92,6 +93,7 @@ def time_steps(params, steps, repeats: int) -> dict:
 
 
 def write_outputs(rows, out: str, command: str, header: str) -> None:
+  pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
   with open(f"{out}.csv", "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("stages", "microbatches", "schedule_bubble", "gpipe_formula", "lecture_formula",
@@ -174,4 +176,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-  main()
+  with exit_on_user_errors("python -m experiments.pipeline_bubble"):
+    main()

@@ -38,6 +38,7 @@ from lbjax import models
 from lbjax.parallel import tensor
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
+from lbjax.train.errors import exit_on_user_errors
 
 DEVICES = 8
 MODELS = ("ptb", "resnet50_head")
@@ -197,9 +198,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     network = resnet50()
     rows = [head_step_bytes(d, m, network, args.batch_size) for d, m in meshes]
     lines = _head_markdown(args, rows, command)
+  pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
   return rows
 
 
 if __name__ == "__main__":
-  main()
+  with exit_on_user_errors("python -m experiments.tensor_sharding_bytes"):
+    main()

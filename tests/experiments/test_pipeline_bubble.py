@@ -13,15 +13,15 @@ ARGV = ["--stages", "2,4", "--microbatches", "1,2,4", "--num_layers", "4", "--wi
 
 
 def test_the_executed_schedule_idles_the_gpipe_fraction(tmp_path):
-  rows = pipeline_bubble.main([*ARGV, "--out", str(tmp_path / "bubble")])
+  rows = pipeline_bubble.main([*ARGV, "--out", str(tmp_path / "new" / "bubble")])  # its folder made too
   assert [(r["S"], r["M"]) for r in rows] == [(s, m) for s in (2, 4) for m in (1, 2, 4)]
   for r in rows:
     assert r["schedule"] == pytest.approx((r["S"] - 1) / (r["M"] + r["S"] - 1), abs=1e-6)
     assert r["gpipe"] == pytest.approx(r["schedule"], abs=1e-6) and r["lecture"] == pytest.approx(r["gpipe"] / 2)
-  with open(tmp_path / "bubble.csv") as f:
+  with open(tmp_path / "new" / "bubble.csv") as f:
     assert [(int(r["stages"]), int(r["microbatches"]), float(r["schedule_bubble"])) for r in csv.DictReader(f)] == [
         (r["S"], r["M"], round(r["schedule"], 4)) for r in rows]
-  markdown = (tmp_path / "bubble.md").read_text()
+  markdown = (tmp_path / "new" / "bubble.md").read_text()
   assert f"JAX_NUM_CPU_DEVICES=8 python -m experiments.pipeline_bubble {' '.join(ARGV)} --out " in markdown
 
 

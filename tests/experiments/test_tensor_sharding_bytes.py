@@ -21,7 +21,7 @@ def _ring(floats: int, group: int) -> float:
 
 
 def test_bytes_are_the_gradient_all_reduce_over_data_and_the_activations_over_model(tmp_path):
-  rows = tensor_sharding_bytes.main([*ARGV, "--out", str(tmp_path / "table")])
+  rows = tensor_sharding_bytes.main([*ARGV, "--out", str(tmp_path / "new" / "table")])  # its folder made too
   assert [(r["data"], r["model"]) for r in rows] == [(8, 1), (4, 2), (2, 4), (1, 8)]
   for r in rows:
     assert r["parameter_floats"] == (2 * VOCAB * WIDTH + VOCAB) // r["model"]
@@ -30,7 +30,7 @@ def test_bytes_are_the_gradient_all_reduce_over_data_and_the_activations_over_mo
     expected = _ring(r["parameter_floats"] + 1, r["data"]) + _ring(r["model_floats"], r["model"])
     assert r["ring"] == pytest.approx(expected, rel=1e-6), (r["data"], r["model"])
   assert [r["ring"] for r in rows] == sorted((r["ring"] for r in rows), reverse=True)  # activations < parameters
-  markdown = (tmp_path / "table.md").read_text()
+  markdown = (tmp_path / "new" / "table.md").read_text()
   assert f"JAX_NUM_CPU_DEVICES=8 python -m experiments.tensor_sharding_bytes {' '.join(ARGV)} --out " in markdown
   assert f"| 8 x 1 | {2 * VOCAB * WIDTH + VOCAB:,} | 0 | " in markdown
 
