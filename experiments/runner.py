@@ -110,8 +110,14 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
   steps = checkpointing.complete_steps(pathlib.Path(run_dir) / "checkpoints")
   state = ("ended there: read back" if finished(run_dir) else f"resumes at step {steps[0]}" if steps else "new")
   return (f"batch {run['batch_size']}, peak LR {run['learning_rate']:.6g}, warm-up {run['warmup_epochs']:.6g} "
-          f"epochs, {run['num_epochs']:g} epochs, {config.data_options.get('eval_split', 'test')} split; "
+          f"epochs, {run['num_epochs']:g} epochs, {evaluated_split(config)} split; "
           f"{run_dir}: {state}")
+
+
+def evaluated_split(config: ml_collections.ConfigDict) -> str:
+  """The split the run of `config` evaluates: `data_options.eval_split`, or its dataset's default (ImageNet's
+  is "validation")."""
+  return abstract_data.data_shapes(validation.validate(config).dataset).dataset.eval_split
 
 
 def uniform_guess_loss(config: ml_collections.ConfigDict) -> float:
@@ -140,7 +146,7 @@ def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
   metric = metric or next((m for m in ("accuracy", "perplexity") if final and m in final), "accuracy")
   learned = final is not None and not (
       "loss" in final and float(final["loss"]) > uniform_guess_loss(config) + DIVERGED_ABOVE_UNIFORM_NATS)
-  return RunRow(name, config.seed, config.data_options.get("eval_split", "test"), metric,
+  return RunRow(name, config.seed, evaluated_split(config), metric,
                 float(final[metric]) if final else math.nan, "done" if learned else "diverged", recipe.learning_rate,
                 recipe.warmup_epochs if has_warmup else 0.0, last["epoch"], last["step"], seconds,
                 run_records.training_devices(), config_lib.batch_sizes(config)[0])

@@ -100,3 +100,10 @@ def test_a_folder_this_process_cannot_enter_or_a_dangling_link_is_named_not_a_tr
     ([-1], "seeds [-1] must"), ([True], "seeds [True] must"), ([0.5], "seeds [0.5] must")])
 def test_seeds_are_distinct_integers_numpy_ones_included(seeds, problem):
   assert runner.seeds_problem(seeds).startswith(problem) and bool(runner.seeds_problem(seeds)) == bool(problem)
+
+
+def test_a_planned_run_names_the_split_its_dataset_evaluates_by_default(tmp_path):
+  """ImageNet evaluates its validation split unless the config says otherwise (MNIST and PTB: test)."""
+  planned = runner.planned_run(config_files.load("resnet50_imagenet:batch=1024").config, tmp_path / "run")
+  assert planned == (f"batch 1024, peak LR 5.65685, warm-up 0.3125 epochs, 90 epochs, validation split; "
+                     f"{tmp_path / 'run'}: new")
