@@ -179,10 +179,25 @@ def write_outputs(rows: list[RunRow], spec: SweepSpec) -> None:
   sweep_table.plot(rows, spec.metric, spec.title, out.with_suffix(".png"))
 
 
+def _twins(order: list[tuple[str, int, int]], done: dict, fingerprints: dict) -> dict:
+  """The points to run that will copy the row of a point with the same batch size, seed and recipe
+  (`same_as`) instead of training: point -> that point's rule (a recorded point, or the first in `order`)."""
+  trained = {(b, seed, fingerprints[(rule, b, seed)]): rule for rule, b, seed in order
+             if (rule, b, seed) in done and not done[(rule, b, seed)].same_as}
+  twins = {}
+  for rule, b, seed in (point for point in order if point not in done):
+    key = (b, seed, fingerprints[(rule, b, seed)])
+    if key in trained:
+      twins[(rule, b, seed)] = trained[key]
+    else:
+      trained[key] = rule
+  return twins
+
+
 def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, reference: list,
-          configs: dict | None = None) -> str:
+          configs: dict | None = None, twins: dict | None = None) -> str:
   """What the sweep will run, what it skips, and the time each point took in the reference run; with the
-  points' `configs`, what each would train (`runner.planned_run`)."""
+  points' `configs` (a dry run), what each would train (`runner.planned_run`) or whose row it copies (`twins`)."""
   seconds = {}
   for r in reference:
     seconds.setdefault((r.name, r.batch_size), []).append(r.seconds)
@@ -198,7 +213,11 @@ def _plan(spec: SweepSpec, points: list[tuple[str, int, int]], done: dict, refer
   for rule, b, seed in to_run:
     took = f", {sum(seconds[(rule, b)]) / len(seconds[(rule, b)]) / 60:.1f} min in the reference" \
         if (rule, b) in seconds else ""
-    planned = f": {runner.planned_run(configs[(rule, b, seed)], _point_dir(spec, rule, b, seed))}" if configs else ""
+    planned = ""
+    if configs and (rule, b, seed) in (twins or {}):
+      planned = f": the recipe of rule={twins[(rule, b, seed)]} at this batch: its row is copied (same_as), not trained"
+    elif configs:
+      planned = f": {runner.planned_run(configs[(rule, b, seed)], _point_dir(spec, rule, b, seed))}"
     lines.append(f"[sweep]   rule={rule} batch={b} seed={seed}{took}{planned}")
   return "\n".join(lines)
 
@@ -236,9 +255,10 @@ def _run_checked(spec: SweepSpec, dry_run: bool = False) -> list[RunRow]:
   fingerprints = {point: recipe_fingerprint(config) for point, config in configs.items()}
   # Seed-major: a complete one-seed table first, then the spread.
   order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))
-  print(_plan(spec, order, done, reference, configs if dry_run else None), flush=True)
   if dry_run:
+    print(_plan(spec, order, done, reference, configs, _twins(order, done, fingerprints)), flush=True)
     return list(done.values())
+  print(_plan(spec, order, done, reference), flush=True)
   for rule, b, seed in order:
     if (rule, b, seed) in done:
       continue

@@ -367,7 +367,8 @@ def test_old_csvs_without_a_seed_column_read_as_the_default_seed(tmp_path):
 
 def test_dry_run_prints_each_point_recipe_and_whether_it_is_new_resumed_or_read_back(finished_sweep, tmp_path,
                                                                                     capsys, monkeypatch):
-  """--dry-run checks the points and prints what each would train; it trains nothing and writes nothing."""
+  """--dry-run checks the points and prints what each would train, or whose row it copies (linear scaling at the
+  baseline batch is the baseline's recipe); it trains nothing and writes nothing."""
   spec, _ = finished_sweep
   resumed = pathlib.Path(spec.workdir) / "linear_b64"
   interrupted = tmp_path / "runs" / "linear_b64"
@@ -385,8 +386,8 @@ def test_dry_run_prints_each_point_recipe_and_whether_it_is_new_resumed_or_read_
   assert lines[1:] == [
       f"[sweep]   rule=none batch=32 seed=0: batch 32, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
       f"{tmp_path / 'runs' / 'none_b32'}: ended there: read back",
-      f"[sweep]   rule=linear batch=32 seed=0: batch 32, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
-      f"{tmp_path / 'runs' / 'linear_b32'}: new",
+      "[sweep]   rule=linear batch=32 seed=0: the recipe of rule=none at this batch: its row is copied (same_as), "
+      "not trained",
       f"[sweep]   rule=none batch=64 seed=0: batch 64, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
       f"{tmp_path / 'runs' / 'none_b64'}: new",
       f"[sweep]   rule=linear batch=64 seed=0: batch 64, peak LR 0.1, warm-up 0 epochs, 1 epochs, test split; "
