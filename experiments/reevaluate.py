@@ -68,7 +68,7 @@ def reevaluate(table: variant_table.Table, workdir: str | pathlib.Path, out: str
   done = {(e.name, e.seed, e.label) for e in evaluations}
   for row in table.rows:
     for seed in table.seeds:
-      run_dir = workdir / f"{row.name}_s{seed}"
+      run_dir = variant_table.row_run_dir(workdir, row.name, seed)
       final = run_records.final_eval(run_dir) if (run_dir / "metrics.jsonl").is_file() else None
       if (row.name, seed, label) in done or final is None or not (run_dir / "checkpoints").is_dir():
         continue

@@ -6,8 +6,9 @@ a run that finished far worse than a uniform guess (`DIVERGED_ABOVE_UNIFORM_NATS
 an interrupted run resumes from its checkpoint, a preempted one stops the experiment (`RunPreempted`,
 a KeyboardInterrupt) so that running it again resumes. It returns a `RunRow`: the one row type of the
 experiments' tables.
-`ints` and `floats` are the scripts' comma-separated list arguments, `check_paths` checks their `--out` and
-`--workdir`, `seeds_problem` their seeds, and `run_dir` names a seeded run's directory.
+`ints` and `floats` are the scripts' comma-separated list arguments, `check_paths` checks their `--out`
+(`out_problem`) and `--workdir`, `seeds_problem` their seeds, `run_dir` names a seeded run's directory, and
+`planned_run` says what `run_once` would do (a `--dry-run`'s line), with the split it evaluates (`evaluated_split`).
 """
 
 import argparse
@@ -81,7 +82,7 @@ class RunRow:
 
 def run_dir(workdir: str | pathlib.Path, run: str, seed: int) -> pathlib.Path:
   """Where one seeded run of adaptive_batch, batch_schedule or critical_batch warmup trains:
-  `<workdir>/<run>_seed<seed>` (a variant table's runs are `<workdir>/<row>_s<seed>`)."""
+  `<workdir>/<run>_seed<seed>` (a variant table's are `variant_table.row_run_dir`'s)."""
   return pathlib.Path(workdir) / f"{run}_seed{seed}"
 
 

@@ -415,6 +415,11 @@ def write_pages(table: Table, results: list[RunRow], out: pathlib.Path) -> None:
   plot(table, results, out.with_suffix(".png"))
 
 
+def row_run_dir(workdir: str | pathlib.Path, row: str, seed: int) -> pathlib.Path:
+  """Where a row's run of one seed trains: `<workdir>/<row>_s<seed>`."""
+  return pathlib.Path(workdir) / f"{row}_s{seed}"
+
+
 def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
               only: Sequence[str] = (), dry_run: bool = False) -> list[RunRow]:
   """Runs every (row, seed) not yet in `<out>.csv`; returns all recorded runs.
@@ -468,12 +473,12 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   if dry_run:
     for name, seed in to_run:
       print(f"[variant_table]   {name} seed={seed}: "
-            f"{runner.planned_run(configs[(name, seed)], pathlib.Path(workdir) / f'{name}_s{seed}')}")
+            f"{runner.planned_run(configs[(name, seed)], row_run_dir(workdir, name, seed))}")
     return results
   for name, seed in to_run:
     if (name, seed) in {(r.name, r.seed) for r in read_results(csv_path)}:
       continue  # another process working on the table recorded it meanwhile
-    run_dir = pathlib.Path(workdir) / f"{name}_s{seed}"
+    run_dir = row_run_dir(workdir, name, seed)
     print(f"[variant_table] {name} seed={seed} -> {run_dir}", flush=True)
     try:
       result = runner.run_once(configs[(name, seed)], run_dir, name=name, metric=table.metric,

@@ -66,12 +66,15 @@ def main(argv: Sequence[str] | None = None) -> None:
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   command = "python -m experiments.critical_batch " + shlex.join(argv)
   try:  # a bad grid, config or table: the message and exit status 2, as lbjax-train does
-    (_measure_command if args.command == "measure" else _warmup_command)(args, parser, command)
+    if args.command == "measure":
+      _measure_command(args, command)
+    else:
+      _warmup_command(args, parser, command)
   except ValueError as e:
     parser.exit(2, f"{e}\n")
 
 
-def _measure_command(args: argparse.Namespace, parser: argparse.ArgumentParser, command: str) -> None:
+def _measure_command(args: argparse.Namespace, command: str) -> None:
   config = load_config(args.config,
                        args.overrides + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
   train.validate(config)
