@@ -1,7 +1,8 @@
-"""Every command the docs give still runs as written: each `lbjax-train --config ...` passes `--dry-run` (its
-config, variant and overrides resolve; `--workdir`, `--compile-only` and the multi-host flags are dropped), each
-`python -m experiments.X ...` / `python -m benchmarks.X ...` with arguments is accepted by its script's
-argument parser (flags and their values), and a module named without arguments exists. Commands with
+"""The commands the docs give (fenced and indented code blocks, inline code) are not stale: each
+`lbjax-train --config ...` passes `--dry-run` (its config, variant and overrides resolve; `--workdir`,
+`--compile-only` and the multi-host flags are dropped), each `python -m experiments.X ...` /
+`python -m benchmarks.X ...` with arguments is accepted by its script's argument parser (its flags and their
+values; what the script checks after parsing is not run), and a module named without arguments exists. Commands with
 placeholders (`<config>`, `...`, `--batch B`, a config file of your own `my_config.py`) are templates, not
 commands, and are left out."""
 
@@ -20,9 +21,11 @@ from lbjax import main as lbjax_main
 ROOT = pathlib.Path(__file__).parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md")),
         *sorted((ROOT / "experiments").glob("*.md"))]
-# A command: lbjax-train, or python -m of an experiment or a benchmark, after optional VAR=value assignments.
-COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*((?:\S*/)?lbjax-train(?:\s.*)?|"
-                     r"\S*python3?\s+-m\s+(?:experiments|benchmarks)\.\S+(?:\s.*)?)$")
+# A command: lbjax-train, or python -m of an experiment or a benchmark, after optional VAR=value assignments and
+# a launcher (srun, timeout 600, nohup).
+COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+\s+)*(?:(?:srun|nohup|timeout\s+\S+)\s+)?"
+                     r"((?:\S*/)?lbjax-train(?:\s.*)?|"
+                     r"\S*python3?(?:\.\d+)?\s+-m\s+(?:experiments|benchmarks)\.\S+(?:\s.*)?)$")
 # Placeholders: <config>, ..., a single capital (--batch B, experiments.X), NAME, k, your own config (my_config.py).
 PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|(?:^|[\s=:,.])(?:[A-Z]|NAME|k)(?=$|[\s,])|\bmy_\w+\.py\b")
 # What --dry-run cannot take: where a run would write, compiling for a topology, the processes of a multi-host job.
@@ -31,15 +34,16 @@ DROPPED = {"--compile-only", "--distributed"}
 
 
 def _documented_commands() -> list[tuple[str, str]]:
-  """(file, command) for each command in a fenced block (lines joined at a trailing backslash, a comment cut)
-  or in an inline code span of the docs."""
+  """(file, command) for each command in a fenced block (lines joined at a trailing backslash, a comment cut),
+  an indented block (4 spaces) or an inline code span of the docs."""
   found = []
   for path in DOCS:
     text = path.read_text()
     spans = [line.split(" # ")[0] for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
              for line in re.sub(r"\\\n\s*", " ", block).splitlines()]
-    spans += [re.sub(r"\s+", " ", span) for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text,
-                                                                                    flags=re.S))]
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    spans += [line.split(" # ")[0] for line in re.sub(r"\\\n\s*", " ", prose).splitlines() if line.startswith("    ")]
+    spans += [re.sub(r"\s+", " ", span) for span in re.findall(r"`([^`]+)`", prose)]
     found += [(str(path.relative_to(ROOT)), match.group(1)) for span in spans
               if (match := COMMAND.match(span.strip())) and not PLACEHOLDER.search(match.group(1))]
   # A command quoted inside another's (gcloud ... --command="lbjax-train ...") ends with the outer quote.
