@@ -279,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help="more test-metric targets besides the baseline's: accuracy as a fraction (e.g. 0.975), "
                            "perplexity as it is (e.g. 150); met at >= for accuracy, <= for perplexity")
   parser.add_argument("--title", default="", help="default: the first line of the config's docstring")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="check every run and print what each would train (recipe, new or resuming), training "
+                           "nothing")
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)
@@ -292,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.error(str(e))
   if problem := target_problem(args.targets, metric_of(configs)):
     parser.error(problem)
+  if args.dry_run:
+    runner.print_dry_run("[adaptive_batch]", ((f"{run} seed={seed}", config, runner.run_dir(args.workdir, run, seed))
+                                              for (run, seed), config in configs.items()))
+    return
   train_runs(configs, args.workdir)
   command = "python -m experiments.adaptive_batch " + shlex.join(argv if argv is not None else sys.argv[1:])
   title = (args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))

@@ -26,6 +26,7 @@ from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
 from lbjax import config_files
+from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
@@ -43,29 +44,38 @@ def argument_problem(schedules: Sequence[str], seeds: Sequence[int], max_device_
 
 
 def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULES,
-                  variant: str = "", max_device_batch: int = 0, seeds: Sequence[int] = (0,)
+                  variant: str = "", max_device_batch: int = 0, seeds: Sequence[int] = (0,), dry_run: bool = False
                   ) -> dict[tuple[str, int], float]:
   """Trains each (realisation, seed) not yet finished in `<workdir>/<schedule>_seed<seed>`, seed by seed.
 
   `config` is a packaged config or a config file whose variant keys `schedule` and `seed` choose the
   realisation and the seed (`batch_schedule_mnist`); `variant` adds keys for every run (e.g.
   `"epochs=5"`). `max_device_batch` > 0 computes larger batches as accumulated micro-batches of that
-  size (the same update; faster on CPU).
+  size (the same update; faster on CPU). `dry_run`: print what each run would train (`runner.print_dry_run`)
+  and train nothing.
 
   Returns:
     The wall-clock seconds each run took in this call (0 for runs already finished).
 
   Raises:
-    ValueError: what `argument_problem` finds wrong (before any training).
+    ValueError: what `argument_problem` finds wrong, or a run's config that does not validate (before any
+      training).
   """
   if problem := argument_problem(schedules, seeds, max_device_batch):
     raise ValueError(problem)
   configs = {(s, k): config_files.load(config_spec(config, f"schedule={s}", f"seed={k}", variant)).config
              for k in seeds for s in schedules}
-  seconds = {}
-  for (schedule, seed), run_config in configs.items():
+  for run_config in configs.values():
     if max_device_batch:
       run_config.max_device_batch = max_device_batch
+    train.validate(run_config)  # every run's names, arguments and values before the first trains
+  if dry_run:
+    runner.print_dry_run("[batch_schedule]", ((f"{schedule} seed={seed}", run_config,
+                                               runner.run_dir(workdir, schedule, seed))
+                                              for (schedule, seed), run_config in configs.items()))
+    return {}
+  seconds = {}
+  for (schedule, seed), run_config in configs.items():
     row = runner.run_once(run_config, runner.run_dir(workdir, schedule, seed), name=schedule, prefix="[batch_schedule]")
     seconds[(schedule, seed)] = row.seconds
   return seconds
@@ -161,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
   parser.add_argument("--seeds", type=runner.ints, default=(0, 1, 2), help="comma-separated, e.g. 0,1,2")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="check every run and print what each would train (recipe, new or resuming), training "
+                           "nothing")
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
@@ -171,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   schedules = tuple(s.strip() for s in args.schedules.split(",") if s.strip())
   if problem := argument_problem(schedules, args.seeds, args.max_device_batch):
     parser.error(problem)
-  run_schedules(args.config, args.workdir, schedules, args.variant, args.max_device_batch, args.seeds)
+  run_schedules(args.config, args.workdir, schedules, args.variant, args.max_device_batch, args.seeds,
+                dry_run=args.dry_run)
+  if args.dry_run:
+    return
   write_outputs(args.workdir, args.out, schedules, args.title, args.seeds,
                 "python -m experiments.batch_schedule " + shlex.join(argv))
 

@@ -8,7 +8,8 @@ a KeyboardInterrupt) so that running it again resumes. It returns a `RunRow`: th
 experiments' tables.
 `ints` and `floats` are the scripts' comma-separated list arguments, `check_paths` checks their `--out`
 (`out_problem`) and `--workdir`, `seeds_problem` their seeds, `run_dir` names a seeded run's directory, and
-`planned_run` says what `run_once` would do (a `--dry-run`'s line), with the split it evaluates (`evaluated_split`).
+`planned_run` says what `run_once` would do (`print_dry_run`: a `--dry-run`'s lines), with the split it evaluates
+(`evaluated_split`).
 """
 
 import argparse
@@ -17,7 +18,7 @@ import math
 import numbers
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import ml_collections
 
@@ -113,6 +114,13 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
   return (f"batch {run['batch_size']}, peak LR {run['learning_rate']:.6g}, warm-up {run['warmup_epochs']:.6g} "
           f"epochs, {run['num_epochs']:g} epochs, {evaluated_split(config)} split; "
           f"{run_dir}: {state}")
+
+
+def print_dry_run(prefix: str, runs: Iterable[tuple[str, ml_collections.ConfigDict, pathlib.Path]]) -> None:
+  """An experiment's `--dry-run`: for each `(label, config, run_dir)`, the line `<prefix>   <label>: ` and what
+  `run_once` would do (`planned_run`); trains nothing."""
+  for label, config, run_dir in runs:
+    print(f"{prefix}   {label}: {planned_run(config, run_dir)}", flush=True)
 
 
 def evaluated_split(config: ml_collections.ConfigDict) -> str:

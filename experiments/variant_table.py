@@ -471,9 +471,8 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
   print(f"[variant_table] {len(order)} runs ({len(order) // len(seeds)} rows x {len(seeds)} seeds): "
         f"{len(order) - len(to_run)} recorded in {csv_path} (skipped), {len(to_run)} to run.", flush=True)
   if dry_run:
-    for name, seed in to_run:
-      print(f"[variant_table]   {name} seed={seed}: "
-            f"{runner.planned_run(configs[(name, seed)], row_run_dir(workdir, name, seed))}")
+    runner.print_dry_run("[variant_table]", ((f"{name} seed={seed}", configs[(name, seed)],
+                                              row_run_dir(workdir, name, seed)) for name, seed in to_run))
     return results
   for name, seed in to_run:
     if (name, seed) in {(r.name, r.seed) for r in read_results(csv_path)}:

@@ -137,3 +137,14 @@ def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeyp
   assert "| LEGW, fixed B=32 |  | diverged | 0 |" in (tmp_path / "out.md").read_text()
   adaptive_batch.main(args)
   assert len(trained) == 3
+
+
+def test_dry_run_prints_each_run_and_trains_nothing(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  adaptive_batch.main(["--config", TINY, "--runs", "baseline,adaptive", "--seeds", "0,1", "--out",
+                       str(tmp_path / "out" / "ab"), "--workdir", str(tmp_path / "runs"), "--dry-run"])
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split(":")[0] for line in lines] == [f"[adaptive_batch]   {run} seed={seed}"
+                                                    for run in ("baseline", "adaptive") for seed in (0, 1)]
+  assert all(line.endswith(f"{tmp_path / 'runs'}/{line.split()[1]}_seed{line.split()[2][5]}: new") for line in lines)
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()

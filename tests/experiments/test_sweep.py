@@ -228,6 +228,20 @@ def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
     batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), seeds=(1, 1))
 
 
+def test_batch_schedule_dry_run_prints_each_realisation_and_trains_nothing(monkeypatch, tmp_path, capsys):
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  batch_schedule.main(["--config", "batch_schedule_mnist", "--variant", "epochs=5", "--seeds", "0",
+                       "--schedules", "decay_lr,grow_batch", "--out", str(tmp_path / "out" / "bs"),
+                       "--workdir", str(tmp_path / "runs"), "--dry-run"])
+  assert capsys.readouterr().out.splitlines() == [
+      f"[batch_schedule]   decay_lr seed=0: batch 128, peak LR 0.08, warm-up 0 epochs, 5 epochs, test split; "
+      f"{tmp_path / 'runs' / 'decay_lr_seed0'}: new",
+      f"[batch_schedule]   grow_batch seed=0: batch [128, 640, 3200, 16000], peak LR 0.08, warm-up 0 epochs, 5 epochs, "
+      f"test split; {tmp_path / 'runs' / 'grow_batch_seed0'}: new"]
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
 def test_batch_schedule_tables_every_seed_and_their_mean_and_spread(tmp_path):
   """The table: per realisation its batch sizes, updates, mean ± sample sd of the final accuracy over the
   seeds that finished (a seed still running is counted out) and each seed's; the CSV a row per evaluation."""
