@@ -24,6 +24,7 @@ from experiments import run_records
 from experiments import runner
 from experiments import variant_fields
 from lbjax import config_files
+from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 
@@ -37,7 +38,7 @@ def argument_problem(learning_rates: Sequence[float], metric: str) -> str:
 
 
 def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant: str = "",
-             metric: str = "accuracy") -> dict[float, dict]:
+             metric: str = "accuracy", dry_run: bool = False) -> dict[float, dict]:
   """Trains each LR not yet finished and returns {lr: final eval record} (NaN for a run that diverged).
 
   Args:
@@ -46,26 +47,28 @@ def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant
     workdir: directory holding one run directory per LR.
     variant: extra variant keys for every run, e.g. `"epochs=5"`.
     metric: "accuracy" or "perplexity".
+    dry_run: print what each run would train (`runner.print_dry_run`), train nothing and return {}.
 
   Raises:
     ValueError: what `argument_problem` finds wrong (no learning rates, a non-positive one, or an unknown
-      metric), before any training.
+      metric), or a run's config that does not validate, before any training.
   """
   if problem := argument_problem(learning_rates, metric):
     raise ValueError(problem)
+  configs = {lr: config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
+             for lr in learning_rates}
+  for run_config in configs.values():
+    train.validate(run_config)  # every run's names, arguments and values before the first trains
+  if dry_run:
+    runner.print_dry_run("[lr_grid]", ((f"lr={lr:g}", configs[lr], pathlib.Path(workdir) / f"lr_{lr:g}")
+                                       for lr in learning_rates))
+    return {}
   finals = {}
-  for lr in learning_rates:
+  for lr, run_config in configs.items():
     run_dir = pathlib.Path(workdir) / f"lr_{lr:g}"
-    run_config = config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
     row = runner.run_once(run_config, run_dir, name=f"lr={lr:g}", metric=metric, prefix="[lr_grid]")
     finals[lr] = run_records.final_eval(run_dir) if row.status == "done" else {metric: math.nan, "step": row.steps}
   return finals
-
-
-def eval_split(config: str, variant: str = "") -> str:
-  """The split the runs evaluate on: `data_options.eval_split` of the config ("test" if it has none)."""
-  loaded = config_files.load(config_spec(config, variant)).config
-  return loaded.data_options.get("eval_split", "test")
 
 
 def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str, split: str = "test") -> float:
@@ -88,8 +91,8 @@ def write_outputs(finals: dict[float, dict], out: str, metric: str, title: str, 
   return best
 
 
-def main(argv: Sequence[str] | None = None) -> float:
-  """Command-line entry; see the module docstring."""
+def main(argv: Sequence[str] | None = None) -> float | None:
+  """Command-line entry; see the module docstring. Returns the best learning rate (None for `--dry-run`)."""
   parser = argparse.ArgumentParser(prog="python -m experiments.lr_grid", description=__doc__.split("\n")[0])
   parser.add_argument("--config", required=True,
                       help="a packaged config (e.g. mnist_lstm) or a config file, optionally with :variant")
@@ -99,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> float:
   parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=5")
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
   parser.add_argument("--title", default="Baseline learning-rate grid")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="check every run and print what each would train (recipe, new or resuming), training "
+                           "nothing")
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)
@@ -106,8 +112,11 @@ def main(argv: Sequence[str] | None = None) -> float:
     parser.error(refusal)
   if problem := argument_problem(args.lrs, args.metric):
     parser.error(problem)
-  finals = run_grid(args.config, args.lrs, args.workdir, args.variant, args.metric)
-  best = write_outputs(finals, args.out, args.metric, args.title, eval_split(args.config, args.variant))
+  finals = run_grid(args.config, args.lrs, args.workdir, args.variant, args.metric, dry_run=args.dry_run)
+  if args.dry_run:
+    return None
+  split = runner.evaluated_split(config_files.load(config_spec(args.config, args.variant)).config)
+  best = write_outputs(finals, args.out, args.metric, args.title, split)
   print(f"[lr_grid] best learning rate {best:g}", flush=True)
   return best
 

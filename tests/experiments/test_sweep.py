@@ -141,7 +141,7 @@ def test_cli_parses_lists(tmp_path):
                 "--workdir", "y"])
 
 
-def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
+def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch, capsys):
   from experiments import lr_grid  # pylint: disable=g-import-not-at-top
   finals = lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs"))
   best = lr_grid.write_outputs(finals, str(tmp_path / "grid"), "accuracy", "grid")
@@ -150,12 +150,17 @@ def test_lr_grid_picks_the_best_and_skips_finished_runs(tmp_path, monkeypatch):
     rows = list(csv.DictReader(f))
   assert [r["learning_rate"] for r in rows] == ["0.05", "0.5"] and all(r["steps"] == "8" for r in rows)
   assert f"| {best:g} (best) |" in (tmp_path / "grid.md").read_text()
-  assert lr_grid.eval_split("mnist_lstm", "eval_split=validation") == "validation"
-  assert lr_grid.eval_split(TINY_CONFIG) == "test"
   monkeypatch.setattr(train, "train_and_evaluate", lambda *a: pytest.fail("retrained"))
   assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.5], str(tmp_path / "runs")) == finals
   with pytest.raises(ValueError, match="positive numbers"):
     lr_grid.run_grid(TINY_CONFIG, [0.0], str(tmp_path / "runs"))
+  assert lr_grid.run_grid(TINY_CONFIG, [0.05, 0.2], str(tmp_path / "runs"), dry_run=True) == {}
+  assert capsys.readouterr().out.splitlines()[-2:] == [
+      f"[lr_grid]   lr=0.05: batch 32, peak LR 0.05, warm-up 0 epochs, 1 epochs, test split; "
+      f"{tmp_path / 'runs' / 'lr_0.05'}: ended there: read back",
+      f"[lr_grid]   lr=0.2: batch 32, peak LR 0.2, warm-up 0 epochs, 1 epochs, test split; "
+      f"{tmp_path / 'runs' / 'lr_0.2'}: new"]
+  assert not (tmp_path / "runs" / "lr_0.2").exists()
 
 
 def test_lr_grid_refuses_a_variant_that_sets_the_learning_rate(tmp_path, capsys):
