@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   warmup_parser.add_argument("--targets", type=runner.floats, default="",
                              help="more targets besides the baseline's final metric: "
                              "accuracy as a fraction (0.97), perplexity as it is")
+  warmup_parser.add_argument("--dry-run", action="store_true",
+                             help="check every run and print the warm-up and what each run would train, training "
+                                  "nothing")
   warmup_parser.add_argument("--tolerance", type=float, default=None,
                              help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
   args = parser.parse_args(argv)
@@ -116,6 +119,12 @@ def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, c
     parser.exit(2, f"the CBS curve of {args.cbs} never exceeds the baseline batch {probe.batch_size} before "
                    f"epoch {probe.num_epochs}: there is no warm-up to compare.\n")
   configs = warmup_lib.warmup_configs(args.config, overrides, seeds, sizes, boundaries)
+  if args.dry_run:
+    print(f"[critical_batch] the warm-up's batch sizes {list(sizes)} at epochs {list(boundaries)}, from {source}",
+          flush=True)
+    runner.print_dry_run("[critical_batch]", ((f"{run} seed={seed}", run_config, runner.run_dir(workdir, run, seed))
+                                              for (run, seed), run_config in configs.items()))
+    return
   out.parent.mkdir(parents=True, exist_ok=True)
   title = args.title or "Batch warm-up from the measured CBS"
   for key, run_config in configs.items():  # the outputs after each run, from every run finished so far

@@ -217,3 +217,17 @@ def test_measure_refuses_a_grid_list_that_is_not_numbers(tmp_path, capsys):
   assert exit_info.value.code == 2
   assert ("argument --batch_sizes: expected comma-separated ints such as 128,512, got '32,sixty-four'"
           in capsys.readouterr().err)
+
+
+def test_warmup_dry_run_prints_the_warmup_and_each_run_and_trains_nothing(tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--seeds", "0", "--dry-run",
+            "--out", str(tmp_path / "out" / "w"), "--workdir", str(tmp_path / "runs")])
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == f"[critical_batch] the warm-up's batch sizes [16, 32] at epochs [0.5], from the CBS of {table}"
+  assert [line.split(":")[0] for line in lines[1:]] == [f"[critical_batch]   {run} seed=0"
+                                                        for run in warmup.WARMUP_RUNS]
+  assert all(line.endswith(": new") for line in lines[1:]) and "batch [16, 32]" in lines[-1]
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
