@@ -2,7 +2,8 @@
 `lbjax-train --config ...` passes `--dry-run` (its config, variant and overrides resolve; `--workdir`,
 `--compile-only` and the multi-host flags are dropped), each `python -m experiments.X ...` /
 `python -m benchmarks.X ...` with arguments is accepted by its script's argument parser (its flags and their
-values; what the script checks after parsing is not run), and a module named without arguments exists. Commands with
+values), an experiment with a `--dry-run` passes it too (all it checks before training, with its --out and
+--workdir in a temporary folder), and a module named without arguments exists. Commands with
 placeholders (`<config>`, `...`, `--batch B`, a config file of your own `my_config.py`) are templates, not
 commands, and are left out."""
 
@@ -117,3 +118,29 @@ def test_a_documented_script_command_is_accepted_by_its_parser(where, command, m
       runpy.run_module(module, run_name="__main__", alter_sys=False)
     except SystemExit as e:
       pytest.fail(f"{where}: `{command}` was refused (exit {e.code}): {capsys.readouterr().err}")
+
+
+# The scripts (and subcommands) with a --dry-run: everything they check before training runs too.
+DRY_RUN_SCRIPTS = {"experiments.sweep", "experiments.variant_table", "experiments.lr_grid",
+                   "experiments.adaptive_batch", "experiments.batch_schedule", "experiments.critical_batch warmup"}
+DRY_RUN_COMMANDS = [(where, command) for where, command in SCRIPT_COMMANDS
+                    if " ".join(shlex.split(command)[2:4]) in DRY_RUN_SCRIPTS
+                    or shlex.split(command)[2] in DRY_RUN_SCRIPTS]
+
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules after import of package:RuntimeWarning")  # runpy's
+@pytest.mark.parametrize("where, command", DRY_RUN_COMMANDS, ids=_ids(DRY_RUN_COMMANDS))
+def test_a_documented_experiment_passes_its_dry_run(where, command, monkeypatch, capsys, tmp_path):
+  """The experiment's own checks (configs, variants, seeds, targets, tables) on what the docs give, with its
+  --out and --workdir moved to a temporary folder; nothing is trained or written."""
+  module, *argv = shlex.split(command)[2:]
+  for flag, value in (("--out", tmp_path / "out" / "results"), ("--workdir", tmp_path / "runs")):
+    argv = [f"{flag}={value}" if word.startswith(f"{flag}=") else word for word in argv]
+    argv = [str(value) if i and argv[i - 1] == flag else word for i, word in enumerate(argv)]
+  monkeypatch.chdir(ROOT)  # the docs' relative paths (tables, --cbs, --reference) are the repository's
+  monkeypatch.setattr(sys, "argv", [module, *argv, "--dry-run"])
+  try:
+    runpy.run_module(module, run_name="__main__", alter_sys=False)
+  except SystemExit as e:
+    pytest.fail(f"{where}: `{command} --dry-run` was refused (exit {e.code}): {capsys.readouterr().err}")
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
