@@ -252,6 +252,14 @@ def _run_checked(spec: SweepSpec, dry_run: bool = False) -> list[RunRow]:
   configs = {(rule, b, seed): point_config(spec, rule, b, seed)
              for rule in spec.rules for b in spec.batch_sizes for seed in seeds}
   configs = {(rule, b, config.seed): config for (rule, b, _), config in configs.items()}
+  errors = []
+  for (rule, b, seed), config in configs.items():  # every point before the first trains, as lbjax-train checks a run
+    try:
+      train.validate(config)
+    except train.ConfigError as e:
+      errors.append(f"rule={rule} batch={b} seed={seed}: {e}")
+  if errors:
+    raise train.ConfigError("Invalid sweep:\n  - " + "\n  - ".join(errors))
   fingerprints = {point: recipe_fingerprint(config) for point, config in configs.items()}
   # Seed-major: a complete one-seed table first, then the spread.
   order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))
