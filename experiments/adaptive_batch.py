@@ -279,9 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help="more test-metric targets besides the baseline's: accuracy as a fraction (e.g. 0.975), "
                            "perplexity as it is (e.g. 150); met at >= for accuracy, <= for perplexity")
   parser.add_argument("--title", default="", help="default: the first line of the config's docstring")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="check every run and print what each would train (recipe, new or resuming), training "
-                           "nothing")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)

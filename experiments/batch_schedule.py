@@ -171,9 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--max_device_batch", type=int, default=0,
                       help="accumulate micro-batches of this size (0 = off); the same update, less memory")
   parser.add_argument("--seeds", type=runner.ints, default=(0, 1, 2), help="comma-separated, e.g. 0,1,2")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="check every run and print what each would train (recipe, new or resuming), training "
-                           "nothing")
+  runner.add_dry_run(parser)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)

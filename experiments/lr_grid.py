@@ -102,9 +102,7 @@ def main(argv: Sequence[str] | None = None) -> float | None:
   parser.add_argument("--variant", default="", help="extra variant keys, e.g. epochs=5")
   parser.add_argument("--metric", default="accuracy", choices=("accuracy", "perplexity"))
   parser.add_argument("--title", default="Baseline learning-rate grid")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="check every run and print what each would train (recipe, new or resuming), training "
-                           "nothing")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = config_spec(args.config, args.variant)

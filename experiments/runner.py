@@ -116,6 +116,13 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
           f"{run_dir}: {state}")
 
 
+def add_dry_run(parser: argparse.ArgumentParser) -> None:
+  """The experiment scripts' `--dry-run` flag (`print_dry_run` prints its lines)."""
+  parser.add_argument("--dry-run", action="store_true",
+                      help="check every run and print what each would train (its recipe; new, resuming or ended), "
+                           "training nothing and writing nothing")
+
+
 def print_dry_run(prefix: str, runs: Iterable[tuple[str, ml_collections.ConfigDict, pathlib.Path]]) -> None:
   """An experiment's `--dry-run`: for each `(label, config, run_dir)`, the line `<prefix>   <label>: ` and what
   `run_once` would do (`planned_run`); trains nothing."""

@@ -307,9 +307,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   parser.add_argument("--reference", default="",
                       help="a committed CSV (e.g. docs/results/mnist_lstm_headline.csv): its times for the plan, "
                            "and a comparison at the end")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="check every point and print what each would train (recipe, new or resuming), training "
-                           "nothing")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = SweepSpec(config=args.config, rules=tuple(r.strip() for r in args.rules.split(",") if r.strip()),

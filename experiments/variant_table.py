@@ -535,9 +535,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunRow]:
   parser.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
   parser.add_argument("--replot", action="store_true",
                       help="rewrite <out>.md and <out>.png from <out>.csv, training nothing")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="check every run and print what each would train (recipe, new or resuming), training "
-                           "nothing")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   if args.replot:

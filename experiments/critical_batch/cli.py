@@ -60,9 +60,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   warmup_parser.add_argument("--targets", type=runner.floats, default="",
                              help="more targets besides the baseline's final metric: "
                              "accuracy as a fraction (0.97), perplexity as it is")
-  warmup_parser.add_argument("--dry-run", action="store_true",
-                             help="check every run and print the warm-up and what each run would train, training "
-                                  "nothing")
+  runner.add_dry_run(warmup_parser)
   warmup_parser.add_argument("--tolerance", type=float, default=None,
                              help="the CBS at this tolerance from the table's loss ratios (default: the table's CBS)")
   args = parser.parse_args(argv)
