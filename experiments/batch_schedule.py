@@ -26,7 +26,6 @@ from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
 from lbjax import config_files
-from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
@@ -68,7 +67,8 @@ def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULE
   for run_config in configs.values():
     if max_device_batch:
       run_config.max_device_batch = max_device_batch
-    train.validate(run_config)  # every run's names, arguments and values before the first trains
+  runner.validate_runs({f"{schedule} seed={seed}": run_config for (schedule, seed), run_config in configs.items()},
+                       "batch-schedule experiment")
   if dry_run:
     runner.print_dry_run("[batch_schedule]", ((f"{schedule} seed={seed}", run_config,
                                                runner.run_dir(workdir, schedule, seed))

@@ -24,7 +24,6 @@ from experiments import run_records
 from experiments import runner
 from experiments import variant_fields
 from lbjax import config_files
-from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 
@@ -57,8 +56,7 @@ def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant
     raise ValueError(problem)
   configs = {lr: config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
              for lr in learning_rates}
-  for run_config in configs.values():
-    train.validate(run_config)  # every run's names, arguments and values before the first trains
+  runner.validate_runs({f"lr={lr:g}": run_config for lr, run_config in configs.items()}, "learning-rate grid")
   if dry_run:
     runner.print_dry_run("[lr_grid]", ((f"lr={lr:g}", configs[lr], pathlib.Path(workdir) / f"lr_{lr:g}")
                                        for lr in learning_rates))

@@ -18,7 +18,7 @@ import math
 import numbers
 import pathlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import ml_collections
 
@@ -114,6 +114,19 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
   return (f"batch {run['batch_size']}, peak LR {run['learning_rate']:.6g}, warm-up {run['warmup_epochs']:.6g} "
           f"epochs, {run['num_epochs']:g} epochs, {evaluated_split(config)} split; "
           f"{run_dir}: {state}")
+
+
+def validate_runs(configs: Mapping[str, ml_collections.ConfigDict], what: str) -> None:
+  """Checks every run's config as lbjax-train checks a run (`train.validate`), before the first trains; one
+  `ConfigError` names each invalid run by its label: "Invalid <what>:\n  - <label>: <problem>"."""
+  errors = []
+  for label, config in configs.items():
+    try:
+      train.validate(config)
+    except train.ConfigError as e:
+      errors.append(f"{label}: {e}")
+  if errors:
+    raise train.ConfigError(f"Invalid {what}:\n  - " + "\n  - ".join(errors))
 
 
 def add_dry_run(parser: argparse.ArgumentParser) -> None:

@@ -252,29 +252,21 @@ def _run_checked(spec: SweepSpec, dry_run: bool = False) -> list[RunRow]:
   configs = {(rule, b, seed): point_config(spec, rule, b, seed)
              for rule in spec.rules for b in spec.batch_sizes for seed in seeds}
   configs = {(rule, b, config.seed): config for (rule, b, _), config in configs.items()}
-  errors = []
-  for (rule, b, seed), config in configs.items():  # every point before the first trains, as lbjax-train checks a run
-    try:
-      train.validate(config)
-    except train.ConfigError as e:
-      errors.append(f"rule={rule} batch={b} seed={seed}: {e}")
-  if errors:
-    raise train.ConfigError("Invalid sweep:\n  - " + "\n  - ".join(errors))
+  runner.validate_runs({f"rule={rule} batch={b} seed={seed}": config for (rule, b, seed), config in configs.items()},
+                       "sweep")
   fingerprints = {point: recipe_fingerprint(config) for point, config in configs.items()}
   # Seed-major: a complete one-seed table first, then the spread.
   order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))
+  twins = _twins(order, done, fingerprints)
   if dry_run:
-    print(_plan(spec, order, done, reference, configs, _twins(order, done, fingerprints)), flush=True)
+    print(_plan(spec, order, done, reference, configs, twins), flush=True)
     return list(done.values())
   print(_plan(spec, order, done, reference), flush=True)
   for rule, b, seed in order:
     if (rule, b, seed) in done:
       continue
-    twin = next((done[(other, b, seed)] for other in RULES
-                 if (other, b, seed) in done and not done[(other, b, seed)].same_as
-                 and (other, b, seed) in fingerprints
-                 and fingerprints[(other, b, seed)] == fingerprints[(rule, b, seed)]), None)
-    if twin is not None:
+    if (rule, b, seed) in twins:  # trained earlier in `order` or recorded: in `done` by now
+      twin = done[(twins[(rule, b, seed)], b, seed)]
       row = dataclasses.replace(twin, name=rule, same_as=twin.name)
     else:
       row = runner.run_once(configs[(rule, b, seed)], _point_dir(spec, rule, b, seed), name=rule,
