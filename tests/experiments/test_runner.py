@@ -10,6 +10,7 @@ import pytest
 
 from experiments import runner
 from lbjax import config_files
+from lbjax import train
 from lbjax.train import workdir_lock
 from lbjax.train.errors import RunPreempted
 from tests.train import helpers
@@ -107,3 +108,12 @@ def test_a_planned_run_names_the_split_its_dataset_evaluates_by_default(tmp_path
   planned = runner.planned_run(config_files.load("resnet50_imagenet:batch=1024").config, tmp_path / "run")
   assert planned == (f"batch 1024, peak LR 5.65685, warm-up 0.3125 epochs, 90 epochs, validation split; "
                      f"{tmp_path / 'run'}: new")
+
+
+def test_validate_runs_names_every_invalid_run_by_its_label():
+  good = config_files.load("mnist_lstm").config
+  bad = config_files.load("mnist_lstm").config
+  bad.num_epochs = -1.0
+  runner.validate_runs({"a": good}, "table")
+  with pytest.raises(train.ConfigError, match=r"(?s)^Invalid table:\n  - b: .*num_epochs"):
+    runner.validate_runs({"a": good, "b": bad}, "table")
