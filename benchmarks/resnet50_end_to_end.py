@@ -154,6 +154,30 @@ def config_problem(args) -> str | None:
   return None
 
 
+def paths_problem(args) -> str | None:
+  """What keeps this command from writing where its flags point, found before anything is written, or None:
+  `--data-dir`, `--work-root` and `--compilation-cache` must be folders it can create or write
+  (`workdir_lock.blocked_folder`), `--results` a file it can append to in such a folder."""
+  from lbjax.train import workdir_lock  # pylint: disable=import-outside-toplevel
+  for flag, folder in (("--data-dir", args.data_dir), ("--work-root", args.work_root),
+                       ("--compilation-cache", args.compilation_cache)):
+    if folder and (blocked := workdir_lock.blocked_folder(folder)):
+      return (f"{flag} {folder!r} cannot be used as a folder: {workdir_lock.blocked_reason(*blocked)}. Name a folder "
+              "this process can create and write.")
+  if not args.results:
+    return None
+  results = pathlib.Path(args.results)
+  if results.is_dir():
+    return (f"--results {args.results!r} is a directory; --results names the file each row is appended to, e.g. "
+            f"{str(results / 'rows.jsonl')!r}.")
+  if blocked := workdir_lock.blocked_folder(results.parent):
+    return (f"--results {args.results!r}: {workdir_lock.blocked_reason(*blocked)}. Name a file in a folder this "
+            "process can write.")
+  if results.exists() and not os.access(results, os.W_OK):
+    return f"--results {args.results!r} is not writable by this process: each row is appended to it."
+  return None
+
+
 def _environment(args) -> dict[str, str]:
   env = dict(os.environ)
   env["XLA_FLAGS"] = " ".join(filter(None, (env.get("XLA_FLAGS", ""), XLA_FLAG_SETS.get(args.xla_flags,
@@ -320,6 +344,7 @@ def measure(args) -> dict:
   if "step_trace" in step:
     row["step_trace"] = step["step_trace"]
   if args.results:
+    pathlib.Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     with open(args.results, "a") as f:
       f.write(json.dumps(row) + "\n")
   return row
@@ -519,7 +544,7 @@ def main() -> None:
     parser.error("--trace-steps must be >= 0 (0: no trace)")
   if args.train_images < args.batch_per_device:
     parser.error("--train-images must be at least --batch-per-device")
-  refused = config_problem(args)
+  refused = paths_problem(args) or config_problem(args)
   if refused:
     parser.error(refused)
   row = measure(args)

@@ -150,3 +150,36 @@ def test_a_failed_step_process_reports_its_error_without_a_traceback(tmp_path):
   shown = str(exit_info.value.code)
   assert shown.startswith("The step process failed (status 2):\n")
   assert "the step process: --config.num_stepz: config has no field 'num_stepz'" in shown and "Traceback" not in shown
+
+
+@pytest.mark.parametrize("flag, where, message", [
+    ("--data-dir", "{file}/data", "--data-dir '{file}/data' cannot be used as a folder: '{file}' is a file. Name a "
+                                  "folder this process can create and write."),
+    ("--work-root", "{file}", "--work-root '{file}' cannot be used as a folder: '{file}' is a file."),
+    ("--compilation-cache", "{link}/cache", "--compilation-cache '{link}/cache' cannot be used as a folder: '{link}' "
+                                            "is a link to"),
+    ("--results", "{tmp}", "--results '{tmp}' is a directory; --results names the file each row is appended to, e.g. "
+                           "'{tmp}/rows.jsonl'."),
+    ("--results", "{file}/rows.jsonl", "--results '{file}/rows.jsonl': '{file}' is a file. Name a file in a folder "
+                                       "this process can write."),
+])
+def test_a_folder_or_results_file_it_could_not_write_is_refused_before_any_data_is_written(
+    monkeypatch, capsys, tmp_path, flag, where, message):
+  places = {"file": tmp_path / "a_file", "link": tmp_path / "dangling", "tmp": tmp_path}
+  places["file"].write_text("")
+  places["link"].symlink_to(tmp_path / "gone")
+  monkeypatch.setattr(resnet50_end_to_end, "write_imagenet_like", lambda *a, **k: pytest.fail("data written"))
+  monkeypatch.setattr(resnet50_end_to_end, "config_problem", lambda args: pytest.fail("config checked first"))
+  with pytest.raises(SystemExit) as exit_info:
+    _main(monkeypatch, ["--dry-run", flag, where.format(**places)])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "Traceback" not in err and message.format(**places) in err
+
+
+def test_the_results_file_s_new_folder_is_made_when_the_row_is_written(monkeypatch, tmp_path):
+  results = tmp_path / "new" / "folder" / "rows.jsonl"
+  monkeypatch.setattr(resnet50_end_to_end, "write_imagenet_like", lambda *a, **k: 0.0)
+  monkeypatch.setattr(resnet50_end_to_end, "_subprocess_step", lambda *a: {
+      "device": "cpu", "jax": "0", "step_seconds": {"lars": 0.5}, "step_seconds_quartiles": {"lars": [1, 2, 3]}})
+  _main(monkeypatch, ["--dry-run", "--step-only", "--results", str(results), "--data-dir", str(tmp_path / "data")])
+  assert json.loads(results.read_text())["step_images_per_second"] == 16.0
