@@ -37,7 +37,6 @@ from experiments import sweep_table
 from experiments import variant_fields
 from experiments.sweep import METRIC_KEYS
 from lbjax import config_files
-from lbjax import train
 from lbjax.configs import _adaptive_batch
 from lbjax.train.errors import exit_on_user_errors
 
@@ -76,16 +75,10 @@ def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant
   """
   if problem := argument_problem(runs, seeds):
     raise ValueError(problem)
-  configs, errors = {}, []
-  for run in runs:
-    for seed in seeds:
-      try:
-        configs[(run, seed)] = config_files.load(config_spec(config, f"run={run}", f"seed={seed}", variant)).config
-        train.validate(configs[(run, seed)])
-      except train.ConfigError as e:
-        errors.append(f"run {run} seed {seed}: {e}")
-  if errors:
-    raise ValueError("Invalid experiment:\n  - " + "\n  - ".join(errors))
+  configs = runner.load_runs({(run, seed): runner.config_loader(config_spec(config, f"run={run}", f"seed={seed}",
+                                                                            variant))
+                              for run in runs for seed in seeds},
+                             "experiment", label=lambda key: f"run {key[0]} seed {key[1]}")
   datasets = {c.dataset for c in configs.values()}
   if len(datasets) != 1 or not datasets <= set(METRIC_KEYS):
     raise ValueError(f"{config} trains on {sorted(datasets)}; the experiment needs one dataset with a known "

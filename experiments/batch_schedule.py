@@ -25,7 +25,6 @@ from experiments import run_records
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
-from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
@@ -62,13 +61,11 @@ def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULE
   """
   if problem := argument_problem(schedules, seeds, max_device_batch):
     raise ValueError(problem)
-  configs = {(s, k): config_files.load(config_spec(config, f"schedule={s}", f"seed={k}", variant)).config
-             for k in seeds for s in schedules}
-  for run_config in configs.values():
-    if max_device_batch:
-      run_config.max_device_batch = max_device_batch
-  runner.validate_runs({f"{schedule} seed={seed}": run_config for (schedule, seed), run_config in configs.items()},
-                       "batch-schedule experiment")
+  overrides = [f"--config.max_device_batch={max_device_batch}"] if max_device_batch else []
+  configs = runner.load_runs({(s, k): runner.config_loader(config_spec(config, f"schedule={s}", f"seed={k}", variant),
+                                                           overrides)
+                              for k in seeds for s in schedules},
+                             "batch-schedule experiment", label=lambda key: f"{key[0]} seed={key[1]}")
   if dry_run:
     runner.print_dry_run("[batch_schedule]", ((f"{schedule} seed={seed}", run_config,
                                                runner.run_dir(workdir, schedule, seed))

@@ -54,9 +54,8 @@ def run_grid(config: str, learning_rates: Sequence[float], workdir: str, variant
   """
   if problem := argument_problem(learning_rates, metric):
     raise ValueError(problem)
-  configs = {lr: config_files.load(config_spec(config, variant), [f"--config.lr.base={lr!r}"]).config
-             for lr in learning_rates}
-  runner.validate_runs({f"lr={lr:g}": run_config for lr, run_config in configs.items()}, "learning-rate grid")
+  configs = runner.load_runs({lr: runner.config_loader(config_spec(config, variant), [f"--config.lr.base={lr!r}"])
+                              for lr in learning_rates}, "learning-rate grid", label=lambda lr: f"lr={lr:g}")
   if dry_run:
     runner.print_dry_run("[lr_grid]", ((f"lr={lr:g}", configs[lr], pathlib.Path(workdir) / f"lr_{lr:g}")
                                        for lr in learning_rates))

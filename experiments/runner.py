@@ -18,11 +18,13 @@ import math
 import numbers
 import pathlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import ml_collections
 
 from experiments import run_records
+from lbjax import config_files
 from lbjax import train
 from lbjax.train import abstract_data
 from lbjax.train import checkpointing
@@ -39,6 +41,7 @@ from lbjax.train.errors import RunPreempted
 DIVERGED_ABOVE_UNIFORM_NATS = 1.0
 DIVERGED_NOTE = "diverged.txt"  # in a run's directory: the message of the non-finite step that stopped it
 TRAINED_SECONDS = "trained_seconds.txt"  # in a run's directory: wall-clock seconds of the sessions that trained it
+Key = TypeVar("Key")  # how an experiment names its runs, e.g. (row, seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,17 +119,37 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
           f"{run_dir}: {state}")
 
 
-def validate_runs(configs: Mapping[str, ml_collections.ConfigDict], what: str) -> None:
-  """Checks every run's config as lbjax-train checks a run (`train.validate`), before the first trains; one
-  `ConfigError` names each invalid run by its label: "Invalid <what>:\n  - <label>: <problem>"."""
-  errors = []
-  for label, config in configs.items():
+def config_loader(spec: str, overrides: Sequence[str] = ()) -> Callable[[], ml_collections.ConfigDict]:
+  """A run's loader for `run_problems`/`load_runs`: the config `spec` (`name[:variant]` or a file) with the
+  `--config.<field>=<value>` `overrides`, as lbjax-train loads it (`config_files.load`)."""
+  return lambda: config_files.load(spec, list(overrides)).config
+
+
+def run_problems(loaders: Mapping[Key, Callable[[], ml_collections.ConfigDict]],
+                 label: Callable[[Key], str] = str) -> tuple[dict[Key, ml_collections.ConfigDict], list[str]]:
+  """Every run's config before the first trains: loaded (`loaders[key]()`) and checked as lbjax-train checks a
+  run (`train.validate`). Returns the configs that pass, and one "<label>: <problem>" line (`label(key)`) for each
+  run whose config does not load or is invalid."""
+  configs, problems = {}, []
+  for key, load in loaders.items():
     try:
+      config = load()
       train.validate(config)
     except train.ConfigError as e:
-      errors.append(f"{label}: {e}")
-  if errors:
-    raise train.ConfigError(f"Invalid {what}:\n  - " + "\n  - ".join(errors))
+      problems.append(f"{label(key)}: {e}")
+    else:
+      configs[key] = config
+  return configs, problems
+
+
+def load_runs(loaders: Mapping[Key, Callable[[], ml_collections.ConfigDict]], what: str,
+              label: Callable[[Key], str] = str) -> dict[Key, ml_collections.ConfigDict]:
+  """Every run's config, loaded and checked before the first trains (`run_problems`); one `ConfigError` names
+  each run that does not load or is invalid: "Invalid <what>:\n  - <label>: <problem>"."""
+  configs, problems = run_problems(loaders, label)
+  if problems:
+    raise train.ConfigError(f"Invalid {what}:\n  - " + "\n  - ".join(problems))
+  return configs
 
 
 def add_dry_run(parser: argparse.ArgumentParser) -> None:

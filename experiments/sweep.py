@@ -26,6 +26,7 @@ A run stopped by a non-finite loss is recorded as `diverged` with a NaN metric.
 
 import argparse
 import dataclasses
+import functools
 import json
 import pathlib
 import sys
@@ -158,6 +159,13 @@ def point_config(spec: SweepSpec, rule: str, batch_size: int, seed: int | None =
   return config
 
 
+def _point_label(point: tuple[str, int, int | None]) -> str:
+  """The point's name in a message, "rule=<R> batch=<B> seed=<S>"; without the seed where the spec names none
+  (each point trains with its config's own)."""
+  rule, batch_size, seed = point
+  return f"rule={rule} batch={batch_size}" + ("" if seed is None else f" seed={seed}")
+
+
 def recipe_fingerprint(config: ml_collections.ConfigDict) -> str:
   """What the run computes, apart from how the recipe was named: config minus `scaling`/`lr`, plus
   the learning rate at `_FINGERPRINT_SAMPLES` epochs over training (warm-up included)."""
@@ -249,11 +257,10 @@ def _run_checked(spec: SweepSpec, dry_run: bool = False) -> list[RunRow]:
   reference = sweep_table.read_csv(spec.reference, spec.metric) if spec.reference else []
   done = {(r.name, r.batch_size, r.seed): r for r in rows}
   seeds = spec.seeds or (None,)
-  configs = {(rule, b, seed): point_config(spec, rule, b, seed)
-             for rule in spec.rules for b in spec.batch_sizes for seed in seeds}
+  configs = runner.load_runs({(rule, b, seed): functools.partial(point_config, spec, rule, b, seed)
+                              for rule in spec.rules for b in spec.batch_sizes for seed in seeds}, "sweep",
+                             label=_point_label)
   configs = {(rule, b, config.seed): config for (rule, b, _), config in configs.items()}
-  runner.validate_runs({f"rule={rule} batch={b} seed={seed}": config for (rule, b, seed), config in configs.items()},
-                       "sweep")
   fingerprints = {point: recipe_fingerprint(config) for point, config in configs.items()}
   # Seed-major: a complete one-seed table first, then the spread.
   order = sorted(configs, key=lambda p: (p[2], spec.batch_sizes.index(p[1]), spec.rules.index(p[0])))

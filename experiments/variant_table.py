@@ -33,6 +33,7 @@ import argparse
 import csv
 import dataclasses
 import fcntl
+import functools
 import json
 import math
 import pathlib
@@ -443,17 +444,11 @@ def run_table(table: Table, out: str, workdir: str, seeds: Sequence[int] = (),
             for n in only if n not in names]
   if problem := runner.seeds_problem(seeds):
     errors.append(problem)
-  configs = {}
-  for row in table.rows:
-    if only and row.name not in only:
-      continue
-    for seed in seeds:
-      try:
-        configs[(row.name, seed)] = row_config(table, row, seed)
-        # Names, arguments and values now, as lbjax-train does; what depends on the devices at the start.
-        train.validate(configs[(row.name, seed)])
-      except train.ConfigError as e:
-        errors.append(f"row {row.name}: {e}")
+  # Names, arguments and values now, as lbjax-train does; what depends on the devices at each run's start.
+  configs, problems = runner.run_problems({(row.name, seed): functools.partial(row_config, table, row, seed)
+                                           for row in table.rows if not only or row.name in only for seed in seeds},
+                                          label=lambda key: f"row {key[0]}")
+  errors += problems
   if not errors and dry_run:
     errors += [problem] if (problem := workdir_lock.workdir_problem(workdir)) else []
   elif not errors:  # the runs' directory (made now, so only once nothing else is wrong)

@@ -2,6 +2,7 @@
 policy, each with seeds, and its table of updates and examples to a target quality."""
 
 import dataclasses
+import functools
 import json
 import pathlib
 from typing import Sequence
@@ -89,36 +90,30 @@ def warmup_configs(config: str, overrides: Sequence[str], seeds: Sequence[int], 
   large_batch, max_batch, seed).
 
   Raises:
-    ValueError: every invalid config, named.
+    train.ConfigError: every run whose config does not load or is invalid, named (`runner.load_runs`).
   """
   final = sizes[-1]
   variants = {"baseline": "run=baseline", "legw": f"run=legw,large_batch={final}",
               "adaptive": f"run=adaptive,max_batch={final}"}
-  configs, errors = {}, []
-  for seed in seeds:  # every run of a seed before the next seed: a cut-short experiment has whole seeds
-    for run in WARMUP_RUNS:
-      try:
-        if run == "cbs_warmup":
-          run_config = load_config(config_spec(config, f"run=legw,large_batch={sizes[0]}", f"seed={seed}"),
-                                   overrides)
-          recipe = recipe_json(run_config)
-          run_config.batch.policy = "schedule"
-          run_config.batch_size, run_config.batch_sizes = sizes[0], tuple(sizes)
-          run_config.batch_size_boundaries = tuple(boundaries)
-          # The decay's own arguments go with it into `recipe`; the section keeps the recipe's peak and warm-up.
-          run_config.lr = ml_collections.ConfigDict(
-              {k: run_config.lr[k] for k in optimizer_lib.LR_RECIPE_FIELDS}
-              | {"decay": "experiments.critical_batch.warmup:rule_at_batch_in_force", "batch_sizes": tuple(sizes),
-                 "boundaries": tuple(boundaries), "recipe": recipe})
-        else:
-          run_config = load_config(config_spec(config, variants[run], f"seed={seed}"), overrides)
-        train.validate(run_config)
-        configs[(run, seed)] = run_config
-      except (train.ConfigError, ValueError) as e:
-        errors.append(f"run {run} seed {seed}: {e}")
-  if errors:
-    raise ValueError("Invalid warm-up comparison:\n  - " + "\n  - ".join(errors))
-  return configs
+
+  def load(run: str, seed: int) -> ml_collections.ConfigDict:
+    if run != "cbs_warmup":
+      return load_config(config_spec(config, variants[run], f"seed={seed}"), overrides)
+    run_config = load_config(config_spec(config, f"run=legw,large_batch={sizes[0]}", f"seed={seed}"), overrides)
+    recipe = recipe_json(run_config)
+    run_config.batch.policy = "schedule"
+    run_config.batch_size, run_config.batch_sizes = sizes[0], tuple(sizes)
+    run_config.batch_size_boundaries = tuple(boundaries)
+    # The decay's own arguments go with it into `recipe`; the section keeps the recipe's peak and warm-up.
+    run_config.lr = ml_collections.ConfigDict(
+        {k: run_config.lr[k] for k in optimizer_lib.LR_RECIPE_FIELDS}
+        | {"decay": "experiments.critical_batch.warmup:rule_at_batch_in_force", "batch_sizes": tuple(sizes),
+           "boundaries": tuple(boundaries), "recipe": recipe})
+    return run_config
+
+  # Every run of a seed before the next seed: a cut-short experiment has whole seeds.
+  return runner.load_runs({(run, seed): functools.partial(load, run, seed) for seed in seeds for run in WARMUP_RUNS},
+                          "warm-up comparison", label=lambda key: f"run {key[0]} seed {key[1]}")
 
 
 def final_test_metrics(config: ml_collections.ConfigDict, run_dir: pathlib.Path) -> dict[str, float]:

@@ -10,6 +10,7 @@ import pytest
 from experiments import adaptive_batch
 from experiments import run_records
 from experiments import runner
+from lbjax import train
 from lbjax.train import batch_policy
 from lbjax.train import errors
 
@@ -57,7 +58,7 @@ def test_a_variant_that_sets_the_run_or_the_seed_is_refused_before_training(tmp_
 ])
 def test_bad_runs_seeds_and_targets_are_usage_errors_before_training(tmp_path, monkeypatch, capsys, config, flags,
                                                                      message):
-  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
   with pytest.raises(SystemExit) as exit_info:
     adaptive_batch.main(["--config", config, *flags, "--out", str(tmp_path / "out"),
                          "--workdir", str(tmp_path / "runs")])
@@ -119,16 +120,16 @@ def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_pat
 def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeypatch):
   """LEGW stopped by a non-finite loss before its first record: the adaptive run still trains, the table
   says diverged, and a second call trains nothing."""
-  train_and_evaluate = adaptive_batch.train.train_and_evaluate
+  train_and_evaluate = train.train_and_evaluate
   trained = []
 
   def diverging_legw(config, workdir):
     trained.append(pathlib.Path(workdir).name)
     if config.batch_size == 32:
-      raise adaptive_batch.train.NonFiniteError("Non-finite loss at step 1.")
+      raise train.NonFiniteError("Non-finite loss at step 1.")
     return train_and_evaluate(config, workdir)
 
-  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", diverging_legw)
+  monkeypatch.setattr(train, "train_and_evaluate", diverging_legw)
   args = ["--config", TINY_PTB, "--variant", "large_batch=32", "--out", str(tmp_path / "out"),
           "--workdir", str(tmp_path / "runs"), "--runs", "baseline,legw,adaptive"]
   adaptive_batch.main(args)
@@ -140,7 +141,7 @@ def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeyp
 
 
 def test_dry_run_prints_each_run_and_trains_nothing(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
   adaptive_batch.main(["--config", TINY, "--runs", "baseline,adaptive", "--seeds", "0,1", "--out",
                        str(tmp_path / "out" / "ab"), "--workdir", str(tmp_path / "runs"), "--dry-run"])
   lines = capsys.readouterr().out.splitlines()

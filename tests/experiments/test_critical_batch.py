@@ -145,7 +145,7 @@ def test_a_bad_grid_or_a_missing_table_ends_the_command_with_status_2(tmp_path, 
 def _refused_warmup(tmp_path, capsys, monkeypatch, *flags: str) -> str:
   """`warmup` of a one-step CBS table (16 -> 32 at epoch 0.5) with `flags`: ends with status 2 before training;
   returns its stderr."""
-  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(warmup.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
   table = tmp_path / "cbs.csv"
   table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
   with pytest.raises(SystemExit) as exit_info:
@@ -220,7 +220,7 @@ def test_measure_refuses_a_grid_list_that_is_not_numbers(tmp_path, capsys):
 
 
 def test_warmup_dry_run_prints_the_warmup_and_each_run_and_trains_nothing(tmp_path, capsys, monkeypatch):
-  monkeypatch.setattr(warmup.adaptive_batch.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(warmup.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
   table = tmp_path / "cbs.csv"
   table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
   cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--seeds", "0", "--dry-run",

@@ -110,10 +110,21 @@ def test_a_planned_run_names_the_split_its_dataset_evaluates_by_default(tmp_path
                      f"{tmp_path / 'run'}: new")
 
 
-def test_validate_runs_names_every_invalid_run_by_its_label():
-  good = config_files.load("mnist_lstm").config
-  bad = config_files.load("mnist_lstm").config
-  bad.num_epochs = -1.0
-  runner.validate_runs({"a": good}, "table")
-  with pytest.raises(train.ConfigError, match=r"(?s)^Invalid table:\n  - b: .*num_epochs"):
-    runner.validate_runs({"a": good, "b": bad}, "table")
+def test_load_runs_names_every_run_that_does_not_load_or_is_invalid_by_its_label():
+  def invalid():
+    config = config_files.load("mnist_lstm").config
+    config.num_epochs = -1.0
+    return config
+
+  loaders = {("good", 0): runner.config_loader("mnist_lstm", ["--config.seed=3"]), ("invalid", 0): invalid,
+             ("unloadable", 1): runner.config_loader("mnist_lstm", ["--config.num_stepz=3"])}
+  configs, problems = runner.run_problems(loaders, label=lambda key: f"{key[0]} seed={key[1]}")
+  assert list(configs) == [("good", 0)] and configs[("good", 0)].seed == 3
+  assert [p.split(":")[0] for p in problems] == ["invalid seed=0", "unloadable seed=1"]
+  assert "num_epochs" in problems[0] and "Did you mean 'num_steps'?" in problems[1]
+  assert runner.load_runs({"a": loaders[("good", 0)]}, "table")["a"].seed == 3
+  with pytest.raises(train.ConfigError, match=r"(?s)^Invalid table:\n  - invalid seed=0: .*num_epochs.*\n  - "
+                                               r"unloadable seed=1: "):
+    runner.load_runs(loaders, "table", label=lambda key: f"{key[0]} seed={key[1]}")
+
+
