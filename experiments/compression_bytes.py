@@ -39,15 +39,17 @@ Outputs:
 import argparse
 import csv
 import dataclasses
+import functools
 import math
 import pathlib
+from collections.abc import Callable
 from typing import Any, Sequence
 
 import jax
+import ml_collections
 
 from experiments import fields_the_experiment_sets, run_records, runner, simulated_devices, variant_fields
 from lbjax import config_files
-from lbjax import train
 from lbjax.train.errors import exit_on_user_errors
 
 
@@ -105,17 +107,25 @@ def read_result(run_dir: pathlib.Path, variant: str) -> Result | None:
                 train_records[-1]["loss"], final["accuracy"])
 
 
-def settings_problem(args: argparse.Namespace, common: Sequence[str]) -> str:
-  """What is wrong with the settings of any run of the experiment, or "" if nothing: every variant's config
-  (at each of `--lrs` on the validation split) checked as lbjax-train checks it, before the first run trains."""
-  problems = []
+def validation_run_dir(args: argparse.Namespace, variant: str, lr: float) -> pathlib.Path:
+  """Where the variant's run at `lr` on the validation split trains (with `--lrs`)."""
+  return pathlib.Path(args.workdir) / variant / f"validation_lr_{lr:g}"
+
+
+def run_loaders(args: argparse.Namespace, common: Sequence[str]
+                ) -> dict[tuple[str, str, pathlib.Path], Callable[[], ml_collections.ConfigDict]]:
+  """Every run the experiment trains before it chooses, by (variant, role, run directory): without `--lrs`,
+  each variant's run at the config's LR ("run"); with them, its run at each LR on the validation split
+  ("validation LR <lr>"). (With `--lrs`, each variant's test run at its best LR follows them.)"""
+  loaders = {}
   for variant in variants(args.ranks, args.qsgd_levels):
-    for overrides in [[f"--config.lr.base={lr!r}", VALIDATION_SPLIT] for lr in args.lrs] or [[]]:
-      try:
-        train.validate(run_config(args.config, variant, args.batch_size, args.epochs, (*common, *overrides)))
-      except train.ConfigError as e:
-        problems.append(f"{variant.name}: {e}")
-  return "\n".join(dict.fromkeys(problems))
+    runs = ([(f"validation LR {lr:g}", validation_run_dir(args, variant.name, lr),
+              [f"--config.lr.base={lr!r}", VALIDATION_SPLIT]) for lr in args.lrs]
+            or [("run", pathlib.Path(args.workdir) / variant.name, [])])
+    for role, run_dir, overrides in runs:
+      loaders[(variant.name, role, run_dir)] = functools.partial(run_config, args.config, variant, args.batch_size,
+                                                                 args.epochs, (*common, *overrides))
+  return loaders
 
 
 def variant_result(variant: Variant, args: argparse.Namespace, common: Sequence[str]) -> Result:
@@ -129,7 +139,7 @@ def variant_result(variant: Variant, args: argparse.Namespace, common: Sequence[
     return dataclasses.replace(read_result(run_dir, variant.name), learning_rate=config().lr.base)
   validation = {}
   for lr in args.lrs:
-    run_dir = pathlib.Path(args.workdir) / variant.name / f"validation_lr_{lr:g}"
+    run_dir = validation_run_dir(args, variant.name, lr)
     runner.run_once(config([f"--config.lr.base={lr!r}", VALIDATION_SPLIT]), run_dir, name=variant.name, prefix=PREFIX)
     result = read_result(run_dir, variant.name)
     validation[lr] = math.nan if result is None else result.final_test_accuracy
@@ -231,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", required=True)
   parser.add_argument("--workdir", required=True)
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   if any(not lr > 0 for lr in args.lrs):
@@ -240,8 +251,17 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
   if refusal := fields_the_experiment_sets(variant_fields(args.config), set_by, f"the variant of {args.config!r}"):
     parser.error(refusal)
   common = [f"--config.seed={args.seed}"]
-  if problem := settings_problem(args, common):
-    parser.error(problem)
+  # Every run's config checked as lbjax-train checks it, before the first trains.
+  configs, problems = runner.run_problems(run_loaders(args, common), label=lambda key: key[0])
+  if problems:
+    parser.error("\n".join(dict.fromkeys(problems)))
+  if args.dry_run:
+    runner.print_dry_run(PREFIX, ((f"{variant} {role}", config, run_dir)
+                                  for (variant, role, run_dir), config in configs.items()))
+    if args.lrs:
+      print(f"{PREFIX} then each variant's test run at its best validation LR, in "
+            f"{pathlib.Path(args.workdir) / '<variant>' / 'test_lr_<lr>'}", flush=True)
+    return []
   command = simulated_devices.command("experiments.compression_bytes", argv)
   results = []
   for variant in variants(args.ranks, args.qsgd_levels):

@@ -24,6 +24,7 @@ Outputs (rewritten after each batch size):
 import argparse
 import csv
 import dataclasses
+import functools
 import math
 import pathlib
 import sys
@@ -234,8 +235,9 @@ def write_outputs(curves: dict[int, list[dict[str, float]]], spec: LipschitzSpec
   plot(curves, spec.title, out.with_suffix(".png"))
 
 
-def run_experiment(spec: LipschitzSpec) -> dict[int, list[dict[str, float]]]:
-  """Trains every batch size not yet finished, rewriting the outputs after each.
+def run_experiment(spec: LipschitzSpec, dry_run: bool = False) -> dict[int, list[dict[str, float]]]:
+  """Trains every batch size not yet finished, rewriting the outputs after each; `dry_run`: print what each
+  run would train (`runner.print_dry_run`), train nothing and return {}.
 
   Returns:
     {batch size: its `lipschitz` records}.
@@ -245,12 +247,15 @@ def run_experiment(spec: LipschitzSpec) -> dict[int, list[dict[str, float]]]:
     train.NonFiniteError: a run diverged (L is not defined past that point; lower the LR).
   """
   check_spec(spec)
-  configs = {b: run_config(spec, b) for b in spec.batch_sizes}
-  for config in configs.values():
-    train.validate(config)
+  configs = runner.load_runs({b: functools.partial(run_config, spec, b) for b in spec.batch_sizes},
+                             "Lipschitz experiment", label=lambda b: f"batch={b}")
+  run_dirs = {b: pathlib.Path(spec.workdir) / f"b{b}" for b in spec.batch_sizes}
+  if dry_run:
+    runner.print_dry_run("[lipschitz]", ((f"batch={b}", config, run_dirs[b]) for b, config in configs.items()))
+    return {}
   curves = {}
   for batch_size, config in configs.items():
-    run_dir = pathlib.Path(spec.workdir) / f"b{batch_size}"
+    run_dir = run_dirs[batch_size]
     if runner.run_once(config, run_dir, name=f"batch={batch_size}", prefix="[lipschitz]").status == "diverged":
       raise train.NonFiniteError(f"batch {batch_size} diverged ({run_dir / runner.DIVERGED_NOTE}): L is not defined "
                                  "past a non-finite step; lower the learning rate.")
@@ -273,12 +278,13 @@ def main(argv: Sequence[str] | None = None) -> dict[int, list[dict[str, float]]]
   parser.add_argument("--variant", default="", help="extra variant keys for every run, e.g. rule=sqrt")
   parser.add_argument("--max_device_batch", type=int, default=0)
   parser.add_argument("--title", default="Local Lipschitz estimate L(x, g) along the gradient")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = LipschitzSpec(config=args.config, batch_sizes=args.batch_sizes, out=args.out, workdir=args.workdir,
                        steps=args.steps, every=args.every, lipschitz_batch_size=args.lipschitz_batch_size,
                        variant=args.variant, max_device_batch=args.max_device_batch, title=args.title)
-  return run_experiment(spec)
+  return run_experiment(spec, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

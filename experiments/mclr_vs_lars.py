@@ -27,6 +27,7 @@ Outputs (rewritten after each run):
 import argparse
 import csv
 import dataclasses
+import functools
 import math
 import pathlib
 import sys
@@ -275,8 +276,9 @@ def write_outputs(results: list[RunResult], spec: ComparisonSpec) -> None:
   plot(results, spec.title, out.with_suffix(".png"))
 
 
-def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
-  """Trains every (optimizer, LR) not yet finished, rewriting the outputs after each run.
+def run_comparison(spec: ComparisonSpec, dry_run: bool = False) -> list[RunResult]:
+  """Trains every (optimizer, LR) not yet finished, rewriting the outputs after each run; `dry_run`: print
+  what each run would train (`runner.print_dry_run`), train nothing and return [].
 
   Returns:
     The results of all runs of the grid, finished earlier or now.
@@ -286,12 +288,15 @@ def run_comparison(spec: ComparisonSpec) -> list[RunResult]:
   """
   check_spec(spec)
   points = [(name, lr) for name in OPTIMIZERS for lr in spec.learning_rates[name]]
-  configs = {point: run_config(spec, *point) for point in points}
-  for config in configs.values():
-    train.validate(config)
-    if config.dataset in ("ptb", "synthetic_ptb"):
-      raise train.ConfigError(f"{spec.config} trains a language model; the comparison reports accuracy and "
-                              "needs a classification config.")
+  configs = runner.load_runs({point: functools.partial(run_config, spec, *point) for point in points},
+                             "comparison", label=lambda point: f"{point[0]} lr={point[1]:g}")
+  if any(config.dataset in ("ptb", "synthetic_ptb") for config in configs.values()):
+    raise train.ConfigError(f"{spec.config} trains a language model; the comparison reports accuracy and "
+                            "needs a classification config.")
+  if dry_run:
+    runner.print_dry_run("[mclr_vs_lars]", ((f"{name} lr={lr:g}", configs[(name, lr)], run_directory(spec, name, lr))
+                                            for name, lr in points))
+    return []
   results = []
   for point in points:
     run_dir = run_directory(spec, *point)
@@ -326,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
   parser.add_argument("--log_every", type=int, default=5)
   parser.add_argument("--max_device_batch", type=int, default=0)
   parser.add_argument("--title", default="MCLR vs LARS")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   set_by = {"batch_size": "--batch_size", "num_epochs": "--epochs", "optimizer": "--lars_lrs/--mclr_lrs and the "
@@ -338,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> list[RunResult]:
       momentum=args.momentum, weight_decay=args.weight_decay, trust_coefficient=args.trust_coefficient,
       eval_every_epochs=args.eval_every_epochs, log_every=args.log_every,
       max_device_batch=args.max_device_batch, title=args.title)
-  return run_comparison(spec)
+  return run_comparison(spec, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

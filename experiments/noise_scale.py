@@ -177,8 +177,9 @@ def write_outputs(records: list[dict[str, Any]], spec: NoiseScaleSpec) -> None:
   plot(records, spec.title, out.with_suffix(".png"))
 
 
-def run_experiment(spec: NoiseScaleSpec) -> list[dict[str, Any]]:
-  """Trains the accumulating run unless finished, then writes the outputs; returns its records.
+def run_experiment(spec: NoiseScaleSpec, dry_run: bool = False) -> list[dict[str, Any]]:
+  """Trains the accumulating run unless finished, then writes the outputs; returns its records. `dry_run`:
+  print what the run would train (`runner.print_dry_run`), train nothing and return [].
 
   Raises:
     ConfigError: an invalid spec or config (before any training), or a run without estimates.
@@ -187,6 +188,9 @@ def run_experiment(spec: NoiseScaleSpec) -> list[dict[str, Any]]:
   check_spec(spec, config)
   train.validate(config)
   workdir = pathlib.Path(spec.workdir)
+  if dry_run:
+    runner.print_dry_run("[noise_scale]", [("accumulating run", config, workdir)])
+    return []
   if runner.run_once(config, workdir, name="accumulating run", prefix="[noise_scale]").status == "diverged":
     raise train.NonFiniteError(f"the run diverged ({workdir / runner.DIVERGED_NOTE}); lower the learning rate.")
   records = noise_scale_records(workdir)
@@ -205,12 +209,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--variant", default="", help="variant keys, e.g. batch=1024,epochs=2")
   parser.add_argument("--log_every", type=int, default=5)
   parser.add_argument("--title", default="Gradient noise scale B_simple during training")
+  runner.add_dry_run(parser)
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out, workdir=args.workdir)
   spec = NoiseScaleSpec(config=args.config, out=args.out, workdir=args.workdir,
                         max_device_batch=args.max_device_batch, variant=args.variant, log_every=args.log_every,
                         title=args.title)
-  return run_experiment(spec)
+  return run_experiment(spec, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":

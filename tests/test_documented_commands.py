@@ -122,7 +122,9 @@ def test_a_documented_script_command_is_accepted_by_its_parser(where, command, m
 
 # The scripts (and subcommands) with a --dry-run: everything they check before training runs too.
 DRY_RUN_SCRIPTS = {"experiments.sweep", "experiments.variant_table", "experiments.lr_grid",
-                   "experiments.adaptive_batch", "experiments.batch_schedule", "experiments.critical_batch warmup"}
+                   "experiments.adaptive_batch", "experiments.batch_schedule", "experiments.critical_batch warmup",
+                   "experiments.lipschitz", "experiments.mclr_vs_lars", "experiments.noise_scale",
+                   "experiments.compression_bytes"}
 DRY_RUN_COMMANDS = [(where, command) for where, command in SCRIPT_COMMANDS
                     if " ".join(shlex.split(command)[2:4]) in DRY_RUN_SCRIPTS
                     or shlex.split(command)[2] in DRY_RUN_SCRIPTS]

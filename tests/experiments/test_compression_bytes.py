@@ -117,3 +117,22 @@ def test_a_variant_learning_rate_is_accepted_without_lrs(tmp_path, monkeypatch):
   with pytest.raises(Trained):
     compression_bytes.main(["--config", "resnet_tiny_synthetic_cifar:lr=0.2", "--out", str(tmp_path / "out"),
                             "--workdir", str(tmp_path / "runs")])
+
+
+def test_the_dry_run_lists_every_validation_run_and_how_it_ended_training_nothing(tuned, monkeypatch, capsys):
+  args, _, _ = tuned
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  flags = ["--config", TINY_CONFIG, "--batch_size", "16", "--epochs", "0.5", "--ranks", "1", "--lrs", "0.05,1e30",
+           "--out", str(pathlib.Path(args.out).with_name("dry")), "--workdir", args.workdir, "--dry-run"]
+  assert compression_bytes.main(flags) == []
+  lines = capsys.readouterr().out.splitlines()
+  runs = pathlib.Path(args.workdir)
+  assert [line.split(":")[0] for line in lines[:-1]] == [
+      f"[compression_bytes]   {variant} validation LR {lr}" for variant in ("none", "one_bit", "qsgd_s4", "powersgd_r1")
+      for lr in ("0.05", "1e+30")]
+  for line, lr in zip(lines[-3:-1], ("0.05", "1e+30")):  # the second diverged
+    assert line.endswith(f"{runs / 'powersgd_r1' / f'validation_lr_{lr}'}: ended there: read back")
+  assert lines[0].endswith(f"{runs / 'none' / 'validation_lr_0.05'}: new")
+  assert lines[-1] == (f"[compression_bytes] then each variant's test run at its best validation LR, in "
+                       f"{runs / '<variant>' / 'test_lr_<lr>'}")
+  assert not pathlib.Path(args.out).with_name("dry.csv").exists() and not (runs / "none").exists()
