@@ -12,11 +12,15 @@ from lbjax.optim import multi_tensor
 from lbjax.optim import validation
 
 
-def lamb_rate() -> layerwise.SummedRate:
+def lamb_rate(zero_at_padding: bool = True) -> layerwise.SummedRate:
   """The LAMB trust ratio as a `SummedRate`: `||w^l|| / ||u^l + beta * w^l||` (Algorithm 2 of LAMB).
 
   `u` is the incoming (Adam) direction. With the zero-norm rule of `layerwise.safe_quotient` the
   ratio is 1 when either norm is zero, as in optax and the LAMB paper.
+
+  Args:
+    zero_at_padding: whether `u` is zero where the gradient and the state are (`SummedRate.zero_at_padding`):
+      Adam's direction is, unless eps and eps_root are both 0.
 
   Returns:
     A `layerwise.SummedRate` (the sums: `||w||^2` and `||u + beta * w||^2`).
@@ -35,7 +39,7 @@ def lamb_rate() -> layerwise.SummedRate:
     w_squared, d_squared = layer_sums
     return layerwise.safe_quotient(jnp.sqrt(w_squared), jnp.sqrt(d_squared))
 
-  return layerwise.SummedRate(sums, rate)
+  return layerwise.SummedRate(sums, rate, zero_at_padding=zero_at_padding)
 
 
 def scale_by_lamb_trust_ratio(
@@ -165,11 +169,14 @@ def lamb(
   validation.check_momentum("b2", b2)
   validation.check_nonnegative("eps", eps)
   validation.check_nonnegative("eps_root", eps_root)
+  # Adam's direction where the gradient and the moments are zero is 0 / (sqrt(eps_root) + eps): 0 unless both
+  # may be 0 (a traced value may be).
+  rate = lamb_rate(zero_at_padding=any(isinstance(e, (int, float)) and e > 0 for e in (eps, eps_root)))
   return multi_tensor.in_layout(
       layout,
       lambda scaling, flip_sign: optax.chain(scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nu_dtype), scaling,
                                              optax.scale_by_learning_rate(learning_rate, flip_sign=flip_sign)),
-      lamb_rate(), weight_decay, mask, stacked, axis_name,
-      lambda per_leaf: fused.lamb(per_leaf, lamb_rate(), learning_rate, b1, b2, eps, eps_root, weight_decay, mask,
+      rate, weight_decay, mask, stacked, axis_name,
+      lambda per_leaf: fused.lamb(per_leaf, rate, learning_rate, b1, b2, eps, eps_root, weight_decay, mask,
                                   stacked, axis_name),
   )

@@ -191,11 +191,16 @@ class SummedRate:
       update, compiled for an H100). Set by LARS. LAMB and PercentDelta keep the vector: leaf-local,
       their ResNet-50 updates were 4% and 7% faster on CPU and would launch 554 instead of 289 and 331
       instead of 279 kernels on an H100 (benchmarks/README.md, optimizer).
+    zero_at_padding: whether the direction `sums` reads is zero where the gradient, the parameter and the
+      optimizer's state are (the flat layout's padding), so the padding adds nothing to a sum. False: the
+      flat layout leaves its padding out of the sums (one select in each block reduction); LAMB sets it when
+      eps and eps_root may both be 0, where Adam's direction there is 0/0.
   """
 
   sums: Callable[[jax.Array, jax.Array, Any, LayerReducer], tuple[jax.Array, ...]]
   rate: Callable[[tuple[jax.Array, ...], Any], jax.Array]
   leaf_local: bool = False
+  zero_at_padding: bool = True
 
   def global_rates(self, stacked_sums: jax.Array, weight_decay: Any, axis_name: str | None) -> jax.Array:
     """Every layer's rate from this device's `stacked_sums` (one row per sum, one column per layer),

@@ -163,6 +163,18 @@ class FlatLayout:
       ids[place.buffer].append(np.repeat(layer_ids, place.layer_blocks))
     return tuple(np.concatenate(i).astype(np.int32) if i else np.zeros((0,), np.int32) for i in ids)
 
+  @functools.cached_property
+  def block_values(self) -> tuple[np.ndarray | None, ...]:
+    """Per buffer, how many of each block's `BLOCK` values belong to its layer (the rest is padding), or None
+    for a buffer without padding."""
+    counts = [[] for _ in self.dtypes]
+    for place in self.places:
+      if place is not None and place.layer_blocks:
+        last = place.layer_size - (place.layer_blocks - 1) * BLOCK
+        counts[place.buffer].append(np.tile([BLOCK] * (place.layer_blocks - 1) + [last], place.layers))
+    return tuple(np.concatenate(c).astype(np.int32) if c and min(min(x) for x in c) < BLOCK else None
+                 for c in counts)
+
   def selected_blocks(self, buffer: int) -> np.ndarray:
     """Whether each block of a buffer belongs to a selected layer."""
     vector = self.vector_of(buffer)
@@ -194,18 +206,24 @@ class BlockReducer:
 
   Gives a `layerwise.SummedRate`'s `sums` what a `layerwise.LayerReducer` gives it leaf by leaf (`sum`,
   `sum_of_squares`), for every layer of the buffer at once, as one vector over the rate vector's
-  layers. Padding is zeros, which add nothing to a sum.
+  layers. Padding is zeros in w and g, which add nothing to a sum; given `block_values`, the padding is
+  left out (a direction that is not zero there: LAMB's Adam direction with eps = eps_root = 0 is 0/0).
 
   Attributes:
     block_layers: the rate-vector position of each block (`FlatLayout.block_layers`).
     layers: the length of the rate vector (blocks at that position, unselected, are dropped).
+    block_values: how many values of each block are its layer's, the rest padding (`FlatLayout.block_values`);
+      None: sum the padding too (zeros), or a buffer without padding.
   """
 
   block_layers: np.ndarray
   layers: int
+  block_values: np.ndarray | None = None
 
   def sum(self, x: jax.Array) -> jax.Array:
     """Sum of `x` (a buffer) over each layer, in float32 or wider."""
+    if self.block_values is not None:  # one select, fused into the block reduction
+      x = jnp.where(jnp.arange(BLOCK)[None, :] < self.block_values[:, None], x, 0)
     block_sums = jnp.sum(x, axis=1, dtype=jnp.promote_types(x.dtype, jnp.float32))
     return jax.ops.segment_sum(block_sums, self.block_layers, self.layers)
 
@@ -261,7 +279,8 @@ def scale_by_summed_rate(
       vector = layout.vector_of(buffer)
       if vector is None:
         continue
-      reducer = BlockReducer(layout.block_layers[buffer], sizes[vector])
+      reducer = BlockReducer(layout.block_layers[buffer], sizes[vector],
+                             None if rate.zero_at_padding else layout.block_values[buffer])
       buffer_sums = [s.astype(layout.rates.dtypes[vector]) for s in rate.sums(w, g, weight_decay, reducer)]
       sums[vector] = buffer_sums if sums[vector] is None else [a + b for a, b in zip(sums[vector], buffer_sums)]
     return [rate.global_rates(jnp.stack(group), weight_decay, axis_name).astype(dtype)

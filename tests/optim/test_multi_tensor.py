@@ -71,6 +71,9 @@ def test_the_layout_pads_every_layer_to_whole_blocks_and_gives_the_leaves_back()
   # the vector's length (6) marks the bias block, which the default mask leaves out.
   np.testing.assert_array_equal(layout.block_layers[1], [6, 0, 0, 0, 0, 0, 3, 4, 5])
   np.testing.assert_array_equal(layout.block_layers[0], [2])
+  # The values of each block that are its layer's (the rest is padding).
+  np.testing.assert_array_equal(layout.block_values[1], [8, 1024, 1024, 1024, 1024, 4500 - 4 * 1024, 35, 35, 35])
+  np.testing.assert_array_equal(layout.block_values[0], [24])
 
 
 @pytest.mark.parametrize("name, factory, kwargs, rtol", [
@@ -94,6 +97,25 @@ def test_the_flat_layout_computes_what_the_per_leaf_layout_computes(name, factor
   for key in ("dense", "stacked", "half", "empty"):
     np.testing.assert_allclose(ratios[key], want[key], rtol=rtol, err_msg=f"{name}: {key}")
   assert jax.tree.map(lambda u: u.dtype, flat[2]) == jax.tree.map(lambda p: p.dtype, tree(0))
+
+
+@pytest.mark.parametrize("hyperparams", ["literal", "injected"])
+def test_lamb_without_eps_leaves_the_padding_out_of_its_norms(hyperparams):
+  """With eps = eps_root = 0, Adam's direction in the padding (zero gradient, zero moments) is 0/0: the flat
+  layout's norms must not read it (they were NaN, and the zero-norm rule set every padded layer's ratio to 1).
+  Injected (traced) eps may be 0, so the padding is left out then too."""
+  def lamb(layout):
+    if hyperparams == "literal":
+      return optim.lamb(0.01, eps=0.0, weight_decay=1e-3, stacked=STACKED, layout=layout)
+    return optax.inject_hyperparams(optim.lamb, static_args=("layout", "stacked"))(
+        learning_rate=0.01, eps=0.0, weight_decay=1e-3, stacked=STACKED, layout=layout)
+
+  flat, per_leaf = run(lamb("flat")), run(lamb("per_leaf"))
+  ratios = optim.trust_ratios(flat[1])
+  for key in ("dense", "stacked", "half"):
+    assert np.all(np.isfinite(ratios[key])) and not np.allclose(ratios[key], 1.0), key
+    np.testing.assert_allclose(ratios[key], optim.trust_ratios(per_leaf[1])[key], rtol=1e-5, err_msg=key)
+  assert_close(flat[0], per_leaf[0], 1e-5)
 
 
 def test_the_momentum_is_algorithm_1s_v_in_one_buffer_per_dtype():
