@@ -110,8 +110,8 @@ class LayerReducer:
     return jax.lax.psum(self.local_size, self.axis_name)
 
   def min(self, x: jax.Array) -> jax.Array:
-    """Minimum of `x` over each layer."""
-    smallest = jnp.min(x, axis=self.layer_axes)
+    """Minimum of `x` (floating point) over each layer; inf for an empty layer."""
+    smallest = jnp.min(x, axis=self.layer_axes, initial=jnp.inf)
     if self.axis_name is not None:
       smallest = jax.lax.pmin(smallest, self.axis_name)
     return smallest
@@ -134,7 +134,7 @@ class LayerReducer:
     so the k-th smallest `|x|` is the smallest integer `t` with `count(bits <= t) > k`: 31 (float32)
     or 63 (float64) counting passes, each a fused compare-and-sum that works on sharded layers like
     any sum (no gather), where XLA's CPU sort of a 2M-element layer takes seconds. An even layer
-    size averages the two middle values, as `np.median` does.
+    size averages the two middle values, as `np.median` does; an empty layer's is 0 (a zero norm).
     """
     x = jnp.abs(x.astype(jnp.promote_types(x.dtype, jnp.float32)))
     int_dtype = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
@@ -157,7 +157,7 @@ class LayerReducer:
     at_most_lower = self.count(bits <= self._per_layer(lower_bits))
     above = self.min(jnp.where(bits > self._per_layer(lower_bits), x, jnp.inf))
     upper = jnp.where(at_most_lower > n // 2, lower, above)
-    return jnp.where(n % 2 == 1, lower, (lower + upper) / 2)
+    return jnp.where(n == 0, 0, jnp.where(n % 2 == 1, lower, (lower + upper) / 2))
 
 
 class LayerRate(Protocol):

@@ -65,3 +65,15 @@ def test_median_abs_by_bisection_is_exact():
   layer = optim.LayerReducer(stacked_axes=1, ndim=3, local_size=10)
   np.testing.assert_allclose(layer.median_abs(stacked),
                              np.median(np.abs(stacked).reshape(3, -1), axis=1), rtol=1e-7)
+
+
+def test_an_empty_selected_layer_gets_the_zero_norm_rate_as_in_lars():
+  """A (0, 4) kernel is selected (ndim >= 2) and has no median: its rate is 1 (`safe_quotient` of two zero
+  medians), as LARS gives its zero norms, and the other layer's rate is unchanged (it raised in jnp.min)."""
+  params = {"w": np.arange(1.0, 13.0, dtype=np.float32).reshape(3, 4), "e": np.zeros((0, 4), np.float32)}
+  mclr = optim.mclr(0.1)
+  updates, state = mclr.update(params, mclr.init(params), params)
+  assert updates["e"].shape == (0, 4)
+  rates = optim.trust_ratios(state)
+  assert float(rates["e"]) == 1.0 and float(rates["w"]) == 1.0  # median |w| / median |g| with g = w
+  np.testing.assert_allclose(updates["w"], -0.1 * params["w"], rtol=1e-6)
