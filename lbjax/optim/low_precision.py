@@ -27,7 +27,10 @@ def stored_in(inner: optax.GradientTransformation, **dtypes: Any) -> optax.Gradi
   Each field named (e.g. `trace=jnp.bfloat16` for `optax.trace`, `mu=..., nu=...` for
   `optax.scale_by_adam`) is widened, leaf by leaf, to the wider of its dtype and the incoming
   update's before `inner.update` runs, and the new value is rounded back to the stored dtype after;
-  `inner` itself computes as it always does. A None dtype leaves that field in `inner`'s own dtype.
+  `inner` itself computes as it always does. A None dtype keeps the dtype `inner.init` gives the field
+  (the parameters', for optax's moments): the state's dtypes never change from step to step, as a
+  `lax.scan` carry and a jitted step's donated state need (optax's Adam alone stores float32 moments after
+  a float32 gradient of bfloat16 parameters).
 
   Args:
     inner: a transform whose state is a NamedTuple with the named fields, each a pytree like the
@@ -35,22 +38,17 @@ def stored_in(inner: optax.GradientTransformation, **dtypes: Any) -> optax.Gradi
     **dtypes: field name -> dtype (already checked, e.g. by `validation.state_dtype`) or None.
 
   Returns:
-    An `optax.GradientTransformation` with `inner`'s state type; `inner` itself when every dtype is
-    None.
+    An `optax.GradientTransformation` with `inner`'s state type.
 
   References:
     optax.trace and optax.scale_by_adam (`accumulator_dtype`, `mu_dtype`), google-deepmind/optax,
     optax/_src/transform.py: the same state dtypes, computed in the stored dtype.
   """
-  dtypes = {name: dtype for name, dtype in dtypes.items() if dtype is not None}
-  if not dtypes:
-    return inner
-
   def init_fn(params):
     state = inner.init(params)
     return state._replace(**{
         name: jax.tree.map(lambda x, dtype=dtype: x.astype(dtype), getattr(state, name))
-        for name, dtype in dtypes.items()})
+        for name, dtype in dtypes.items() if dtype is not None})
 
   def update_fn(updates, state, params=None):
     widen = lambda stored, update: stored.astype(jnp.result_type(stored, update))

@@ -89,6 +89,18 @@ def test_lamb_moment_dtypes_are_independent():
   assert {x.dtype for x in jax.tree.leaves(adam.nu)} == {jax.numpy.dtype("bfloat16")}
 
 
+@pytest.mark.parametrize("build", [optim.lamb, optim.lars, optim.percent_delta, optim.mclr, optim.momentum])
+def test_the_state_keeps_its_dtypes_when_the_gradients_are_wider_than_the_parameters(build):
+  """bfloat16 parameters with float32 gradients: the state after an update has the dtypes it was initialised
+  with (a `lax.scan` carry; a jitted step does not recompile). optax's Adam alone stored float32 moments then."""
+  params = {"w": jax.numpy.ones((3, 5), jax.numpy.bfloat16)}
+  grads = {"w": jax.numpy.full((3, 5), 0.1, jax.numpy.float32)}
+  opt = build(0.1)
+  state = opt.init(params)
+  after, _ = jax.lax.scan(lambda s, _: (opt.update(grads, s, params)[1], None), state, None, length=2)
+  assert jax.tree.map(lambda x: x.dtype, after) == jax.tree.map(lambda x: x.dtype, state)
+
+
 @pytest.mark.parametrize("build, name", [
     (lambda dtype: optim.lars(0.1, accumulator_dtype=dtype), "accumulator_dtype"),
     (lambda dtype: optim.percent_delta(0.1, accumulator_dtype=dtype), "accumulator_dtype"),
