@@ -58,7 +58,8 @@ def scale_by_lamb_trust_ratio(
 
   Args:
     weight_decay: beta, >= 0 (decoupled, added to the direction before the ratio), selected leaves.
-    mask: which leaves get the trust ratio (pytree of bools or callable); default `ndim >= 2`.
+    mask: which leaves get the trust ratio (pytree of bools, callable or regular expression on leaf names);
+      default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
 
@@ -141,7 +142,8 @@ def lamb(
     eps: added to the root of the second moment, >= 0.
     eps_root: added inside the root, >= 0.
     weight_decay: beta, >= 0, selected leaves only.
-    mask: which leaves get weight decay and the trust ratio; default `ndim >= 2`.
+    mask: which leaves get weight decay and the trust ratio (pytree of bools, callable or regular
+      expression on leaf names such as 'kernel$'); default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     mu_dtype: dtype of Adam's first moment (e.g. "bfloat16"), or None for the parameters' dtype.

@@ -83,7 +83,8 @@ def scale_by_lars(
     weight_decay: beta, >= 0, applied to selected leaves only.
     eps: added to the trust-ratio denominator, >= 0.
     denominator: "paper" (`||g|| + beta * ||w||`, Algorithm 1) or "optax" (`||g + beta * w||`).
-    mask: which leaves get LARS (pytree of bools or callable on params); default `ndim >= 2`.
+    mask: which leaves get LARS (pytree of bools, callable on params, or regular expression
+      on leaf names such as 'kernel$'); default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
 
@@ -144,7 +145,8 @@ def lars(
     trust_coefficient: eta, > 0.
     eps: added to the trust-ratio denominator, >= 0.
     nesterov: Nesterov momentum.
-    mask: which leaves get LARS (pytree of bools or callable on params); default `ndim >= 2`.
+    mask: which leaves get LARS (pytree of bools, callable on params, or regular expression
+      on leaf names such as 'kernel$'); default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     denominator: "paper" (Algorithm 1) or "optax" (`||g + beta * w||`, as `optax.lars`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -49,6 +50,7 @@ import optax
 
 from lbjax.optim import low_precision
 from lbjax.optim import validation
+from lbjax.optim.leaf_names import leaf_name
 
 Params = Any
 MaskOrFn = Any
@@ -339,21 +341,51 @@ def _resolve_stacked(stacked: StackedOrFn, params: Params) -> Params:
   return tree
 
 
+def check_mask(mask: MaskOrFn) -> None:
+  """Refuses, when the transformation is built, a string mask that is not a regular expression."""
+  if isinstance(mask, str):
+    try:
+      re.compile(mask)
+    except re.error as e:
+      raise ValueError(f"mask {mask!r} is not a regular expression ({e}); a string mask selects the leaves whose "
+                       "name it matches (re.search), e.g. 'kernel$' for 'blocks/0/conv1/kernel'.") from e
+
+
+def regex_mask(pattern: str, params: Params) -> Params:
+  """The leaves of `params` whose name (`leaf_names.leaf_name`, e.g. 'blocks/0/conv1/kernel') `pattern` matches
+  (`re.search`), as a pytree of bools; a pattern that matches no parameter is refused (a typo would otherwise
+  leave every leaf unselected)."""
+  check_mask(pattern)
+  named, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_masked)
+  names = [None if _is_masked(leaf) else leaf_name(path) for path, leaf in named]
+  selected = [name is not None and re.search(pattern, name) is not None for name in names]
+  if not any(selected):
+    listed = [name for name in names if name is not None]
+    raise ValueError(f"mask {pattern!r} matches no parameter; their names: {', '.join(listed[:12])}"
+                     f"{f', ... ({len(listed)} in all)' if len(listed) > 12 else ''}.")
+  return jax.tree.unflatten(treedef, selected)
+
+
 def resolve_mask(mask: MaskOrFn, params: Params, stacked: Params | None = None, *,
                  meaning: str = "True: layer-wise rate and weight decay; False: plain update") -> Params:
   """A pytree of Python bools like `params` saying which leaves `mask` selects.
 
   Args:
-    mask: None (the `default_mask`), a pytree of bools like `params`, or a callable returning one.
+    mask: None (the `default_mask`), a regular expression selecting the leaves whose name it matches
+      (`regex_mask`: 'kernel$', or '^(?!embed/)' for all but the embedding), a pytree of bools like `params`,
+      or a callable returning one.
     params: the parameters (or any tree of arrays with their structure and shapes).
     stacked: each leaf's number of stacked-layer axes (a pytree of ints like `params`); None: 0.
     meaning: what True and False select, for the message.
 
   Raises:
-    ValueError: if the tree has another structure than `params`, or a leaf that is not a bool.
+    ValueError: if the tree has another structure than `params`, or a leaf that is not a bool; a string
+      that is not a regular expression or matches no parameter.
   """
   if mask is None:
     return default_mask(params, jax.tree.map(lambda _: 0, params) if stacked is None else stacked)
+  if isinstance(mask, str):
+    return regex_mask(mask, params)
   tree = _tree_like("mask", mask, params)
   for path, _, selected in _zip_with_path(params, tree):
     if not isinstance(selected, (bool, np.bool_)):
@@ -425,7 +457,8 @@ def scale_by_layerwise_rate(
       `LayerRate` (leaf by leaf).
     weight_decay: beta, added to selected leaves only; a float or an array (not a schedule).
     mask: which leaves get weight decay and the rate: a pytree of Python bools with the structure
-      of the parameters, or a callable `params -> such a pytree`. Default: leaves whose layers have
+      of the parameters, a callable `params -> such a pytree`, or a regular expression matched against
+      each leaf's name ('blocks/0/conv1/kernel'; `regex_mask`). Default: leaves whose layers have
       `ndim >= 2` (kernels; biases and norm scales excluded).
     stacked: number of leading axes of a leaf that enumerate separate layers (one rate per slice),
       as an int for all leaves, a pytree of ints, or a callable `params -> pytree of ints`.
@@ -447,6 +480,7 @@ def scale_by_layerwise_rate(
       statistics of the curvature radius |w_i / g_i|.)
   """
   _check_rate(rate)
+  check_mask(mask)
   validation.check_nonnegative("weight_decay", weight_decay)
   validation.check_axis_name(axis_name, "a layer-wise optimizer")
   skip_decay = validation.is_literal_zero(weight_decay)

@@ -39,7 +39,8 @@ def momentum(
     momentum: m, in [0, 1); 0 gives plain SGD.
     nesterov: Nesterov momentum.
     weight_decay: beta, >= 0.
-    mask: which leaves get weight decay (pytree of bools or callable on params); default
+    mask: which leaves get weight decay (pytree of bools, callable on params, or regular expression
+      on leaf names); default
       `ndim >= 2` (kernels; no decay on biases and norm scales).
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'
       dtype; computed in float32 and rounded only where stored (`low_precision.trace`), where
@@ -63,6 +64,7 @@ def momentum(
   validation.check_nonnegative("weight_decay", weight_decay)
   accumulator_dtype = validation.state_dtype("accumulator_dtype", accumulator_dtype)
   validation.check_choice("layout", layout, LAYOUTS)
+  layerwise.check_mask(mask)
   # A pytree of bools for the parameters, its structure and leaves checked (`layerwise.resolve_mask`).
   given_mask = mask
   mask = lambda params: layerwise.resolve_mask(given_mask, params, meaning="True: weight decay; False: none")

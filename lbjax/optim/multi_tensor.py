@@ -337,7 +337,8 @@ def flat_layout(
   Args:
     inner: a transformation of `FlatTree`s returning the step: `scale_by_summed_rate` chained with
       elementwise optax transforms and `optax.scale_by_learning_rate(..., flip_sign=False)`.
-    mask: which leaves get the layer-wise rate (pytree of bools or callable); default `ndim >= 2`.
+    mask: which leaves get the layer-wise rate (pytree of bools, callable or regular expression: as
+      `layerwise.scale_by_layerwise_rate`); default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `layerwise.scale_by_layerwise_rate`).
 
   Returns:
@@ -347,6 +348,7 @@ def flat_layout(
     NVIDIA apex, `multi_tensor_apply` (csrc/multi_tensor_apply.cuh); optax.flatten, which runs an
       inner transformation on one flat vector of all the parameters (no layers).
   """
+  layerwise.check_mask(mask)
 
   def init_fn(params):
     return inner.init(FlatLayout.of(params, mask, stacked).flatten(params))

@@ -55,7 +55,8 @@ def scale_by_percent_delta(
 
   Args:
     weight_decay: beta, >= 0, selected leaves only.
-    mask: which leaves get the rate (pytree of bools or callable); default `ndim >= 2`.
+    mask: which leaves get the rate (pytree of bools, callable or regular expression on leaf names); default
+      `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
 
@@ -96,7 +97,8 @@ def percent_delta(
     momentum: m, in [0, 1).
     weight_decay: beta, >= 0, selected leaves only.
     nesterov: Nesterov momentum.
-    mask: which leaves get the rate; default `ndim >= 2`.
+    mask: which leaves get the rate (pytree of bools, callable or regular expression on leaf names);
+      default `ndim >= 2`.
     stacked: leading axes that enumerate separate layers (see `scale_by_layerwise_rate`).
     axis_name: mapped axis the parameters are sharded over inside `shard_map`/`pmap`, or None.
     accumulator_dtype: dtype of the momentum buffer (e.g. "bfloat16"), or None for the parameters'

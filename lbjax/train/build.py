@@ -167,7 +167,11 @@ class StepParts:
     specs = mesh_lib.tensor_parallel_specs(mesh, model)
     replicated = mesh_lib.replicated(mesh)
     optimizer = resolved.build_optimizer()
-    abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
+    try:  # shapes only: options that do not fit this model's parameters (a mask of none of them), before compute
+      abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"config.optimizer ({resolved.optimizer.describe()}) does not fit the model's parameters: {e}"
+                        ) from e
     is_rate_state = lambda x: isinstance(x, optim.LayerwiseRateState)
     return cls(
         task=task, train_task=dataclasses.replace(task, run_stack=resolved.mesh.pipeline_runner(mesh)), model=model,

@@ -29,14 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from lbjax.optim.leaf_names import leaf_name
 from lbjax.train.errors import CheckpointCorruptError
 
 META_CHECKSUM = "meta_sha256"
 SKIPPED_DIR = "skipped_checkpoints"
-
-
-def _leaf_name(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
 
 
 def _raw_bits(x: jax.Array) -> jax.Array:
@@ -52,7 +49,7 @@ def _sums(tree: Any) -> dict[str, jax.Array]:
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     bits = _raw_bits(leaf).reshape(-1)
     position = jnp.arange(1, bits.size + 1, dtype=jnp.uint32)
-    sums[_leaf_name(path)] = jnp.stack([jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * position, dtype=jnp.uint32)])
+    sums[leaf_name(path)] = jnp.stack([jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * position, dtype=jnp.uint32)])
   return sums
 
 
@@ -91,7 +88,7 @@ def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, 
   accelerator, or spread over several processes, are summed on their devices. Both give the same
   numbers (sums modulo 2^32 depend neither on the order of addition nor on the sharding).
   """
-  named = {_leaf_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+  named = {leaf_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
   on_host = {name for name, leaf in named.items() if _on_host_cpu(leaf)}
   checksums = {name: _host_sums(np.asarray(named[name])) for name in on_host}
   elsewhere = {name: leaf for name, leaf in named.items() if name not in on_host}

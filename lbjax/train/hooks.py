@@ -37,6 +37,7 @@ import numpy as np
 
 from lbjax import diagnostics
 from lbjax import optim
+from lbjax.optim.leaf_names import leaf_name
 from lbjax.train.metrics import MetricsWriter, ProgressLine
 from lbjax.train.protocols import RunClock, RunView
 
@@ -46,7 +47,7 @@ Metrics = dict[str, jax.Array]
 def _flatten(tree: Any) -> dict[str, float]:
   flat = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-    name = "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+    name = leaf_name(path)
     values = np.ravel(np.asarray(leaf, np.float64))
     for i, value in enumerate(values):
       if np.isfinite(value):

@@ -23,6 +23,7 @@ import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 import ml_collections
 
+from lbjax.optim.leaf_names import leaf_name
 from lbjax.parallel import pipeline
 from lbjax.train import config as config_lib
 from lbjax.train import names
@@ -109,11 +110,6 @@ def parameter_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
   return NamedSharding(mesh, P(*spec))
 
 
-def _path_name(path: tuple) -> str:
-  """'embed/embedding' for the key path of params['embed']['embedding'] (attributes and indices too)."""
-  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-
-
 def _is_under(name: str, suffix: str) -> bool:
   """Whether the parameter path `name` ends with the path `suffix` ('softmax/kernel')."""
   return name == suffix or name.endswith("/" + suffix)
@@ -124,7 +120,7 @@ def parameter_shardings(mesh: Mesh, tree: Any, specs: dict[str, P]) -> Any:
   with a key of `specs` (and has its rank) gets that spec, every other leaf `parameter_sharding`."""
 
   def sharding(path, leaf):
-    name = _path_name(path)
+    name = leaf_name(path)
     for suffix, spec in specs.items():
       if _is_under(name, suffix) and len(spec) == len(leaf.shape):
         return NamedSharding(mesh, spec)
@@ -215,7 +211,7 @@ def check_model_parallelism(mesh: Mesh, model: Any, params: Any) -> None:
                         f"{type(model).__name__}; choose a divisor, or set model_options.num_layers to a multiple.")
   for suffix, spec in tensor_parallel_specs(mesh, model).items():
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-      name = _path_name(path)
+      name = leaf_name(path)
       if not _is_under(name, suffix):
         continue
       for dim, axis in zip(leaf.shape, spec):

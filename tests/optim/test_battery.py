@@ -666,10 +666,12 @@ def test_mask_argument(case):
   sub = lambda keys: (_split(params, keys), [_split(g, keys) for g in grads_seq])
   got, state, _ = run(case.make(mask=MASK), params, grads_seq)  # "k" selected
   by_callable, _, _ = run(case.make(mask=lambda p: MASK), params, grads_seq)
+  by_regex, _, _ = run(case.make(mask="^k$"), params, grads_seq)  # on the leaves' names: k, b, k2
   by_default, default_state, _ = run(case.make(), params, grads_seq)  # "k", "k2" selected
   alone, _, _ = run(case.make(mask=select_all), *sub(["k", "k2"]))
   base, _, _ = run(case.base(case.kwargs), *sub(["b", "k2"]))
   assert_trees_close(by_callable, got, rtol=0, atol=0)
+  assert_trees_close(by_regex, got, rtol=0, atol=0)
   assert_trees_close(_split(got, ["k"]), _split(alone, ["k"]), rtol=1e-6)
   assert_trees_close(_split(got, ["b", "k2"]), base, rtol=1e-6)
   assert_trees_close(_split(by_default, ["k", "k2"]), alone, rtol=1e-6)
@@ -768,7 +770,9 @@ def test_a_schedule_where_a_number_is_needed_is_refused_when_built(case):
     ({"k": True}, "mask must have the same tree structure as the parameters"),
     (lambda params: jax.tree.map(lambda _: "yes", params), "mask for leaf .* must be a Python bool"),
     (lambda params: True, "mask must have the same tree structure as the parameters"),
-], ids=["structure", "leaves", "callable-structure"])
+    ("k(", r"mask 'k\(' is not a regular expression \(missing \), unterminated subpattern"),
+    ("^kernel$", "mask '\\^kernel\\$' matches no parameter; their names: b, k, k2."),
+], ids=["structure", "leaves", "callable-structure", "regex", "regex-matching-nothing"])
 @pytest.mark.parametrize("weight_decay", [None, 0.0], ids=["decay", "no_decay"])
 def test_bad_mask_is_a_clear_error(case, mask, message, weight_decay):
   """Also where weight_decay=0 leaves momentum()'s mask unused (it was silently accepted)."""

@@ -116,3 +116,16 @@ def test_random_combinations_are_refused_naming_a_field_they_set():
     message = _outcome({path_a: bad_a, path_b: bad_b})
     if message is not None:
       assert _names_field(message, path_a) or _names_field(message, path_b), (path_a, bad_a, path_b, bad_b, message)
+
+
+@pytest.mark.parametrize("mask, refusal", [
+    ("kernel$", None),
+    ("kernal", "config.optimizer (lbjax.optim.lars(mask='kernal')) does not fit the model's parameters: mask "
+               "'kernal' matches no parameter; their names: "),
+    ("k(", "lbjax.optim.lars refuses its arguments: mask 'k(' is not a regular expression"),
+])
+def test_an_optimizer_mask_is_a_regular_expression_on_the_parameters_names_checked_before_compute(mask, refusal):
+  """`--config.optimizer.mask='kernel$'` chooses the layers LARS scales by their names; one that names no
+  parameter, or is not a regular expression, is refused before the first program compiles."""
+  outcome = _outcome({"optimizer": {"name": "lars", "mask": mask}})
+  assert outcome is None if refusal is None else refusal in outcome, outcome
