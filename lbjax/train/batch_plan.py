@@ -132,8 +132,10 @@ def _size_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -
   if config.max_device_batch < 0:
     found.append(f"config.max_device_batch must be >= 0 (0 = no accumulation), got {config.max_device_batch}.")
   field = "config.batch_sizes" if config.batch_sizes else "config.batch_size"
+  sizes_are_counts = True
   for size in config_lib.batch_sizes(config):
     if not isinstance(size, int) or size <= 0:
+      sizes_are_counts = False
       found.append(f"{field}: batch size {size!r} must be a positive integer.")
     elif size % data_parallel_size:
       found.append(f"global batch size {size} is not divisible by the data-parallel size "
@@ -148,7 +150,24 @@ def _size_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -
   if config.eval_batch_size <= 0 or config.eval_batch_size % data_parallel_size:
     found.append(f"config.eval_batch_size={config.eval_batch_size} must be a positive multiple of the "
                  f"data-parallel size {data_parallel_size}.")
+  if config.batch_sizes and sizes_are_counts and len(config.batch_sizes) == len(config.batch_size_boundaries) + 1:
+    found += _schedule_problems(config)
   return found
+
+
+def _schedule_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """The batch-size schedule's own rules (`schedules.BatchSizeSchedule`: boundaries increasing and > 0,
+  consecutive sizes distinct), and boundaries inside training."""
+  try:
+    schedule = schedules.BatchSizeSchedule(tuple(config.batch_sizes), tuple(config.batch_size_boundaries))
+  except (TypeError, ValueError) as e:
+    return [f"config.batch_sizes={tuple(config.batch_sizes)} with config.batch_size_boundaries="
+            f"{tuple(config.batch_size_boundaries)}: {e}"]
+  late = [b for b in schedule.boundaries if b >= config.num_epochs]
+  if late:
+    return [f"config.batch_size_boundaries {list(late)} lie at or past the end of training (config.num_epochs="
+            f"{config.num_epochs:g}); the batch would never change there. Move them inside or train longer."]
+  return []
 
 
 def model_call_problems(config: ml_collections.ConfigDict, data_parallel_size: int, model: str,
@@ -286,11 +305,14 @@ def learning_rate_problems(batch: BatchPlan, learning_rate) -> list[str]:
 
 
 def check_fits_data(batch: BatchPlan, stream: protocols.TrainStream, dataset: str) -> None:
-  """Refuses, before any compute, a batch of the schedule larger than the training set (or, for a
-  stream of windows, one that leaves a row too short for one window)."""
+  """Refuses, before any compute, a batch of the schedule, or the adaptive policy's largest, larger than the
+  training set (or, for a stream of windows, one that leaves a row too short for one window)."""
   name = f"config.dataset={dataset!r}"
   field = "config.batch_sizes" if len(batch.sizes) > 1 else "config.batch_size"
-  for size in batch.sizes:
+  fields = [(field, size) for size in batch.sizes]
+  if batch.adaptive:
+    fields.append(("config.batch.max_batch_size (the adaptive policy's largest batch)", batch.max_batch_size))
+  for field, size in fields:
     try:
       steps = protocols.steps_per_epoch(stream, size)
     except ValueError:

@@ -61,11 +61,19 @@ def test_a_twin_hands_over_the_batches_its_dataset_does(name):
 
 @pytest.mark.parametrize("name", config_files.packaged_names())
 def test_every_packaged_config_runs_two_steps_on_its_synthetic_twin(name, tmp_path):
-  twin = _twin(config_files.load(name).config.dataset)
+  packaged = config_files.load(name).config
+  twin = _twin(packaged.dataset)
+  # The adaptive policy's largest batch must fit the training set (checked at the start): PTB's, one window of
+  # seq_len + 1 tokens per row.
+  largest, fits = packaged.batch.max_batch_size, []
+  if packaged.batch.policy == "adaptive" and twin == "synthetic_ptb":
+    fits = [f"--config.data_options.num_train_tokens={largest * (packaged.data_options.seq_len + 1)}"]
+  elif packaged.batch.policy == "adaptive":
+    fits = [f"--config.data_options.num_train_examples={largest}"]
   config = config_files.load(name, [
       f"--config.dataset={twin}", "--config.num_steps=2", "--config.mesh.num_devices=1", "--config.log_every=1",
       "--config.checkpoint_every_steps=0",
-      "--config.progress=False", *SMALL[twin]]).config
+      "--config.progress=False", *SMALL[twin], *fits]).config
   result = train_and_evaluate(config, tmp_path)
   assert result.step == 2
   assert np.isfinite(result.eval_metrics["loss"])

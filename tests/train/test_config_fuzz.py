@@ -129,3 +129,25 @@ def test_an_optimizer_mask_is_a_regular_expression_on_the_parameters_names_check
   parameter, or is not a regular expression, is refused before the first program compiles."""
   outcome = _outcome({"optimizer": {"name": "lars", "mask": mask}})
   assert outcome is None if refusal is None else refusal in outcome, outcome
+
+
+@pytest.mark.parametrize("sizes, boundaries, refusal", [
+    ((32, 64, 128), (0.5, 0.2), "boundaries must be strictly increasing, got 0.5 followed by 0.2"),
+    ((32, 64), (0.0,), "boundaries must be epochs > 0, got boundaries[0] = 0.0"),
+    ((32, 32), (0.5,), "consecutive batch sizes must differ"),
+    ((32, 64), (1.0,), "config.batch_size_boundaries [1.0] lie at or past the end of training (config.num_epochs=1)"),
+    ((32, 64), (0.5,), None),
+])
+def test_a_batch_size_schedule_the_run_could_not_follow_is_refused_before_compute(sizes, boundaries, refusal):
+  """It was a ValueError traceback after the data loaded and the model was built (past the end: silently never)."""
+  outcome = _outcome({"batch_sizes": sizes, "batch_size_boundaries": boundaries, "batch.policy": "schedule"})
+  assert outcome is None if refusal is None else refusal in outcome, outcome
+
+
+def test_the_adaptive_policy_s_largest_batch_must_fit_the_training_set_before_compute():
+  """256 training examples: a policy that may choose 512 would fail mid-run, once the noise scale asked for it."""
+  adaptive = {"batch.policy": "adaptive", "batch.micro_batch_size": 8, "batch_size": 16}
+  assert _outcome({**adaptive, "batch.max_batch_size": 256}) is None
+  assert ("config.batch.max_batch_size (the adaptive policy's largest batch): a batch of 512 is larger than the "
+          "training set of config.dataset='synthetic_mnist' (256 examples)" in
+          _outcome({**adaptive, "batch.max_batch_size": 512}))
