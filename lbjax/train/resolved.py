@@ -54,11 +54,21 @@ class MeshPlan:
                read("mesh.per_device_gradients"), read("pipeline.num_microbatches"), read("pipeline.remat"))
 
   def devices(self) -> list[jax.Device] | None:
-    """The devices the run uses: the first `num_devices`, or None for all."""
+    """The devices the run uses: the first `num_devices`, or None for all. In a multi-host run they must hold
+    the same number of every process's devices: each process feeds its own."""
     if self.num_devices > jax.device_count():
       raise ConfigError(f"config.mesh.num_devices={self.num_devices} but there are {jax.device_count()} "
                         "devices; use at most that many (0 = all).")
-    return jax.devices()[:self.num_devices] if self.num_devices > 0 else None
+    if self.num_devices <= 0:
+      return None
+    chosen = jax.devices()[:self.num_devices]
+    counts = [sum(d.process_index == p for d in chosen) for p in range(jax.process_count())]
+    if len(set(counts)) > 1:
+      raise ConfigError(f"config.mesh.num_devices={self.num_devices} takes the first {self.num_devices} of the "
+                        f"{jax.device_count()} devices of {jax.process_count()} processes: {counts} of each process's. "
+                        "Every process feeds its own devices, so each needs as many in the mesh; in a multi-host run "
+                        "use config.mesh.num_devices=0 (all devices).")
+    return chosen
 
   def build(self, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
     """The mesh over `devices` (default: `devices()`; for compile-only, e.g. a TPU topology's)."""

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
+from lbjax.train import resolved
 from lbjax.train import train_and_evaluate
 from lbjax.train.config import check_resumable
+from lbjax.train.errors import ConfigError
 from tests.train import helpers
 
 
@@ -123,3 +125,26 @@ def test_a_changed_optimizer_may_not_change_the_structure_of_its_state(field, sa
   config.optimizer[field] = now
   with pytest.raises(ValueError, match=rf"optimizer\.{field}='{saved_value}', now '{now}'.*--config\.init_from=runs/x"):
     check_resumable(json.dumps(saved), config, "runs/x")
+
+
+class _Device:
+  def __init__(self, process_index):
+    self.process_index = process_index
+
+
+@pytest.mark.parametrize("num_devices, refused", [(2, True), (3, True), (4, False), (0, False)])
+def test_a_multi_host_mesh_of_some_devices_must_hold_as_many_of_every_process_s(monkeypatch, num_devices, refused):
+  """2 processes x 2 devices: the first 2 devices are process 0's; process 1 would have none in the mesh (it died
+  in a jax traceback while process 0 waited for it)."""
+  devices = [_Device(0), _Device(0), _Device(1), _Device(1)]
+  monkeypatch.setattr(resolved.jax, "devices", lambda: devices)
+  monkeypatch.setattr(resolved.jax, "device_count", lambda: 4)
+  monkeypatch.setattr(resolved.jax, "process_count", lambda: 2)
+  plan = resolved.MeshPlan(-1, 1, num_devices, 1, 1, False, 1, False)
+  if refused:
+    with pytest.raises(ConfigError, match=rf"config.mesh.num_devices={num_devices} takes the first {num_devices} of "
+                                          r"the 4 devices of 2 processes: \[\d, \d\] of each process's.*use "
+                                          r"config.mesh.num_devices=0"):
+      plan.devices()
+  else:
+    assert plan.devices() == (devices if num_devices else None)
