@@ -95,10 +95,14 @@ def keep_orbax_reports_in_log(workdir: str | pathlib.Path, name: str | None = No
 
 def _excepthook_to(handler: logging.Handler, default_hook):
   """`sys.excepthook` for the errors C++ callbacks print with `PyErr_Print` (asyncio's "Event loop is
-  closed" from Orbax's storage threads once a save failed); anything else goes to `default_hook`."""
+  closed" from Orbax's storage threads once a save failed); anything else goes to `default_hook`, and so does
+  the main thread's own uncaught exception, Orbax's frames in it or not (a multi-host start whose checkpoint
+  barrier failed because a peer did not start: it ended the process with nothing on the console)."""
 
   def hook(exc_type, exc_value, tb) -> None:
-    if not _reported_by_orbax(exc_type, exc_value, tb):
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if not (_is_closed_loop_callback(exc_type, exc_value, tb)
+            or (_involves_orbax(tb) and not on_main_thread)):
       default_hook(exc_type, exc_value, tb)
       return
     _log_error(handler, "Error in a callback", (), (exc_type, exc_value, tb))

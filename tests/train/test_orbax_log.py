@@ -54,3 +54,23 @@ def test_orbax_reports_go_to_the_log_and_everything_else_to_the_console(tmp_path
   assert "orbax" not in done.stderr
   assert "lbjax warning" in done.stderr and "ValueError: another thread's error" in done.stderr
   assert "lbjax warning" not in log and "another thread" not in log
+
+
+MAIN_THREAD_SCRIPT = """
+import sys
+from lbjax.train import orbax_log
+orbax_log.keep_orbax_reports_in_log(sys.argv[1])
+namespace = {}
+exec(compile("def sync():\\n  raise RuntimeError('barrier timed out: a peer did not start')",
+             "/site-packages/orbax/checkpoint/multihost.py", "exec"), namespace)
+namespace["sync"]()
+"""
+
+
+def test_the_main_thread_s_uncaught_exception_stays_on_the_console_with_orbax_frames_in_it(tmp_path):
+  """A multi-host start whose Orbax barrier failed (a peer did not start) ended with an empty console."""
+  done = subprocess.run([sys.executable, "-c", MAIN_THREAD_SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True,
+                        text=True, timeout=120, check=False, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+  assert done.returncode == 1
+  assert "RuntimeError: barrier timed out: a peer did not start" in done.stderr
+  assert not (tmp_path / "logs" / "orbax.log").exists()
