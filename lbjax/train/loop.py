@@ -80,8 +80,13 @@ def _start_metrics(run: Run, writer: MetricsWriter) -> list[tuple[int, dict[str,
   """On a resume: drops the records that `metrics.jsonl` holds past the checkpoint's step (written
   after it, by the run that stopped) and marks the resume with a `resume` record. Returns the
   evaluations recorded up to the checkpoint's step, as `(step, metrics)` (the best so far counts
-  them, and a finished run is not evaluated twice)."""
+  them, and a finished run is not evaluated twice). On a start from step 0, the records of an earlier
+  run that left no checkpoint are set aside (`MetricsWriter.set_aside`), not mixed with this run's."""
   if run.resumed_from is None:
+    aside = writer.set_aside()
+    if aside is not None:
+      logging.warning("%s held the records of an earlier run that left no checkpoint; they are kept in %s and "
+                      "this run, starting from step 0, writes a new one.", writer.path, aside.name)
     return []
   dropped = writer.truncate_after(run.resumed_from)
   values = {"epoch": run.epoch, "dropped_records": dropped, "data_parallel_size": run.data_parallel_size}

@@ -44,6 +44,18 @@ class MetricsWriter:
                             ) from e
         self._tensorboard = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
 
+  def set_aside(self) -> pathlib.Path | None:
+    """Moves the records already in `metrics.jsonl` to `metrics.jsonl.<UTC time>.earlier` and starts the file
+    anew; returns where they went (None if there were none). For a run that starts from step 0 in a workdir
+    where an earlier run wrote records but left no checkpoint: its curves would be mixed with this run's."""
+    if not self._enabled or not self.path.exists() or self.path.stat().st_size == 0:
+      return None
+    self._file.close()
+    aside = self.path.with_name(f"{self.path.name}.{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.earlier")
+    self.path.replace(aside)
+    self._file = self.path.open("a")
+    return aside
+
   def truncate_after(self, step: int) -> int:
     """Drops the records of steps after `step` (a resumed run redoes them); returns how many it dropped.
 

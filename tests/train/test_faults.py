@@ -379,6 +379,18 @@ def test_metrics_are_cut_at_the_resumed_step_and_a_device_change_is_noted(tmp_pa
   assert len([r for r in _records(tmp_path) if r["kind"] == "eval" and r["step"] == 12]) == 1
 
 
+def test_a_start_from_step_0_sets_aside_the_records_of_an_earlier_run_that_left_no_checkpoint(tmp_path):
+  """A run killed before its first checkpoint leaves metrics.jsonl behind; the next run starts at step 0 and
+  appended to it (steps repeated, two runs' curves mixed). Its records are kept beside, not lost."""
+  earlier = [{"kind": "train", "step": step, "loss": 9.0} for step in (2, 4, 6)]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=4, log_every=2), tmp_path)
+  steps = [r["step"] for r in _records(tmp_path) if r["kind"] == "train"]
+  assert steps == [2, 4] and not [r for r in _records(tmp_path) if r.get("loss") == 9.0]
+  (aside,) = tmp_path.glob("metrics.jsonl.*.earlier")
+  assert [json.loads(line) for line in aside.read_text().splitlines()] == earlier
+
+
 def test_one_bit_compression_state_is_refused_clearly_on_another_device_count(tmp_path):
   one_bit = {"compression.name": "one_bit", "compression.error_feedback": True}
   train_and_evaluate(helpers.tiny_classifier_config(num_steps=2, **one_bit), tmp_path)
