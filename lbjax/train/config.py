@@ -239,13 +239,15 @@ def _with_defaults(values: dict, defaults: dict) -> dict:
   return merged
 
 
-def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str) -> dict[str, list]:
+def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str,
+                    lr_reads_num_epochs: bool = False) -> dict[str, list]:
   """Raises if the workdir's checkpoint was written by a run with a different recipe.
 
   Operational fields (`OPERATIONAL_FIELDS`) may change between runs; with
   `config.resume_with_changed_optimizer` so may `OPTIMIZER_FIELDS` (not `OPTIMIZER_STATE_FIELDS`); everything
-  else must match. A field the checkpoint's config lacks (written before lbjax added it) counts as its
-  default value.
+  else must match. With `lr_reads_num_epochs` (a decay that runs to the end of training,
+  `LearningRate.reads_num_epochs`) `num_epochs` is an optimizer field: another one would move the LR mid-run.
+  A field the checkpoint's config lacks (written before lbjax added it) counts as its default value.
 
   Returns:
     The allowed changes, `{field: [checkpoint value, value now]}` (empty when nothing changed).
@@ -255,11 +257,13 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   current = _with_defaults(json.loads(config.to_json()), defaults)
   for fields in (saved, current):  # a run stopped by a record that cannot be decoded resumes skipping such records
     (fields.get("data_options") or {}).pop("skip_undecodable", None)
+  operational = tuple(f for f in OPERATIONAL_FIELDS if not (lr_reads_num_epochs and f == "num_epochs"))
+  optimizer_fields = OPTIMIZER_FIELDS + (("num_epochs",) if lr_reads_num_epochs else ())
   differing = sorted(k for k in set(saved) | set(current)
-                     if k not in OPERATIONAL_FIELDS and saved.get(k) != current.get(k))
+                     if k not in operational and saved.get(k) != current.get(k))
   allowed = {}
   if config.resume_with_changed_optimizer:
-    allowed = {k: [saved.get(k), current.get(k)] for k in differing if k in OPTIMIZER_FIELDS}
+    allowed = {k: [saved.get(k), current.get(k)] for k in differing if k in optimizer_fields}
     structural = [f for f in OPTIMIZER_STATE_FIELDS
                   if "optimizer" in allowed and saved["optimizer"].get(f) != current["optimizer"].get(f)]
     if structural:
@@ -273,7 +277,10 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   if differing:
     details = "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
     optimizer_hint = (" To change optimizer settings on purpose (e.g. a lower LR after a non-finite step), add "
-                      "--config.resume_with_changed_optimizer=True." if set(differing) <= set(OPTIMIZER_FIELDS) else "")
+                      "--config.resume_with_changed_optimizer=True." if set(differing) <= set(optimizer_fields) else "")
+    if "num_epochs" in differing:
+      optimizer_hint = (" The LR decay runs to config.num_epochs, so another num_epochs moves the LR from this "
+                        "step on." + optimizer_hint)
     raise CheckpointMismatchError(
         f"The workdir {workdir} holds a checkpoint of a different run ({details}). Use a new --workdir, restore "
         f"the original config to resume, or start a new run from its parameters with "

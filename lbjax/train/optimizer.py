@@ -26,6 +26,7 @@ one part of a config; a run resolves the whole config once and reads its `Resolv
 
 from collections.abc import Callable
 import dataclasses
+import inspect
 from typing import Any
 
 import ml_collections
@@ -106,6 +107,12 @@ class LearningRate:
 
   def __call__(self, epoch: float, batch_size: int) -> float:
     return self.schedule(self.recipe_batch_size or batch_size)(epoch)
+
+  @property
+  def reads_num_epochs(self) -> bool:
+    """Whether the decay runs to the end of training (takes `total_epochs`: polynomial, cosine): then
+    `num_epochs` is part of the recipe, and a resume with another one would move the LR mid-run."""
+    return "total_epochs" in inspect.signature(self.decay.resolved.function).parameters
 
   def recipe(self, batch_size: int) -> schedules.ScaledRecipe:
     """The (learning_rate, warmup_epochs) of the baseline recipe scaled to `batch_size`."""

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from lbjax.train import resolved
+from lbjax.train import validate
 from lbjax.train import train_and_evaluate
 from lbjax.train.config import check_resumable
 from lbjax.train.errors import ConfigError
@@ -125,6 +126,29 @@ def test_a_changed_optimizer_may_not_change_the_structure_of_its_state(field, sa
   config.optimizer[field] = now
   with pytest.raises(ValueError, match=rf"optimizer\.{field}='{saved_value}', now '{now}'.*--config\.init_from=runs/x"):
     check_resumable(json.dumps(saved), config, "runs/x")
+
+
+def test_another_num_epochs_on_resume_is_a_recipe_change_when_the_lr_decay_runs_to_it():
+  """A cosine or polynomial decay ends at num_epochs: resuming with another one moved the LR mid-run silently
+  (0.048 at step 8, 0.077 at step 9). With a constant LR, num_epochs only says how long to train."""
+  saved = helpers.tiny_classifier_config(num_epochs=1.0)
+  config = helpers.tiny_classifier_config(num_epochs=4.0)
+  assert check_resumable(saved.to_json(), config, "runs/x", lr_reads_num_epochs=False) == {}
+  with pytest.raises(ValueError, match=r"num_epochs: checkpoint 1.0 vs now 4.0.*The LR decay runs to "
+                                       r"config.num_epochs.*--config.resume_with_changed_optimizer=True"):
+    check_resumable(saved.to_json(), config, "runs/x", lr_reads_num_epochs=True)
+  config.resume_with_changed_optimizer = True
+  assert check_resumable(saved.to_json(), config, "runs/x", lr_reads_num_epochs=True) == {"num_epochs": [1.0, 4.0]}
+
+
+def test_the_decays_that_run_to_the_end_of_training_are_told_apart():
+  assert resolved_learning_rate("cosine_decay").reads_num_epochs
+  assert resolved_learning_rate("polynomial_decay").reads_num_epochs
+  assert not resolved_learning_rate("constant").reads_num_epochs
+
+
+def resolved_learning_rate(decay: str):
+  return validate(helpers.tiny_classifier_config(**{"lr.decay": decay})).learning_rate
 
 
 class _Device:
