@@ -5,6 +5,8 @@ import collections
 
 import jax
 from flax import nnx
+from jax.experimental import multihost_utils
+import numpy as np
 
 from lbjax import diagnostics
 from lbjax.train import protocols
@@ -52,6 +54,13 @@ class LipschitzProbe:
         Hessian-vector product needs; `field` is the config field that asked for the probe.
     """
     local = next(iter(parts.task.dataset.make_eval_batches(batch_size, jax.process_index(), jax.process_count())))
+    real = int(np.sum(local[protocols.MASK])) if protocols.MASK in local else batch_size // jax.process_count()
+    if jax.process_count() > 1:  # the same decision on every process
+      real = int(np.sum(multihost_utils.process_allgather(np.int32(real))))
+    if real < batch_size:
+      raise ConfigError(
+          f"config.diagnostics.lipschitz_batch_size={batch_size}: the evaluation split's first batch holds {real} "
+          f"real examples; the rest would be padding (copies or empty rows) taken for data. Use at most {real}.")
     batch = global_batch(protocols.model_inputs(local), parts.batch_sharding)
     carry = parts.zero_carry(batch_size)
     key = jax.random.key(seed)

@@ -49,6 +49,16 @@ def test_lipschitz_estimate_is_logged_every_n_steps(tmp_path):
   assert all(np.isfinite(r["lipschitz"]) and r["lipschitz"] >= 0 for r in records)
 
 
+def test_a_lipschitz_batch_larger_than_the_real_examples_of_the_first_eval_batch_is_refused(tmp_path):
+  """16 evaluation examples in a batch of 32: 16 rows would be padding (copies of the last example) taken
+  for data; it was estimated on them without a word."""
+  config = helpers.tiny_classifier_config(**{"diagnostics.lipschitz_every": 2, "diagnostics.lipschitz_batch_size": 32,
+                                             "data_options.num_eval_examples": 16})
+  with pytest.raises(ConfigError, match=r"lipschitz_batch_size=32: the evaluation split's first batch holds 16 real "
+                                        r"examples.*Use at most 16"):
+    train_and_evaluate(config, tmp_path)
+
+
 def test_lipschitz_estimate_of_a_language_model(tmp_path):
   """The probe's batch is a constant of its jitted function: the PTB model's check of the token range
   evaluates on it (JAX hoists such constants into the trace), as on a batch passed in."""
