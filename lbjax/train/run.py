@@ -28,6 +28,7 @@ import time
 from typing import Any, NamedTuple
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
@@ -221,7 +222,10 @@ class Run:
     except (ValueError, MemoryError) as e:
       raise ConfigError(f"The evaluation split ({dataset.eval_split}) of {name} cannot be evaluated "
                         f"with config.eval_batch_size={size}: {e or type(e).__name__}") from e
-    if first is None or (protocols.MASK in first and not np.any(first[protocols.MASK])):
+    has_examples = first is not None and (protocols.MASK not in first or bool(np.any(first[protocols.MASK])))
+    if self.process_count > 1:  # a process's share may be all padding (PTB's stream evaluation fills row 0 only)
+      has_examples = bool(np.any(multihost_utils.process_allgather(np.bool_(has_examples))))
+    if not has_examples:
       raise ConfigError(f"The evaluation split ({dataset.eval_split}) of {name} is empty; check the "
                         "data files (config.data_dir) before training.")
 

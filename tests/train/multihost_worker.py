@@ -9,7 +9,8 @@ be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`; `until_sigter
 with 4 steps per device call (`config.steps_per_call`). MODE `calls` trains the classifier with 4 steps per
 call, each call's batches stacked and placed in one transfer from every process's rows; `on_device` with the
 training set held on every device (`config.train_data_on_device`), 3 steps per call, each process placing its rows'
-indices; `profile` with steps 3-4 traced (`config.profile`), each process into its own folder.
+indices; `profile` with steps 3-4 traced (`config.profile`), each process into its own folder; `stream_eval` the
+tiny PTB LSTM evaluated as one stream (`data_options.eval_protocol`), which lies in row 0, process 0's.
 """
 
 import sys
@@ -36,6 +37,10 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
     config = helpers.tiny_classifier_config(steps_per_call=4)
   elif mode == "on_device":
     config = helpers.tiny_classifier_config(steps_per_call=3, train_data_on_device=True)
+  elif mode == "stream_eval":
+    config = helpers.tiny_language_model_config(num_steps=4, eval_batch_size=4,
+                                                **{"data_options.eval_protocol": "stream",
+                                                   "data_options.stream_window": 100})
   elif mode == "profile":
     config = helpers.tiny_classifier_config(**{"profile.num_steps": 2, "profile.skip_steps": 2})
   else:

@@ -127,6 +127,13 @@ def test_two_processes_gather_the_batches_of_one_process_from_the_training_set_o
   assert values["step"] == 8
 
 
+def test_two_processes_evaluate_a_stream_that_lies_in_process_0_s_rows_as_one_process_does(tmp_path):
+  """PTB's stream evaluation fills row 0 only: process 1's share of every evaluation batch is padding. Whether
+  the split is empty is decided over both processes (process 1 refused to start, process 0 waited for it)."""
+  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "stream_eval")
+  assert values["step"] == 4 and np.isfinite(values["perplexity"])
+
+
 def test_each_of_two_processes_traces_the_same_steps_into_its_own_folder(tmp_path):
   """Both processes start and stop their traces at the same steps (they wait for their devices there, no
   collective), each writes its own; process 0 reads its back for the record."""
