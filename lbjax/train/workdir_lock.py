@@ -27,6 +27,7 @@ from lbjax.train.errors import ConfigError
 from lbjax.train.errors import WorkdirInUseError
 
 LOCK_NAME = "lock"
+STALE_TAKEOVER_SECONDS = 10.0  # a takeover file older than this was left by a run killed while taking over
 
 
 def blocked_folder(folder: str | os.PathLike[str]) -> tuple[pathlib.Path, str] | None:
@@ -131,10 +132,10 @@ class WorkdirLock:
           time.sleep(0.1)
           continue
         if holder.get("host") == self._record["host"] and not _process_exists(int(holder.get("pid", -1))):
-          logging.warning("Workdir lock %s was left by a run that no longer exists (%s); taking it over.",
-                          self.path, _describe(holder))
-          self.stale_holder = holder
-          self.path.unlink(missing_ok=True)
+          if self._remove_stale(holder):
+            logging.warning("Workdir lock %s was left by a run that no longer exists (%s); taking it over.",
+                            self.path, _describe(holder))
+            self.stale_holder = holder
           continue
         hint = ("" if holder.get("host") == self._record["host"] else
                 f" It is held from another host; if that run is gone, delete {self.path}.")
@@ -148,6 +149,31 @@ class WorkdirLock:
       self._held = True
       return
     raise WorkdirInUseError(f"Could not take the workdir lock {self.path}: other runs keep replacing it.")
+
+  def _remove_stale(self, holder: dict) -> bool:
+    """Removes the lock of the crashed run `holder` unless it changed since it was read; returns whether it
+    removed it. Two runs that found the same stale lock take turns through `<lock>.takeover` (created with
+    O_EXCL) and read the lock again there: otherwise the second could remove the lock the first had just made
+    (both would run)."""
+    takeover = self.path.with_name(LOCK_NAME + ".takeover")
+    try:
+      fd = os.open(takeover, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      try:
+        if time.time() - takeover.stat().st_mtime > STALE_TAKEOVER_SECONDS:  # left by a run killed in its turn
+          takeover.unlink(missing_ok=True)
+      except FileNotFoundError:
+        pass
+      time.sleep(0.1)
+      return False
+    try:
+      if self._read_holder() != holder:
+        return False
+      self.path.unlink(missing_ok=True)
+      return True
+    finally:
+      os.close(fd)
+      takeover.unlink(missing_ok=True)
 
   def _read_holder(self) -> dict | None:
     try:
