@@ -13,6 +13,7 @@ import ml_collections
 
 from lbjax.train import batch_plan
 from lbjax.train import config as config_lib
+from lbjax.train import distributed
 from lbjax.train import mesh
 from lbjax.train import profiling
 from lbjax.train import resolved
@@ -93,6 +94,10 @@ def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
     problems.append(f"config.seed must be an integer >= 0, got {config.seed!r}.")
   if config.mesh.num_devices < 0:
     problems.append(f"config.mesh.num_devices must be >= 0 (0 = all devices), got {config.mesh.num_devices}.")
+  try:  # read by multi-host runs only, but a wrong value is wrong in any run (--dry-run included)
+    distributed.check_heartbeat_timeout(config.heartbeat_timeout_seconds)
+  except ConfigError as e:
+    problems.append(str(e))
   if config.init_from and config.resume_with_changed_optimizer:
     problems.append("config.init_from starts a new run from a checkpoint's parameters with a fresh optimizer; "
                     "config.resume_with_changed_optimizer resumes this workdir's own checkpoint. Set one.")

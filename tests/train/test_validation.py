@@ -18,6 +18,7 @@ from tests.train import helpers
     ({"optimizer.name": "larz"}, r"config.optimizer.name='larz' is not a function of lbjax.optim or optax. "
                                  r"Did you mean 'lars'\?"),
     ({"lr.decay": "step"}, r"config.lr.decay='step' is not a function of lbjax.schedules.decay"),
+    ({"heartbeat_timeout_seconds": 0}, r"config.heartbeat_timeout_seconds must be an integer >= 1 .*got 0"),
     ({"scaling.rule": "cubic"}, r"config.scaling.rule='cubic' is not a function of lbjax.schedules.rules"),
     ({"model": "PtbLSTM", "model_options": {}},
      r"lbjax.models.PtbLSTM is a language model; config.dataset='synthetic_mnist' is a classification dataset"),
