@@ -285,10 +285,12 @@ class EvaluateAndSave:
 
 
 class Checkpoint:
-  """Every `every_steps` steps (0: never), a checkpoint (none twice for one step)."""
+  """Every `every_steps` steps (0: never), a checkpoint (none twice for one step), after the metrics of the
+  steps it holds are written (`flush`): a run killed before the next record would otherwise lose them for
+  good, since a resume keeps the records up to the checkpoint's step and redoes only the steps after it."""
 
-  def __init__(self, every_steps: int):
-    self.every_steps = every_steps
+  def __init__(self, every_steps: int, flush: Callable[[RunView], None]):
+    self.every_steps, self.flush = every_steps, flush
 
   def acts_at(self, clock: RunClock) -> bool:
     return bool(self.every_steps) and clock.step_count % self.every_steps == 0
@@ -296,6 +298,7 @@ class Checkpoint:
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
     if self.acts_at(run):
+      self.flush(run)
       run.save()
 
 

@@ -159,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
       announce=watch.progress and run.process_index == 0)
   around_steps: list[protocols.Hook] = [
       metrics, hooks.RecordCompiles(writer, progress), hooks.Lipschitz(writer, watch.lipschitz_every), evaluation,
-      hooks.Checkpoint(watch.checkpoint_every_steps), decisions, profile, preemption]
+      hooks.Checkpoint(watch.checkpoint_every_steps, metrics.flush), decisions, profile, preemption]
   with contextlib.ExitStack() as closing:  # on the way out, whatever raised: these, last first
     closing.callback(writer.close)
     closing.callback(preemption.restore)

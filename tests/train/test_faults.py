@@ -391,6 +391,23 @@ def test_a_start_from_step_0_sets_aside_the_records_of_an_earlier_run_that_left_
   assert [json.loads(line) for line in aside.read_text().splitlines()] == earlier
 
 
+def test_a_checkpoint_is_saved_after_the_train_records_of_the_steps_it_holds(tmp_path, monkeypatch):
+  """The record of a log window is fetched a step after the window closes; a checkpoint at the window's last
+  step was saved before it, so a run killed in the next step lost that record for good (a resume keeps the
+  records up to the checkpoint's step)."""
+  written_at_save = {}
+  save = Run.save
+
+  def save_and_look(self, *args, **kwargs):
+    written_at_save[self.step_count] = [r["step"] for r in _records(tmp_path) if r["kind"] == "train"]
+    return save(self, *args, **kwargs)
+
+  monkeypatch.setattr(Run, "save", save_and_look)
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=8, log_every=4, checkpoint_every_steps=4,
+                                                    eval_every_epochs=100.0), tmp_path)
+  assert written_at_save[4] == [4] and written_at_save[8][:2] == [4, 8]
+
+
 def test_one_bit_compression_state_is_refused_clearly_on_another_device_count(tmp_path):
   one_bit = {"compression.name": "one_bit", "compression.error_feedback": True}
   train_and_evaluate(helpers.tiny_classifier_config(num_steps=2, **one_bit), tmp_path)
