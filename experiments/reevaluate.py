@@ -22,28 +22,20 @@ windows (the default): the same trained models under both protocols.
 import argparse
 import pathlib
 import sys
-import tempfile
 from typing import Sequence
 
 from experiments import run_records
 from experiments import runner
 from experiments import variant_table
 from lbjax.train.errors import exit_on_user_errors
-from lbjax.train.run import Run
 
 
 def evaluate_run(table: variant_table.Table, row: variant_table.TableRow, seed: int, run_dir: pathlib.Path,
                  overrides: Sequence[str]) -> dict[str, float]:
   """The metrics of the run in `run_dir` (its final checkpoint) under the row's config with `overrides`."""
-  config = variant_table.row_config(table, row, seed, overrides)
-  config.init_from = str(run_dir)
-  config.progress = False
-  with tempfile.TemporaryDirectory(prefix="reevaluate-") as scratch:
-    run = Run(config, scratch)
-    try:
-      return run.evaluate()
-    finally:
-      run.close()
+  metrics = runner.evaluate_final_state(variant_table.row_config(table, row, seed, overrides), run_dir)
+  del metrics["step"]
+  return metrics
 
 
 def _write(table: variant_table.Table, out: pathlib.Path, evaluations: list[run_records.Evaluation]) -> None:

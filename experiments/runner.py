@@ -17,6 +17,7 @@ import dataclasses
 import math
 import numbers
 import pathlib
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
@@ -117,6 +118,22 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
   return (f"batch {run['batch_size']}, peak LR {run['learning_rate']:.6g}, warm-up {run['warmup_epochs']:.6g} "
           f"epochs, {run['num_epochs']:g} epochs, {evaluated_split(config)} split; "
           f"{run_dir}: {state}")
+
+
+def evaluate_final_state(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) -> dict[str, float]:
+  """`config`'s evaluation of the final parameters and BatchNorm statistics of the run in `run_dir` (its newest
+  checkpoint), once: nothing is trained and `run_dir` is only read (`init_from`, in a scratch workdir). The
+  config may evaluate another split or protocol than the run did; its training data may differ too (the test
+  split's run trains on all 60,000 MNIST images, the validation split's on 50,000), which a resume of the run
+  itself would refuse. The metrics carry the checkpoint's `step`."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.init_from, config.progress = str(run_dir), False
+  with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:
+    run = train.Run(config, scratch)
+    try:
+      return dict(run.evaluate(), step=run.start.initialized_from[1])
+    finally:
+      run.close()
 
 
 def config_loader(spec: str, overrides: Sequence[str] = ()) -> Callable[[], ml_collections.ConfigDict]:

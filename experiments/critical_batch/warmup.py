@@ -19,7 +19,6 @@ from experiments.sweep_table import mean_sd
 from lbjax import schedules
 from lbjax import train
 from lbjax.train import optimizer as optimizer_lib
-from lbjax.train.checkpointing import Checkpointer
 
 WARMUP_RUNS = ("baseline", "legw", "adaptive", "cbs_warmup")
 TEST_FILE = "test_metrics.json"  # in a warm-up run's directory: its final state on the test split
@@ -126,15 +125,7 @@ def final_test_metrics(config: ml_collections.ConfigDict, run_dir: pathlib.Path)
     return json.loads(path.read_text())
   test_config = ml_collections.ConfigDict(config.to_dict())
   test_config.data_options.eval_split = "test"
-  run = train.Run(test_config)
-  checkpointer = Checkpointer(run_dir, max_to_keep=None)
-  try:
-    step = checkpointer.latest_step()
-    run.restore_checkpoint(checkpointer, step)
-    metrics = dict(run.evaluate(), step=step)
-  finally:
-    checkpointer.close()
-    run.close()
+  metrics = runner.evaluate_final_state(test_config, run_dir)
   path.write_text(json.dumps(metrics) + "\n")
   return metrics
 

@@ -3,16 +3,20 @@ run exactly, a lost branch is trained again to the same loss, the CBS and the wa
 definitions, and the warm-up comparison writes its table."""
 
 import csv
+import json
 import pathlib
 
 import pytest
 
 from experiments import run_records
+from experiments import runner
 from experiments.critical_batch import branches
 from experiments.critical_batch import cli
 from experiments.critical_batch import grid
 from experiments.critical_batch import measure
 from experiments.critical_batch import warmup
+from lbjax import config_files
+from lbjax import train
 from lbjax.train import optimizer as optimizer_lib
 
 TINY = str(pathlib.Path(__file__).with_name("tiny_adaptive_config.py"))
@@ -231,3 +235,19 @@ def test_warmup_dry_run_prints_the_warmup_and_each_run_and_trains_nothing(tmp_pa
                                                         for run in warmup.WARMUP_RUNS]
   assert all(line.endswith(": new") for line in lines[1:]) and "batch [16, 32]" in lines[-1]
   assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_run_trained_on_the_validation_split_s_data_is_evaluated_on_the_test_split(tmp_path, shared_data):
+  """MNIST with eval_split=validation trains on 50,000 images, with the test split on all 60,000: the final
+  state is evaluated through init_from (`runner.evaluate_final_state`); restoring the run itself, whose data
+  position fits 50,000 only, failed the warm-up comparison after its first run."""
+  overrides = ["--config.eval_batch_size=1000", f"--config.data_dir={shared_data}", "--config.progress=False"]
+  config = config_files.load("mnist_lstm", ["--config.num_steps=2", "--config.data_options.eval_split=validation",
+                                            *overrides]).config
+  train.train_and_evaluate(config, tmp_path / "run")
+  files = sorted((tmp_path / "run").rglob("*"))
+  metrics = runner.evaluate_final_state(config_files.load("mnist_lstm", overrides).config, tmp_path / "run")
+  assert metrics["step"] == 2 and 0.0 <= metrics["accuracy"] <= 1.0
+  assert sorted((tmp_path / "run").rglob("*")) == files  # the run's folder is only read
+  assert warmup.final_test_metrics(config, tmp_path / "run") == metrics
+  assert json.loads((tmp_path / "run" / warmup.TEST_FILE).read_text()) == metrics  # kept for the next call

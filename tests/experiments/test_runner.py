@@ -128,3 +128,4 @@ def test_load_runs_names_every_run_that_does_not_load_or_is_invalid_by_its_label
     runner.load_runs(loaders, "table", label=lambda key: f"{key[0]} seed={key[1]}")
 
 
+
