@@ -260,13 +260,16 @@ class ResNet(nnx.Module):
                            rngs=rngs, **settings.kernel_hooks("dot_general"))
 
   def __call__(self, images: jax.Array, *, train: bool) -> jax.Array:
-    """Maps images [N, H, W, C] (float) to logits [N, num_classes] (float32).
+    """Maps images [N, H, W, C] (float) to logits [N, num_classes] (float32). With
+    `input_channels=1`, grayscale images [N, H, W] (MNIST's) are taken as their one channel.
 
     Raises:
       ValueError: on a wrong rank/channel count/dtype, or, when `train`, a batch not divisible by
         `bn_group_size`.
     """
-    expected = f"[N, H, W, {self.input_channels}]"
+    expected = f"[N, H, W, {self.input_channels}]" + (" or [N, H, W]" if self.input_channels == 1 else "")
+    if self.input_channels == 1 and getattr(images, "ndim", None) == 3:
+      images = images[..., None]
     if getattr(images, "ndim", None) != 4 or images.shape[-1] != self.input_channels:
       raise ValueError(f"ResNet expects images of shape {expected}, got shape "
                        f"{getattr(images, 'shape', None)}.")

@@ -185,6 +185,14 @@ def test_constructor_validation(kwargs, message):
     ResNet(**kwargs, rngs=nnx.Rngs(0))
 
 
+def test_a_one_channel_resnet_takes_grayscale_images_with_or_without_their_channel_axis():
+  model = ResNetTiny(3, input_channels=1, small_inputs=True, num_filters=4, rngs=nnx.Rngs(0))
+  images = jax.random.uniform(jax.random.key(0), (2, 8, 8))
+  np.testing.assert_array_equal(model(images, train=False), model(images[..., None], train=False))
+  with pytest.raises(ValueError, match=r"images of shape \[N, H, W, 1\] or \[N, H, W\], got shape \(2, 8\)"):
+    model(jnp.ones((2, 8)), train=False)
+
+
 def test_call_validation():
   model = ResNetTiny(3, bn_group_size=4, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match=r"images of shape \[N, H, W, 3\], got shape \(2, 8, 8\)"):

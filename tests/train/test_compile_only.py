@@ -14,6 +14,7 @@ import warnings
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from lbjax import data
@@ -23,6 +24,7 @@ from lbjax.train import compile_report
 from lbjax.train import datasets
 from lbjax.train import determinism
 from lbjax.train import topology
+from lbjax.train import train_and_evaluate
 from lbjax.train.errors import ConfigError
 from tests.train import helpers
 
@@ -53,6 +55,16 @@ def test_mnist_lstm_compiles_for_the_local_devices_without_reading_data(capsys, 
   assert report.fits and report.devices == jax.device_count() and report.platform == "cpu"
   assert [s["step"] for s in report.steps] == ["train", "eval"]
   assert report.steps[0]["steps_per_epoch"] == 60_000 // 32 and not report.data_from_files
+
+
+def test_a_resnet_on_mnist_compiles_and_trains(tmp_path):
+  """MNIST's images are [N, 28, 28]; a ResNet of one input channel takes them (a found bug: it refused them)."""
+  mnist_resnet = dict(model="ResNetTiny", model_options={"num_filters": 4}, num_steps=2)
+  report = compile_only.compile_run(helpers.tiny_classifier_config(dataset="mnist", data_dir="/no-data-here",
+                                                                   data_options={}, **mnist_resnet))
+  assert report.fits and [s["step"] for s in report.steps] == ["train", "eval"]
+  result = train_and_evaluate(helpers.tiny_classifier_config(**mnist_resnet), tmp_path)
+  assert np.isfinite(result.eval_metrics["loss"])
 
 
 def user_dataset(*, seed: int = 0):
