@@ -135,9 +135,12 @@ class RegionDecoder:
           top:bottom, left:right]
     mcu_width = _MCU_WIDTH[subsampling] * numerator // 8
     start, stop = max(0, left - 1) // mcu_width * mcu_width, min(width, right + 1)
-    pixels = self._decompress(handle, encoded, _Region(start, top, stop - start, bottom - top),
-                              (bottom - top, stop - start))
-    return pixels[:, left - start:right - start]
+    # Rows below the region are not read: a file cut there decodes without libjpeg's "Premature end"
+    # warning, which a whole decode gives. Where the data may not be whole, decode down to the last row.
+    last_row = bottom if _ends_after_its_last_scan(encoded) else height
+    pixels = self._decompress(handle, encoded, _Region(start, top, stop - start, last_row - top),
+                              (last_row - top, stop - start))
+    return pixels[:bottom - top, left - start:right - start]
 
   def _decompress(self, handle: int, encoded: bytes, region: _Region,
                   shape: tuple[int, int]) -> np.ndarray:
@@ -146,6 +149,13 @@ class RegionDecoder:
     self._check(self._lib.tj3Decompress8(handle, encoded, len(encoded), pixels.ctypes.data,
                                          pixels.strides[0], _TJPF_RGB), handle, encoded)
     return pixels
+
+
+def _ends_after_its_last_scan(encoded: bytes) -> bool:
+  """Whether an end-of-image marker (FF D9) follows the last start-of-scan marker (FF DA). Entropy-coded
+  data holds neither (an FF in it is followed by 00 or a restart marker), so a file cut inside its
+  scans has none; a whole file has one (trailing bytes after it aside, which only cost a full decode)."""
+  return encoded.rfind(b"\xff\xd9") > encoded.rfind(b"\xff\xda")
 
 
 def _turbojpeg_extension() -> str | None:

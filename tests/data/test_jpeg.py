@@ -302,11 +302,21 @@ def test_bad_input_is_rejected_with_a_clear_message(jpeg_decoder, monkeypatch):
   with pytest.raises(ValueError, match="does not lie inside the 20x30 image"):
     jpeg.decode_resized_crop(encoded, crops.Box(0, 0, 21, 30), (8, 8))
   truncated = _jpeg(np.random.default_rng(8), 200, 300)[:-2000]
-  with pytest.raises(ValueError, match="Premature end of JPEG file"):
-    jpeg.decode_resized_crop(truncated, crops.Box(100, 0, 100, 300), (8, 8))
+  # Whichever rows the window holds: a region decode of the top rows reads no byte near the cut.
+  for window in (crops.Box(100, 0, 100, 300), crops.Box(0, 0, 16, 16)):
+    with pytest.raises(ValueError, match="Premature end of JPEG file"):
+      jpeg.decode_resized_crop(truncated, window, (8, 8))
   monkeypatch.setitem(sys.modules, "simplejpeg", None)  # As if the [imagenet] extra were missing.
   with pytest.raises(ImportError, match=r"pip install 'lbjax\[imagenet\]'"):
     imagenet.imagenet_train_transform(seed=0)
+
+
+def test_bytes_after_the_end_of_image_change_no_pixel(jpeg_decoder):
+  encoded = _jpeg(np.random.default_rng(9), 64, 96)
+  trailing = encoded + b"\xff\xda bytes after the end-of-image marker"
+  for window in (crops.Box(0, 0, 16, 16), crops.Box(8, 40, 50, 50)):
+    np.testing.assert_array_equal(jpeg.decode_resized_crop(trailing, window, (8, 8)),
+                                  jpeg.decode_resized_crop(encoded, window, (8, 8)))
 
 
 def test_stream_of_jpeg_bytes_is_deterministic_resumable_and_process_independent(jpeg_decoder):
