@@ -32,4 +32,5 @@ from lbjax.diagnostics.noise_scale import NoiseScaleEstimate
 from lbjax.diagnostics.noise_scale import noise_scale_ema
 from lbjax.diagnostics.noise_scale import noise_scale_estimates
 from lbjax.diagnostics.noise_scale import simple_noise_scale
+from lbjax.diagnostics.sample_selection import kept_examples
 from lbjax.diagnostics.sample_selection import small_loss_discard_weights

@@ -10,6 +10,12 @@ import jax
 import jax.numpy as jnp
 
 
+def kept_examples(batch: int, discard_fraction: float) -> int:
+  """How many of a batch's `batch` samples `small_loss_discard_weights` keeps: B - floor(p * B). The
+  gradient of the loss is a mean over these, so the noise scale counts them as its batch."""
+  return batch - int(discard_fraction * batch)
+
+
 def small_loss_discard_weights(per_example_loss: jax.Array, discard_fraction: float) -> jax.Array:
   """0/1 weights that drop the floor(p * B) smallest-loss samples of a batch. Jittable.
 
@@ -32,7 +38,7 @@ def small_loss_discard_weights(per_example_loss: jax.Array, discard_fraction: fl
         "small_loss_discard_weights: discard_fraction must be in [0, 1), got "
         f"{discard_fraction!r}.")
   batch = jnp.shape(per_example_loss)[0]
-  num_discard = int(discard_fraction * batch)
+  num_discard = batch - kept_examples(batch, discard_fraction)
   order = jnp.argsort(jax.lax.stop_gradient(per_example_loss), stable=True)
   rank = jnp.empty((batch,), jnp.int32).at[order].set(jnp.arange(batch, dtype=jnp.int32))
   return (rank >= num_discard).astype(jnp.float32)

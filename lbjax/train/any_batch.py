@@ -55,7 +55,7 @@ class AnyBatchStep:
     micro_batch_size: m, the global micro-batch.
     slots: micro-batches per call of the accumulation program: `SLOTS`, or 1 where
       `loops_slow_down_convolutions`.
-    compiled: the compiled programs by name (`"accumulate"` per loss variant, `"apply"`).
+    compiled: the compiled programs by name (`"accumulate"` and `"apply"` per loss variant).
     compile_seconds: their compile times, by the same keys.
   """
 
@@ -146,8 +146,8 @@ class AnyBatchStep:
         out_shardings=(totals_shardings, (carry_shardings,) * slots), donate_argnums=(0,),
     ).lower(self._totals, state, (micro_batches[0],) * slots, (carries[0],) * slots, index(0), index(1),
             count).compile())
-    apply = self._compile("apply", lambda: jax.jit(
-        make_apply_step(parts.optimizer, self.micro_batch_size),
+    apply = self._compile(("apply", discard_fraction), lambda: jax.jit(
+        make_apply_step(parts.optimizer, self.micro_batch_size, discard_fraction),
         in_shardings=(state_shardings, totals_shardings, parts.replicated, parts.replicated),
         out_shardings=(state_shardings, parts.replicated, totals_shardings), donate_argnums=(0, 1),
     ).lower(state, self._totals, count, learning_rate).compile())

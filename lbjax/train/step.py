@@ -156,7 +156,8 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
   gradient noise scale B_simple = tr(Sigma)/|G|^2 (McCandlish et al. 2018, appendix A.1), from the
   micro-batch gradients (B/k examples) and their mean (B examples): `noise_scale_grad_norm_sq` and
   `noise_scale_trace_sigma`. Average each over steps before dividing.
-  With `discard_fraction > 0` the smallest-loss examples are dropped within each micro-batch.
+  With `discard_fraction > 0` the smallest-loss examples are dropped within each micro-batch, and
+  the noise scale counts the kept ones (`diagnostics.kept_examples`) as its batch sizes.
   The task gets one dropout key per row of its (micro-)batch, `dropout_keys` of the rows' global
   indices, so the masks are the same at any micro-batch count and on any number of devices.
 
@@ -211,10 +212,11 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
         accumulate, zeros, (micro_rows, micro_batches, micro_carries),
         unroll=_accumulation_unroll(num_microbatches, params, mesh))
     loss, metrics, model_state, grads = jax.tree.map(lambda t: t / num_microbatches, totals)
-    batch_size = jax.tree.leaves(batch)[0].shape[0]
+    micro_batch_kept = diagnostics.kept_examples(jax.tree.leaves(batch)[0].shape[0] // num_microbatches,
+                                                 discard_fraction)
     estimate = diagnostics.noise_scale_estimates(
         metrics.pop("micro_grad_norm_sq"), optax.tree.norm(grads, squared=True),
-        batch_size // num_microbatches, batch_size)
+        micro_batch_kept, num_microbatches * micro_batch_kept)
     metrics = dict(metrics, noise_scale_grad_norm_sq=estimate.grad_norm_sq,
                    noise_scale_trace_sigma=estimate.trace_sigma)
     return loss, metrics, model_state, merge_microbatches(carries, split_mesh), grads
@@ -364,7 +366,7 @@ def make_accumulate_step(graphdef: nnx.GraphDef, task: Task, data_parallel_size:
   return accumulate
 
 
-def make_apply_step(optimizer: optax.GradientTransformation, micro_batch_size: int
+def make_apply_step(optimizer: optax.GradientTransformation, micro_batch_size: int, discard_fraction: float = 0.0
                     ) -> Callable[..., tuple[TrainState, dict[str, jax.Array], Accumulator]]:
   """Returns `apply(state, totals, num_microbatches, learning_rate) -> (state, metrics, zeros)`.
 
@@ -375,17 +377,18 @@ def make_apply_step(optimizer: optax.GradientTransformation, micro_batch_size: i
 
   exactly as `make_train_step` accumulates them, then the optimizer update with the same finite-value
   guard. The gradient noise-scale ingredients (McCandlish et al. 2018, appendix A.1) come from the
-  two batch sizes B_small = micro-batch and B_big = k micro-batches (nan when k = 1: one batch size
-  gives no estimate). `zeros` is a zeroed accumulator for the next update (the donated `totals`
-  buffers reused).
+  two batch sizes B_small = micro-batch and B_big = k micro-batches, counting the examples
+  `discard_fraction` keeps (nan when k = 1: one batch size gives no estimate). `zeros` is a zeroed
+  accumulator for the next update (the donated `totals` buffers reused).
   """
 
   def apply(state: TrainState, totals: Accumulator, num_microbatches: jax.Array, learning_rate: jax.Array):
     count = num_microbatches.astype(jnp.float32)
     loss, metrics, model_state, grads, micro_norm_sq = jax.tree.map(lambda t: t / count, totals)
+    micro_batch_kept = diagnostics.kept_examples(micro_batch_size, discard_fraction)
     estimate = diagnostics.noise_scale_estimates(
-        micro_norm_sq, optax.tree.norm(grads, squared=True), jnp.int32(micro_batch_size),
-        num_microbatches * micro_batch_size)
+        micro_norm_sq, optax.tree.norm(grads, squared=True), jnp.int32(micro_batch_kept),
+        num_microbatches * micro_batch_kept)
     defined = num_microbatches > 1
     metrics = dict(metrics,
                    noise_scale_grad_norm_sq=jnp.where(defined, estimate.grad_norm_sq, jnp.nan),

@@ -4,16 +4,21 @@ import csv
 import json
 import pathlib
 
+from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from lbjax import config_files
+from lbjax import diagnostics
 from lbjax import main
 from lbjax.train import layer_table
 from lbjax.train import ConfigError
 from lbjax.train import train_and_evaluate
 from lbjax.train.datasets import Dataset
+from lbjax.train.run import Run
 from lbjax.train.tasks import ClassificationTask
 from tests.train import helpers
 
@@ -167,3 +172,33 @@ def test_lbjax_train_layer_table_applies_the_overrides_and_writes_the_table(tmp_
   seed_3 = layer_table.first_step_layer_norms(config_files.load(config, ["--config.seed=3"]).config)
   seed_0 = layer_table.first_step_layer_norms(config_files.load(config).config)
   assert written == [row.weight_norm for row in seed_3] != [row.weight_norm for row in seed_0]
+
+
+@pytest.mark.parametrize("accumulation", [{"max_device_batch": 16}, {"batch.micro_batch_size": 16}])
+def test_the_noise_scale_of_a_step_that_discards_counts_the_kept_examples(tmp_path, accumulation):
+  """Two micro-batches of 16 that keep 12 each (discard_fraction 0.25): B_small = 12 and B_big = 24 in
+  McCandlish et al.'s estimates, from the same gradients the step takes (the compiled step and the
+  any-batch step alike). Counting 16 and 32 made tr(Sigma) 4/3 too large."""
+  config = helpers.tiny_classifier_config(**{"loss.discard_fraction": 0.25, "loss.discard_until_epoch": 1.0,
+                                             "mesh.num_devices": 1, **accumulation})
+  run = Run(config)
+  try:
+    state, batch = helpers.host_tree(run.state), run.next_batch()  # the step donates the state
+    metrics = run.step(batch)
+    graphdef, task = run.parts.graphdef, run.task
+
+    def loss(params, micro_batch):
+      model = nnx.merge(graphdef, params, state.model_state)
+      return task.train_loss(model, micro_batch, None, None, 0.25)[0]
+
+    arrays = batch.arrays if isinstance(batch.arrays, dict) else {
+        name: jnp.concatenate([micro[name] for micro in batch.arrays]) for name in batch.arrays[0]}
+    micro_grads = [jax.grad(loss)(state.params, jax.tree.map(lambda x, j=j: x[16 * j:16 * (j + 1)], arrays))
+                   for j in range(2)]
+    small = np.mean([optax.tree.norm(g, squared=True) for g in micro_grads])
+    big = optax.tree.norm(jax.tree.map(lambda a, b: (a + b) / 2, *micro_grads), squared=True)
+    expected = diagnostics.noise_scale_estimates(small, big, 12, 24)
+    np.testing.assert_allclose(metrics["noise_scale_trace_sigma"], expected.trace_sigma, rtol=1e-4)
+    np.testing.assert_allclose(metrics["noise_scale_grad_norm_sq"], expected.grad_norm_sq, rtol=1e-4)
+  finally:
+    run.close()
