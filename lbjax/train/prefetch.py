@@ -9,6 +9,8 @@ Its guarantees:
 - The stream position. `epoch()` and `get_state()` report the position after the batches handed out
   by `next_prepared`/`next_batch` (consumed by steps), never after a batch merely prefetched: a
   checkpoint records where the next step's batch starts, and a resumed run draws the same batches.
+  So does the stream's count of skipped records (`undecodable_skipped`), which a draw raises: a
+  prefetched batch's skips count once its step takes it, and a dropped batch's not at all.
   The wrapped stream is read only by the thread while a batch is in flight; the position is a
   snapshot taken before the thread starts.
 - The batches. They are drawn in the same order and with the same sizes as without prefetching: a
@@ -43,6 +45,7 @@ class _InFlight(NamedTuple):
   size: int
   epoch: float  # the consumed position when the draw started
   state: Any
+  undecodable_skipped: int | None  # the wrapped stream's count then (None: it keeps none)
   future: concurrent.futures.Future
 
 
@@ -84,6 +87,13 @@ class PrefetchingStream(Generic[Prepared]):
     """The wrapped stream's state at the consumed position (what a checkpoint records)."""
     return self._in_flight.state if self._in_flight is not None else self._stream.get_state()
 
+  @property
+  def undecodable_skipped(self) -> int:
+    """The records the wrapped stream skipped in the batches handed out (AttributeError if it counts none)."""
+    if self._in_flight is not None and self._in_flight.undecodable_skipped is not None:
+      return self._in_flight.undecodable_skipped
+    return self._stream.undecodable_skipped
+
   def set_state(self, state: Any) -> None:
     """Drops the batch in flight and restores the wrapped stream's `state`."""
     self._drop_in_flight()
@@ -113,7 +123,8 @@ class PrefetchingStream(Generic[Prepared]):
     if self._executor is None:
       self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lbjax-prefetch")
     epoch, state = self._stream.epoch(), self._stream.get_state()
-    self._in_flight = _InFlight(size, epoch, state, self._executor.submit(self._draw, size))
+    skipped = getattr(self._stream, "undecodable_skipped", None)
+    self._in_flight = _InFlight(size, epoch, state, skipped, self._executor.submit(self._draw, size))
 
   def _draw(self, size: int) -> Prepared:
     return self._prepare(self._stream.next_batch(size), size)
@@ -126,6 +137,8 @@ class PrefetchingStream(Generic[Prepared]):
       return
     concurrent.futures.wait([in_flight.future])
     self._stream.set_state(in_flight.state)
+    if in_flight.undecodable_skipped is not None:
+      self._stream.undecodable_skipped = in_flight.undecodable_skipped
 
   def close(self) -> None:
     """Drops the batch in flight and ends the background thread (the stream stays usable: a later

@@ -65,6 +65,32 @@ def test_prefetched_batches_are_the_streams_batches_in_order_whatever_the_guesse
     np.testing.assert_array_equal(got, want)
 
 
+class _SkippingStream(lbdata.TrainStream):
+  """A stream that counts every example of a value divisible by 5 as a skipped record, as an ImageNet
+  stream counts the records it cannot decode (`undecodable_skipped`: not part of the position)."""
+
+  def next_batch(self, global_batch_size):
+    batch = super().next_batch(global_batch_size)
+    self.undecodable_skipped += int(np.sum(batch["x"] % 5 == 0))
+    return batch
+
+
+def test_the_count_of_skipped_records_is_that_of_the_batches_handed_out():
+  """A found bug: it counted the batch in flight, and a dropped batch again when it was drawn anew."""
+  sizes, guesses = [4, 4, 8, 4, 4, 4], [4, 8, 4, 8, 4, None]
+  plain = _SkippingStream(lbdata.ArraySource(x=np.arange(40)), seed=3)
+  stream = PrefetchingStream(_SkippingStream(lbdata.ArraySource(x=np.arange(40)), seed=3), _take)
+  try:
+    for size, guess in zip(sizes, guesses):
+      stream.next_prepared(size)
+      plain.next_batch(size)
+      stream.prefetch(guess)
+      assert stream.undecodable_skipped == plain.undecodable_skipped
+    assert plain.undecodable_skipped > 0
+  finally:
+    stream.close()
+
+
 def test_the_position_is_the_consumed_one_while_a_batch_is_in_flight():
   release = threading.Event()
 
