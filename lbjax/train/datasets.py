@@ -208,6 +208,9 @@ def mnist(data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0,
     eval_split: "test" trains on all 60k and evaluates on the test set (the papers' protocol);
       "validation" holds `num_validation_examples` out of the training set (a fixed subset, the same
       for every seed), trains on the rest and evaluates on them: choose hyper-parameters this way.
+      The subset is chosen by position in the source's order, and TFDS stores the 60k digits in
+      another order than LeCun's files: the two sources hold out different digits (and shuffle
+      differently), so compare runs on one source.
     num_validation_examples: size of the held-out set for `eval_split="validation"`.
   """
   if source not in ("idx", "tfds", "auto"):
