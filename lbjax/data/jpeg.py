@@ -22,6 +22,10 @@ INSTALL_HINT = "pip install 'lbjax[imagenet]' (simplejpeg and opencv-python-head
 
 # JPEG colour spaces libjpeg-turbo converts to RGB; others (CMYK, YCCK) are decoded by Pillow.
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")
+# The one libjpeg warning that costs no pixel: bytes between the last scan's data and the end-of-image
+# marker (camera padding, common in photo datasets), met after every pixel is decoded; TensorFlow, OpenCV
+# and Pillow decode such files. Every other warning (a truncated or corrupt scan) makes an image undecodable.
+_PADDING_BEFORE_END = "extraneous bytes before marker 0xd9"
 
 
 class DecodeError(ValueError):
@@ -129,7 +133,12 @@ def decode(encoded: bytes, scale: int = 1) -> tuple[np.ndarray, float]:
       numerator = scaling_numerator(height, width, scale)
       sizes = {} if numerator == 8 else {"min_height": -(-height * numerator // 8),
                                          "min_width": -(-width * numerator // 8)}
-      return simplejpeg.decode_jpeg(encoded, "RGB", **sizes), 8 / numerator
+      try:  # strict: the first warning raises
+        return simplejpeg.decode_jpeg(encoded, "RGB", **sizes), 8 / numerator
+      except ValueError as err:
+        if _PADDING_BEFORE_END not in str(err):
+          raise
+        return simplejpeg.decode_jpeg(encoded, "RGB", strict=False, **sizes), 8 / numerator
     return np.asarray(_pil().open(io.BytesIO(encoded)).convert("RGB")), 1.0
   except (OSError, SyntaxError, ValueError) as err:  # simplejpeg: ValueError; Pillow: OSError (truncated)
     raise DecodeError(f"cannot decode an image from {len(encoded)} encoded bytes: {err}") from err
@@ -266,10 +275,8 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
     _check_out(out, (*size, 3))
   scale = dct_scale(box.height, box.width, *size)
   region_decoder = libturbojpeg.decoder() if libjpeg_rgb else None
-  if region_decoder is None:
-    pixels, step = decode(encoded, scale)
-    window = Box(*(edge / step for edge in box))
-  else:
+  pixels = None
+  if region_decoder is not None:
     numerator = scaling_numerator(height, width, scale)
     window = Box(*(edge / (8 / numerator) for edge in box))  # As `decode`'s step.
     rows, columns = _support(window, -(-height * numerator // 8), -(-width * numerator // 8))
@@ -278,8 +285,13 @@ def decode_resized_crop(encoded: bytes, box: Box, size: tuple[int, int], *, flip
     try:
       pixels = region_decoder.decode(encoded, numerator, rows, columns)
     except ValueError as err:
-      raise DecodeError(str(err)) from err
+      # TurboJPEG reports its last warning: the padding's may follow a worse one, which `decode` finds first.
+      if _PADDING_BEFORE_END not in str(err):
+        raise DecodeError(str(err)) from err
     window = window._replace(top=window.top - rows[0], left=window.left - columns[0])
+  if pixels is None:
+    pixels, step = decode(encoded, scale)
+    window = Box(*(edge / step for edge in box))
   out = np.empty((*size, 3), np.uint8) if out is None else out
   resize_window(pixels, window, size, out)
   return codecs()[1].flip(out, 1, dst=out) if flip else out  # In place.

@@ -319,6 +319,22 @@ def test_bytes_after_the_end_of_image_change_no_pixel(jpeg_decoder):
                                   jpeg.decode_resized_crop(encoded, window, (8, 8)))
 
 
+def test_padding_before_the_end_of_image_is_decoded_and_a_corrupt_scan_before_it_is_not(jpeg_decoder):
+  """libjpeg's "extraneous bytes before marker 0xd9" (bytes after the last scan, common in photo datasets)
+  costs no pixel: the image decodes as without them (it was refused as undecodable). A corrupt scan that
+  comes before such padding stays refused, whichever warning the decoder reports last."""
+  encoded = _jpeg(np.random.default_rng(10), 64, 96)
+  padded = encoded[:-2] + bytes(240) + b"\xff\xd9"
+  middle = len(padded) // 2
+  corrupt = padded[:middle] + b"\xff\xd5" + padded[middle + 2:]  # a restart marker where none belongs
+  for window in (crops.Box(0, 0, 16, 16), crops.Box(40, 0, 24, 96)):
+    np.testing.assert_array_equal(jpeg.decode_resized_crop(padded, window, (8, 8)),
+                                  jpeg.decode_resized_crop(encoded, window, (8, 8)))
+    with pytest.raises(jpeg.DecodeError, match="Corrupt JPEG data: premature end of data segment"):
+      jpeg.decode_resized_crop(corrupt, window, (8, 8))
+  np.testing.assert_array_equal(jpeg.decode(padded, 2)[0], jpeg.decode(encoded, 2)[0])
+
+
 def test_stream_of_jpeg_bytes_is_deterministic_resumable_and_process_independent(jpeg_decoder):
   encoded = synthetic_jpeg.imagenet_like_jpegs(12, seed=0, large_fraction=0.0)
   images = np.empty(12, dtype=object)
