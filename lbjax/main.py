@@ -119,7 +119,8 @@ def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str], p
   determinism.request(resolved)  # before the backend starts
   if processes is not None:
     if distributed.supervised_state() is None:  # a lost host ends every process with a message (exit 5)
-      return distributed.supervise(argv, args.workdir, processes.process_id, resolved.heartbeat_timeout_seconds)
+      return distributed.supervise(argv, args.workdir, processes.process_id, resolved.heartbeat_timeout_seconds,
+                                   processes.num_processes)
     distributed.initialize(args.coordinator_address, processes.num_processes, processes.process_id,
                            resolved.heartbeat_timeout_seconds)
   if not os.environ.get(TRACEBACK_ENV):  # a failed save's Orbax tracebacks: in <workdir>/logs, not on the console

@@ -19,6 +19,11 @@ this one reached, the newest complete checkpoint, and the command that resumes; 
 step's temporary folder only after every process wrote its part (and lbjax verifies its checksums on
 restore), so the relaunch resumes from the newest complete one, bit-exactly.
 
+A job that never forms (a process not started, or started with another `--num_processes` or
+`--coordinator_address`, or the coordinator's port unreachable) ends the same way once
+`jax.distributed.initialize` gives up waiting for the others (its `initialization_timeout`, 300 s): the
+supervisor then says that the job did not start and what to check (`job_not_formed_message`), exit status 2.
+
 Every other ending of the training process passes through: its exit status, or 128 + the signal that
 killed it, with one line naming the runtime log.
 """
@@ -49,6 +54,9 @@ _UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*
 _TASK = re.compile(r"/job:[^/]+/replica:\d+/task:(\d+)")
 _PEER_FAILURE = re.compile(r"Gloo|Connection (reset|closed|refused)|UNAVAILABLE|coordination service")
 _LEADER_LOST = ("Failed to send RPC to coordination service", "leader task was preempted/died")
+_REGISTER = "CoordinationService/RegisterTask"  # the call of a process joining the job
+JOB_NOT_FORMED_EXIT = 2
+JOIN_TIMEOUT_SECONDS = 300  # jax.distributed.initialize's initialization_timeout
 
 
 def supervised_state() -> pathlib.Path | None:
@@ -69,7 +77,8 @@ def check_heartbeat_timeout(seconds: Any) -> None:
                       f"before the others stop), got {seconds!r}.")
 
 
-def supervise(argv: list[str], workdir: str, process_id: int | None, heartbeat_timeout_seconds: int) -> int:
+def supervise(argv: list[str], workdir: str, process_id: int | None, heartbeat_timeout_seconds: int,
+              num_processes: int | None = None) -> int:
   """Runs `python -m lbjax.main argv` as the training process of this host and returns its exit status,
   or `LOST_HOST_EXIT` with the lost-host message when the JAX runtime ended it because a process of the
   job was lost. SIGTERM and SIGINT are passed on to it (a preemption saves, as without a supervisor);
@@ -100,7 +109,12 @@ def supervise(argv: list[str], workdir: str, process_id: int | None, heartbeat_t
       log.seek(start)
       runtime = log.read().decode(errors="replace")
   progress = json.loads(state_file.read_text()) if state_file.exists() else {}
+  if _RUNTIME_VERDICT in runtime and "process_index" not in progress and _REGISTER in runtime:
+    print(job_not_formed_message(argv, process_id, num_processes, runtime_log), file=sys.stderr, flush=True)
+    return JOB_NOT_FORMED_EXIT
   if _RUNTIME_VERDICT in runtime:
+    progress.setdefault("process_index", "?" if process_id is None else process_id)
+    progress.setdefault("process_count", num_processes)
     print(lost_host_message(runtime, progress, workdir, argv, heartbeat_timeout_seconds, runtime_log),
           file=sys.stderr, flush=True)
     return LOST_HOST_EXIT
@@ -128,6 +142,23 @@ def lost_processes(runtime_log: str) -> list[int]:
   return sorted({int(i) for i in _TASK.findall(verdict)})
 
 
+def job_not_formed_message(argv: list[str], process_id: int | None, num_processes: int | None,
+                           log_path: pathlib.Path) -> str:
+  """The few lines a process prints when the runtime ended it because the job never formed: not every
+  process joined the coordinator within `JOIN_TIMEOUT_SECONDS`."""
+  me = "This process" if process_id is None else f"Process {process_id}"
+  count = f"all {num_processes}" if num_processes else "all the"
+  return "\n".join([
+      f"lbjax-train: the job did not start: {me} waited {JOIN_TIMEOUT_SECONDS} s for the other processes to join "
+      "the coordinator, and not all did. Nothing was trained.",
+      f"Start {count} processes within {JOIN_TIMEOUT_SECONDS} s of each other, with the same --coordinator_address "
+      "(process 0's host and a free port, reachable from every host) and --num_processes, and each its own "
+      "--process_id (0 on the coordinator's host); a process that failed before joining says why on its console. "
+      "This one's command:",
+      f"  {' '.join(['lbjax-train', *argv])}",
+      f"(The JAX runtime's messages of this process are in {log_path}.)"])
+
+
 def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, argv: list[str],
                       heartbeat_timeout_seconds: int, log_path: pathlib.Path) -> str:
   """The few lines a process prints when the runtime ended it because another process was lost."""
@@ -146,7 +177,7 @@ def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, 
   newest = (f"The newest complete checkpoint is step {steps[0]} in {directory}; a checkpoint being written when "
             "the process was lost is incomplete and not used."
             if steps else "No checkpoint is complete yet: the relaunch starts from the beginning.")
-  count = progress.get("process_count", "all")
+  count = progress.get("process_count") or "the"
   command = " ".join(["lbjax-train", *argv])
   return "\n".join([
       f"lbjax-train: lost {named} of the job: {how}. This process ({me}) stopped {at}.",

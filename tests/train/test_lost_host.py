@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
@@ -188,3 +189,39 @@ def test_a_hung_process_of_three_ends_the_other_two_within_the_heartbeat_timeout
 ])
 def test_the_lost_processes_are_read_from_the_runtime_verdict(log, lost):
   assert distributed.lost_processes("earlier lines\n" * 500 + log) == lost
+
+
+def test_a_job_that_never_formed_is_told_apart_from_a_lost_host(tmp_path, capsys):
+  """Process 0 of 2 alone: after jax.distributed.initialize's 300 s its runtime aborts with a failed
+  RegisterTask (the log below, jax 0.12). The supervisor says the job did not start and what to check
+  (exit 2); it said a process had stopped sending heartbeats, and "relaunch all all processes"."""
+  workdir = tmp_path / "run"
+  argv = ["--config", CLASSIFIER, "--workdir", str(workdir), "--coordinator_address", "127.0.0.1:1",
+          "--num_processes", "2", "--process_id", "0"]
+  with mock.patch.object(subprocess, "Popen", _aborted_child(workdir / distributed.LOG_DIR / "process0.runtime.log")):
+    status = distributed.supervise(argv, str(workdir), 0, HEARTBEAT, 2)
+  stderr = capsys.readouterr().err
+  assert status == distributed.JOB_NOT_FORMED_EXIT == 2
+  assert stderr.startswith("lbjax-train: the job did not start: Process 0 waited 300 s for the other processes to "
+                           "join the coordinator, and not all did. Nothing was trained.\nStart all 2 processes")
+  assert " ".join(argv) in stderr and "heartbeat" not in stderr
+
+
+def _aborted_child(runtime_log: pathlib.Path):
+  """subprocess.Popen's stand-in: a training process whose runtime wrote `runtime_log` the abort of a job that never
+  formed, then aborted (SIGABRT)."""
+
+  class AbortedChild:
+
+    def __init__(self, *args, **kwargs):
+      del args, kwargs
+
+    def wait(self):
+      runtime_log.write_text(
+          "F1202 00:41:14.596597   11881 client.h:86] Terminating process because the JAX distributed service "
+          "detected fatal errors. This most likely indicates that another task died; see the other task logs for more "
+          "details. absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded\n"
+          "RPC: /xla.coordination.CoordinationService/RegisterTask\n")
+      return -signal.SIGABRT
+
+  return AbortedChild
