@@ -221,8 +221,9 @@ def real_dtype(dtype: Any) -> jnp.dtype:
 
 
 def safe_quotient(num: jax.Array, den: jax.Array) -> jax.Array:
-  """`num / den`, or 1 where `num` or `den` is zero or the quotient is not finite (zero-norm rule)."""
-  ok = (num > 0) & (den > 0)
+  """`num / den`, or 1 where `num` or `den` is zero or not finite, or the quotient is not finite
+  (zero-norm rule)."""
+  ok = (num > 0) & (den > 0) & jnp.isfinite(num) & jnp.isfinite(den)
   quotient = num / jnp.where(ok, den, 1)
   return jnp.where(ok & jnp.isfinite(quotient), quotient, 1)
 

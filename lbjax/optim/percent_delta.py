@@ -31,7 +31,9 @@ def percent_delta_rate() -> layerwise.SummedRate:
   def sums(w, g, weight_decay, layer):
     # Arithmetic only, and no subexpression shared by the two reductions: XLA:CPU then fuses each
     # elementwise input into its reduction instead of materialising it (a select, an int32 count or
-    # a shared |w| each cost a full-size temporary).
+    # a shared |w| each cost a full-size temporary). In float32 or wider: in float16 one |d_i / w_i|
+    # above 65504 made the layer's sum inf and its rate 0.
+    w, g = (x.astype(jnp.promote_types(x.dtype, jnp.float32)) for x in (w, g))
     nonzero = jnp.sign(jnp.abs(w))  # 1 per nonzero weight, 0 per zero weight
     relative = jnp.abs(g + weight_decay * w) * nonzero / (jnp.abs(w) + (1 - nonzero))  # |d_i / w_i|, 0 at w_i = 0
     count = layer.sum(jnp.abs(jnp.sign(w)))  # in float32, exact up to 2^24 weights per layer

@@ -39,3 +39,26 @@ def test_all_zero_layer_is_finite():
   updates, state = opt.update(grads, opt.init(params), params)
   np.testing.assert_allclose(optim.trust_ratios(state)["w"], 1.0)
   np.testing.assert_allclose(updates["w"], -0.1)
+
+
+@pytest.mark.parametrize("layout", ["per_leaf", "flat"])
+def test_a_float16_layer_gets_the_rate_of_its_float32_twin(layout):
+  """One |d_i / w_i| = 1e5, above float16's largest 65504: the relative changes are summed in float32.
+  In float16 the layer's sum was inf and its rate 0, so the layer stopped training without a word."""
+  w = np.full((16, 16), 0.5, np.float32)
+  g = np.full((16, 16), 0.05, np.float32)
+  w[0, 0], g[0, 0] = 1e-3, 100.0
+  rates = {}
+  for dtype in (np.float32, np.float16):
+    opt = optim.percent_delta(0.01, momentum=0.0, layout=layout)
+    params = {"w": w.astype(dtype)}
+    _, state = opt.update({"w": g.astype(dtype)}, opt.init(params), params)
+    rates[dtype] = float(optim.trust_ratios(state)["w"])
+  np.testing.assert_allclose(rates[np.float16], w.size / np.sum(np.abs(g / w)), rtol=1e-3)
+  np.testing.assert_allclose(rates[np.float16], rates[np.float32], rtol=1e-3)
+
+
+def test_a_non_finite_layer_statistic_gives_the_rate_1():
+  """The zero-norm rule's fallback also covers an infinite norm: count / inf was a finite 0."""
+  np.testing.assert_array_equal(optim.safe_quotient(np.float32([3.0, 3.0, np.inf, 3.0]),
+                                                    np.float32([np.inf, np.nan, 2.0, 2.0])), [1.0, 1.0, 1.0, 1.5])
