@@ -94,6 +94,7 @@ class RecordCompiles:
 # of one transfer per metric and step (half the host time per step on one CPU device:
 # benchmarks/README.md, Findings 5), and one compiled shape per run and set of metric names.
 _LONGEST_STACK = 32
+_BOUNDARY_TOLERANCE = 1e-9  # in evaluation intervals: far below one step, far above float64's rounding
 
 
 @jax.jit
@@ -200,8 +201,11 @@ class WriteMetrics:
     if not (np.all(np.isfinite(values["loss"])) and np.all(np.isfinite(values["update_norm"]))):
       run.check_health()  # raises NonFiniteError, naming the first non-finite quantity
     # Each metric averaged over the steps that report it: a batch-size schedule can put steps that
-    # accumulate micro-batches (with the noise-scale ingredients) and steps that do not in one window.
-    record = {name: float(np.mean(column)) for name, column in values.items() if name != "learning_rate"}
+    # accumulate micro-batches (with the noise-scale ingredients) and steps that do not in one window
+    # (the any-batch step reports nan ingredients for one micro-batch).
+    reported = {name: column[~np.isnan(column)] if name.startswith("noise_scale_") else column
+                for name, column in values.items() if name != "learning_rate"}
+    record = {name: float(np.mean(column)) for name, column in reported.items() if column.size}
     record["learning_rate"] = float(values["learning_rate"][-1])
     if "noise_scale_grad_norm_sq" in record:  # a ratio of averages, as McCandlish et al. advise
       record["gradient_noise_scale"] = float(diagnostics.simple_noise_scale(diagnostics.NoiseScaleEstimate(
@@ -238,27 +242,33 @@ class EvaluateAndSave:
   console line, best so far) and a checkpoint, so an interrupted run loses at most that much."""
 
   def __init__(self, writer: MetricsWriter, progress: ProgressLine, flush: Callable[[RunView], None],
-               every_epochs: float, start_epoch: float, *, num_epochs: float, eval_split: str):
-    """`num_epochs`: the run's length (no evaluation at its end: the loop evaluates then);
-    `eval_split`: the split evaluated, for the console."""
+               every_epochs: float, start_epoch: float, *, num_epochs: float, eval_split: str, num_steps: int = 0):
+    """`num_epochs`, `num_steps` (when > 0): the run's length (no evaluation at its end: the loop evaluates
+    then); `eval_split`: the split evaluated, for the console."""
     self.writer, self.progress, self.flush, self.every_epochs = writer, progress, flush, every_epochs
-    self.num_epochs, self.eval_split = num_epochs, eval_split
-    self.next_epoch = self._boundary_after(start_epoch)
+    self.num_epochs, self.num_steps, self.eval_split = num_epochs, num_steps, eval_split
+    self.next_boundary = self._boundary_after(start_epoch)
     self.last: dict[str, float] = {}  # the latest evaluation
     self.best: dict[str, float] = {}  # the best (accuracy, else loss) so far
 
-  def _boundary_after(self, epoch: float) -> float:
-    return (math.floor(epoch / self.every_epochs) + 1) * self.every_epochs
+  def _boundaries(self, epoch: float) -> float:
+    """`epoch` in multiples of `every_epochs`, a hair above where floating point puts a boundary below
+    itself (0.3 / 0.1 is 2.9999999999999996)."""
+    return epoch / self.every_epochs + _BOUNDARY_TOLERANCE
+
+  def _boundary_after(self, epoch: float) -> int:
+    return math.floor(self._boundaries(epoch)) + 1
 
   def acts_at(self, clock: RunClock) -> bool:
-    return clock.epoch >= self.next_epoch and clock.trained_epochs < self.num_epochs
+    ends = clock.trained_epochs >= self.num_epochs or 0 < self.num_steps <= clock.step_count
+    return self._boundaries(clock.epoch) >= self.next_boundary and not ends
 
   def after_step(self, run: RunView, metrics: Metrics) -> None:
     del metrics
     if self.acts_at(run):
       self.flush(run)
       self.evaluate(run)
-      self.next_epoch = self._boundary_after(run.epoch)
+      self.next_boundary = self._boundary_after(run.epoch)
       run.save()
       self.progress.reset_window(run.examples_seen, run.epoch, run.step_count)
 

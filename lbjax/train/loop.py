@@ -147,7 +147,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | ResolvedRun, workdir:
   start_examples = run.examples_seen
   metrics = hooks.WriteMetrics(writer, progress, watch.log_every, layerwise_rates=run.parts.has_layerwise_rates)
   evaluation = hooks.EvaluateAndSave(writer, progress, metrics.flush, watch.eval_every_epochs, run.epoch,
-                                     num_epochs=resolved.num_epochs, eval_split=run.task.dataset.eval_split)
+                                     num_epochs=resolved.num_epochs, num_steps=resolved.num_steps,
+                                     eval_split=run.task.dataset.eval_split)
   evaluation.recall(_start_metrics(run, writer), run.resumed_from)
   preemption = hooks.SaveOnPreemption(
       metrics.flush, checkpoint_directory=run.checkpoints.directory if run.checkpoints is not None else None,

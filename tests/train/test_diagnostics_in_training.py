@@ -202,3 +202,16 @@ def test_the_noise_scale_of_a_step_that_discards_counts_the_kept_examples(tmp_pa
     np.testing.assert_allclose(metrics["noise_scale_grad_norm_sq"], expected.grad_norm_sq, rtol=1e-4)
   finally:
     run.close()
+
+
+def test_an_any_batch_window_averages_the_noise_scale_over_the_steps_of_two_micro_batches(tmp_path):
+  """B=32 (one micro-batch of 32: nan ingredients) for 4 steps, then 64 (two): the window of steps 4-6 holds
+  one step of each size and averages the noise scale over steps 5 and 6 (it was nan, and the noise scale inf);
+  the window of steps 1-3 has none."""
+  config = helpers.tiny_classifier_config(log_every=3, batch_sizes=(32, 64), batch_size_boundaries=(0.5,),
+                                          **{"batch.micro_batch_size": 32})
+  train_and_evaluate(config, tmp_path)
+  records = _records(tmp_path, "train")
+  assert [(r["step"], r["batch_size"]) for r in records] == [(3, 32), (6, 64)]
+  assert "noise_scale_trace_sigma" not in records[0] and "gradient_noise_scale" not in records[0]
+  assert np.isfinite(records[1]["gradient_noise_scale"]) and records[1]["noise_scale_trace_sigma"] > 0

@@ -318,3 +318,15 @@ def test_the_flat_optimizer_layout_trains_as_the_per_leaf_one_and_resumes_bit_id
   resumed = train_and_evaluate(helpers.tiny_resnet_config(**flat), tmp_path / "resumed")
   assert resumed.step == full.step == 8
   helpers.assert_trees_equal(resumed.state, full.state)
+
+
+@pytest.mark.parametrize("overrides, eval_steps", [
+    # Every step is exactly 0.1 epoch: 0.3 / 0.1 is 2.9999999999999996 in floating point, and the steps at
+    # epochs 0.3 and 0.6 were not evaluated (nor checkpointed).
+    ({"eval_every_epochs": 0.1, "data_options.num_train_examples": 320}, list(range(1, 11))),
+    # A num_steps end on an evaluation boundary: evaluated once (the final evaluation), not twice.
+    ({"eval_every_epochs": 0.5, "num_steps": 4}, [4]),
+])
+def test_every_evaluation_boundary_evaluates_once(tmp_path, overrides, eval_steps):
+  train_and_evaluate(helpers.tiny_classifier_config(**overrides, log_every=100), tmp_path)
+  assert [r["step"] for r in _records(tmp_path, "eval")] == eval_steps
