@@ -129,6 +129,10 @@ def _size_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -
     found.append(f"config.batch_sizes has {len(config.batch_sizes)} sizes but "
                  f"config.batch_size_boundaries has {len(config.batch_size_boundaries)} epochs; "
                  "give one more size than boundaries.")
+  if not config.batch_sizes and config.batch_size_boundaries:
+    found.append(f"config.batch_size_boundaries={tuple(config.batch_size_boundaries)} without config.batch_sizes: "
+                 "the boundaries are where config.batch_sizes changes; give the sizes too (one more than the "
+                 "boundaries), or drop the boundaries for the constant config.batch_size.")
   if config.max_device_batch < 0:
     found.append(f"config.max_device_batch must be >= 0 (0 = no accumulation), got {config.max_device_batch}.")
   field = "config.batch_sizes" if config.batch_sizes else "config.batch_size"

@@ -44,6 +44,7 @@ from tests.train import helpers
      r"must be >= 1, got 0"),
     ({"batch_size": 36}, r"global batch size 36 is not divisible by the data-parallel size 8"),
     ({"batch_sizes": (32, 64), "batch_size_boundaries": ()}, r"has 2 sizes but .* 0 epochs"),
+    ({"batch_size_boundaries": (0.5,)}, r"config.batch_size_boundaries=\(0.5,\) without config.batch_sizes"),
     ({"max_device_batch": 3}, r"cannot split a device share of 4 examples .*max_device_batch=3"),
     ({"lr.warmup": "linear_warmup", "lr.warmup_epochs": 2.0}, r"warmup_epochs=2.0 is longer than training"),
     ({"num_epochs": 0.0}, r"num_epochs must be > 0"),
