@@ -74,13 +74,26 @@ def make_optimizer(optimizer: names.Call, clip_global_norm: float) -> optax.Grad
   """The resolved optimizer with `learning_rate` as an injected hyper-parameter.
 
   With `clip_global_norm = c > 0` the loss gradient g is first replaced by g * min(1, c / ||g||_2)
-  (norm over all parameters), as in Zaremba et al.'s PTB LSTMs.
+  (norm over all parameters), as in Zaremba et al.'s PTB LSTMs. The clip keeps no state, and the
+  optimizer's state has the same structure with it and without it: a run resumed with a clip set
+  (`config.resume_with_changed_optimizer`, what a non-finite step advises) restores its checkpoint.
   """
   def with_learning_rate(learning_rate):  # only the learning rate is injected; the rest stays static
     transform = optimizer(learning_rate=learning_rate)
-    return optax.chain(optax.clip_by_global_norm(clip_global_norm), transform) if clip_global_norm > 0 else transform
+    return _clipped(transform, clip_global_norm) if clip_global_norm > 0 else transform
 
   return optax.inject_hyperparams(with_learning_rate)(learning_rate=0.0)
+
+
+def _clipped(transform: optax.GradientTransformation, max_norm: float) -> optax.GradientTransformation:
+  """`optax.chain(optax.clip_by_global_norm(max_norm), transform)` with `transform`'s own state."""
+  clip = optax.clip_by_global_norm(max_norm)
+
+  def update(updates, state, params=None):
+    updates, _ = clip.update(updates, clip.init(updates))
+    return transform.update(updates, state, params)
+
+  return optax.GradientTransformation(transform.init, update)
 
 
 @dataclasses.dataclass(frozen=True)

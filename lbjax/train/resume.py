@@ -21,6 +21,7 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
+from lbjax.optim.leaf_names import leaf_name
 from lbjax.train import config as config_lib
 from lbjax.train.checkpointing import Checkpointer, abstract_like
 from lbjax.train.datasets import Dataset
@@ -100,6 +101,7 @@ class Checkpoints:
         state = initial._replace(carry=carry_for(carry_batch_size, meta.get("carry_micro_batches"))
                                  if carry_batch_size else None)
         self._check_compression_state(meta, state)
+        self._check_state_structure(step, meta, state)
         state = self.checkpointer.restore_verified(step, meta, abstract_like(state), self._replicated)
       except CheckpointCorruptError as e:
         self._skip(step, str(e))
@@ -151,6 +153,23 @@ class Checkpoints:
         f"the checkpoint in {self.directory} holds {saved} of them, this run has {now} data-parallel "
         f"devices. Resume on {saved} devices (config.mesh.num_devices={saved}), or start a new run from its "
         f"parameters: --config.init_from={self.workdir} --workdir=<a new workdir>.")
+
+  def _check_state_structure(self, step: int, meta: dict[str, Any], state: TrainState) -> None:
+    """Refuses a checkpoint whose state has other leaves than this run's (its checksums name them): another
+    optimizer state, which Orbax cannot restore into this one; the checkpoint is sound and stays in place
+    (refused as unreadable, it and every older one were set aside, and a rerun started from step 0)."""
+    if "checksums" not in meta:
+      return
+    saved, now = set(meta["checksums"]), {leaf_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(state)}
+    if saved == now:
+      return
+    differences = "; ".join(f"{what}: {', '.join(sorted(names)[:3])}{' ...' * (len(names) > 3)}" for what, names in
+                            (("only in the checkpoint", saved - now), ("only in this run", now - saved)) if names)
+    raise CheckpointMismatchError(
+        f"Checkpoint {step} in {self.directory} holds a state of another structure than this run's ({differences}): "
+        "the optimizer's state differs (another optimizer, momentum, state dtype or layout, or a config saved by "
+        "an earlier lbjax). Resume with the settings it was saved with, or start a new run from its parameters: "
+        f"--config.init_from={self.workdir} --workdir=<a new workdir>.")
 
   def _start_from(self, source: str, initial: TrainState, model_description: str) -> Start:
     """The parameters and BatchNorm statistics of the checkpoint `source` (a workdir, its

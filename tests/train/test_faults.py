@@ -19,11 +19,13 @@ import sys
 import threading
 import time
 
+import optax
 import pytest
 
 from lbjax import config_files
 from lbjax.train import CheckpointMismatchError, NonFiniteError, Run, train_and_evaluate
 from lbjax.train import datasets
+from lbjax.train import optimizer as optimizer_lib
 from lbjax.train.checkpointing import Checkpointer
 from lbjax.train.errors import DataMismatchError
 from tests.train import helpers
@@ -223,6 +225,29 @@ def test_a_non_finite_step_names_the_step_and_quantity_and_both_ways_on_work(tmp
     started.close()
   history = json.loads((tmp_path / "from_parameters" / "history.jsonl").read_text())
   assert history["init_from"] == {"workdir": str(tmp_path), "step": 8}
+
+
+def test_the_advised_clip_resumes_and_a_state_of_another_structure_is_refused_where_it_lies(tmp_path, monkeypatch):
+  """A clip set on resume (what a non-finite step advises) restores the checkpoint: it was refused as
+  unreadable, every checkpoint was set aside, and the next run started from step 0. A checkpoint whose
+  optimizer state has another structure (here: one saved with the clip as an optax.chain, as lbjax did) is
+  refused as a mismatch, and stays where it is."""
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=4), tmp_path / "advised")
+  clipped = train_and_evaluate(helpers.tiny_classifier_config(num_steps=6, clip_global_norm=1.0,
+                                                              resume_with_changed_optimizer=True), tmp_path / "advised")
+  history = [json.loads(line) for line in (tmp_path / "advised" / "history.jsonl").read_text().splitlines()]
+  assert clipped.step == 6 and history[-1]["event"] == "resume" and history[-1]["step"] == 4
+
+  with monkeypatch.context() as patch:
+    patch.setattr(optimizer_lib, "_clipped", lambda transform, norm: optax.chain(optax.clip_by_global_norm(norm),
+                                                                                 transform))
+    train_and_evaluate(helpers.tiny_classifier_config(num_steps=4, clip_global_norm=1.0), tmp_path / "chained")
+  saved = sorted(path.name for path in (tmp_path / "chained" / "checkpoints").iterdir())
+  with pytest.raises(CheckpointMismatchError, match=r"Checkpoint 4 in .* holds a state of another structure than "
+                                                    r"this run's \(only in the checkpoint: opt_state"):
+    train_and_evaluate(helpers.tiny_classifier_config(num_steps=6, clip_global_norm=1.0), tmp_path / "chained")
+  assert sorted(path.name for path in (tmp_path / "chained" / "checkpoints").iterdir()) == saved
+  assert not (tmp_path / "chained" / "skipped_checkpoints").exists()
 
 
 def test_a_failed_save_on_a_full_disk_stops_with_a_short_message_and_keeps_the_previous_checkpoint(tmp_path):
