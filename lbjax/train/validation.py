@@ -8,6 +8,7 @@ refused here, not dropped or found mid-run. It returns the `ResolvedRun` a run i
 """
 
 import math
+from typing import Any, Callable
 
 import ml_collections
 
@@ -22,6 +23,48 @@ from lbjax.train.errors import ConfigError
 
 def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# In the sections of a function's arguments, the fields the trainer reads itself; the others are the function's.
+_TRAINER_ARGUMENTS = ("optimizer.name", "compression.name", "lr.base", "lr.warmup", "lr.warmup_epochs", "lr.decay",
+                      "scaling.rule", "scaling.base_batch_size")
+
+
+def _type_problems(config: ml_collections.ConfigDict) -> list[str]:
+  """Each field the trainer reads has the kind of value its default has (a Python config may set any): an
+  integer (not a bool) where the default is one, a number where it is a float, a bool, a string, a sequence."""
+  problems = []
+  for path, default in _trainer_fields(config_lib.default_config(), ""):
+    node = config
+    for part in path.split("."):
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if node is None and path.split(".")[0] in config_lib.ARGUMENT_SECTIONS:
+      continue  # a section of arguments need not hold it (its function's default applies)
+    kind, fits = _kind_of(default)
+    if not fits(node):
+      problems.append(f"config.{path} must be {kind}, got {node!r} ({type(node).__name__}).")
+  return problems
+
+
+def _trainer_fields(section: ml_collections.ConfigDict, prefix: str):
+  for key, value in section.items():
+    path = f"{prefix}{key}"
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _trainer_fields(value, f"{path}.")
+    elif "." not in path or path.split(".")[0] not in config_lib.ARGUMENT_SECTIONS or path in _TRAINER_ARGUMENTS:
+      yield path, value
+
+
+def _kind_of(default) -> tuple[str, Callable[[Any], bool]]:
+  if isinstance(default, bool):
+    return "True or False", lambda value: isinstance(value, bool)
+  if isinstance(default, int):
+    return "an integer", lambda value: isinstance(value, int) and not isinstance(value, bool)
+  if isinstance(default, float):
+    return "a number", _is_number
+  if isinstance(default, str):
+    return "a string", lambda value: isinstance(value, str)
+  return "a tuple", lambda value: isinstance(value, (tuple, list))
 
 
 def _diagnostics_problems(config: ml_collections.ConfigDict, data_parallel_size: int) -> list[str]:
@@ -209,6 +252,7 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int | Non
     ConfigError: listing every problem found.
   """
   _raise(config_lib.renamed_problems(config))  # names and values are read only once the fields mean what they say
+  _raise(_type_problems(config))  # and compared only once they are numbers, strings, ... as their defaults
   if data_parallel_size is None:
     data_parallel_size = configured_data_parallel_size(config)
   read = config_lib.FieldReads(config)

@@ -44,6 +44,11 @@ from tests.train import helpers
      r"must be >= 1, got 0"),
     ({"batch_size": 36}, r"global batch size 36 is not divisible by the data-parallel size 8"),
     ({"batch_sizes": (32, 64), "batch_size_boundaries": ()}, r"has 2 sizes but .* 0 epochs"),
+    # A Python config may set any value: a field the trainer reads has its default's kind.
+    ({"eval_every_epochs": "1"}, r"config.eval_every_epochs must be a number, got '1' \(str\)"),
+    ({"lr.base": "0.1"}, r"config.lr.base must be a number, got '0.1' \(str\)"),
+    ({"log_every": 2.5}, r"config.log_every must be an integer, got 2.5 \(float\)"),
+    ({"mesh.per_device_gradients": 1}, r"config.mesh.per_device_gradients must be True or False, got 1 \(int\)"),
     ({"batch_size_boundaries": (0.5,)}, r"config.batch_size_boundaries=\(0.5,\) without config.batch_sizes"),
     ({"max_device_batch": 3}, r"cannot split a device share of 4 examples .*max_device_batch=3"),
     ({"lr.warmup": "linear_warmup", "lr.warmup_epochs": 2.0}, r"warmup_epochs=2.0 is longer than training"),
