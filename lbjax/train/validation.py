@@ -130,6 +130,11 @@ def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
     if late:
       problems.append(f"config.lr.boundaries {list(late)} lie outside training (0 to config.num_epochs="
                       f"{config.num_epochs:g}); the decay would never happen. Move them inside or train longer.")
+  for name in ("decay_begin_epoch", "begin_epoch"):
+    begin = config.lr.get(name)
+    if _is_number(begin) and not 0 <= begin < config.num_epochs:
+      problems.append(f"config.lr.{name}={begin:g} lies outside training (0 to config.num_epochs="
+                      f"{config.num_epochs:g}); the decay would never begin. Move it inside or train longer.")
   if not config.eval_every_epochs > 0:
     problems.append(f"config.eval_every_epochs must be > 0 (epochs between evaluations), got "
                     f"{config.eval_every_epochs!r}.")

@@ -49,6 +49,8 @@ from tests.train import helpers
     ({"lr.base": "0.1"}, r"config.lr.base must be a number, got '0.1' \(str\)"),
     ({"log_every": 2.5}, r"config.log_every must be an integer, got 2.5 \(float\)"),
     ({"mesh.per_device_gradients": 1}, r"config.mesh.per_device_gradients must be True or False, got 1 \(int\)"),
+    ({"lr.decay": "exponential_decay", "lr.decay_begin_epoch": 3.0, "lr.decay_factor": 0.5},
+     r"config.lr.decay_begin_epoch=3 lies outside training \(0 to config.num_epochs=1\); the decay would never begin"),
     ({"batch_size_boundaries": (0.5,)}, r"config.batch_size_boundaries=\(0.5,\) without config.batch_sizes"),
     ({"max_device_batch": 3}, r"cannot split a device share of 4 examples .*max_device_batch=3"),
     ({"lr.warmup": "linear_warmup", "lr.warmup_epochs": 2.0}, r"warmup_epochs=2.0 is longer than training"),
