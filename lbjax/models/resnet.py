@@ -174,7 +174,8 @@ class ResNet(nnx.Module):
   logits are returned in float32.
 
   `TENSOR_PARALLEL_SPECS`: the head's classes split over a `model` mesh axis (`lbjax.train.mesh`);
-  `training_batch_multiple`: the batches ghost BN can split into its groups.
+  `training_batch_multiple`: the batches ghost BN can split into its groups; `normalizes_over_the_batch`:
+  whether BN spans the whole batch of a call.
   """
 
   TENSOR_PARALLEL_SPECS = {"head/kernel": P(None, "model"), "head/bias": P("model")}
@@ -187,6 +188,13 @@ class ResNet(nnx.Module):
     is not a positive int counts as 1 here: the constructor refuses it with its own message."""
     size = options.get("bn_group_size")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+
+  @staticmethod
+  def normalizes_over_the_batch(options: Mapping[str, Any]) -> bool:
+    """Whether, for the constructor keywords `options`, an example's output depends on the other examples
+    of the batch one call sees: BatchNorm over the whole batch (no `bn_group_size`). Then accumulating
+    micro-batches (`config.max_device_batch`) changes the update: the trainer refuses another value on resume."""
+    return options.get("bn_group_size") is None
 
   def __init__(self, stage_sizes: Sequence[int], *, block: str = "bottleneck",
                num_classes: int, num_filters: int = 64, small_inputs: bool = False,

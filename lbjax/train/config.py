@@ -13,7 +13,8 @@ import ml_collections
 from lbjax.train.errors import CheckpointMismatchError
 
 # Fields that may differ between a run and the checkpoint it resumes from: they change how the run is
-# watched or where it runs, not what it computes.
+# watched or where it runs, not what it computes (max_device_batch: unless micro-batches change the update,
+# `check_resumable`).
 OPERATIONAL_FIELDS = ("log_every", "eval_every_epochs", "checkpoint_every_steps", "keep_checkpoints", "tensorboard",
                       "mesh", "pipeline", "eval_batch_size", "max_device_batch", "data_dir", "num_epochs", "num_steps",
                       "progress", "resume_with_changed_optimizer", "resume_with_changed_data", "init_from",
@@ -240,14 +241,16 @@ def _with_defaults(values: dict, defaults: dict) -> dict:
 
 
 def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str,
-                    lr_reads_num_epochs: bool = False) -> dict[str, list]:
+                    lr_reads_num_epochs: bool = False,
+                    micro_batches_change_the_update: bool = False) -> dict[str, list]:
   """Raises if the workdir's checkpoint was written by a run with a different recipe.
 
   Operational fields (`OPERATIONAL_FIELDS`) may change between runs; with
   `config.resume_with_changed_optimizer` so may `OPTIMIZER_FIELDS` (not `OPTIMIZER_STATE_FIELDS`); everything
   else must match. With `lr_reads_num_epochs` (a decay that runs to the end of training,
   `LearningRate.reads_num_epochs`) `num_epochs` is an optimizer field: another one would move the LR mid-run.
-  A field the checkpoint's config lacks (written before lbjax added it) counts as its default value.
+  With `micro_batches_change_the_update` (`ResolvedRun.micro_batches_change_the_update`) `max_device_batch` is part
+  of the recipe. A field the checkpoint's config lacks (written before lbjax added it) counts as its default value.
 
   Returns:
     The allowed changes, `{field: [checkpoint value, value now]}` (empty when nothing changed).
@@ -257,7 +260,8 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   current = _with_defaults(json.loads(config.to_json()), defaults)
   for fields in (saved, current):  # a run stopped by a record that cannot be decoded resumes skipping such records
     (fields.get("data_options") or {}).pop("skip_undecodable", None)
-  operational = tuple(f for f in OPERATIONAL_FIELDS if not (lr_reads_num_epochs and f == "num_epochs"))
+  operational = tuple(f for f in OPERATIONAL_FIELDS if not (lr_reads_num_epochs and f == "num_epochs")
+                      and not (micro_batches_change_the_update and f == "max_device_batch"))
   optimizer_fields = OPTIMIZER_FIELDS + (("num_epochs",) if lr_reads_num_epochs else ())
   differing = sorted(k for k in set(saved) | set(current)
                      if k not in operational and saved.get(k) != current.get(k))
@@ -278,6 +282,10 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
     details = "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
     optimizer_hint = (" To change optimizer settings on purpose (e.g. a lower LR after a non-finite step), add "
                       "--config.resume_with_changed_optimizer=True." if set(differing) <= set(optimizer_fields) else "")
+    if "max_device_batch" in differing:
+      optimizer_hint += (" The smallest losses are discarded per micro-batch (config.loss.discard_fraction) or "
+                         "BatchNorm normalises over it (no bn_group_size), so config.max_device_batch changes the "
+                         "update.")
     if "num_epochs" in differing:
       optimizer_hint = (" The LR decay runs to config.num_epochs, so another num_epochs moves the LR from this "
                         "step on." + optimizer_hint)

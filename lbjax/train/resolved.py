@@ -149,6 +149,12 @@ class ResolvedRun:
   def dataset_name(self) -> str:
     return self.dataset.resolved.name
 
+  @property
+  def micro_batches_change_the_update(self) -> bool:
+    """Whether accumulating micro-batches (`config.max_device_batch`) changes the update: the smallest losses
+    are discarded within each micro-batch, or the model normalises over the batch a call sees."""
+    return self.discard_fraction > 0 or self.model.normalizes_over_the_batch()
+
   def discard_fraction_at(self, epoch: float) -> float:
     """The loss variant of a step that starts at `epoch` (papers/003 §3.1)."""
     return self.discard_fraction if epoch < self.discard_until_epoch else 0.0

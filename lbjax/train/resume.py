@@ -95,7 +95,8 @@ class Checkpoints:
       try:
         meta = self.checkpointer.read_meta_verified(step)
         changes = config_lib.check_resumable(meta["config"], self._run.source_config, str(self.workdir),
-                                             self._run.learning_rate.reads_num_epochs)
+                                             self._run.learning_rate.reads_num_epochs,
+                                             self._run.micro_batches_change_the_update)
         self._check_same_data(meta)
         carry_batch_size = meta["carry_batch_size"]
         state = initial._replace(carry=carry_for(carry_batch_size, meta.get("carry_micro_batches"))

@@ -167,6 +167,12 @@ class ModelChoice:
     declared = getattr(names.declared_class(self.resolved.function), "training_batch_multiple", None)
     return declared(self.options) if declared is not None else 1
 
+  def normalizes_over_the_batch(self) -> bool:
+    """Whether an example's output depends on the rest of the batch of a call (False unless the model's class
+    declares `normalizes_over_the_batch(options)`, e.g. the ResNets' BatchNorm without groups)."""
+    declared = getattr(names.declared_class(self.resolved.function), "normalizes_over_the_batch", None)
+    return declared(self.options) if declared is not None else False
+
   def arguments(self, data_arguments: dict[str, Any]) -> dict[str, Any]:
     """The constructor's keyword arguments (rngs aside): the config's options, then the data's."""
     arguments = names.bind("model_options", self.resolved, self.options, supplied=dict(data_arguments, rngs=None),

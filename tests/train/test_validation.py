@@ -181,3 +181,25 @@ def test_a_multi_host_mesh_of_some_devices_must_hold_as_many_of_every_process_s(
       plan.devices()
   else:
     assert plan.devices() == (devices if num_devices else None)
+
+
+@pytest.mark.parametrize("overrides, changes_the_update", [
+    ({}, False),
+    ({"loss.discard_fraction": 0.25, "loss.discard_until_epoch": 1.0}, True),  # discarded per micro-batch
+    ({"model": "ResNetTiny", "model_options": {"num_filters": 4}}, True),  # BatchNorm over a call's batch
+    ({"model": "ResNetTiny", "model_options": {"num_filters": 4, "bn_group_size": 2}}, False),  # over its groups
+])
+def test_another_max_device_batch_on_resume_is_a_recipe_change_where_micro_batches_change_the_update(
+    overrides, changes_the_update):
+  """Accumulating micro-batches gives the true batch's update unless the smallest losses are discarded within
+  each micro-batch or BatchNorm normalises over it (by 20-30% of an update in one step): a resume with another
+  max_device_batch then continues another run, and was accepted without a word."""
+  saved = helpers.tiny_classifier_config(**overrides)
+  config = helpers.tiny_classifier_config(max_device_batch=2, **overrides)
+  run = validate(config)
+  assert run.micro_batches_change_the_update == changes_the_update
+  if not changes_the_update:
+    assert check_resumable(saved.to_json(), config, "runs/x", False, run.micro_batches_change_the_update) == {}
+    return
+  with pytest.raises(ValueError, match=r"max_device_batch: checkpoint 0 vs now 2.*changes the update"):
+    check_resumable(saved.to_json(), config, "runs/x", False, run.micro_batches_change_the_update)
