@@ -8,6 +8,7 @@ refused here, not dropped or found mid-run. It returns the `ResolvedRun` a run i
 """
 
 import math
+import re
 from typing import Any, Callable
 
 import ml_collections
@@ -30,9 +31,10 @@ _TRAINER_ARGUMENTS = ("optimizer.name", "compression.name", "lr.base", "lr.warmu
                       "scaling.rule", "scaling.base_batch_size")
 
 
-def _type_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """Each field the trainer reads has the kind of value its default has (a Python config may set any): an
-  integer (not a bool) where the default is one, a number where it is a float, a bool, a string, a sequence."""
+def _type_problems(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
+  """(field, problem) where a field the trainer reads lacks the kind of value its default has (a Python config
+  may set any): an integer (not a bool) where the default is one, a number where it is a float, a bool, a
+  string, a sequence."""
   problems = []
   for path, default in _trainer_fields(config_lib.default_config(), ""):
     node = config
@@ -42,7 +44,7 @@ def _type_problems(config: ml_collections.ConfigDict) -> list[str]:
       continue  # a section of arguments need not hold it (its function's default applies)
     kind, fits = _kind_of(default)
     if not fits(node):
-      problems.append(f"config.{path} must be {kind}, got {node!r} ({type(node).__name__}).")
+      problems.append((path, f"config.{path} must be {kind}, got {node!r} ({type(node).__name__})."))
   return problems
 
 
@@ -257,17 +259,23 @@ def validate(config: ml_collections.ConfigDict, *, data_parallel_size: int | Non
     ConfigError: listing every problem found.
   """
   _raise(config_lib.renamed_problems(config))  # names and values are read only once the fields mean what they say
-  _raise(_type_problems(config))  # and compared only once they are numbers, strings, ... as their defaults
   if data_parallel_size is None:
     data_parallel_size = configured_data_parallel_size(config)
-  read = config_lib.FieldReads(config)
-  parts, name_problems = resolved.resolve_parts(read)
-  model = parts.get("model")
-  batch_problems = batch_plan.problems(config, data_parallel_size)
-  problems = _value_problems(config) + _device_problems(config, data_parallel_size, model) + name_problems
-  if not batch_problems and "learning_rate" in parts:
-    problems += batch_plan.learning_rate_problems(parts["batch"], parts["learning_rate"])
-  _raise(problems)
+  kinds = _type_problems(config)
+  try:
+    read = config_lib.FieldReads(config)
+    parts, name_problems = resolved.resolve_parts(read)
+    model = parts.get("model")
+    batch_problems = batch_plan.problems(config, data_parallel_size)
+    problems = _value_problems(config) + _device_problems(config, data_parallel_size, model) + name_problems
+    if not batch_problems and "learning_rate" in parts:
+      problems += batch_plan.learning_rate_problems(parts["batch"], parts["learning_rate"])
+  except TypeError:  # a value of the wrong kind that a check compared (a string for a number)
+    _raise([problem for _, problem in kinds])
+    raise
+  # A field's own check, where it has one, says more than its kind ("an integer >= 1").
+  _raise(problems + [problem for path, problem in kinds
+                     if not any(re.search(rf"config\.{re.escape(path)}\b", p) for p in problems)])
   return resolved.assemble(config, read, parts)
 
 
