@@ -333,8 +333,8 @@ def adam_moments(ws, gs, mus, nus, rate, slots, places, hyper: dict[str, Any],
       mu' = (1 - b1) g + b1 mu,   nu' = (1 - b2) g^2 + b2 nu,   r = (mu' / c1) / (sqrt(nu' / c2 + eps_root) + eps)
 
   with `c1 = 1 - b1^t`, `c2 = 1 - b2^t` (`hyper`, as optax's `scale_by_adam` and its bias correction
-  compute them; the moments widened to the update's dtype and rounded where stored, as
-  `low_precision.stored_in`). Writes `r` and `mu'`, `nu'` in the old moments' place (in the
+  compute them; the moments widened to the update's dtype, float32 at least, and rounded where stored,
+  as `low_precision.stored_in`). Writes `r` and `mu'`, `nu'` in the old moments' place (in the
   `out_dtypes`: per leaf (direction, mu, nu)); for a selected leaf (`slots`) also `rate.sums(w, r)` of
   the chunk, at the program's entry of one float32 vector per sum (zeros for another). Returns the
   directions, the moments and the sums vectors."""
@@ -343,6 +343,7 @@ def adam_moments(ws, gs, mus, nus, rate, slots, places, hyper: dict[str, Any],
   def body(chunk: Chunk) -> None:
     g, mu, nu = chunk.load(1), chunk.load(2), chunk.load(3)
     b1, b2 = chunk.values["b1"], chunk.values["b2"]
+    g = g.astype(jnp.promote_types(g.dtype, jnp.float32))
     mu = (1 - b1) * g + b1 * mu.astype(jnp.result_type(mu, g))
     nu = (1 - b2) * g ** 2 + b2 * nu.astype(jnp.result_type(nu, g))
     mu_hat, nu_hat = mu / chunk.values["c1"].astype(mu.dtype), nu / chunk.values["c2"].astype(nu.dtype)

@@ -84,7 +84,7 @@ def scale_by_adam(
     mu_dtype: Any = None,
     nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
-  """`optax.scale_by_adam` with each moment stored in its own dtype and computed in float32.
+  """`optax.scale_by_adam` with each moment stored in its own dtype and computed in float32 (or wider).
 
       mu_t = b1 * mu_{t-1} + (1 - b1) * g_t,    nu_t = b2 * nu_{t-1} + (1 - b2) * g_t^2
       r_t = (mu_t / (1 - b1^t)) / (sqrt(nu_t / (1 - b2^t) + eps_root) + eps)
@@ -99,7 +99,9 @@ def scale_by_adam(
     eps: added to the root of the second moment, >= 0.
     eps_root: added inside the root, >= 0.
     mu_dtype: dtype of the stored first moment, or None for the parameters' dtype.
-    nu_dtype: dtype of the stored second moment, or None for the parameters' dtype.
+    nu_dtype: dtype of the stored second moment, or None for the parameters' dtype. Stored in bfloat16
+      it cannot decay by b2 = 0.999 per step (bfloat16's rounding step, 2^-8 of the value, exceeds
+      1 - b2): keep it in float32 for bfloat16 parameters.
 
   Returns:
     An `optax.GradientTransformation` with `optax.ScaleByAdamState`.

@@ -4,7 +4,8 @@ optax's `accumulator_dtype` and `mu_dtype` store the state in their dtype and al
 `optax.trace` takes `decay * v` with `v` in bfloat16, and a Python float `decay` is then rounded to
 bfloat16 too (0.9 becomes 0.8984375, so the momentum sum's gain 1 / (1 - m) drops from 10 to 9.85;
 Adam's b2 = 0.999 becomes 1.0 and the second moment would never decay). Here the state is widened
-to the update's dtype (float32 for a float32 model) for the arithmetic and rounded only where stored:
+to the update's dtype (float32 for a float32 model; `stored_in`: float32 at least) for the arithmetic
+and rounded only where stored:
 
     trace:      v_t = round(m * widen(v_{t-1}) + u_t),  the step is widen(v_t)   (w moves by the stored v)
     stored_in:  s_t = round(f(widen(s_{t-1}), u_t)),    the step uses the unrounded f(...)   (Adam)
@@ -25,9 +26,10 @@ def stored_in(inner: optax.GradientTransformation, **dtypes: Any) -> optax.Gradi
   """`inner` with the named fields of its NamedTuple state stored in the given dtypes.
 
   Each field named (e.g. `trace=jnp.bfloat16` for `optax.trace`, `mu=..., nu=...` for
-  `optax.scale_by_adam`) is widened, leaf by leaf, to the wider of its dtype and the incoming
-  update's before `inner.update` runs, and the new value is rounded back to the stored dtype after;
-  `inner` itself computes as it always does. A None dtype keeps the dtype `inner.init` gives the field
+  `optax.scale_by_adam`) is widened, leaf by leaf, to the wider of its dtype, the incoming update's
+  and float32 before `inner.update` runs, and the new value is rounded back to the stored dtype after;
+  the updates are widened likewise (a float16 gradient's square overflows above 256) and `inner`'s
+  result is returned in their dtype. A None dtype keeps the dtype `inner.init` gives the field
   (the parameters', for optax's moments): the state's dtypes never change from step to step, as a
   `lax.scan` carry and a jitted step's donated state need (optax's Adam alone stores float32 moments after
   a float32 gradient of bfloat16 parameters).
@@ -51,9 +53,11 @@ def stored_in(inner: optax.GradientTransformation, **dtypes: Any) -> optax.Gradi
         for name, dtype in dtypes.items() if dtype is not None})
 
   def update_fn(updates, state, params=None):
-    widen = lambda stored, update: stored.astype(jnp.result_type(stored, update))
+    widen = lambda stored, update: stored.astype(jnp.promote_types(jnp.result_type(stored, update), jnp.float32))
     wide = {name: jax.tree.map(widen, getattr(state, name), updates) for name in dtypes}
-    new_updates, new_state = inner.update(updates, state._replace(**wide), params)
+    wide_updates = jax.tree.map(lambda u: u.astype(jnp.promote_types(u.dtype, jnp.float32)), updates)
+    new_updates, new_state = inner.update(wide_updates, state._replace(**wide), params)
+    new_updates = jax.tree.map(lambda new, update: new.astype(update.dtype), new_updates, updates)
     stored = {name: jax.tree.map(lambda new, old: new.astype(old.dtype), getattr(new_state, name),
                                  getattr(state, name))
               for name in dtypes}

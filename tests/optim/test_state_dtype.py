@@ -3,6 +3,7 @@
 the gradient's (`lbjax.optim.low_precision`)."""
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import optax
@@ -114,3 +115,18 @@ def test_the_state_keeps_its_dtypes_when_the_gradients_are_wider_than_the_parame
 def test_bad_state_dtype_is_a_clear_error_when_built(build, name, dtype, problem):
   with pytest.raises(ValueError, match=f"{name} {problem}"):
     build(dtype)
+
+
+@pytest.mark.parametrize("layout", ["per_leaf", "flat"])
+def test_lamb_of_float16_parameters_computes_its_moments_in_float32(layout):
+  """|g| = 300: g^2 = 90,000 is above float16's largest 65504. Computed in float16, nu was inf, Adam's
+  direction 0 and the layer did not move; in float32 the step is the float32 model's, rounded."""
+  params = {"w": jnp.ones((8, 8), jnp.float16)}
+  grads = {"w": jnp.full((8, 8), 300.0, jnp.float16)}
+  updates = {}
+  for dtype in (jnp.float32, jnp.float16):
+    opt = optim.lamb(1e-2, layout=layout)
+    typed = jax.tree.map(lambda x, dtype=dtype: x.astype(dtype), (params, grads))
+    updates[dtype], _ = opt.update(typed[1], opt.init(typed[0]), typed[0])
+  assert updates[jnp.float16]["w"].dtype == jnp.float16
+  np.testing.assert_allclose(np.float32(updates[jnp.float16]["w"]), updates[jnp.float32]["w"], rtol=1e-3)
