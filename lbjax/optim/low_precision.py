@@ -67,7 +67,9 @@ def stored_in(inner: optax.GradientTransformation, **dtypes: Any) -> optax.Gradi
 
 
 def trace(decay: Any, nesterov: bool = False, accumulator_dtype: Any = None) -> optax.GradientTransformation:
-  """`optax.trace` with the momentum stored in `accumulator_dtype` and computed in float32 (or wider).
+  """`optax.trace` with the momentum stored in `accumulator_dtype` and computed in the wider of that and the
+  update's dtype (float32 for float32 gradients; bfloat16 gradients of bfloat16 parameters compute in
+  bfloat16, as optax does, where m = 0.9 rounds to 0.8984375).
 
       v_t = round(m * widen(v_{t-1}) + u_t),   returns widen(v_t)   (Nesterov: u_t + m * widen(v_t))
 
