@@ -79,6 +79,11 @@ def _on_host_cpu(leaf: Any) -> bool:
           and all(device.platform == "cpu" for device in leaf.sharding.device_set))
 
 
+def named_leaves(state: Any) -> dict[str, Any]:
+  """The leaves of `state` by the names its checksums are recorded under (`state_checksums`)."""
+  return {leaf_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+
+
 def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, list[int]]:
   """Per leaf of `state`: [sum of its raw bits, sum of bits x (position + 1)], both modulo 2^32.
 
@@ -88,7 +93,7 @@ def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, 
   accelerator, or spread over several processes, are summed on their devices. Both give the same
   numbers (sums modulo 2^32 depend neither on the order of addition nor on the sharding).
   """
-  named = {leaf_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+  named = named_leaves(state)
   on_host = {name for name, leaf in named.items() if _on_host_cpu(leaf)}
   checksums = {name: _host_sums(np.asarray(named[name])) for name in on_host}
   elsewhere = {name: leaf for name, leaf in named.items() if name not in on_host}

@@ -21,9 +21,8 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
-from lbjax.optim.leaf_names import leaf_name
 from lbjax.train import config as config_lib
-from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.checkpointing import Checkpointer, abstract_like, named_leaves
 from lbjax.train.datasets import Dataset
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
                                 DataMismatchError)
@@ -161,7 +160,7 @@ class Checkpoints:
     (refused as unreadable, it and every older one were set aside, and a rerun started from step 0)."""
     if "checksums" not in meta:
       return
-    saved, now = set(meta["checksums"]), {leaf_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(state)}
+    saved, now = set(meta["checksums"]), set(named_leaves(state))
     if saved == now:
       return
     differences = "; ".join(f"{what}: {', '.join(sorted(names)[:3])}{' ...' * (len(names) > 3)}" for what, names in
