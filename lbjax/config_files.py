@@ -42,7 +42,7 @@ from lbjax import configs as packaged_configs
 from lbjax.configs import Variant
 from lbjax.train import names
 from lbjax.train import config as config_lib
-from lbjax.train.config import ARGUMENT_SECTIONS
+from lbjax.train.config import ARGUMENT_SECTIONS, SECTION_NAME_FIELDS, trainer_fields
 from lbjax.train.errors import ConfigError
 
 
@@ -95,8 +95,7 @@ def _run_fields() -> frozenset[str]:
   are a function's arguments), and each argument section's own fields (its name and the like)."""
   own = {path for path in config_lib.field_paths(config_lib.default_config())
          if path.split(".")[0] not in ARGUMENT_SECTIONS}
-  own |= {f"{section}.{field}" for section, field in SECTION_NAME_FIELDS.items()}
-  own |= {f"{section}.{field}" for section, fields in SECTION_OWN_FIELDS.items() for field in fields}
+  own |= {f"{section}.{field}" for section in ARGUMENT_SECTIONS for field in trainer_fields(section)}
   return frozenset(own)
 
 
@@ -213,12 +212,6 @@ def _field_type(config: ml_collections.ConfigDict, path: str, where: str) -> typ
   raise ConfigError(f"{where}: config has no field {path!r}.{hint} New fields can be added only to the "
                     f"argument sections ({', '.join(ARGUMENT_SECTIONS)}), whose fields are a function's arguments.")
 
-
-# The field of an argument section that names its function, and the fields that are the section's own
-# (the recipe, lbjax.train.optimizer) rather than the function's arguments. model_options and
-# data_options have no name field: the function is config.model or config.dataset.
-SECTION_NAME_FIELDS = {"optimizer": "name", "compression": "name", "scaling": "rule", "lr": "decay"}
-SECTION_OWN_FIELDS = {"scaling": ("base_batch_size",), "lr": ("base", "warmup", "warmup_epochs")}
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -250,7 +243,7 @@ def _replace_section(config: ml_collections.ConfigDict, section: str, text: str,
   """`--config.optimizer=adamw`: the section becomes the given fields, keeping its own fields (and, for a
   dict without it, its name) from before."""
   fields = _section_replacement(section, text.strip(), where)
-  kept = [*SECTION_OWN_FIELDS.get(section, ()), *filter(None, [SECTION_NAME_FIELDS.get(section)])]
+  kept = trainer_fields(section)
   old = config[section]
   new = {k: old[k] for k in kept if k in old and k not in fields}
   new.update(fields)

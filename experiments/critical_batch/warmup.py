@@ -18,6 +18,7 @@ from experiments.sweep import METRIC_KEYS
 from experiments.sweep_table import mean_sd
 from lbjax import schedules
 from lbjax import train
+from lbjax.train import config as config_lib
 from lbjax.train import optimizer as optimizer_lib
 
 WARMUP_RUNS = ("baseline", "legw", "adaptive", "cbs_warmup")
@@ -105,7 +106,7 @@ def warmup_configs(config: str, overrides: Sequence[str], seeds: Sequence[int], 
     run_config.batch_size_boundaries = tuple(boundaries)
     # The decay's own arguments go with it into `recipe`; the section keeps the recipe's peak and warm-up.
     run_config.lr = ml_collections.ConfigDict(
-        {k: run_config.lr[k] for k in optimizer_lib.LR_RECIPE_FIELDS}
+        {k: run_config.lr[k] for k in config_lib.trainer_fields("lr")}
         | {"decay": "experiments.critical_batch.warmup:rule_at_batch_in_force", "batch_sizes": tuple(sizes),
            "boundaries": tuple(boundaries), "recipe": recipe})
     return run_config

@@ -30,6 +30,19 @@ OPTIMIZER_STATE_FIELDS = ("name", "layout")  # optimizer fields that decide the 
 # a command-line override may add a field to them; elsewhere only existing fields can be set.
 ARGUMENT_SECTIONS = ("model_options", "data_options", "optimizer", "lr", "scaling", "compression")
 
+# In an argument section, the fields the trainer reads itself rather than handing them to the section's function:
+# the field that names the function, and the section's own (the recipe, lbjax.train.optimizer). model_options and
+# data_options have neither: their function is config.model or config.dataset.
+SECTION_NAME_FIELDS = {"optimizer": "name", "compression": "name", "scaling": "rule", "lr": "decay"}
+SECTION_OWN_FIELDS = {"scaling": ("base_batch_size",), "lr": ("base", "warmup", "warmup_epochs")}
+
+
+def trainer_fields(section: str) -> tuple[str, ...]:
+  """The fields of argument `section` that the trainer reads itself (its name field and its own fields); the
+  section's other fields are the keyword arguments of the function it names (`FieldReads.options`)."""
+  name = SECTION_NAME_FIELDS.get(section)
+  return (*((name,) if name else ()), *SECTION_OWN_FIELDS.get(section, ()))
+
 # Names and values lbjax used before the names became imports: what they are called now.
 RENAMED_FIELDS = {
     "optimizer.clip_global_norm": "clip_global_norm",
@@ -193,9 +206,10 @@ class FieldReads:
     self.paths.add(path)
     return value
 
-  def options(self, section: str, own_fields: tuple[str, ...] = ()) -> dict[str, object]:
-    """The fields of `section` other than `own_fields`: the keyword arguments of the function it names."""
-    values = {k: v for k, v in self._config[section].to_dict().items() if k not in own_fields}
+  def options(self, section: str) -> dict[str, object]:
+    """The fields of argument `section` other than `trainer_fields(section)`: the keyword arguments of the
+    function it names."""
+    values = {k: v for k, v in self._config[section].to_dict().items() if k not in trainer_fields(section)}
     self.paths.update(f"{section}.{k}" for k in values)
     return values
 

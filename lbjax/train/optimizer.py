@@ -45,14 +45,11 @@ from lbjax.train.mesh import DATA_AXES
 
 FieldReads = config_lib.FieldReads
 
-LR_RECIPE_FIELDS = ("base", "warmup", "warmup_epochs", "decay")  # the rest of config.lr: decay arguments
-SCALING_FIELDS = ("rule", "base_batch_size")  # the rest of config.scaling: the rule's keyword options
-
 
 def resolve_optimizer(read: FieldReads) -> names.Call:
   """The optimizer `config.optimizer.name` names, with the section's other fields bound (no learning rate)."""
   resolved = names.resolve("optimizer.name", read("optimizer.name"), [optim, optax])
-  arguments = names.bind("optimizer", resolved, read.options("optimizer", ("name",)),
+  arguments = names.bind("optimizer", resolved, read.options("optimizer"),
                          supplied={"learning_rate": 0.0}, required=("learning_rate",))
   arguments.pop("learning_rate")
   # The values, now: building a transformation computes nothing (e.g. an unknown accumulator_dtype).
@@ -181,11 +178,11 @@ class LearningRate:
 def resolve_learning_rate(read: FieldReads, recipe_batch_size: int | None, first_batch_size: int) -> LearningRate:
   """The run's `LearningRate`, checked at its first batch size (the schedule is built there)."""
   rule = names.resolve("scaling.rule", read("scaling.rule"), [rules])
-  rule_options = read.options("scaling", SCALING_FIELDS)
+  rule_options = read.options("scaling")
   warmup_name = read("lr.warmup")
   warmup_epochs = read("lr.warmup_epochs")
   decay = names.resolve("lr.decay", read("lr.decay"), [decay_lib])
-  decay_options = read.options("lr", LR_RECIPE_FIELDS)
+  decay_options = read.options("lr")
   peak_argument = next((a for a in ("init_value", "value") if names.takes(decay.function, a)), None)
   if peak_argument is None:
     raise ConfigError(f"config.lr.decay={decay.name!r}: {decay.qualified_name} takes neither "
@@ -204,7 +201,7 @@ def resolve_learning_rate(read: FieldReads, recipe_batch_size: int | None, first
 def resolve_compressor(read: FieldReads) -> names.Call | None:
   """The compressor `config.compression.name` names with its bound arguments; None for "none"."""
   name = read("compression.name")
-  options = read.options("compression", ("name",))
+  options = read.options("compression")
   if name == "none":
     return None
   resolved = names.resolve("compression.name", name, [compression])

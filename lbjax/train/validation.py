@@ -26,11 +26,6 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-# In the sections of a function's arguments, the fields the trainer reads itself; the others are the function's.
-_TRAINER_ARGUMENTS = ("optimizer.name", "compression.name", "lr.base", "lr.warmup", "lr.warmup_epochs", "lr.decay",
-                      "scaling.rule", "scaling.base_batch_size")
-
-
 def _type_problems(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
   """(field, problem) where a field the trainer reads lacks the kind of value its default has (a Python config
   may set any): an integer (not a bool) where the default is one, a number where it is a float, a bool, a
@@ -53,7 +48,7 @@ def _trainer_fields(section: ml_collections.ConfigDict, prefix: str):
     path = f"{prefix}{key}"
     if isinstance(value, ml_collections.ConfigDict):
       yield from _trainer_fields(value, f"{path}.")
-    elif "." not in path or path.split(".")[0] not in config_lib.ARGUMENT_SECTIONS or path in _TRAINER_ARGUMENTS:
+    elif not prefix or prefix[:-1] not in config_lib.ARGUMENT_SECTIONS or key in config_lib.trainer_fields(prefix[:-1]):
       yield path, value
 
 
