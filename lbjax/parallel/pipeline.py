@@ -113,10 +113,10 @@ def gpipe_stage(layer_fn: StatefulLayerFn, stage_params: Any, stage_states: Any,
     valid = jnp.where(first, t < num_microbatches, received_valid)
     start = jnp.clip(t - stage, 0, num_microbatches - 1) * rows
     local = jax.tree.map(lambda s: jax.lax.dynamic_slice_in_dim(s, start, rows, axis=1), states)
-    out, new_local = apply_stage(h, local)
-    states = jax.tree.map(
-        lambda s, new, old: jax.lax.dynamic_update_slice_in_dim(s, jnp.where(valid, new, old), start, axis=1),
-        states, new_local, local)
+    # A tick without a micro-batch (the fill and drain bubbles) skips the layers: their placeholder input would
+    # be differentiated too, and 0 * nan is nan where a layer's derivative is undefined there (e.g. a norm of 0).
+    out, new_local = jax.lax.cond(valid, apply_stage, lambda h, states: (h, states), h, local)
+    states = jax.tree.map(lambda s, new: jax.lax.dynamic_update_slice_in_dim(s, new, start, axis=1), states, new_local)
     sent, sent_valid = jax.lax.ppermute((out, valid), axis_name, shift)
     return ((sent, sent_valid), states), (out, valid)
 

@@ -51,6 +51,19 @@ def test_pipelined_lstm_layers_with_rematerialization_equal_the_unpipelined_stac
   _assert_trees_close(grads, expected_grads, rtol=1e-5)
 
 
+def test_the_bubble_ticks_leave_no_nan_in_the_gradient_of_a_layer_undefined_at_zero():
+  """An RMS-normalised layer without an epsilon has no derivative at a zero input, which the stages after the
+  first held on the fill ticks: their outputs were dropped, yet their 0 * nan reached the gradient."""
+  layer = lambda w, h: (h @ w) / jnp.sqrt(jnp.mean(jnp.square(h @ w), axis=-1, keepdims=True))
+  params = jax.random.normal(jax.random.key(0), (4, 8, 8))
+  x = jax.random.normal(jax.random.key(1), (8, 8))
+  apply = pipeline.pipeline(layer, _mesh(4, 2), 2, batch_axis="data", remat=True)
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(jnp.sin(apply(p, x).outputs))))(params)
+  expected = jax.grad(lambda p: jnp.sum(jnp.sin(pipeline.sequential(layer, p, x))))(params)
+  assert np.all(np.isfinite(grads))
+  _assert_trees_close(grads, expected, rtol=1e-5)
+
+
 @pytest.mark.parametrize("num_stages, num_microbatches", [(2, 1), (2, 16), (4, 4), (8, 3)])
 def test_executed_schedule_has_the_gpipe_bubble(num_stages, num_microbatches):
   """Stage s holds micro-batch t - s at tick t; the idle fraction is (S-1)/(M+S-1), twice papers/004's
