@@ -46,6 +46,15 @@ def test_qsgd_is_unbiased_within_its_variance(num_levels):
   np.testing.assert_allclose(draws.var(0), var, rtol=0.2, atol=1e-6)
 
 
+@pytest.mark.parametrize("power", [-70, 70])
+def test_qsgd_commutes_with_scaling_by_a_power_of_two_even_where_squares_leave_float32(power):
+  """Q(2^k v) = 2^k Q(v) for the same draw: at 2^-70 (~1e-21) the squares of ||v|| flushed to zero and the
+  leaf was sent as zeros; at 2^70 (~1e21) they overflowed and it was sent as nan."""
+  v = jax.random.normal(jax.random.key(0), (24,))
+  scale = 2.0**power
+  np.testing.assert_array_equal(_qsgd_draws(v * scale, 4, num_draws=50), _qsgd_draws(v, 4, num_draws=50) * scale)
+
+
 @pytest.mark.parametrize("num_levels", [1, 2, 8])
 def test_qsgd_second_moment_bound(num_levels):
   n = 64

@@ -104,14 +104,20 @@ def _qsgd_decode(v: jax.Array, key: jax.Array, num_levels: int) -> jax.Array:
 
   With r_i = s|v_i|/||v||_2 and l_i = floor(r_i): xi_i = (l_i + Bernoulli(r_i - l_i))/s, so
   E[xi_i] = |v_i|/||v|| and E[Q_s(v)] = v. A zero leaf is sent as zeros.
+
+  ||v|| is computed as m ||v/m|| with m = max_i |v_i|, so that the squares neither overflow (|v_i| above
+  about 1.8e19 in float32) nor flush to zero (below about 1e-19, which sent the leaf as zeros); Q(2^k v) is
+  exactly 2^k Q(v). A decoded entry is at most |v_i| + ||v||/s: in a float16 leaf it is inf past 65504.
   """
   x = v.astype(jnp.float32)
-  norm = jnp.sqrt(jnp.sum(jnp.square(x)))
-  scaled = num_levels * jnp.abs(x) / jnp.where(norm > 0, norm, 1.0)
+  largest = jnp.max(jnp.abs(x))
+  unit = x / jnp.where(largest > 0, largest, 1.0)
+  unit_norm = jnp.sqrt(jnp.sum(jnp.square(unit)))  # ||v|| / m, in [1, sqrt(n)] for a non-zero leaf
+  scaled = num_levels * jnp.abs(unit) / jnp.where(largest > 0, unit_norm, 1.0)
   lower = jnp.floor(scaled)
   round_up = jax.random.uniform(key, x.shape) < (scaled - lower)
   xi = (lower + round_up) / num_levels
-  return (norm * jnp.sign(x) * xi).astype(v.dtype)
+  return (largest * unit_norm * jnp.sign(x) * xi).astype(v.dtype)
 
 
 def qsgd_dense_bits(n: int, num_levels: int) -> float:
