@@ -21,6 +21,7 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
+from lbjax.optim import compression
 from lbjax.train import config as config_lib
 from lbjax.train.checkpointing import Checkpointer, abstract_like, named_leaves
 from lbjax.train.datasets import Dataset
@@ -148,8 +149,11 @@ class Checkpoints:
     saved, now = meta.get("data_parallel_size"), self._data_parallel_size
     if saved is None or saved == now or not per_device_compression_state(state.compression_state):
       return
+    kept = ("its query factors per device (the same on every device without error feedback, but stored once per "
+            "device)" if isinstance(state.compression_state, compression.PowerSGDState)
+            and not state.compression_state.residuals else "an error-feedback residual per device")
     raise CheckpointMismatchError(
-        f"config.compression.name={self._run.compressor.resolved.name!r} keeps an error-feedback residual per device; "
+        f"config.compression.name={self._run.compressor.resolved.name!r} keeps {kept}; "
         f"the checkpoint in {self.directory} holds {saved} of them, this run has {now} data-parallel "
         f"devices. Resume on {saved} devices (config.mesh.num_devices={saved}), or start a new run from its "
         f"parameters: --config.init_from={self.workdir} --workdir=<a new workdir>.")

@@ -433,11 +433,15 @@ def test_a_checkpoint_is_saved_after_the_train_records_of_the_steps_it_holds(tmp
   assert written_at_save[4] == [4] and written_at_save[8][:2] == [4, 8]
 
 
-def test_one_bit_compression_state_is_refused_clearly_on_another_device_count(tmp_path):
-  one_bit = {"compression.name": "one_bit", "compression.error_feedback": True}
-  train_and_evaluate(helpers.tiny_classifier_config(num_steps=2, **one_bit), tmp_path)
-  fewer = helpers.tiny_classifier_config(num_steps=4, **one_bit, **{"mesh.num_devices": 4})
-  with pytest.raises(CheckpointMismatchError, match="error-feedback residual per device.* holds 8 .* has 4"):
+@pytest.mark.parametrize("compressor, kept", [
+    ({"compression.name": "one_bit", "compression.error_feedback": True}, "an error-feedback residual per device"),
+    # It said "an error-feedback residual" of a PowerSGD without error feedback, whose state has none.
+    ({"compression.name": "powersgd", "compression.rank": 1, "compression.error_feedback": False},
+     "its query factors per device")])
+def test_a_per_device_compression_state_is_refused_clearly_on_another_device_count(tmp_path, compressor, kept):
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=2, **compressor), tmp_path)
+  fewer = helpers.tiny_classifier_config(num_steps=4, **compressor, **{"mesh.num_devices": 4})
+  with pytest.raises(CheckpointMismatchError, match=f"keeps {kept}.* holds 8 .* has 4"):
     train_and_evaluate(fewer, tmp_path)
 
 
