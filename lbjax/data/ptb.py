@@ -252,13 +252,29 @@ class PtbStream:
   def _relay(self, global_batch_size: int) -> None:
     """Re-lays the rest of the epoch for `global_batch_size` rows (or ends the epoch when the rest
     is too short for one window of them)."""
-    relays = self._relays + [(self._batch_size, self._windows_done)]
-    rest = _rest_after(self._rest, self._batch_size, self._windows_done, self._seq_len)
-    self._windows_done = 0
-    if (len(rest) // global_batch_size - 1) // self._seq_len < 1:
+    if self._rest_holds_no_window(global_batch_size):
       self._end_epoch()
     else:
+      relays, self._windows_done = self._relays + [(self._batch_size, self._windows_done)], 0
       self._set_relays(relays)
+
+  def _rest_holds_no_window(self, global_batch_size: int) -> bool:
+    """Whether the tokens of this epoch not yet predicted are too few for one window of `global_batch_size` rows."""
+    rest = _rest_after(self._rest, self._batch_size, self._windows_done, self._seq_len)
+    return (len(rest) // global_batch_size - 1) // self._seq_len < 1
+
+  def start_epoch(self, global_batch_size: int) -> float:
+    """Where `next_batch(global_batch_size)` starts its batch: `epoch()`, or the start of the next epoch where
+    a change to that many rows finds the rest of this epoch too short for one window of them (the change then
+    ends the epoch)."""
+    if self._windows_done and global_batch_size != self._batch_size and self._rest_holds_no_window(global_batch_size):
+      return float(self._epochs_completed + 1)
+    return self.epoch()
+
+  def end_epoch(self) -> None:
+    """Ends the epoch at the current position (the rest of it is not trained on); nothing at an epoch's start."""
+    if self._windows_done or self._relays:
+      self._end_epoch()
 
   @property
   def seq_len(self) -> int:

@@ -46,6 +46,7 @@ class _InFlight(NamedTuple):
   epoch: float  # the consumed position when the draw started
   state: Any
   undecodable_skipped: int | None  # the wrapped stream's count then (None: it keeps none)
+  start_epoch: float  # where the batch starts (`WindowStream.start_epoch`; the consumed position for others)
   future: concurrent.futures.Future
 
 
@@ -124,7 +125,8 @@ class PrefetchingStream(Generic[Prepared]):
       self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lbjax-prefetch")
     epoch, state = self._stream.epoch(), self._stream.get_state()
     skipped = getattr(self._stream, "undecodable_skipped", None)
-    self._in_flight = _InFlight(size, epoch, state, skipped, self._executor.submit(self._draw, size))
+    start = self._stream.start_epoch(size) if isinstance(self._stream, protocols.WindowStream) else epoch
+    self._in_flight = _InFlight(size, epoch, state, skipped, start, self._executor.submit(self._draw, size))
 
   def _draw(self, size: int) -> Prepared:
     return self._prepare(self._stream.next_batch(size), size)
@@ -176,8 +178,9 @@ def decided_next_batch_size(run: Any) -> int | None:
   if not overlaps_placement(run.mesh) or 0 < resolved.num_steps <= step:
     return None
   if policy.policy != "adaptive":
-    epoch = run.stream.epoch()
-    return None if epoch >= resolved.num_epochs else policy.batch_size(epoch)
+    epoch, size = protocols.next_batch_start(run.stream, policy.batch_size)
+    # A batch that starts a later epoch than the stream's position is drawn after `Run` ends the epoch.
+    return None if epoch >= resolved.num_epochs or epoch != run.stream.epoch() else size
   return None if step % policy.every == 0 else policy.current
 
 
@@ -188,6 +191,20 @@ class PrefetchingWindowStream(PrefetchingStream[Prepared]):
   def windows_per_epoch(self, global_batch_size: int) -> int:
     """The wrapped stream's batches of one epoch at `global_batch_size` rows."""
     return self._stream.windows_per_epoch(global_batch_size)
+
+  def start_epoch(self, global_batch_size: int) -> float:
+    """Where the next batch of `global_batch_size` rows starts, from the consumed position: the prefetched
+    batch's start if it has that size (else it is dropped first)."""
+    in_flight = self._in_flight
+    if in_flight is not None and in_flight.size == global_batch_size:
+      return in_flight.start_epoch
+    self._drop_in_flight()
+    return self._stream.start_epoch(global_batch_size)
+
+  def end_epoch(self) -> None:
+    """Drops the batch in flight and ends the wrapped stream's epoch at the consumed position."""
+    self._drop_in_flight()
+    self._stream.end_epoch()
 
 
 def prefetching(stream: Any, prepare: Callable[[dict[str, Any], int], Prepared]) -> PrefetchingStream[Prepared]:

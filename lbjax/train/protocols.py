@@ -4,6 +4,7 @@
 a user's own dataset, model pairing or hook fits the trainer by having these methods.
 """
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from flax import nnx
@@ -41,6 +42,27 @@ class WindowStream(TrainStream, Protocol):
 
   def windows_per_epoch(self, global_batch_size: int) -> int:
     """The batches of one epoch at `global_batch_size` rows."""
+
+  def start_epoch(self, global_batch_size: int) -> float:
+    """Where the next batch of `global_batch_size` rows starts: `epoch()`, or the next epoch's start where the
+    rest of this epoch holds no window of that many rows."""
+
+  def end_epoch(self) -> None:
+    """Ends the epoch at the current position: the next batch starts the next epoch."""
+
+
+def next_batch_start(stream: TrainStream, batch_size_at: Callable[[float], int]) -> tuple[float, int]:
+  """(epoch, size) of the next batch of `stream`, `batch_size_at(epoch)` being the size of a batch that starts at
+  `epoch`: at the stream's position, unless a `WindowStream` finds the rest of its epoch too short for one window
+  of that size; that batch starts the next epoch, and takes that epoch's size (the caller ends the epoch first,
+  `WindowStream.end_epoch`, so that the stream does not go on with the rest at that size)."""
+  epoch = stream.epoch()
+  size = batch_size_at(epoch)
+  if isinstance(stream, WindowStream):
+    start = stream.start_epoch(size)
+    if start != epoch:
+      return start, batch_size_at(start)
+  return epoch, size
 
 
 def steps_per_epoch(stream: TrainStream, global_batch_size: int) -> int:

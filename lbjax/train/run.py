@@ -243,9 +243,12 @@ class Run:
 
   @property
   def epoch(self) -> float:
-    """The run's clock: the training stream's position in epochs after the batches stepped (batches
-    drawn ahead for a call not counted)."""
-    return self._stepped_epoch if self.drawn_ahead else self.stream.epoch()
+    """The run's clock: where the next batch starts, in epochs of the training stream, after the batches stepped
+    (batches drawn ahead for a call not counted). It is the stream's position, or the next epoch's start where
+    the next batch's size finds the rest of a token stream's epoch too short (`protocols.next_batch_start`)."""
+    if self.drawn_ahead:
+      return self._stepped_epoch
+    return protocols.next_batch_start(self.stream, self.batch_policy.batch_size)[0]
 
   @property
   def trained_epochs(self) -> float:
@@ -282,10 +285,11 @@ class Run:
     return self._next(placed=False)
 
   def _next(self, placed: bool) -> Batch:
-    epoch = self.stream.epoch()  # after the batches drawn so far
+    epoch, size = protocols.next_batch_start(self.stream, self.batch_policy.batch_size)  # after the batches drawn
+    if epoch != self.stream.epoch():  # the rest of a token stream's epoch holds no window of the size in force
+      self.stream.end_epoch()
     if not self.drawn_ahead:
       self._stepped_epoch = epoch
-    size = self.batch_policy.batch_size(epoch)
     if placed:
       host_arrays, (reset_carry, arrays) = None, self.stream.next_prepared(size)
     else:

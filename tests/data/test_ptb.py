@@ -149,6 +149,22 @@ def test_a_rest_too_short_for_the_new_rows_ends_the_epoch():
   np.testing.assert_array_equal(batch["inputs"], TOKENS[:96].reshape(8, 12)[:, :3])
 
 
+def test_start_epoch_says_where_a_batch_of_that_size_starts_and_end_epoch_skips_the_rest():
+  stream = data.PtbStream(TOKENS, seq_len=3)
+  for _ in range(7):
+    stream.next_batch(4)
+  at = stream.epoch()
+  assert stream.start_epoch(4) == stream.start_epoch(2) == at < 1.0  # the same rows go on; 2 rows fit the rest
+  assert stream.start_epoch(8) == 1.0  # what next_batch(8) would do: the rest holds no window of 8 rows
+  stream.end_epoch()
+  assert stream.epoch() == stream.start_epoch(8) == 1.0 and stream.get_state()["windows_done"] == 0
+  stream.end_epoch()  # at an epoch's start: nothing to end
+  assert stream.epoch() == 1.0
+  batch = stream.next_batch(4)
+  assert batch["reset_carry"]
+  np.testing.assert_array_equal(batch["inputs"], TOKENS[:100].reshape(4, 25)[:, :3])
+
+
 def test_resume_mid_epoch_is_exact_also_across_batch_size_change():
   def run(stream, sizes):
     return [stream.next_batch(size) for size in sizes]

@@ -38,6 +38,27 @@ def test_a_window_stream_stays_a_window_stream_and_an_epoch_counts_windows():
   assert protocols.steps_per_epoch(plain, 8) == 5
 
 
+def test_where_the_next_batch_starts_is_read_at_the_consumed_position():
+  """`start_epoch` with a batch in flight: the prefetched batch's start if the size is the prefetched one, else
+  the stream's at the consumed position (the batch in flight dropped); `end_epoch` ends the consumed epoch."""
+  tokens = np.arange(100) % 50  # 8 windows of 4 rows; after 7, the rest holds none of 8 rows
+  plain = lbdata.PtbStream(tokens, seq_len=3)
+  ptb = prefetch.prefetching(lbdata.PtbStream(tokens, seq_len=3), lambda batch, size: batch)
+  try:
+    for _ in range(7):
+      plain.next_batch(4)
+      ptb.next_prepared(4)
+    ptb.prefetch(4)
+    assert ptb.start_epoch(4) == plain.start_epoch(4) < 1.0
+    assert ptb.start_epoch(8) == plain.start_epoch(8) == 1.0
+    ptb.prefetch(4)
+    ptb.end_epoch()
+    plain.end_epoch()
+    assert ptb.get_state() == plain.get_state() and ptb.epoch() == 1.0
+  finally:
+    ptb.close()
+
+
 def _prefetch_threads():
   return [t for t in threading.enumerate() if t.name.startswith("lbjax-prefetch")]
 

@@ -54,6 +54,28 @@ def test_three_size_batch_schedule_compiles_exactly_three_steps(tmp_path):
   assert result.step == 8 and result.examples_seen == 256 and result.epoch == 1.0
 
 
+@pytest.mark.parametrize("num_epochs", [1.0, 2.0])
+def test_a_larger_batch_that_the_rest_of_a_token_epoch_cannot_hold_starts_the_next_epoch_at_its_schedule(
+    tmp_path, num_epochs):
+  """24 windows of 16 rows per epoch; from epoch 0.9 the schedule says 64 rows, which the 480 tokens left after
+  window 22 cannot fill (64 x 11), so that epoch ends there. The first 64-row step starts epoch 1 and takes its
+  learning rate (halved at 1.0); a 1-epoch run (halving at 0.5) ends after window 22. That step took epoch 0.92's
+  rate, and a 1-epoch run trained a window of epoch 2."""
+  config = helpers.tiny_language_model_config(
+      batch_sizes=(16, 64), batch_size_boundaries=(0.9,), num_epochs=num_epochs, log_every=1, eval_every_epochs=5.0,
+      **{"mesh.num_devices": 1, "lr.decay": "multistep_decay", "lr.boundaries": (min(num_epochs, 2.0) / 2,),
+         "lr.decay_factors": 0.5})
+  result = train_and_evaluate(config, tmp_path)
+  train = _records(tmp_path, "train")
+  # The run's clock after window 22 is where its next batch starts: the rest of epoch 0 is skipped.
+  assert [r["batch_size"] for r in train[:22]] == [16] * 22 and train[21]["epoch"] == 1.0
+  if num_epochs == 1.0:
+    assert result.step == 22 and result.epoch == 1.0
+  else:
+    assert train[22]["batch_size"] == 64 and train[22]["epoch"] == pytest.approx(1 + 1 / 6)  # 6 windows of 64
+    assert train[21]["learning_rate"] == pytest.approx(0.5) and train[22]["learning_rate"] == pytest.approx(0.25)
+
+
 @pytest.mark.parametrize("make_config", [helpers.tiny_classifier_config, helpers.tiny_language_model_config])
 def test_interrupted_and_resumed_run_is_bit_identical(tmp_path, make_config):
   """Stop half-way, restart in the same workdir: parameters, optimizer state, RNG, data position and
