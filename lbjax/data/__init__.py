@@ -38,6 +38,7 @@ from lbjax.data.normalization import PixelScale
 from lbjax.data.ptb import PtbCorpus
 from lbjax.data.ptb import PtbStream
 from lbjax.data.ptb import check_carry_state
+from lbjax.data.ptb import check_seq_len
 from lbjax.data.ptb import check_stream_window
 from lbjax.data.ptb import ptb_eval_batches
 from lbjax.data.ptb import ptb_stream_eval_batches

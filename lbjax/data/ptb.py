@@ -154,9 +154,11 @@ def _check_tokens(tokens: Any) -> np.ndarray:
   return tokens.astype(np.int32, copy=False)
 
 
-def _check_seq_len(seq_len: Any) -> None:
+def check_seq_len(seq_len: Any) -> int:
+  """`seq_len` (the window T) if it is a positive integer, else a ValueError saying so."""
   if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
     raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}.")
+  return int(seq_len)
 
 
 def _rows(tokens: np.ndarray, batch_size: int, seq_len: int) -> tuple[np.ndarray, int]:
@@ -220,7 +222,7 @@ class PtbStream:
         False: `reset_carry` on every window, so each window starts from a zero state (an ablation).
     """
     self._tokens = _check_tokens(tokens)
-    _check_seq_len(seq_len)
+    check_seq_len(seq_len)
     check_process(process_index, process_count)
     if len(self._tokens) < seq_len + 1:
       raise ValueError(f"tokens has {len(self._tokens)} ids; need at least seq_len + 1 = "
@@ -411,7 +413,7 @@ def ptb_eval_batches(tokens: np.ndarray, batch_size: int, seq_len: int = 20, *,
     'reset_carry': np.bool_}`.
   """
   tokens = _check_tokens(tokens)
-  _check_seq_len(seq_len)
+  check_seq_len(seq_len)
   check_carry_state(carry_state)
   mine = process_slice(batch_size, process_index, process_count)
   row_len = len(tokens) // batch_size

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from lbjax import data as lbdata
+from lbjax.train import batch_plan
 from lbjax.train import datasets
 from lbjax.train import device_data
 from lbjax.train import names
@@ -100,7 +101,10 @@ def _image_classes(size: int, channels: int, dtype, train_size: int, num_classes
                     {"images": (shape, dtype), "labels": ((), np.int32)}, train_size, in_memory=in_memory)
 
 
-def _tokens(seq_len: int, train_tokens: int, vocab_size: int, eval_split: str) -> DataShapes:
+def _tokens(arguments: dict[str, Any], train_tokens: int, vocab_size: int, eval_split: str) -> DataShapes:
+  seq_len = arguments["seq_len"]
+  datasets.check_language_model_options(seq_len, arguments["carry_state"], arguments["eval_protocol"],
+                                        arguments["stream_window"])
   return DataShapes(_dataset("language_model", {"vocab_size": vocab_size}, eval_split),
                     {"inputs": ((seq_len,), np.int32), "targets": ((seq_len,), np.int32)}, train_tokens, seq_len)
 
@@ -126,8 +130,8 @@ SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
                                                 a["eval_split"], lbdata.IMAGENET_NORMALIZATION, in_memory=False),
     datasets.cifar10: lambda a: _image_classes(32, 3, np.uint8, SPLIT_SIZES["cifar10"], 10, a["eval_split"],
                                                lbdata.CIFAR10_NORMALIZATION, in_memory=False),
-    datasets.ptb: lambda a: _tokens(a["seq_len"], SPLIT_SIZES["ptb"], 10_000, a["eval_split"]),
-    datasets.synthetic_ptb: lambda a: _tokens(a["seq_len"], a["num_train_tokens"], a["vocab_size"], "valid"),
+    datasets.ptb: lambda a: _tokens(a, SPLIT_SIZES["ptb"], 10_000, a["eval_split"]),
+    datasets.synthetic_ptb: lambda a: _tokens(a, a["num_train_tokens"], a["vocab_size"], "valid"),
 }
 
 
@@ -139,7 +143,10 @@ def described_shapes(dataset_call: names.Call) -> DataShapes | None:
     return None
   bound = inspect.signature(resolved.function).bind_partial(**arguments)
   bound.apply_defaults()
-  return describe(dict(bound.arguments))
+  try:
+    return describe(dict(bound.arguments))
+  except ValueError as e:  # arguments the dataset function refuses when it opens
+    raise tasks.dataset_refusal(dataset_call, e) from e
 
 
 def data_shapes(dataset_call: names.Call) -> DataShapes:
@@ -169,9 +176,9 @@ def check_data(run: Any, data: DataShapes) -> tasks.ClassificationTask | tasks.L
   """
   if run.train_data_on_device and not data.in_memory:
     raise device_data.refusal(run.dataset_name, "does not read in-memory arrays without host transforms")
-  for size in run.batch.sizes:
+  for field, size in batch_plan.sizes_to_fit_data(run.batch):
     if (problem := data.refuse_impossible(size)) is not None:
-      raise ConfigError(f"config.batch_size(s): {problem}")
+      raise ConfigError(f"{field}: {problem}")
   return tasks.make_task(run.model, data.dataset, run.dataset_name)
 
 

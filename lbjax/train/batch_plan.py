@@ -308,15 +308,21 @@ def learning_rate_problems(batch: BatchPlan, learning_rate) -> list[str]:
   return []
 
 
-def check_fits_data(batch: BatchPlan, stream: protocols.TrainStream, dataset: str) -> None:
-  """Refuses, before any compute, a batch of the schedule, or the adaptive policy's largest, larger than the
-  training set (or, for a stream of windows, one that leaves a row too short for one window)."""
-  name = f"config.dataset={dataset!r}"
+def sizes_to_fit_data(batch: BatchPlan) -> list[tuple[str, int]]:
+  """(field, size) of each batch size the training set must fill: the schedule's, and the adaptive policy's
+  largest."""
   field = "config.batch_sizes" if len(batch.sizes) > 1 else "config.batch_size"
   fields = [(field, size) for size in batch.sizes]
   if batch.adaptive:
     fields.append(("config.batch.max_batch_size (the adaptive policy's largest batch)", batch.max_batch_size))
-  for field, size in fields:
+  return fields
+
+
+def check_fits_data(batch: BatchPlan, stream: protocols.TrainStream, dataset: str) -> None:
+  """Refuses, before any compute, a batch of `sizes_to_fit_data` larger than the training set (or, for a stream
+  of windows, one that leaves a row too short for one window)."""
+  name = f"config.dataset={dataset!r}"
+  for field, size in sizes_to_fit_data(batch):
     try:
       steps = protocols.steps_per_epoch(stream, size)
     except ValueError:

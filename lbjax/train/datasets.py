@@ -380,9 +380,11 @@ def synthetic_cifar10(data_dir: str | os.PathLike[str] | None = None, *, seed: i
 EVAL_PROTOCOLS = ("windows", "stream")
 
 
-def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
-                    eval_split: str, carry_state: bool, eval_protocol: str, stream_window: int) -> Dataset:
-  lbdata.check_carry_state(carry_state)  # now, as a config error, not when the first stream is made
+def check_language_model_options(seq_len: int, carry_state: bool, eval_protocol: str, stream_window: int) -> None:
+  """The options of a token dataset (`ptb`, `synthetic_ptb`), checked when it opens (a config error, not an error
+  of the first stream made) and by `--dry-run` without the data (`lbjax.train.abstract_data`)."""
+  lbdata.check_seq_len(seq_len)
+  lbdata.check_carry_state(carry_state)
   if eval_protocol not in EVAL_PROTOCOLS:
     raise ValueError(f"eval_protocol must be one of {EVAL_PROTOCOLS} (batched windows, or ptb_word_lm's one "
                      f"stream), got {eval_protocol!r}.")
@@ -390,6 +392,11 @@ def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_
   if eval_protocol == "stream" and not carry_state:
     raise ValueError("eval_protocol='stream' carries the state through the whole split; it contradicts "
                      "carry_state=False. Use eval_protocol='windows' with carry_state=False.")
+
+
+def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
+                    eval_split: str, carry_state: bool, eval_protocol: str, stream_window: int) -> Dataset:
+  check_language_model_options(seq_len, carry_state, eval_protocol, stream_window)
 
   def make_train_stream(process_index, process_count):
     return lbdata.PtbStream(train_tokens, seq_len=seq_len, process_index=process_index,

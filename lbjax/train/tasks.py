@@ -220,13 +220,18 @@ def open_dataset(dataset: names.Call) -> datasets.Dataset:
   try:
     opened = dataset()
   except (ValueError, TypeError, MemoryError) as e:
-    options = {k: v for k, v in dataset.arguments.items() if k not in ("data_dir", "seed")}
-    raise ConfigError(f"config.dataset={dataset.resolved.name!r}: {dataset.resolved.qualified_name} fails with "
-                      f"{_options_named_in(options, str(e))}: {e or type(e).__name__}") from e
+    raise dataset_refusal(dataset, e) from e
   if not isinstance(opened, datasets.Dataset):
     raise ConfigError(f"config.dataset={dataset.resolved.name!r}: {dataset.resolved.qualified_name} returned "
                       f"{type(opened).__name__}, not an lbjax.train.datasets.Dataset.")
   return opened
+
+
+def dataset_refusal(dataset: names.Call, error: Exception) -> ConfigError:
+  """The config error of the dataset function `dataset` refusing its arguments with `error`."""
+  options = {k: v for k, v in dataset.arguments.items() if k not in ("data_dir", "seed")}
+  return ConfigError(f"config.dataset={dataset.resolved.name!r}: {dataset.resolved.qualified_name} fails with "
+                     f"{_options_named_in(options, str(error))}: {error or type(error).__name__}")
 
 
 def make_task(model: ModelChoice, dataset: datasets.Dataset, dataset_name: str

@@ -129,6 +129,23 @@ def test_a_bad_section_override_is_refused_naming_what_it_takes(capsys, override
   assert status == 2 and message in err and "Traceback" not in err
 
 
+SYNTHETIC_PTB = ("--config.dataset=synthetic_ptb", "--config.data_options={}", "--config.mesh.num_devices=1")
+
+
+@pytest.mark.parametrize("argv, message", [
+    # A ZeroDivisionError under --dry-run; a traceback from the first stream made in a run.
+    (("--config", "ptb_lstm", *SYNTHETIC_PTB, "--config.data_options.seq_len=0"),
+     "seq_len must be a positive integer, got 0"),
+    # --dry-run accepted an adaptive policy's largest batch that the run refuses.
+    (("--config", "adaptive_batch_ptb:run=adascale,max_batch=100000", *SYNTHETIC_PTB),
+     "config.batch.max_batch_size (the adaptive policy's largest batch): a batch of 100000"),
+])
+@pytest.mark.parametrize("mode", ["--dry-run", "--workdir"])
+def test_what_a_run_refuses_of_its_token_data_dry_run_refuses_too(capsys, tmp_path, argv, message, mode):
+  status, _, err = _run(capsys, *argv, *([mode] if mode == "--dry-run" else [mode, str(tmp_path / "run")]))
+  assert status == 2 and message in err and "Traceback" not in err
+
+
 def test_mnist_lstm_trains_with_adamw_from_the_command_line_alone(capsys, tmp_path):
   status, _, _ = _run(capsys, "--config", "mnist_lstm", "--config.optimizer=adamw", "--config.lr.base=0.001",
                         "--config.dataset=synthetic_mnist", "--config.num_steps=2", "--config.progress=False",
