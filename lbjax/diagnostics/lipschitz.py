@@ -54,6 +54,9 @@ def lipschitz_along_gradient(
         "lipschitz_along_gradient: direction must have the structure of params, got "
         f"{jax.tree.structure(direction)} vs {jax.tree.structure(params)}.")
   hv = hessian_vector_product(loss_fn, params, batch, direction)
+  # Summed in float32 at least: in float16, g^T H g and |g|^2 overflow past 65504.
+  wide = lambda tree: jax.tree.map(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)), tree)
+  direction, hv = wide(direction), wide(hv)
   curvature = optax.tree.vdot(direction, hv).astype(jnp.float32)
   norm_sq = optax.tree.norm(direction, squared=True).astype(jnp.float32)
   return jnp.where(norm_sq > 0, jnp.abs(curvature) / jnp.where(norm_sq > 0, norm_sq, 1.0), 0.0)

@@ -36,6 +36,15 @@ def test_matches_closed_form_on_quadratic_loss():
   np.testing.assert_allclose(lip, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_low_precision_parameters_give_the_curvature_without_overflow(dtype):
+  """c/2 |w|^2 has H = c I, so L = c = 100 anywhere; at |g| = 30, g^T H g = 90,000 is past float16's 65,504, and
+  float16 parameters gave inf."""
+  loss = lambda params, c: 0.5 * c * jnp.sum(params["w"].astype(jnp.float32) ** 2)
+  params = {"w": jnp.full((100,), 0.03, dtype)}
+  np.testing.assert_allclose(diagnostics.lipschitz_along_gradient(loss, params, 100.0), 100.0, rtol=1e-2)
+
+
 def test_step_one_over_l_minimises_along_gradient():
   # papers/001 §4: eta* = argmin_eta f(x - eta g) = 1/L(x, g) for the quadratic model.
   params, batch = _regression_problem()
