@@ -6,14 +6,17 @@ as 1/sqrt(n) (eq. 4). Here that is a per-sample weight vector: the training loss
 sum_k m_k loss_k / sum_k m_k, i.e. the mean over the kept samples.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 
 def kept_examples(batch: int, discard_fraction: float) -> int:
   """How many of a batch's `batch` samples `small_loss_discard_weights` keeps: B - floor(p * B). The
-  gradient of the loss is a mean over these, so the noise scale counts them as its batch."""
-  return batch - int(discard_fraction * batch)
+  gradient of the loss is a mean over these, so the noise scale counts them as its batch. p * B is rounded to 9
+  decimals first: 0.29 * 100 is 28.999999999999996 in floating point, and p = 0.29 drops 29 of 100."""
+  return batch - math.floor(round(discard_fraction * batch, 9))
 
 
 def small_loss_discard_weights(per_example_loss: jax.Array, discard_fraction: float) -> jax.Array:

@@ -20,6 +20,11 @@ def test_count_is_batch_minus_floor_of_fraction():
   losses = jax.random.uniform(jax.random.key(0), (10,))
   for fraction, kept in ((0.0, 10), (0.3, 7), (0.35, 7), (0.99, 1)):
     assert int(diagnostics.small_loss_discard_weights(losses, fraction).sum()) == kept
+  # floor(p * B) of the exact product: 0.29 * 100 is 28.999999999999996 in floating point, and 28 were dropped.
+  losses = jax.random.uniform(jax.random.key(0), (100,))
+  for fraction in (0.29, 0.57, 0.58):
+    kept = diagnostics.kept_examples(100, fraction)
+    assert kept == 100 - round(fraction * 100) == int(diagnostics.small_loss_discard_weights(losses, fraction).sum())
 
 
 def test_bad_inputs_raise_clear_errors():
