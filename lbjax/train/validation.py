@@ -187,6 +187,12 @@ def _value_problems(config: ml_collections.ConfigDict) -> list[str]:
   if config.loss.discard_fraction > 0 and not config.loss.discard_until_epoch > 0:
     problems.append(f"config.loss.discard_fraction={config.loss.discard_fraction} discards nothing while "
                     "config.loss.discard_until_epoch is 0: set the epoch until which it applies.")
+  if config.loss.discard_fraction > 0 and (config.compression.name != "none" or config.mesh.per_device_gradients):
+    problems.append(f"config.loss.discard_fraction={config.loss.discard_fraction} drops the smallest losses of the "
+                    "batch (papers/003 §3.1), but under config.compression or config.mesh.per_device_gradients each "
+                    "device computes its gradient alone and would rank only its own rows, an update that depends on "
+                    "the device count. Set compression.name='none' and mesh.per_device_gradients=False, or "
+                    "discard_fraction=0.")
   if config.log_every < 1:
     problems.append(f"config.log_every must be >= 1, got {config.log_every}.")
   problems += _steps_per_call_problems(config)

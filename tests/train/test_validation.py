@@ -36,6 +36,8 @@ from tests.train import helpers
     ({"model_options.hidden_size": -3}, r"lbjax.models.MnistLSTM\(.*hidden_size=-3.*\) fails: hidden_size must be a "
                                         r"positive int"),
     ({"loss.discard_fraction": 0.1}, r"discards nothing while config.loss.discard_until_epoch is 0"),
+    ({"loss.discard_fraction": 0.1, "loss.discard_until_epoch": 1.0, "mesh.per_device_gradients": True},
+     r"each device computes its gradient alone and would rank only its own rows"),
     ({"keep_checkpoints": 0}, r"keep_checkpoints must be an integer >= 1"),
     ({"lr.warmup_epochs": 0.5}, r"lr.warmup_epochs=0.5 but config.lr.warmup='none'"),
     ({"compression.num_levels": 4}, r"config.compression sets num_levels but compression.name='none'"),
