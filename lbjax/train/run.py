@@ -246,8 +246,10 @@ class Run:
     """The run's clock: where the next batch starts, in epochs of the training stream, after the batches stepped
     (batches drawn ahead for a call not counted). It is the stream's position, or the next epoch's start where
     the next batch's size finds the rest of a token stream's epoch too short (`protocols.next_batch_start`)."""
-    if self.drawn_ahead:
-      return self._stepped_epoch
+    return self._stepped_epoch if self.drawn_ahead else self.next_batch_epoch()
+
+  def next_batch_epoch(self) -> float:
+    """Where the next batch drawn starts, in epochs, after the batches drawn so far (`protocols.next_batch_start`)."""
     return protocols.next_batch_start(self.stream, self.batch_policy.batch_size)[0]
 
   @property

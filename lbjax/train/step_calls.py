@@ -87,7 +87,7 @@ def _call_batches(run: Any, hooks: Sequence[Any]) -> tuple[list[Any], bool]:
   batches = [draw()]
   first = batches[0]
   while len(batches) < count:
-    epoch = run.stream.epoch()  # after the batches drawn
+    epoch = run.next_batch_epoch()  # after the batches drawn
     clock = Clock(run.step_count + len(batches), epoch, run.batch_policy.progress(epoch))
     if run.finished(clock) or any(hook.acts_at(clock) for hook in hooks):
       return batches, False

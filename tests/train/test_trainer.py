@@ -54,19 +54,23 @@ def test_three_size_batch_schedule_compiles_exactly_three_steps(tmp_path):
   assert result.step == 8 and result.examples_seen == 256 and result.epoch == 1.0
 
 
-@pytest.mark.parametrize("num_epochs", [1.0, 2.0])
+@pytest.mark.parametrize("num_epochs, steps_per_call", [(1.0, 1), (2.0, 1), (1.0, 4)])
 def test_a_larger_batch_that_the_rest_of_a_token_epoch_cannot_hold_starts_the_next_epoch_at_its_schedule(
-    tmp_path, num_epochs):
+    tmp_path, num_epochs, steps_per_call):
   """24 windows of 16 rows per epoch; from epoch 0.9 the schedule says 64 rows, which the 480 tokens left after
   window 22 cannot fill (64 x 11), so that epoch ends there. The first 64-row step starts epoch 1 and takes its
   learning rate (halved at 1.0); a 1-epoch run (halving at 0.5) ends after window 22. That step took epoch 0.92's
-  rate, and a 1-epoch run trained a window of epoch 2."""
+  rate, and a 1-epoch run trained a window of epoch 2 (with several steps per call, after the first fix too)."""
   config = helpers.tiny_language_model_config(
-      batch_sizes=(16, 64), batch_size_boundaries=(0.9,), num_epochs=num_epochs, log_every=1, eval_every_epochs=5.0,
+      batch_sizes=(16, 64), batch_size_boundaries=(0.9,), num_epochs=num_epochs, eval_every_epochs=5.0,
+      steps_per_call=steps_per_call, log_every=1 if steps_per_call == 1 else 7,  # a record each step ends a call
       **{"mesh.num_devices": 1, "lr.decay": "multistep_decay", "lr.boundaries": (min(num_epochs, 2.0) / 2,),
          "lr.decay_factors": 0.5})
   result = train_and_evaluate(config, tmp_path)
   train = _records(tmp_path, "train")
+  if steps_per_call > 1:
+    assert result.step == 22 and result.epoch == 1.0 and [r["step"] for r in train] == [7, 14, 21, 22]
+    return
   # The run's clock after window 22 is where its next batch starts: the rest of epoch 0 is skipped.
   assert [r["batch_size"] for r in train[:22]] == [16] * 22 and train[21]["epoch"] == 1.0
   if num_epochs == 1.0:
