@@ -65,8 +65,8 @@ def write_compression_bits(writer: MetricsWriter, step: int, params: Any, name: 
 
 
 class RecordCompiles:
-  """A `compile` record (batch size, loss variant, seconds) for each newly compiled step, and a new
-  throughput window, so compile time never counts against examples/s."""
+  """A `compile` record (batch size, loss variant, seconds) for each newly compiled step, whose compile time is
+  kept out of examples/s (`ProgressLine.exclude`: also where the window holding it has just closed)."""
 
   def __init__(self, writer: MetricsWriter, progress: ProgressLine):
     self.writer, self.progress = writer, progress
@@ -86,7 +86,7 @@ class RecordCompiles:
     if compiled.steps > 1:
       record["steps_per_call"] = compiled.steps
     self.writer.write("compile", step, record)
-    self.progress.reset_window(run.examples_seen - compiled.steps * compiled.batch_size, run.epoch, step)
+    self.progress.exclude(compiled.ended - compiled.seconds, compiled.ended)
 
 
 # The steps of a window are stacked on the device `stack_size` at a time (32, or `log_every` when smaller;

@@ -79,6 +79,7 @@ class NewCompile(NamedTuple):
   discard_fraction: float
   steps: int  # the steps one call of it runs
   seconds: float
+  ended: float  # `time.perf_counter()` when it was compiled (the compile took the `seconds` before)
 
 
 class Run:
@@ -351,7 +352,8 @@ class Run:
       batch = described(batch, self.parts.batch_sharding)
       self.compiled[key] = self.parts.train_step(global_batch_size, discard_fraction, state, batch).lower(
           state, batch, learning_rate).compile()
-      self.new_compile = NewCompile(global_batch_size, discard_fraction, 1, time.perf_counter() - start)
+      ended = time.perf_counter()
+      self.new_compile = NewCompile(global_batch_size, discard_fraction, 1, ended - start, ended)
     return self.compiled[key]
 
   def step(self, batch: Batch) -> dict[str, jax.Array]:
@@ -367,7 +369,7 @@ class Run:
                                                          batch.discard_fraction)
       if seconds:  # the any-batch programs compiled (once per run and loss variant), at this batch size
         self.compiled[(batch.size, batch.discard_fraction)] = self.any_batch
-        self.new_compile = NewCompile(batch.size, batch.discard_fraction, 1, seconds)
+        self.new_compile = NewCompile(batch.size, batch.discard_fraction, 1, seconds, time.perf_counter())
     else:
       train_step = self.train_step(batch.size, batch.discard_fraction, self.state, batch.arrays,
                                    batch.learning_rate)
@@ -397,7 +399,8 @@ class Run:
       self.compiled_calls[key] = self.parts.train_step_call(
           first.size, first.discard_fraction, len(batches), self.state, described_arrays).lower(
               self.state, described_arrays, learning_rates).compile()
-      self.new_compile = NewCompile(first.size, first.discard_fraction, len(batches), time.perf_counter() - start)
+      ended = time.perf_counter()
+      self.new_compile = NewCompile(first.size, first.discard_fraction, len(batches), ended - start, ended)
     self.state, metrics = self.compiled_calls[key](self.state, arrays, learning_rates)
     first_step = self.step_count
     self._finish(batches, metrics["loss"])

@@ -110,6 +110,17 @@ def test_the_profilers_own_time_is_kept_out_of_the_examples_per_second():
   assert progress.show(30, 0.3, 3000, 1.0, now=35.0) == pytest.approx(1000 / 10.0)  # nothing left to exclude
 
 
+@pytest.mark.parametrize("steps_per_call", [1, 4])
+def test_a_window_that_closes_on_a_compiling_step_keeps_a_true_rate(tmp_path, steps_per_call):
+  """The compile record started a new window after the window of its step had closed but before it was shown:
+  that window was shown as lasting 1e-9 s, B * 1e9 examples/s (and an ETA of 0)."""
+  log_every = 1 if steps_per_call == 1 else 4  # the compiling step or call ends a window
+  train_and_evaluate(helpers.tiny_classifier_config(num_steps=8, log_every=log_every, steps_per_call=steps_per_call),
+                     tmp_path)
+  rates = [r["examples_per_second"] for r in _records(tmp_path, "train")]
+  assert len(rates) == 8 // log_every and all(0 < rate < 1e9 for rate in rates)
+
+
 def test_a_trace_that_cannot_be_read_back_says_why_and_the_run_goes_on(tmp_path, monkeypatch):
   def unreadable(path, platform):
     raise ValueError("truncated")
