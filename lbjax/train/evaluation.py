@@ -43,6 +43,12 @@ class Evaluator:
     return parts.task.summarize(totals)
 
 
+def _real_rows(mask: np.ndarray) -> int:
+  """The rows of an evaluation batch's `mask` ([N] per example, [N, T] per token) that hold data: PTB's stream
+  evaluation fills row 0 only, and its tokens are not rows."""
+  return int(np.sum(np.any(mask.reshape(mask.shape[0], -1) > 0, axis=1)))
+
+
 class LipschitzProbe:
   """L(x, g) = |g^T H g| / ||g||^2 along the gradient on the first `batch_size` evaluation examples."""
 
@@ -54,7 +60,7 @@ class LipschitzProbe:
         Hessian-vector product needs; `field` is the config field that asked for the probe.
     """
     local = next(iter(parts.task.dataset.make_eval_batches(batch_size, jax.process_index(), jax.process_count())))
-    real = int(np.sum(local[protocols.MASK])) if protocols.MASK in local else batch_size // jax.process_count()
+    real = _real_rows(local[protocols.MASK]) if protocols.MASK in local else batch_size // jax.process_count()
     if jax.process_count() > 1:  # the same decision on every process
       real = int(np.sum(multihost_utils.process_allgather(np.int32(real))))
     if real < batch_size:

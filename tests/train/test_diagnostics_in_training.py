@@ -64,6 +64,17 @@ def test_a_lipschitz_batch_larger_than_the_real_examples_of_the_first_eval_batch
     train_and_evaluate(config, tmp_path)
 
 
+def test_a_lipschitz_batch_of_a_token_stream_evaluation_counts_its_rows_not_its_tokens(tmp_path):
+  """PTB's stream evaluation holds the split in row 0 of each batch; the other rows are padding. The check summed
+  the token mask (hundreds of tokens) and took 7 empty rows of 8 for data."""
+  config = helpers.tiny_language_model_config(**{
+      "diagnostics.lipschitz_every": 2, "diagnostics.lipschitz_batch_size": 8, "eval_batch_size": 8,
+      "data_options.eval_protocol": "stream"})
+  with pytest.raises(ConfigError, match=r"lipschitz_batch_size=8: the evaluation split's first batch holds 1 real "
+                                        r"examples.*Use at most 1"):
+    train_and_evaluate(config, tmp_path)
+
+
 def test_lipschitz_estimate_of_a_language_model(tmp_path):
   """The probe's batch is a constant of its jitted function: the PTB model's check of the token range
   evaluates on it (JAX hoists such constants into the trace), as on a batch passed in."""
