@@ -30,7 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from lbjax.optim.leaf_names import leaf_name
-from lbjax.train.errors import CheckpointCorruptError
+from lbjax.train.errors import CheckpointCorruptError, ConfigError
 
 META_CHECKSUM = "meta_sha256"
 SKIPPED_DIR = "skipped_checkpoints"
@@ -77,6 +77,29 @@ def _on_host_cpu(leaf: Any) -> bool:
   """Whether this process holds all of `leaf` in CPU memory (so numpy reads it without a transfer)."""
   return (isinstance(leaf, jax.Array) and leaf.is_fully_addressable
           and all(device.platform == "cpu" for device in leaf.sharding.device_set))
+
+
+def init_source(source: str) -> tuple[pathlib.Path, int | None]:
+  """The workdir and the step (None: its latest) that `config.init_from=source` names: a workdir, its
+  `checkpoints/` folder or one step folder in it.
+
+  Raises:
+    ConfigError: there is no `checkpoints/` folder there, or no such step in it.
+  """
+  path = pathlib.Path(source).expanduser().absolute()
+  step = None
+  if path.name.isdigit() and path.parent.name == "checkpoints":
+    path, step = path.parent.parent, int(path.name)
+  elif path.name == "checkpoints":
+    path = path.parent
+  if not (path / "checkpoints").is_dir():
+    raise ConfigError(f"config.init_from={source!r}: no checkpoints/ folder there; give a workdir, its "
+                      "checkpoints/ folder or one step folder in it.")
+  if step is not None and not (path / "checkpoints" / str(step)).is_dir():
+    steps = sorted(int(p.name) for p in (path / "checkpoints").iterdir() if p.name.isdigit())
+    raise ConfigError(f"config.init_from={source!r}: there is no checkpoint {step} in {path / 'checkpoints'} "
+                      f"(it holds {', '.join(map(str, steps)) or 'none'}).")
+  return path, step
 
 
 def named_leaves(state: Any) -> dict[str, Any]:

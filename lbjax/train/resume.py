@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 
 from lbjax.optim import compression
 from lbjax.train import config as config_lib
-from lbjax.train.checkpointing import Checkpointer, abstract_like, named_leaves
+from lbjax.train.checkpointing import Checkpointer, abstract_like, init_source, named_leaves
 from lbjax.train.datasets import Dataset
 from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError, CheckpointSaveError, ConfigError,
                                 DataMismatchError)
@@ -178,15 +178,7 @@ class Checkpoints:
   def _start_from(self, source: str, initial: TrainState, model_description: str) -> Start:
     """The parameters and BatchNorm statistics of the checkpoint `source` (a workdir, its
     `checkpoints/` folder or one step folder); optimizer, step and data start afresh."""
-    path = pathlib.Path(source).expanduser().absolute()
-    step = None
-    if path.name.isdigit() and path.parent.name == "checkpoints":
-      path, step = path.parent.parent, int(path.name)
-    elif path.name == "checkpoints":
-      path = path.parent
-    if not (path / "checkpoints").is_dir():
-      raise ConfigError(f"config.init_from={source!r}: no checkpoints/ folder there; give a workdir, its "
-                        "checkpoints/ folder or one step folder in it.")
+    path, step = init_source(source)
     source_checkpointer = Checkpointer(path, max_to_keep=None)
     try:
       steps = [step] if step is not None else source_checkpointer.all_steps()

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import ml_collections
 
 from lbjax.train import batch_plan
+from lbjax.train import checkpointing
 from lbjax.train import config as config_lib
 from lbjax.train import distributed
 from lbjax.train import mesh
@@ -143,6 +144,11 @@ def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
     distributed.check_heartbeat_timeout(config.heartbeat_timeout_seconds)
   except ConfigError as e:
     problems.append(str(e))
+  if config.init_from and isinstance(config.init_from, str):
+    try:
+      checkpointing.init_source(config.init_from)
+    except ConfigError as e:
+      problems.append(str(e))
   if config.init_from and config.resume_with_changed_optimizer:
     problems.append("config.init_from starts a new run from a checkpoint's parameters with a fresh optimizer; "
                     "config.resume_with_changed_optimizer resumes this workdir's own checkpoint. Set one.")

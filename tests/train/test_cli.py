@@ -1,6 +1,7 @@
 """`lbjax-train`: --list, --dry-run, overrides, and errors that are messages (exit 2, no traceback)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -144,6 +145,16 @@ SYNTHETIC_PTB = ("--config.dataset=synthetic_ptb", "--config.data_options={}", "
 def test_what_a_run_refuses_of_its_token_data_dry_run_refuses_too(capsys, tmp_path, argv, message, mode):
   status, _, err = _run(capsys, *argv, *([mode] if mode == "--dry-run" else [mode, str(tmp_path / "run")]))
   assert status == 2 and message in err and "Traceback" not in err
+
+
+def test_dry_run_refuses_an_init_from_that_names_no_checkpoint(capsys, tmp_path):
+  """It printed 'from the checkpoint /nowhere'; the run refused it only after opening the data."""
+  (tmp_path / "checkpoints" / "4").mkdir(parents=True)
+  for source, message in ((tmp_path / "nowhere", "no checkpoints/ folder there"),
+                          (tmp_path / "checkpoints" / "3", "there is no checkpoint 3 in .* \\(it holds 4\\)")):
+    status, _, err = _run(capsys, "--config", "mnist_lstm", f"--config.init_from={source}", "--dry-run")
+    assert status == 2 and "Traceback" not in err
+    assert re.search(f"config.init_from='{re.escape(str(source))}': {message}", err), err
 
 
 def test_mnist_lstm_trains_with_adamw_from_the_command_line_alone(capsys, tmp_path):
