@@ -18,8 +18,9 @@ them in one device call with `config.steps_per_call` > 1: `run.step_call(batches
 `train_and_evaluate` (`lbjax.train.loop`) drives a `Run` with the hooks of `lbjax.train.hooks`
 around its steps; `lbjax.train.layer_table` and the benchmarks use one to look at a step.
 
-One clock: the data stream's position in epochs (`run.epoch`: examples consumed / train-set size)
-decides the batch size, the learning rate, the loss variant and the end of training.
+One clock: the data stream's position in epochs (`run.epoch`: examples consumed / train-set size; for a token
+stream, where its next batch starts) decides the batch size, the learning rate, the loss variant and the end of
+training.
 """
 
 import collections
