@@ -12,11 +12,13 @@ import dataclasses
 import inspect
 from typing import Any
 
+from flax import nnx
 import jax
 import numpy as np
 
 from lbjax import data as lbdata
 from lbjax.train import batch_plan
+from lbjax.train import build
 from lbjax.train import datasets
 from lbjax.train import device_data
 from lbjax.train import names
@@ -183,11 +185,16 @@ def check_data(run: Any, data: DataShapes) -> tasks.ClassificationTask | tasks.L
 
 
 def check_without_data(run: Any) -> None:
-  """`check_data` where the dataset's shapes are known without reading it (`SHAPES`; `--dry-run`): a dataset
-  function not there (a user's) is neither opened nor checked here, but at the start of the run."""
+  """`check_data` where the dataset's shapes are known without reading it (`SHAPES`; `--dry-run`), and the model
+  and the optimizer's state in shapes (`build.abstract_model`, `build.abstract_optimizer_state`: a mask of none of
+  the parameters): a dataset function not in `SHAPES` (a user's) is neither opened nor checked here, but at the
+  start of the run."""
   data = described_shapes(run.dataset)
-  if data is not None:
-    check_data(run, data)
+  if data is None:
+    return
+  task = check_data(run, data)
+  _, params, _ = nnx.split(build.abstract_model(run, task), nnx.Param, nnx.BatchStat)
+  build.abstract_optimizer_state(run, run.build_optimizer(), nnx.to_pure_dict(params))
 
 
 def _in_memory(stream: Any) -> bool:

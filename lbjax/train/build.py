@@ -116,6 +116,34 @@ def abstract(tree: Any, shardings: Any) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+def abstract_model(resolved: ResolvedRun, task: Task) -> nnx.Module:
+  """The run's model in shapes only (`nnx.eval_shape`: no compute).
+
+  Raises:
+    ConfigError: its constructor refuses its options (e.g. a negative size).
+  """
+  try:
+    return nnx.eval_shape(lambda: task.build_model(nnx.Rngs(resolved.seed)))
+  except (ValueError, TypeError) as e:
+    named = [f"config.model_options.{k}={v!r}" for k, v in resolved.model.options.items() if repr(v) in str(e)]
+    raise ConfigError(f"{', '.join(named) or 'config.model / config.model_options'}: {task.model_description} "
+                      f"fails: {e}") from e
+
+
+def abstract_optimizer_state(resolved: ResolvedRun, optimizer: optax.GradientTransformation,
+                             abstract_params: Any) -> Any:
+  """The optimizer's state for `abstract_params`, in shapes only.
+
+  Raises:
+    ConfigError: its options do not fit the model's parameters (a mask of none of them).
+  """
+  try:
+    return jax.eval_shape(optimizer.init, abstract_params)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.optimizer ({resolved.optimizer.describe()}) does not fit the model's parameters: {e}"
+                      ) from e
+
+
 @dataclasses.dataclass(frozen=True)
 class StepParts:
   """What the train and eval steps of a run need, built from shapes alone (nothing initialised).
@@ -154,24 +182,14 @@ class StepParts:
   @classmethod
   def create(cls, resolved: ResolvedRun, task: Task, mesh: jax.sharding.Mesh) -> "StepParts":
     """Raises ConfigError where the model's constructor refuses its options or the mesh cannot split it."""
-    build = lambda: task.build_model(nnx.Rngs(resolved.seed))
-    try:  # shapes only: a constructor's refusal (e.g. a negative size) is a config error, before compute
-      model = nnx.eval_shape(build)
-    except (ValueError, TypeError) as e:
-      named = [f"config.model_options.{k}={v!r}" for k, v in resolved.model.options.items() if repr(v) in str(e)]
-      raise ConfigError(f"{', '.join(named) or 'config.model / config.model_options'}: {task.model_description} "
-                        f"fails: {e}") from e
+    model = abstract_model(resolved, task)
     graphdef, abstract_params, abstract_model_state = nnx.split(model, nnx.Param, nnx.BatchStat)
     abstract_params, abstract_model_state = nnx.to_pure_dict(abstract_params), nnx.to_pure_dict(abstract_model_state)
     mesh_lib.check_model_parallelism(mesh, model, abstract_params)
     specs = mesh_lib.tensor_parallel_specs(mesh, model)
     replicated = mesh_lib.replicated(mesh)
     optimizer = resolved.build_optimizer()
-    try:  # shapes only: options that do not fit this model's parameters (a mask of none of them), before compute
-      abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
-    except (ValueError, TypeError) as e:
-      raise ConfigError(f"config.optimizer ({resolved.optimizer.describe()}) does not fit the model's parameters: {e}"
-                        ) from e
+    abstract_opt_state = abstract_optimizer_state(resolved, optimizer, abstract_params)
     is_rate_state = lambda x: isinstance(x, optim.LayerwiseRateState)
     return cls(
         task=task, train_task=dataclasses.replace(task, run_stack=resolved.mesh.pipeline_runner(mesh)), model=model,

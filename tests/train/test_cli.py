@@ -147,6 +147,19 @@ def test_what_a_run_refuses_of_its_token_data_dry_run_refuses_too(capsys, tmp_pa
   assert status == 2 and message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("override, message", [
+    ("--config.optimizer.mask=nomatch",
+     "config.optimizer (lbjax.optim.mclr(mask='nomatch', momentum=0.9)) does not fit the model's parameters: mask "
+     "'nomatch' matches no parameter"),
+    ("--config.model_options.num_filters=-2", "config.model_options.num_filters=-2: lbjax.models.ResNetTiny"),
+])
+def test_dry_run_refuses_what_the_model_and_optimizer_state_shapes_refuse(capsys, override, message):
+  """It printed the run; the run refused it after opening the data."""
+  status, _, err = _run(capsys, "--config", "resnet_tiny_synthetic_cifar", "--config.optimizer.name=mclr", override,
+                        "--dry-run")
+  assert status == 2 and message in err and "Traceback" not in err
+
+
 def test_dry_run_refuses_an_init_from_that_names_no_checkpoint(capsys, tmp_path):
   """It printed 'from the checkpoint /nowhere'; the run refused it only after opening the data."""
   (tmp_path / "checkpoints" / "4").mkdir(parents=True)
