@@ -71,6 +71,9 @@ class UndecodableExample(ValueError):
     self.reasons = dict(reasons)
     super().__init__("; ".join(f"row {row}: {reason}" for row, reason in sorted(self.reasons.items())))
 
+  def __reduce__(self):  # rebuilt from its fields where it is unpickled (a grain worker's error in the main process)
+    return type(self), (self.reasons,)
+
 
 class UndecodableRecordError(Exception):
   """A record of the dataset cannot be decoded: the message names the dataset and split (`source`),
@@ -85,6 +88,9 @@ class UndecodableRecordError(Exception):
         "skip_undecodable=True (lbjax-train: --config.data_options.skip_undecodable=True; training stops here "
         "with its checkpoints kept, and the same command with that option resumes from the newest one, "
         "skipping the same records on every host and counting them in the metrics), or repair the dataset.")
+
+  def __reduce__(self):  # rebuilt from its fields where it is unpickled (a grain worker's error in the main process)
+    return type(self), (self.source, self.index, self.reason)
 
 
 def check_indices(indices: Any, num_examples: int, source: str = "") -> np.ndarray:

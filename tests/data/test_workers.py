@@ -25,6 +25,30 @@ def _jpeg_source(count=12):
   return stream.ArraySource(image=images, label=np.arange(count))
 
 
+def test_a_record_that_cannot_be_decoded_on_a_worker_stops_as_it_does_in_process():
+  """Grain hands a worker's exception back pickled, and `UndecodableRecordError` was rebuilt from its message
+  alone: a TypeError without the dataset, index or what to do (and lbjax-train printed a traceback)."""
+  jpegs = synthetic_jpeg.imagenet_like_jpegs(8, seed=1, large_fraction=0.0)
+  jpegs[3] = b"<html>this is no image</html>"
+  broken = np.empty(8, dtype=object)
+  broken[:] = jpegs
+  source = stream.ArraySource(image=broken, label=np.arange(8))
+  transform = imagenet.imagenet_train_transform(seed=5, image_size=16, num_threads=1)
+  messages = []
+  for make in (lambda s: s, lambda s: workers.WorkerTrainStream(s, num_workers=1)):
+    train = make(stream.TrainStream(source, seed=5, shuffle=False, transform=transform))
+    try:
+      with pytest.raises(stream.UndecodableRecordError) as error:
+        train.next_batch(8)
+      messages.append((str(error.value), error.value.index))
+    finally:
+      getattr(train, "close", lambda: None)()
+  assert messages[0] == messages[1] and messages[0][1] == 3
+  with pytest.raises(stream.UndecodableRecordError, match="example 3 cannot be decoded"):
+    list(workers.worker_eval_batches(source, 8, num_workers=1, transform=imagenet.imagenet_eval_transform(
+        image_size=16, num_threads=1)))
+
+
 def test_two_workers_give_the_in_process_batches_through_size_changes_and_resume():
   source = _jpeg_source()
   transform = imagenet.imagenet_train_transform(seed=5, image_size=16, num_threads=1)
