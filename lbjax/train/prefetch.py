@@ -143,14 +143,16 @@ class PrefetchingStream(Generic[Prepared]):
       self._stream.undecodable_skipped = in_flight.undecodable_skipped
 
   def close(self) -> None:
-    """Drops the batch in flight and ends the background thread (the stream stays usable: a later
-    `prefetch` starts a new thread)."""
+    """Drops the batch in flight, ends the background thread and closes the wrapped stream where it can be
+    (`WorkerTrainStream`'s worker processes). The stream stays usable: a later `prefetch` starts a new thread,
+    a later draw new workers."""
     try:
       self._drop_in_flight()
     finally:
       if self._executor is not None:
         self._executor.shutdown(wait=True)
         self._executor = None
+      getattr(self._stream, "close", lambda: None)()
 
 
 def overlaps_placement(mesh: Any) -> bool:

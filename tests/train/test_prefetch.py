@@ -59,6 +59,26 @@ def test_where_the_next_batch_starts_is_read_at_the_consumed_position():
     ptb.close()
 
 
+class _ClosableStream(lbdata.TrainStream):
+  """A stream with a `close`, as `WorkerTrainStream` has for its worker processes."""
+  closed = 0
+
+  def close(self):
+    self.closed += 1
+
+
+def test_closing_closes_the_wrapped_stream_which_stays_usable():
+  """`Run.close` closes its stream; the worker processes of a `WorkerTrainStream` under the prefetching one ran on
+  until the stream was garbage-collected."""
+  wrapped = _ClosableStream(lbdata.ArraySource(x=np.arange(40)), seed=3)
+  stream = PrefetchingStream(wrapped, _take)
+  stream.next_prepared(4)
+  stream.prefetch(4)
+  stream.close()
+  assert wrapped.closed == 1 and stream.epoch() == 0.1
+  np.testing.assert_array_equal(stream.next_prepared(4), _stream().batch_at(4, 4)["x"])
+
+
 def _prefetch_threads():
   return [t for t in threading.enumerate() if t.name.startswith("lbjax-prefetch")]
 
