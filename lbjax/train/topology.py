@@ -25,8 +25,9 @@ GIB = 2**30
 INSTALL_HINT = "pip install 'lbjax[tpu]' (libtpu through jax[tpu], in the version that matches the installed jax)"
 EXAMPLES = "v3:32x32, v4:8x8x16, v5p:8x16x16, v5e:16x16, v6e:16x16"
 # A TPU topology name as libtpu parses it (its own pattern, `^([a-zA-Z0-9\_ ]+)[=\_:]([0-9x]+)(\_twisted|
-# \_untwisted)?$`, with the dimensions numbers between x's): a generation, then the chips along each axis.
-NAME = re.compile(r"^[a-zA-Z0-9_ ]+[=_:][0-9]+(x[0-9]+)*(_twisted|_untwisted)?$")
+# \_untwisted)?$`, with the dimensions numbers between x's): a generation, then the chips along each axis, each at
+# least 1 (libtpu divides by them: a 0 ended the process with SIGFPE and no message).
+NAME = re.compile(r"^[a-zA-Z0-9_ ]+[=_:]0*[1-9][0-9]*(x0*[1-9][0-9]*)*(_twisted|_untwisted)?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,8 @@ def topology_devices(name: str) -> list[Any]:
     return gpu_targets.devices(name)
   if not NAME.match(name):
     raise ConfigError(f"--topology {name!r} is not a TPU topology name: names look like {EXAMPLES} (a TPU "
-                      f"generation, a colon, the chips along each axis), or GPUs: {gpu_targets.EXAMPLES}.")
+                      f"generation, a colon, the chips along each axis, at least 1 each), or GPUs: "
+                      f"{gpu_targets.EXAMPLES}.")
   if not libtpu_installed():
     raise ConfigError(f"--topology {name} names no GPU lbjax knows ({gpu_targets.EXAMPLES}), so a TPU topology, "
                       f"which needs libtpu: {INSTALL_HINT}.")

@@ -193,14 +193,15 @@ def test_an_unknown_topology_is_a_message(capsys, tmp_path):
   assert status == 2 and "is not a TPU topology" in err and "v3:32x32" in err
 
 
-@pytest.mark.parametrize("name", ["foo", "v5p", "v5p:2x", "v5p:2x2x1-big"])
+# A 0 reached libtpu, which divided by it: SIGFPE, and nothing on the console.
+@pytest.mark.parametrize("name", ["foo", "v5p", "v5p:2x", "v5p:2x2x1-big", "v3:0x0", "v5e:2x0", "v4:2x2x00"])
 def test_a_malformed_topology_name_is_refused_before_libtpu_loads(capsys, tmp_path, monkeypatch, name):
   monkeypatch.setattr(topology, "libtpu_installed", lambda: pytest.fail("looked for libtpu"))
   status, out, err, _ = _compile(capsys, tmp_path, "mnist_lstm", "--topology", name)
   assert status == 2 and not out
   assert err.splitlines() == [f"lbjax-train: --topology {name!r} is not a TPU topology name: names look like "
-                              f"{topology.EXAMPLES} (a TPU generation, a colon, the chips along each axis), or GPUs: "
-                              "h100, h100:8, h200:2x8.", "(Set LBJAX_TRACEBACK=1 for the traceback.)"]
+                              f"{topology.EXAMPLES} (a TPU generation, a colon, the chips along each axis, at least 1 "
+                              "each), or GPUs: h100, h100:8, h200:2x8.", "(Set LBJAX_TRACEBACK=1 for the traceback.)"]
 
 
 @needs_libtpu
