@@ -144,7 +144,7 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
                     (_shardings(state), replicated, _shardings(totals)), (0, 1), 1.0, count))
 
   programs = []
-  for size in resolved.batch.sizes:
+  for size in dict.fromkeys(resolved.batch.sizes):  # a schedule may come back to a size: one program, as in a run
     programs += any_batch_steps(size) if resolved.batch.micro_batch_size else [train_step(size)]
   eval_size = resolved.batch.eval_batch_size
   eval_batch = build.abstract(data.eval_batch(eval_size), batch_sharding)

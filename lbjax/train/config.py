@@ -241,7 +241,7 @@ def renamed_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def batch_sizes(config: ml_collections.ConfigDict) -> tuple[int, ...]:
-  """The distinct global batch sizes the run uses, in order."""
+  """The global batch sizes of the run's schedule, in order (a size may come back: (32, 64, 32))."""
   return tuple(config.batch_sizes) if config.batch_sizes else (config.batch_size,)
 
 

@@ -46,7 +46,7 @@ def _describe_start(run: Run, workdir: pathlib.Path, origin: str) -> None:
   """Prints the resolved run (and where it resumed from; process 0, with `config.progress`) and
   writes `<workdir>/config.json`."""
   resolved = summary.resolved_run(run.resolved)
-  sizes = run.resolved.batch.sizes
+  sizes = dict.fromkeys(run.resolved.batch.sizes)
   resolved["devices"] = (f"{jax.device_count()} {jax.devices()[0].platform} on {jax.process_count()} "
                          f"process(es); mesh {dict(run.mesh.shape)}")
   resolved["steps_per_epoch"] = ", ".join(f"{protocols.steps_per_epoch(run.stream, b)} at batch {b}" for b in sizes)

@@ -142,6 +142,12 @@ def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs(
   report = compile_only.compile_run(config, evaluation=False)
   assert [(s["step"], s["batch_size"], s["epochs"]) for s in report.steps] == [("train", 32, 0.25), ("train", 64, 0.75)]
   assert [s["steps_per_epoch"] for s in report.steps] == [256 // 32, 256 // 64]
+  # A schedule back to an earlier size: that size's step once, as the run compiles it (it was compiled twice and
+  # reported as an any-batch pair with twice the FLOPs), with the epochs of both stages.
+  back = compile_only.compile_run(helpers.tiny_classifier_config(batch_sizes=(32, 64, 32),
+                                                                 batch_size_boundaries=(0.25, 0.5)), evaluation=False)
+  assert [(s["step"], s["batch_size"], s["epochs"]) for s in back.steps] == [("train", 32, 0.75), ("train", 64, 0.25)]
+  assert back.steps[0]["flops_per_device"] == report.steps[0]["flops_per_device"]
 
 
 def test_steps_per_call_compiles_the_call_and_reports_its_figures_per_step():
