@@ -223,7 +223,7 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
       except Exception as e:  # pylint: disable=broad-except  (XLA's out-of-memory is a JaxRuntimeError)
         if not _is_out_of_memory(e):
           raise
-        figures.append(compile_report.out_of_memory_figures(program, str(e)))
+        figures.append(compile_report.out_of_memory_figures(program, str(e), run.state))
         continue
       figures.append(compile_report.program_figures(program, compiled, hlo_analysis.analyze(compiled.as_text()),
                                                     run.state, seconds))

@@ -79,8 +79,7 @@ class ProgramFigures:
 def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: float) -> ProgramFigures:
   """The figures of one compiled program (`compile_only.Program`) of the run whose abstract state is `state`."""
   stats = compiled.memory_analysis()
-  optimizer_state = 0 if program.name == "eval" else _tree_bytes(state.opt_state)  # the eval step takes none
-  memory = {"parameters": _tree_bytes(state.params), "optimizer_state": optimizer_state,
+  memory = {**_state_memory(program, state),
             "arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
             "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
             "generated_code": stats.generated_code_size_in_bytes}
@@ -108,11 +107,19 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
 COMPILER_HBM_FIGURES = (r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", r"Used ([\d.]+)G of ([\d.]+)G hbm")
 
 
-def out_of_memory_figures(program, message: str) -> ProgramFigures:
-  """A program the compiler refused for lack of memory, with the compiler's own figures."""
+def _state_memory(program, state) -> dict[str, int]:
+  """Per device: the parameters and the optimizer state a program holds (the eval step takes no optimizer state)."""
+  return {"parameters": _tree_bytes(state.params),
+          "optimizer_state": 0 if program.name == "eval" else _tree_bytes(state.opt_state)}
+
+
+def out_of_memory_figures(program, message: str, state) -> ProgramFigures:
+  """A program the compiler refused for lack of memory, with the compiler's own figures and what the state of the
+  run (`state`, abstract) holds: the parameters and the optimizer state, which decide whether fsdp is the remedy."""
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   figures = [line for line in lines if any(w in line for w in ("Used", "Exceeded", "memory", "hbm", "HBM"))]
-  return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, None, {},
+  return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, None,
+                        _state_memory(program, state),
                         None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600],
                         steps_per_call=program.steps_per_call)
 
@@ -204,6 +211,12 @@ class CompileReport:
   epochs: float
   estimated_recipe_seconds: float | None
   notes: list[str] = dataclasses.field(default_factory=list)  # settings of the run the compile leaves out
+  held_bytes: int = 0  # per device, the training set it holds (config.train_data_on_device) beside the programs
+
+  @property
+  def available_bytes(self) -> int | None:
+    """The device memory the programs must fit in: its HBM less the training set it holds."""
+    return None if self.hbm_bytes is None else self.hbm_bytes - self.held_bytes
 
   @classmethod
   def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures],
@@ -221,7 +234,8 @@ class CompileReport:
         recipe = None
     steps += [step_record([f], f.batch_size, None, 0.0, available) for f in figures if f.name == "eval"]
     return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
-               memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes))
+               memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes),
+               run.held_bytes)
 
   @property
   def fits(self) -> bool:
@@ -320,7 +334,7 @@ class CompileReport:
     if found:
       need, available = float(found.group(1)), float(found.group(2))
     else:
-      need, available = step["memory_per_device_bytes"] or 0, self.hbm_bytes or 0
+      need, available = step["memory_per_device_bytes"] or 0, self.available_bytes or 0
     scaled = at_once * available / need if need and available else at_once / 2
     return next(d for d in range(max(int(min(scaled, at_once / 2)), 1), 0, -1) if at_once % d == 0)
 
@@ -328,9 +342,12 @@ class CompileReport:
     """What does not fit, by how much, and what to change."""
     step = next(s for s in self.steps if not s["fits"])
     name = "eval step" if step["step"] == "eval" else "train step"
+    held = (f", {_gib(self.available_bytes)} of it beside the training set it holds ({_gib(self.held_bytes)})"
+            if self.held_bytes else "")
     need = (f"the compiler ran out of memory ({step['compiler_message']})" if step["compiler_message"] else
             f"it needs {_gib(step['memory_per_device_bytes'])} per device; a {self.device_kind} device has "
-            f"{_gib(self.hbm_bytes)}")
+            f"{_gib(self.hbm_bytes)}{held}")
+    available = self.available_bytes
     data_parallel = self.mesh.get("data", 1) * self.mesh.get("fsdp", 1)
     share = step["batch_size"] // max(data_parallel, 1)
     lines = [f"The {name} at batch {step['batch_size']} does not fit: {need}. What to change:"]
@@ -338,7 +355,10 @@ class CompileReport:
     state_bytes = memory["parameters"] + memory["optimizer_state"] if memory else 0
     fsdp = (f"  - parameters and optimizer state ({_gib(state_bytes)} per device) split over devices: "
             f"--config.mesh.fsdp=N (now {self.mesh.get('fsdp', 1)})")
-    if self.hbm_bytes and state_bytes >= self.hbm_bytes:
+    if self.held_bytes:
+      lines.append(f"  - the training set on the host: --config.train_data_on_device=False (it takes "
+                   f"{_gib(self.held_bytes)} of each device)")
+    if available and state_bytes >= available:
       lines.append(fsdp + "; they alone exceed the device's memory")
     at_once = share // max(step["num_microbatches"], 1)
     if step["step"] == "eval":
@@ -347,12 +367,12 @@ class CompileReport:
       fitting = self._examples_that_fit(step, at_once)
       lines.append(f"  - fewer examples per device at once: --config.max_device_batch={fitting} "
                    f"(now {at_once} of the {share} per device; the step then accumulates micro-batches)")
-    if memory and not (self.hbm_bytes and state_bytes >= self.hbm_bytes):
+    if memory and not (available and state_bytes >= available):
       lines.append(fsdp)
     lines.append("  - rematerialisation: pipeline the model (--config.mesh.stage=S) with --config.pipeline.remat=True "
                  "to recompute activations in the backward pass")
-    if step["memory_per_device_bytes"] and self.hbm_bytes:
-      lines.append(f"  - a larger slice: about {math.ceil(step['memory_per_device_bytes'] / self.hbm_bytes)}x the "
+    if step["memory_per_device_bytes"] and available:
+      lines.append(f"  - a larger slice: about {math.ceil(step['memory_per_device_bytes'] / available)}x the "
                    f"{self.devices} devices, or a chip with more HBM")
     else:
       lines.append(f"  - a larger slice than {self.devices} devices, or a chip with more HBM")

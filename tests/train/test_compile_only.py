@@ -325,12 +325,49 @@ def test_a_topology_compile_neither_reads_nor_writes_the_persistent_cache(empty_
 ])
 def test_the_batch_that_fits_is_scaled_by_the_compilers_own_figures(refusal):
   """7,500 examples per device need about 43G of 15.48G: 2,665 would fit, and 2,500 divides the 7,500."""
+  message = _refused_report(refusal, parameter_bytes=2**30).does_not_fit_message()
+  assert "--config.max_device_batch=2500 (now 7500" in message
+  assert "they alone exceed" not in message and "--config.mesh.fsdp=N (now 1)" in message
+
+
+def _refused_report(refusal: str, parameter_bytes: int, held_bytes: int = 0) -> compile_report.CompileReport:
+  """The report of a train step at batch 60,000 on 8 devices of 16 GiB that the compiler refused with `refusal`;
+  parameters and momentum of `parameter_bytes` each."""
   train = types.SimpleNamespace(name="train", batch_size=60_000, num_microbatches=1, per_step=1.0, steps_per_call=1)
-  step = compile_report.step_record([compile_report.out_of_memory_figures(train, refusal)], 60_000, 1, 25.0,
-                                    16 * 2**30)
-  report = compile_report.CompileReport("v3:2x2", "tpu", 8, "TPU v3", {"data": 8, "fsdp": 1, "stage": 1, "model": 1},
-                                        16 * 2**30, "table", False, [step], 25.0, None)
-  assert "--config.max_device_batch=2500 (now 7500" in report.does_not_fit_message()
+  leaf = jax.ShapeDtypeStruct((parameter_bytes // 4,), jnp.float32)
+  state = types.SimpleNamespace(params={"w": leaf}, opt_state={"momentum": leaf})
+  step = compile_report.step_record([compile_report.out_of_memory_figures(train, refusal, state)], 60_000, 1, 25.0,
+                                    16 * 2**30 - held_bytes)
+  return compile_report.CompileReport("v3:2x2", "tpu", 8, "TPU v3", {"data": 8, "fsdp": 1, "stage": 1, "model": 1},
+                                      16 * 2**30, "table", False, [step], 25.0, None, held_bytes=held_bytes)
+
+
+def test_a_refused_step_whose_state_alone_exceeds_the_device_is_told_to_split_it():
+  """Parameters and momentum of 8 GiB each on a 16 GiB device: the refusal of the compiler carried no memory
+  figures, and fsdp, the one remedy, went unsaid."""
+  refusal = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (32.01G) "
+             "exceeds available HBM (15.75G).")
+  message = _refused_report(refusal, parameter_bytes=8 * 2**30).does_not_fit_message()
+  assert "parameters and optimizer state (16.00 GiB per device) split over devices: --config.mesh.fsdp=N (now 1); " \
+         "they alone exceed the device's memory" in message
+
+
+def test_a_step_that_fits_the_device_but_not_beside_the_training_set_it_holds_says_so():
+  """A 12 GiB step on a 16 GiB device that holds a 6 GiB training set: the message said it needs less than the
+  device has, and a slice of 1x the devices."""
+  figures = compile_report.ProgramFigures(
+      "train", 64, 1, 1.0, 12 * 2**30, {"parameters": 2**30, "optimizer_state": 2**30, "temporaries": 10 * 2**30},
+      None, dict.fromkeys(compile_report.COLLECTIVES, 0), None, None)
+  step = compile_report.step_record([figures], 64, 1, 1.0, 10 * 2**30)
+  report = compile_report.CompileReport("v5e:2x4", "tpu", 8, "TPU v5 lite", {"data": 8, "fsdp": 1, "stage": 1,
+                                                                            "model": 1},
+                                        16 * 2**30, "table", False, [step], 1.0, None, held_bytes=6 * 2**30)
+  message = report.does_not_fit_message()
+  assert not report.fits
+  assert "it needs 12.00 GiB per device; a TPU v5 lite device has 16.00 GiB, 10.00 GiB of it beside the training " \
+         "set it holds (6.00 GiB)" in message
+  assert "--config.train_data_on_device=False (it takes 6.00 GiB of each device)" in message
+  assert "about 2x the 8 devices" in message
 
 
 @needs_libtpu
