@@ -93,6 +93,8 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
     flops *= ratio
   elif hlo.matmul_flops:
     flops, counted = hlo.matmul_flops, FLOPS_FROM_MATMULS
+  # Scaled as a whole by the matmul FLOP ratio: the work outside the loops too (docs/running.md, an overestimate
+  # where the loops' matmuls are small).
   seconds = cost.get("optimal_seconds")
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, total, memory,
                         flops, hlo.collective_bytes, None if seconds is None or seconds < 0 else seconds * ratio,
