@@ -46,7 +46,7 @@ class _InFlight(NamedTuple):
   epoch: float  # the consumed position when the draw started
   state: Any
   undecodable_skipped: int | None  # the wrapped stream's count then (None: it keeps none)
-  start_epoch: float  # where the batch starts (`WindowStream.start_epoch`; the consumed position for others)
+  start_epoch: float  # where the batch starts (`RelayingWindowStream.start_epoch`; the consumed position for others)
   future: concurrent.futures.Future
 
 
@@ -125,7 +125,7 @@ class PrefetchingStream(Generic[Prepared]):
       self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lbjax-prefetch")
     epoch, state = self._stream.epoch(), self._stream.get_state()
     skipped = getattr(self._stream, "undecodable_skipped", None)
-    start = self._stream.start_epoch(size) if isinstance(self._stream, protocols.WindowStream) else epoch
+    start = self._stream.start_epoch(size) if isinstance(self._stream, protocols.RelayingWindowStream) else epoch
     self._in_flight = _InFlight(size, epoch, state, skipped, start, self._executor.submit(self._draw, size))
 
   def _draw(self, size: int) -> Prepared:
@@ -187,8 +187,9 @@ def decided_next_batch_size(run: Any) -> int | None:
 
 
 class PrefetchingWindowStream(PrefetchingStream[Prepared]):
-  """A `PrefetchingStream` of a `protocols.WindowStream`, and a `WindowStream` itself (`isinstance`
-  holds on every Python, so the trainer counts an epoch in windows, not tokens)."""
+  """A `PrefetchingStream` of a `protocols.WindowStream`, and a `RelayingWindowStream` itself (`isinstance`
+  holds on every Python, so the trainer counts an epoch in windows, not tokens); a wrapped stream that does not
+  relay has its batches start at the consumed position."""
 
   def windows_per_epoch(self, global_batch_size: int) -> int:
     """The wrapped stream's batches of one epoch at `global_batch_size` rows."""
@@ -201,7 +202,9 @@ class PrefetchingWindowStream(PrefetchingStream[Prepared]):
     if in_flight is not None and in_flight.size == global_batch_size:
       return in_flight.start_epoch
     self._drop_in_flight()
-    return self._stream.start_epoch(global_batch_size)
+    if isinstance(self._stream, protocols.RelayingWindowStream):
+      return self._stream.start_epoch(global_batch_size)
+    return self._stream.epoch()
 
   def end_epoch(self) -> None:
     """Drops the batch in flight and ends the wrapped stream's epoch at the consumed position."""

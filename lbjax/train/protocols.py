@@ -43,6 +43,12 @@ class WindowStream(TrainStream, Protocol):
   def windows_per_epoch(self, global_batch_size: int) -> int:
     """The batches of one epoch at `global_batch_size` rows."""
 
+
+@runtime_checkable
+class RelayingWindowStream(WindowStream, Protocol):
+  """A `WindowStream` that re-lays the rest of an epoch into the rows of a new batch size, and ends the epoch where
+  the rest holds no window of them (`lbjax.data.PtbStream`); a window stream without these methods never does."""
+
   def start_epoch(self, global_batch_size: int) -> float:
     """Where the next batch of `global_batch_size` rows starts: `epoch()`, or the next epoch's start where the
     rest of this epoch holds no window of that many rows."""
@@ -53,12 +59,12 @@ class WindowStream(TrainStream, Protocol):
 
 def next_batch_start(stream: TrainStream, batch_size_at: Callable[[float], int]) -> tuple[float, int]:
   """(epoch, size) of the next batch of `stream`, `batch_size_at(epoch)` being the size of a batch that starts at
-  `epoch`: at the stream's position, unless a `WindowStream` finds the rest of its epoch too short for one window
-  of that size; that batch starts the next epoch, and takes that epoch's size (the caller ends the epoch first,
-  `WindowStream.end_epoch`, so that the stream does not go on with the rest at that size)."""
+  `epoch`: at the stream's position, unless a `RelayingWindowStream` finds the rest of its epoch too short for one
+  window of that size; that batch starts the next epoch, and takes that epoch's size (the caller ends the epoch
+  first, `RelayingWindowStream.end_epoch`, so that the stream does not go on with the rest at that size)."""
   epoch = stream.epoch()
   size = batch_size_at(epoch)
-  if isinstance(stream, WindowStream):
+  if isinstance(stream, RelayingWindowStream):
     start = stream.start_epoch(size)
     if start != epoch:
       return start, batch_size_at(start)

@@ -38,6 +38,44 @@ def test_a_window_stream_stays_a_window_stream_and_an_epoch_counts_windows():
   assert protocols.steps_per_epoch(plain, 8) == 5
 
 
+class _WindowsOnly:
+  """A user's token stream with the `WindowStream` methods alone (no re-lays): it stays a window stream."""
+  num_examples = 100
+
+  def __init__(self):
+    self.position = 0
+
+  def epoch(self):
+    return self.position / 10
+
+  def next_batch(self, global_batch_size):
+    self.position += 1
+    return {"x": np.zeros((global_batch_size, 3))}
+
+  def get_state(self):
+    return {"position": self.position}
+
+  def set_state(self, state):
+    self.position = state["position"]
+
+  def windows_per_epoch(self, global_batch_size):
+    return 10
+
+
+def test_a_window_stream_without_re_lays_counts_windows_and_its_batches_start_where_it_is():
+  user = _WindowsOnly()
+  assert isinstance(user, protocols.WindowStream) and not isinstance(user, protocols.RelayingWindowStream)
+  wrapped = prefetch.prefetching(user, _take)
+  try:
+    wrapped.next_prepared(4)
+    wrapped.prefetch(8)
+    assert protocols.steps_per_epoch(wrapped, 4) == 10
+    assert protocols.next_batch_start(wrapped, lambda epoch: 8) == (0.1, 8)  # the batch in flight's start
+    assert protocols.next_batch_start(wrapped, lambda epoch: 2) == (0.1, 2)  # another size: at the consumed position
+  finally:
+    wrapped.close()
+
+
 def test_where_the_next_batch_starts_is_read_at_the_consumed_position():
   """`start_epoch` with a batch in flight: the prefetched batch's start if the size is the prefetched one, else
   the stream's at the consumed position (the batch in flight dropped); `end_epoch` ends the consumed epoch."""
