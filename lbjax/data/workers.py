@@ -59,8 +59,19 @@ def _grain():
 
 
 def _batch_at(stream: stream_lib.TrainStream, start: int, global_batch_size: int,
-              batch: int) -> tuple[stream_lib.Batch, int]:
-  return stream.batch_and_skipped(start + batch * global_batch_size, global_batch_size)
+              batch: int) -> tuple[stream_lib.Batch, int] | stream_lib.UndecodableRecordError:
+  try:
+    return stream.batch_and_skipped(start + batch * global_batch_size, global_batch_size)
+  except stream_lib.UndecodableRecordError as e:
+    return e  # handed over as the element and raised by the main process (`_raised`)
+
+
+def _raised(element: Any) -> Any:
+  """A worker's element, or its `UndecodableRecordError` raised here. The error travels as the element: grain
+  before 0.2.12 hands a worker's exception back only as the text of a `RemoteWorkerError`."""
+  if isinstance(element, stream_lib.UndecodableRecordError):
+    raise element
+  return element
 
 
 def _prefetch_on_workers(dataset, num_workers: int, buffer_size: int) -> Iterator[Any]:
@@ -152,7 +163,7 @@ class WorkerTrainStream:
       dataset = _grain().MapDataset.range(_MAX_BATCHES).map(
           functools.partial(_batch_at, self._stream, start, global_batch_size))
       self._iterator = _prefetch_on_workers(dataset, self._num_workers, self._buffer_size)
-    batch, skipped = next(self._iterator)
+    batch, skipped = _raised(next(self._iterator))
     batch = _plain_arrays(batch)
     self.undecodable_skipped += int(skipped)
     self._stream.set_state({**self._stream.get_state(),
@@ -181,7 +192,10 @@ class WorkerTrainStream:
 
 
 def _eval_batch(source, global_batch_size: int, mine: slice, transform, skip_undecodable: bool, batch: int):
-  return stream_lib.eval_batch(source, batch, global_batch_size, mine, transform, skip_undecodable)
+  try:
+    return stream_lib.eval_batch(source, batch, global_batch_size, mine, transform, skip_undecodable)
+  except stream_lib.UndecodableRecordError as e:
+    return e  # raised by the main process (`_raised`)
 
 
 def worker_eval_batches(source: stream_lib.RandomAccessSource, global_batch_size: int, *,
@@ -209,4 +223,4 @@ def worker_eval_batches(source: stream_lib.RandomAccessSource, global_batch_size
   num_batches = -(-len(source) // int(global_batch_size))
   dataset = _grain().MapDataset.range(num_batches).map(
       functools.partial(_eval_batch, source, int(global_batch_size), mine, transform, skip_undecodable))
-  return map(_plain_arrays, _prefetch_on_workers(dataset, int(num_workers), buffer_size))
+  return (_plain_arrays(_raised(element)) for element in _prefetch_on_workers(dataset, int(num_workers), buffer_size))
