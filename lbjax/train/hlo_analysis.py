@@ -8,7 +8,8 @@
   an all-gather: the device's shard); its payload, the full array it reduces or gathers; and the bytes
   one device sends with ring algorithms over its replica group of n devices: 2(n-1)/n x the payload for
   an all-reduce (a reduce-scatter and an all-gather), (n-1)/n for a reduce-scatter, an all-gather and an
-  all-to-all, 1 x for a collective-permute;
+  all-to-all, 1 x for a collective-permute. Collectives in `call`ed computations count, and those of a
+  `call-start`, with which XLA:TPU offloads a collective to a SparseCore (TPU7x's gradient all-reduce);
 * the FLOPs of every `dot` and `convolution` (TPU writes matmuls as convolutions), 2 per
   multiply-add: 2 * |result| * (contracted size), the contracted size being the product of a dot's
   contracting dimensions, or of a convolution kernel's spatial dimensions and its input features. On a
@@ -176,6 +177,11 @@ def _trip_count(instruction: _Instruction, computations: dict[str, list[_Instruc
   return 1
 
 
+# Instructions whose `to_apply` is a computation they run: a `call`, and the asynchronous `call-start` with which
+# XLA:TPU offloads a collective to a SparseCore (TPU7x: the gradient all-reduce).
+_CALLS = ("call", "call-start")
+
+
 def _multipliers(computations: dict[str, list[_Instruction]], entry: str
                  ) -> tuple[dict[str, int], dict[str, int], list[int]]:
   """How many times each computation runs per execution of `entry`, the same with every loop body
@@ -192,7 +198,7 @@ def _multipliers(computations: dict[str, list[_Instruction]], entry: str
       if instruction.opcode == "while":
         trips.append(trip)
       for kind, names in _CALLED.findall(instruction.rest):
-        if kind == "to_apply":  # scalar reductions: no collectives, no matmuls
+        if kind == "to_apply" and instruction.opcode not in _CALLS:  # scalar reductions: no collectives, no matmuls
           continue
         for called in re.findall(r"%([^\s,}]+)", names):
           visit(called, count * (trip if kind == "body" else 1), count_once)

@@ -5,7 +5,8 @@ needed: `lbjax.train.gpu_targets`), or the local ones; and the memory each devic
 (`jax.experimental.topologies`), which `jax.jit(...).lower(...).compile()` targets on a machine without
 a TPU. A device is what JAX makes of the slice: one TensorCore on v2 and v3 (`v3:2x2`: 4 chips, 8
 devices), one chip on v4 and v5p (megacore: both TensorCores as one device, `num_cores` 2, as JAX runs
-them; `v4:2x2x1` is 4 devices) and on the one-core chips v5e and v6e. Abstract devices report no
+them; `v4:2x2x1` is 4 devices) and on the one-core chips v5e and v6e, and one TensorCore again on TPU7x
+(Ironwood: `tpu7x:2x2x1`, 4 chips, 8 devices). Abstract devices report no
 memory, so `device_memory` takes the HBM from `TPU_CHIPS`, a table by `device_kind` of each chip's HBM
 and TensorCores (Google's Cloud TPU system-architecture pages), and gives a device its cores' share.
 """
@@ -23,7 +24,7 @@ from lbjax.train.errors import TRACEBACK_ENV, ConfigError
 
 GIB = 2**30
 INSTALL_HINT = "pip install 'lbjax[tpu]' (libtpu through jax[tpu], in the version that matches the installed jax)"
-EXAMPLES = "v3:32x32, v4:8x8x16, v5p:8x16x16, v5e:16x16, v6e:16x16"
+EXAMPLES = "v3:32x32, v4:8x8x16, v5p:8x16x16, v5e:16x16, v6e:16x16, tpu7x:8x8x8"
 # A TPU topology name as libtpu parses it (its own pattern, `^([a-zA-Z0-9\_ ]+)[=\_:]([0-9x]+)(\_twisted|
 # \_untwisted)?$`, with the dimensions numbers between x's): a generation, then the chips along each axis, each at
 # least 1 (libtpu divides by them: a 0 ended the process with SIGFPE and no message).
@@ -43,8 +44,10 @@ TPU_CHIPS = {
     "TPU v3": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v3 (32 GiB HBM2 per chip)"),
     "TPU v4": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)"),
     "TPU v5 lite": TpuChip(16 * GIB, 1, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"),
-    "TPU v5": TpuChip(95 * 10**9, 2, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip)"),
+    "TPU v5": TpuChip(95 * 10**9, 2, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip; the tpu7x page's "
+                                     "table says 95 GiB: the smaller figure is taken)"),
     "TPU v6 lite": TpuChip(32 * GIB, 1, "https://cloud.google.com/tpu/docs/v6e (32 GB HBM per chip)"),
+    "TPU7x": TpuChip(192 * GIB, 2, "https://cloud.google.com/tpu/docs/tpu7x (192 GiB HBM per chip, two TensorCores)"),
 }
 
 
@@ -77,7 +80,7 @@ def topology_devices(name: str) -> list[Any]:
     with _libtpu_start_up_quiet():
       return list(topologies.get_topology_desc(platform="tpu", topology_name=name,
                                                chip_config_name="megacore").devices)
-  except Exception:  # pylint: disable=broad-except  (no megacore config: v2, v3, v5e, v6e have one device per core)
+  except Exception:  # pylint: disable=broad-except  (no megacore config: v2, v3, v5e, v6e, TPU7x have one device per core)
     pass
   try:
     with _libtpu_start_up_quiet():

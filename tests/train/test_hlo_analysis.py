@@ -68,6 +68,41 @@ ENTRY %main (p: bf16[5122]) -> bf16[5122] {
   assert figures.collective_counts["all-reduce"] == 1
 
 
+def test_a_collective_in_a_called_computation_is_counted():
+  """XLA:TPU for TPU7x offloads the gradient all-reduce to a SparseCore: `call-start` on the "sparsecore" thread
+  (its `to_apply` holds the all-reduce), `call-update` feeds it, `call-done` waits. A plain `call` names its
+  computation the same way. Both collectives and the matmul in a called computation count once."""
+  hlo = """HloModule m, replica_count=1, num_partitions=8
+
+""" + F32_ADD + """%offloaded (a: f32[512,256]) -> f32[512,256] {
+  %a = f32[512,256]{0,1} parameter(0)
+  ROOT %ar = f32[512,256]{0,1} all-reduce(%a), channel_id=1, replica_groups=[1,8]<=[8], use_global_device_ids=true, to_apply=%add
+}
+
+%called (b: f32[64], w: f32[64,64]) -> f32[64] {
+  %b = f32[64]{0} parameter(0)
+  %w = f32[64,64]{1,0} parameter(1)
+  %d = f32[64]{0} dot(%b, %w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  ROOT %ar2 = f32[64]{0} all-reduce(%d), channel_id=2, replica_groups=[1,8]<=[8], use_global_device_ids=true, to_apply=%add
+}
+
+ENTRY %main (g: f32[512,256], b: f32[64], w: f32[64,64]) -> (f32[512,256], f32[64]) {
+  %g = f32[512,256]{0,1} parameter(0)
+  %b = f32[64]{0} parameter(1)
+  %w = f32[64,64]{1,0} parameter(2)
+  %start = ((), (), (s32[1]{0})) call-start(), async_execution_thread="sparsecore", to_apply=%offloaded
+  %update = ((f32[512,256]{0,1}), f32[512,256]{0,1}) call-update(%start, %g)
+  %done = f32[512,256]{0,1} call-done(%update)
+  %c = f32[64]{0} call(%b, %w), to_apply=%called
+  ROOT %t = (f32[512,256]{0,1}, f32[64]{0}) tuple(%done, %c)
+}
+"""
+  figures = hlo_analysis.analyze(hlo)
+  assert figures.collective_counts["all-reduce"] == 2
+  assert figures.collective_bytes["all-reduce"] == 512 * 256 * 4 + 64 * 4
+  assert figures.matmul_flops == 2 * 64 * 64
+
+
 def test_collective_payload_and_ring_bytes_follow_each_replica_group():
   """Payload: the full array reduced or gathered; ring bytes one device sends over its group of n: 2(n-1)/n
   (all-reduce), (n-1)/n (reduce-scatter, all-gather), 1 (collective-permute)."""
