@@ -4,10 +4,13 @@
 
 Both files are CSVs written by `experiments.sweep`. For every (rule, batch size) in either, prints the
 new and the reference metric (mean ± sample standard deviation over seeds), their difference and a
-verdict: `within spread` when the difference is at most twice the standard error of the difference of
-the two means (both points need at least two seeds), `differs` when it is larger, and `1 seed` when a
-side has a single seed, so no spread is known. Exit status 1 if any point `differs`; with `--tolerance`,
-also if a single-seed difference exceeds it (accuracy as a fraction, e.g. 0.003 for 0.3 points).
+verdict over the seeds that finished: `within spread` when the difference is at most twice the standard
+error of the difference of the two means (both points need at least two seeds), `differs` when it is
+larger, and `1 seed` when a side has a single seed, so no spread is known. Where every seed of one side
+failed (diverged): `failed here` or `finished here, failed in the reference` (both differ), or `both failed`.
+`not run`: a point only one side has (a partial reproduction). Exit status 1 if any point differs (the
+verdicts in `FAILING`); with `--tolerance`, also if a single-seed difference exceeds it (accuracy as a
+fraction, e.g. 0.003 for 0.3 points).
 """
 
 import argparse
@@ -19,10 +22,20 @@ from experiments import sweep_table
 from experiments.runner import RunRow
 
 
+# Verdicts that fail the comparison (exit status 1).
+FAILING = ("differs", "1 seed, beyond tolerance", "failed here", "finished here, failed in the reference")
+
+
 def verdict(new: sweep_table.PointSummary, reference: sweep_table.PointSummary, tolerance: float) -> str:
-  """`within spread`, `differs`, `1 seed` (or `1 seed, beyond tolerance`), or `missing`."""
+  """`within spread`, `differs`, `1 seed` (or `1 seed, beyond tolerance`) from the finished seeds; where one
+  side has none: `failed here`, `finished here, failed in the reference`, `both failed`, or `not run` (no row
+  here, or none in the reference)."""
   if not new.finished or not reference.finished:
-    return "missing"
+    if not (new.finished or new.failed) or not (reference.finished or reference.failed):
+      return "not run"
+    if new.finished:
+      return "finished here, failed in the reference"
+    return "failed here" if reference.finished else "both failed"
   difference = abs(new.mean - reference.mean)
   if new.finished > 1 and reference.finished > 1:
     standard_error = math.sqrt(new.std ** 2 / new.finished + reference.std ** 2 / reference.finished)
@@ -73,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 2
   table = comparison_table(new, reference, args.metric, args.tolerance)
   print(table)
-  return 1 if any(line.endswith(("| differs |", "beyond tolerance |")) for line in table.splitlines()) else 0
+  return 1 if any(line.endswith(tuple(f"| {v} |" for v in FAILING)) for line in table.splitlines()) else 0
 
 
 if __name__ == "__main__":

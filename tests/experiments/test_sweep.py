@@ -342,8 +342,32 @@ def test_compare_verdicts(tmp_path):
   assert compare.main([str(tmp_path / "worse.csv"), str(tmp_path / "ref.csv")]) == 1
   table = compare.comparison_table(rows("legw", [0.980, 0.981, 0.982]), reference, "accuracy")
   assert "| legw | 128 | 98.10% ± 0.10 (3 seeds) | 98.90% ± 0.10 (3 seeds) | -0.80 | differs |" in table
-  assert "| none | 128 | – | 98.87% | – | missing |" in table
+  assert "| none | 128 | – | 98.87% | – | not run |" in table
   assert compare.main([str(tmp_path / "absent.csv"), str(tmp_path / "ref.csv")]) == 2
+
+
+def _failed(rule, statuses):
+  return [RunRow(rule, s, "test", "accuracy", math.nan, status, 0.08, 0.0, 3.0, 10, 1.0, batch_size=128)
+          for s, status in enumerate(statuses)]
+
+
+def test_compare_fails_a_point_whose_seeds_all_failed_on_one_side_only(tmp_path):
+  """A reproduction that diverged where the reference finished (or finished where it diverged) differs; both
+  failing agree; a point the reproduction has not run yet is listed and passes (a partial reproduction)."""
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  finished = [RunRow("legw", s, "test", "accuracy", v, "done", 0.08, 0.0, 25.0, 10, 1.0, batch_size=128)
+              for s, v in enumerate([0.98, 0.981])]
+  sweep_table.write_csv(finished, tmp_path / "ref.csv", "accuracy")
+  sweep_table.write_csv(_failed("legw", ["diverged", "diverged"]), tmp_path / "new.csv", "accuracy")
+  assert compare.main([str(tmp_path / "new.csv"), str(tmp_path / "ref.csv")]) == 1
+  assert compare.main([str(tmp_path / "ref.csv"), str(tmp_path / "new.csv")]) == 1
+  assert compare.main([str(tmp_path / "new.csv"), str(tmp_path / "new.csv")]) == 0
+  table = compare.comparison_table(_failed("legw", ["diverged"]), finished, "accuracy")
+  assert table.splitlines()[-1] == "| legw | 128 | diverged | 98.05% ± 0.07 (2 seeds) | – | failed here |"
+  table = compare.comparison_table(finished, _failed("legw", ["diverged"]), "accuracy")
+  assert table.splitlines()[-1].endswith("| finished here, failed in the reference |")
+  assert compare.comparison_table(_failed("legw", ["diverged"]), _failed("legw", ["diverged"]),
+                                  "accuracy").endswith("| both failed |")
 
 
 def test_compare_refuses_a_negative_tolerance_and_advises_on_a_csv_of_another_metric(tmp_path, capsys):
