@@ -14,6 +14,7 @@ experiments' tables.
 
 import argparse
 import dataclasses
+import json
 import math
 import numbers
 import pathlib
@@ -114,10 +115,42 @@ def planned_run(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) 
   run is new, resumes from its newest checkpoint, or ended in `run_dir` (read back, not trained)."""
   run = summary.resolved_run(validation.validate(config))
   steps = checkpointing.complete_steps(pathlib.Path(run_dir) / "checkpoints")
-  state = ("ended there: read back" if finished(run_dir) else f"resumes at step {steps[0]}" if steps else "new")
+  problem = recorded_recipe_problem(config, run_dir) if finished(run_dir) else ""
+  state = (f"refused: {problem}" if problem else "ended there: read back" if finished(run_dir)
+           else f"resumes at step {steps[0]}" if steps else "new")
   return (f"batch {run['batch_size']}, peak LR {run['learning_rate']:.6g}, warm-up {run['warmup_epochs']:.6g} "
           f"epochs, {run['num_epochs']:g} epochs, {evaluated_split(config)} split; "
           f"{run_dir}: {state}")
+
+
+# What a finished run may differ in from the config that reads it back: how it was run, not what it computed
+# (`lbjax.train.config.OPERATIONAL_FIELDS` but the length of training).
+_READ_BACK_OPERATIONAL = tuple(f for f in config_lib.OPERATIONAL_FIELDS if f not in ("num_epochs", "num_steps"))
+
+
+def _field_differences(name: str, there: object, now: object) -> list[str]:
+  """`name: <there> there, <now> now` for each leaf field in which two config values differ."""
+  if isinstance(there, dict) and isinstance(now, dict):
+    return [line for key in sorted(set(there) | set(now))
+            for line in _field_differences(f"{name}.{key}", there.get(key), now.get(key))]
+  return [] if there == now else [f"{name}: {there!r} there, {now!r} now"]
+
+
+def recorded_recipe_problem(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) -> str:
+  """Why the finished run in `run_dir` is not the run of `config` (its `config.json` records another recipe:
+  another LR, more epochs), or "" where it is, or where it records none. Reading it back would give the old
+  recipe's result under the new one's name."""
+  path = pathlib.Path(run_dir) / "config.json"
+  recorded = json.loads(path.read_text()).get("config") if path.is_file() else None
+  if recorded is None:
+    return ""
+  differences = config_lib.recipe_differences(json.dumps(recorded), config, _READ_BACK_OPERATIONAL)
+  if not differences:
+    return ""
+  details = "; ".join(line for field, (there, now) in differences.items()
+                      for line in _field_differences(field, there, now))
+  return (f"{run_dir} holds a finished run of another recipe ({details}): delete that directory to train this run, "
+          "or choose another --workdir.")
 
 
 def evaluate_final_state(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path) -> dict[str, float]:
@@ -203,10 +236,16 @@ def uniform_guess_loss(config: ml_collections.ConfigDict) -> float:
 def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
              metric: str | None = None, seconds: float = 0.0) -> RunRow | None:
   """The row of the run of `config` in `run_dir`; None while it has not ended. `metric` None: the final
-  evaluation's accuracy or perplexity, whichever the task reports."""
+  evaluation's accuracy or perplexity, whichever the task reports.
+
+  Raises:
+    ConfigError: the run in `run_dir` ended with another recipe than `config`'s (`recorded_recipe_problem`).
+  """
   run_dir = pathlib.Path(run_dir)
   if not finished(run_dir):
     return None
+  if problem := recorded_recipe_problem(config, run_dir):
+    raise train.ConfigError(problem)
   recipe = optimizer_lib.scaled_recipe(config)
   has_warmup = config.lr.warmup != "none" or config.scaling.rule == "goyal"  # goyal brings its own warm-up
   logged = run_records.read_records(run_dir, "train") if (run_dir / "metrics.jsonl").is_file() else []

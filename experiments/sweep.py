@@ -17,12 +17,12 @@ The committed results live in `docs/results`; a reproduction writes to a new `--
 committed CSV), how long each point took there; at the end it prints the comparison with it
 (`python -m experiments.compare` gives the same table for any two CSVs).
 
-Resuming: points already in `<out>.csv` are skipped (delete a row to rerun it); an interrupted point
-resumes from the checkpoint in its workdir. Points whose recipe is identical to an earlier point's (same
-config apart from the rule name, same learning rate at every epoch; e.g. none/linear/sqrt at the
-baseline batch size) are run once and recorded for each rule with `same_as`.
-A run stopped by a non-finite loss is recorded as `diverged` with a NaN metric.
-"""
+Resuming: points already in `<out>.csv` are skipped; an interrupted point resumes from the checkpoint in its
+workdir, and a finished one there is read back, not trained again (to rerun a point, delete its row and its
+directory; a finished run of another recipe is refused, `runner.recorded_recipe_problem`). Points whose recipe
+is identical to an earlier point's (same config apart from the rule name, same learning rate at every epoch;
+e.g. none/linear/sqrt at the baseline batch size) are run once and recorded for each rule with `same_as`. A
+run stopped by a non-finite loss is recorded as `diverged` with a NaN metric. """
 
 import argparse
 import dataclasses

@@ -18,10 +18,11 @@ learning-rate grids at a fixed batch size and ablations are all such tables:
 The first row is the reference the others are compared with (the `Δ` column). Each run goes to
 `<workdir>/<name>_s<seed>`; after each run the outputs `<out>.csv` (one line per run), `<out>.md` and
 `<out>.png` are rewritten (`--replot` rewrites the last two from the CSV alone). Runs already in `<out>.csv`
-are skipped (delete a line to rerun it); an interrupted run resumes from its checkpoint. `--rows a,b` runs
-only those rows (the table keeps every row already recorded). A run stopped by a non-finite loss is recorded
-as `diverged`. The metric is reported on the split each row evaluates on (`data_options.eval_split`): choose
-on `validation`, then report the chosen recipe's `test` metric once.
+are skipped; an interrupted run resumes from its checkpoint and a finished one is read back from its directory
+(to rerun a run, delete its line and its directory; a finished run of another recipe is refused). `--rows a,b`
+runs only those rows (the table keeps every row already recorded). A run stopped by a non-finite loss is
+recorded as `diverged`. The metric is reported on the split each row evaluates on (`data_options.eval_split`):
+choose on `validation`, then report the chosen recipe's `test` metric once.
 
 Several processes may work on one table at once (the same command started N times, e.g. several small
 runs sharing one GPU, or one process per GPU): each takes the next run that is neither recorded nor

@@ -254,6 +254,20 @@ def _with_defaults(values: dict, defaults: dict) -> dict:
   return merged
 
 
+def recipe_differences(saved_json: str, config: ml_collections.ConfigDict,
+                       operational: tuple[str, ...] = OPERATIONAL_FIELDS) -> dict[str, list]:
+  """The top-level fields in which `config` differs from the config `saved_json` records (a checkpoint's, a
+  workdir's `config.json`), `{field: [saved value, value now]}`, apart from the `operational` ones. A field the
+  saved config lacks (written before lbjax added it) counts as its default value."""
+  defaults = json.loads(default_config().to_json())
+  saved = _with_defaults(json.loads(saved_json), defaults)
+  current = _with_defaults(json.loads(config.to_json()), defaults)
+  for fields in (saved, current):  # a run stopped by a record that cannot be decoded resumes skipping such records
+    (fields.get("data_options") or {}).pop("skip_undecodable", None)
+  return {k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current))
+          if k not in operational and saved.get(k) != current.get(k)}
+
+
 def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir: str,
                     lr_reads_num_epochs: bool = False,
                     micro_batches_change_the_update: bool = False) -> dict[str, list]:
@@ -269,31 +283,25 @@ def check_resumable(saved_json: str, config: ml_collections.ConfigDict, workdir:
   Returns:
     The allowed changes, `{field: [checkpoint value, value now]}` (empty when nothing changed).
   """
-  defaults = json.loads(default_config().to_json())
-  saved = _with_defaults(json.loads(saved_json), defaults)
-  current = _with_defaults(json.loads(config.to_json()), defaults)
-  for fields in (saved, current):  # a run stopped by a record that cannot be decoded resumes skipping such records
-    (fields.get("data_options") or {}).pop("skip_undecodable", None)
   operational = tuple(f for f in OPERATIONAL_FIELDS if not (lr_reads_num_epochs and f == "num_epochs")
                       and not (micro_batches_change_the_update and f == "max_device_batch"))
   optimizer_fields = OPTIMIZER_FIELDS + (("num_epochs",) if lr_reads_num_epochs else ())
-  differing = sorted(k for k in set(saved) | set(current)
-                     if k not in operational and saved.get(k) != current.get(k))
+  differences = recipe_differences(saved_json, config, operational)
   allowed = {}
   if config.resume_with_changed_optimizer:
-    allowed = {k: [saved.get(k), current.get(k)] for k in differing if k in optimizer_fields}
-    structural = [f for f in OPTIMIZER_STATE_FIELDS
-                  if "optimizer" in allowed and saved["optimizer"].get(f) != current["optimizer"].get(f)]
+    allowed = {k: values for k, values in differences.items() if k in optimizer_fields}
+    saved_optimizer, optimizer_now = allowed.get("optimizer", [{}, {}])
+    structural = [f for f in OPTIMIZER_STATE_FIELDS if saved_optimizer.get(f) != optimizer_now.get(f)]
     if structural:
       field = structural[0]
       raise CheckpointMismatchError(
-          f"The workdir {workdir} holds a checkpoint of optimizer.{field}={saved['optimizer'].get(field)!r}, now "
-          f"{current['optimizer'].get(field)!r}: its optimizer state cannot continue in another optimizer or "
+          f"The workdir {workdir} holds a checkpoint of optimizer.{field}={saved_optimizer.get(field)!r}, now "
+          f"{optimizer_now.get(field)!r}: its optimizer state cannot continue in another optimizer or "
           f"layout. Start a new run from its parameters instead: --config.init_from={workdir} "
           "--workdir=<a new workdir>.")
-  differing = [k for k in differing if k not in allowed]
+  differing = [k for k in differences if k not in allowed]
   if differing:
-    details = "; ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {current.get(k)!r}" for k in differing)
+    details = "; ".join(f"{k}: checkpoint {differences[k][0]!r} vs now {differences[k][1]!r}" for k in differing)
     optimizer_hint = (" To change optimizer settings on purpose (e.g. a lower LR after a non-finite step), add "
                       "--config.resume_with_changed_optimizer=True." if set(differing) <= set(optimizer_fields) else "")
     if "max_device_batch" in differing:

@@ -52,6 +52,34 @@ def test_a_run_that_ends_far_worse_than_a_uniform_guess_diverged(tmp_path, loss,
   assert (row.status, row.value) == (status, 0.09)
 
 
+def _finished_run(run_dir: pathlib.Path, config) -> None:
+  """`run_dir` as the trainer leaves a finished run of `config`: its `config.json` and a final evaluation."""
+  run_dir.mkdir()
+  (run_dir / "config.json").write_text(json.dumps({"config": json.loads(config.to_json())}))
+  final = {"kind": "eval", "step": 8, "epoch": 1.0, "loss": 1.0, "accuracy": 0.5, "final": True}
+  (run_dir / "metrics.jsonl").write_text(json.dumps(final) + "\n")
+
+
+def test_a_finished_run_of_another_recipe_is_refused_not_read_back_as_this_ones(tmp_path, monkeypatch):
+  """A run directory reused by a changed experiment (another LR, more epochs) holds the old recipe's result:
+  reading it back would record it as the new recipe's. Operational fields (logging, evaluation cadence) may
+  differ."""
+  monkeypatch.setattr(runner.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  config, run_dir = helpers.tiny_classifier_config(), tmp_path / "run"
+  _finished_run(run_dir, config)
+  config.log_every = config.log_every + 7
+  assert runner.run_once(config, run_dir, name="row").value == 0.5
+  assert runner.planned_run(config, run_dir).endswith(f"{run_dir}: ended there: read back")
+  config.lr.base, config.num_epochs = 2 * config.lr.base, config.num_epochs + 1
+  message = (f"{run_dir} holds a finished run of another recipe (lr.base: {config.lr.base / 2!r} there, "
+             f"{config.lr.base!r} now; num_epochs: {config.num_epochs - 1!r} there, {config.num_epochs!r} now): delete "
+             "that directory to train this run, or choose another --workdir.")
+  with pytest.raises(train.ConfigError) as refused:
+    runner.run_once(config, run_dir, name="row")
+  assert str(refused.value) == message
+  assert runner.planned_run(config, run_dir).endswith(f"{run_dir}: refused: {message}")
+
+
 def test_a_language_models_uniform_guess_is_its_vocabulary():
   """PTB's 10,000 words: perplexity 10,000 is the line (nothing is read: the vocabulary is published)."""
   assert runner.uniform_guess_loss(config_files.load("ptb_lstm").config) == pytest.approx(math.log(10_000))
