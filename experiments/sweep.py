@@ -22,7 +22,8 @@ workdir, and a finished one there is read back, not trained again (to rerun a po
 directory; a finished run of another recipe is refused, `runner.recorded_recipe_problem`). Points whose recipe
 is identical to an earlier point's (same config apart from the rule name, same learning rate at every epoch;
 e.g. none/linear/sqrt at the baseline batch size) are run once and recorded for each rule with `same_as`. A
-run stopped by a non-finite loss is recorded as `diverged` with a NaN metric. """
+run stopped by a non-finite loss is recorded as `diverged` with a NaN metric.
+"""
 
 import argparse
 import dataclasses

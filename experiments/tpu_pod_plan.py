@@ -65,6 +65,8 @@ ENTRIES = (    Entry("calibration", "resnet50_imagenet:batch=1024", "v3:2x2", ()
     Entry("rn50_64k_v3_pod", "resnet50_imagenet:batch=65536", "v3:32x32", (), RN50_LEGW_RECORD),
     Entry("rn50_32k_v4_pod", "resnet50_imagenet:batch=32768", "v4:8x8x16", (), "as rn50_32k_v3_pod, on v4"),
     Entry("rn50_32k_v5p_pod", "resnet50_imagenet:batch=32768", "v5p:8x16x16", (), "as rn50_32k_v3_pod, on v5p"),
+    Entry("rn50_32k_tpu7x_pod", "resnet50_imagenet:batch=32768", "tpu7x:8x8x16", (),
+          "as rn50_32k_v3_pod, on TPU7x (Ironwood: 1,024 chips, 2,048 TensorCores)"),
 )
 
 # Published times used for calibration and comparison (seconds).
@@ -117,7 +119,8 @@ def render(results: dict, command: str) -> str:
       "scaled for loop trip counts, `lbjax/train/compile_report.py`), not a measurement on a TPU. Memory "
       "(`memory_analysis()`), FLOPs and the collective bytes (read from the compiled HLO) are the compiler's "
       "figures for the compiled program. HBM per device: 16 GiB for a v3 TensorCore (a v3 device is a "
-      "core), 32 GiB for a v4 chip and 95 GB for a v5p chip (megacore: a device is a chip), "
+      "core), 32 GiB for a v4 chip and 95 GB for a v5p chip (megacore: a device is a chip), 96 GiB for a TPU7x "
+      "TensorCore (a TPU7x device is a core again, half of a 192 GiB chip), "
       "`lbjax/train/topology.py` after the Cloud TPU docs. "
       "Topology names count chips: `v3:32x32` is 1,024 chips = 2,048 TensorCores, the full v3 pod (Cloud's "
       "`v3-2048`).",

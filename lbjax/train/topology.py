@@ -44,8 +44,8 @@ TPU_CHIPS = {
     "TPU v3": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v3 (32 GiB HBM2 per chip)"),
     "TPU v4": TpuChip(32 * GIB, 2, "https://cloud.google.com/tpu/docs/v4 (32 GiB HBM2 per chip)"),
     "TPU v5 lite": TpuChip(16 * GIB, 1, "https://cloud.google.com/tpu/docs/v5e (16 GiB HBM2 per chip)"),
-    "TPU v5": TpuChip(95 * 10**9, 2, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip; the tpu7x page's "
-                                     "table says 95 GiB: the smaller figure is taken)"),
+    # The tpu7x page's table gives v5p 95 GiB; the v5p page's 95 GB, the smaller, is taken.
+    "TPU v5": TpuChip(95 * 10**9, 2, "https://cloud.google.com/tpu/docs/v5p (95 GB HBM2e per chip)"),
     "TPU v6 lite": TpuChip(32 * GIB, 1, "https://cloud.google.com/tpu/docs/v6e (32 GB HBM per chip)"),
     "TPU7x": TpuChip(192 * GIB, 2, "https://cloud.google.com/tpu/docs/tpu7x (192 GiB HBM per chip, two TensorCores)"),
 }
