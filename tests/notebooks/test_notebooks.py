@@ -3,7 +3,9 @@
 import os
 import pathlib
 import re
+import tempfile
 import tomllib
+import types
 
 import pytest
 
@@ -57,3 +59,42 @@ def test_install_commands_in_the_docs_name_the_project_url():
         sources.setdefault(source, []).append(path.name)
   assert sources, "docs/running.md installs lbjax on a pod and a GPU node"
   assert set(sources) == {"git+" + url}, sources
+
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if "train_and_evaluate(" in p.read_text()],
+                         ids=lambda p: p.stem)
+def test_every_run_a_notebook_starts_at_full_size_is_valid(path, monkeypatch, tmp_path):
+  """The notebook at full size (TINY off, as on Colab) with `train_and_evaluate` replaced by the trainer's checks
+  of the config, which leave a final evaluation record and train nothing: every run it starts must pass them
+  (notebook 03's 640-16,000 batches with micro-batches of 512 did not). Cells that need what a real run returns
+  may fail; the checks of every run they reach count."""
+  from lbjax import train  # pylint: disable=import-outside-toplevel
+  monkeypatch.delenv("LBJAX_NOTEBOOK_TINY", raising=False)
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the notebooks' mkdtemp workdirs
+  checked, refused = [], []
+
+  def check(config, workdir):
+    try:
+      train.validate(config)
+    except train.ConfigError as error:
+      refused.append(f"{workdir}: {error}")
+    checked.append(workdir)
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    final = '{"kind": "eval", "step": 1, "epoch": 1.0, "accuracy": 0.5, "perplexity": 100.0, "final": true}\n'
+    (pathlib.Path(workdir) / "metrics.jsonl").write_text(final)
+    return types.SimpleNamespace(step=1, eval_metrics={"accuracy": 0.5, "perplexity": 100.0},
+                                 compiled_batch_sizes=())
+
+  namespace = {}
+  for cell in nbformat.read(path, as_version=4).cells:
+    if cell.cell_type != "code" or "%pip" in cell.source:
+      continue
+    try:
+      exec(compile(cell.source, f"{path.name} cell", "exec"), namespace)  # pylint: disable=exec-used
+    except Exception:  # pylint: disable=broad-except  (a cell that needs a real run's results)
+      pass
+    if "train_and_evaluate" in namespace:
+      namespace["train_and_evaluate"] = check
+  assert checked and not refused, refused
