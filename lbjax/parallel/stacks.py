@@ -36,11 +36,11 @@ def lstm_layer(params: dict[str, jax.Array], inputs: jax.Array) -> jax.Array:
 
 
 def init_mlp_stack(key: jax.Array, num_layers: int, width: int) -> dict[str, jax.Array]:
-  """L residual blocks of width D: kernel [L, D, D] LeCun-normal, bias [L, D] zeros. `ValueError` unless L
-  and D are positive ints."""
+  """L residual blocks of width D: kernel [L, D, D] LeCun-normal per layer (variance 1/D: the layer axis is a
+  batch axis of the initializer, not fan-in), bias [L, D] zeros. `ValueError` unless L and D are positive ints."""
   validation.check_positive_int("num_layers", num_layers)
   validation.check_positive_int("width", width)
-  kernel = jax.nn.initializers.lecun_normal()(key, (num_layers, width, width), jnp.float32)
+  kernel = jax.nn.initializers.lecun_normal(batch_axis=(0,))(key, (num_layers, width, width), jnp.float32)
   return {"kernel": kernel, "bias": jnp.zeros((num_layers, width), jnp.float32)}
 
 

@@ -38,6 +38,13 @@ def test_pipelined_mlp_stack_equals_the_unpipelined_one_in_outputs_and_gradients
   _assert_trees_close(grads, expected_grads, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_layers", [1, 8])
+def test_each_layer_of_an_mlp_stack_is_lecun_normal_whatever_the_depth(num_layers):
+  """Variance 1/D per layer (the stack's kernel was drawn with fan-in L D: its scale shrank as 1/sqrt(L))."""
+  kernel = stacks.init_mlp_stack(jax.random.key(0), num_layers=num_layers, width=256)["kernel"]
+  assert float(jnp.std(kernel)) == pytest.approx(1 / 16, rel=0.05)
+
+
 def test_pipelined_lstm_layers_with_rematerialization_equal_the_unpipelined_stack():
   """Four 8-unit LSTM layers (the PTB LSTM's layer, from a zero carry) in 2 stages x 4 data shards."""
   params = stacks.init_lstm_stack(jax.random.key(0), num_layers=4, hidden_size=8)

@@ -57,3 +57,31 @@ def test_a_mesh_without_the_axes_is_refused():
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
   with pytest.raises(ValueError, match="not 'model'"):
     tensor.sharded_embed(mesh)
+
+
+def test_a_mesh_of_explicit_axes_and_a_batch_over_several_axes_give_the_same_loss():
+  """`jax.make_mesh`'s default axes (Explicit from jax 0.7) take only arrays laid out as `shard_map` wants them:
+  the layers lay out tokens and labels given whole. The trainer's batch axes ('data', 'fsdp') are accepted."""
+  embedding, softmax, tokens, labels = _problem()
+  expected = _unsharded_loss(embedding, softmax, tokens, labels)
+  meshes = {"explicit": (jax.make_mesh((2, 4), ("data", "model")), "data"),
+            "data and fsdp": (jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"), axis_types=(AxisType.Auto,) * 3),
+                              ("data", "fsdp"))}
+  for name, (mesh, batch_axis) in meshes.items():
+    embed = tensor.sharded_embed(mesh, batch_axis=batch_axis)
+    cross_entropy = tensor.sharded_cross_entropy(mesh, batch_axis=batch_axis)
+    loss = jax.jit(lambda e, s: jnp.mean(cross_entropy(jnp.tanh(embed(e, tokens)), s, labels)))
+    np.testing.assert_allclose(loss(*tensor.place(mesh, embedding, softmax)), expected, rtol=1e-6, err_msg=name)
+
+
+def test_ids_outside_the_vocabulary_give_nan_as_the_unsharded_layers_do():
+  """A token or label outside [0, V) (a corrupt batch) is NaN, so the trainer stops on it: the shards held no row
+  for it, and the sum over them was a zero embedding or a loss without the label's logit."""
+  embedding, softmax, tokens, labels = _problem()
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+  bad = jnp.array([[VOCAB, -1, 0, 1, 2]] + [[0] * STEPS] * (BATCH - 1))
+  embedded = tensor.sharded_embed(mesh)(tensor.place(mesh, embedding, softmax)[0], bad)
+  losses = tensor.sharded_cross_entropy(mesh)(jnp.zeros((BATCH, STEPS, WIDTH)), tensor.place(mesh, embedding,
+                                                                                             softmax)[1], bad)
+  assert np.isnan(embedded[0, :2]).all() and np.isfinite(embedded[0, 2:]).all() and np.isfinite(embedded[1:]).all()
+  assert np.isnan(losses[0, :2]).all() and np.isfinite(losses[0, 2:]).all() and np.isfinite(losses[1:]).all()
