@@ -115,14 +115,25 @@ def _is_under(name: str, suffix: str) -> bool:
   return name == suffix or name.endswith("/" + suffix)
 
 
+def _divides(mesh: Mesh, spec: P, shape: Sequence[int]) -> bool:
+  """Whether every dimension `spec` splits is a multiple of the devices it is split over."""
+  for axes, size in zip(spec, shape):
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    if size % math.prod(mesh.shape[name] for name in names):
+      return False
+  return True
+
+
 def parameter_shardings(mesh: Mesh, tree: Any, specs: dict[str, P]) -> Any:
   """The shardings of a parameter tree, or of optimizer state that mirrors it: a leaf whose path ends
-  with a key of `specs` (and has its rank) gets that spec, every other leaf `parameter_sharding`."""
+  with a key of `specs`, has its rank and the sizes it splits (`_divides`) gets that spec, every other
+  leaf `parameter_sharding`. (Optimizer state need not mirror a parameter's shape: Adafactor keeps a
+  (1,)-shaped statistic of a 1-D bias.)"""
 
   def sharding(path, leaf):
     name = leaf_name(path)
     for suffix, spec in specs.items():
-      if _is_under(name, suffix) and len(spec) == len(leaf.shape):
+      if _is_under(name, suffix) and len(spec) == len(leaf.shape) and _divides(mesh, spec, leaf.shape):
         return NamedSharding(mesh, spec)
     return parameter_sharding(mesh, leaf.shape)
 

@@ -103,3 +103,14 @@ def test_unsupported_model_parallel_configs_are_refused_before_compute(tmp_path,
 def test_a_model_without_a_declared_stack_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r"config.mesh.stage=2: config.model='MnistLSTM' declares no PIPELINED_STACK"):
     train_and_evaluate(helpers.tiny_classifier_config(**{"mesh.stage": 2}), tmp_path)
+
+
+def test_optimizer_state_whose_shape_the_model_axis_does_not_divide_is_not_split(tmp_path):
+  """Adafactor keeps a (1,)-shaped factored statistic of the 1-D softmax bias: its path and rank match the bias's
+  spec P('model'), but a size-1 axis cannot be split over model=2 (it failed to compile with a traceback). It is
+  replicated; the run equals the one-device run."""
+  config = lambda **more: _config(**{"optimizer.name": "adafactor", "num_steps": 2}, **more)
+  single = train_and_evaluate(config(**{"mesh.num_devices": 1}), tmp_path / "one")
+  sharded = train_and_evaluate(config(**{"mesh.model": 2}), tmp_path / "two")
+  assert sharded.state.params["softmax"]["bias"].sharding.spec == P("model")
+  helpers.assert_trees_close(sharded.state.params, single.state.params)
