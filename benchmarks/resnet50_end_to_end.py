@@ -547,6 +547,8 @@ def main() -> None:
   refused = paths_problem(args) or config_problem(args)
   if refused:
     parser.error(refused)
+  if args.work_root:  # where the trace and the loop's workdir go (tempfile.mkdtemp makes no parent folders)
+    pathlib.Path(args.work_root).mkdir(parents=True, exist_ok=True)
   row = measure(args)
   print(json.dumps(row, indent=1))
   if not args.step_only:

@@ -138,6 +138,14 @@ def test_the_dry_run_s_own_config_and_a_sound_override_pass_the_check(monkeypatc
   assert measured[0].override == ["--config.num_steps=3"]
 
 
+def test_a_work_root_that_does_not_exist_yet_is_created_before_anything_runs(monkeypatch, tmp_path):
+  """`--work-root` may name a new folder (`paths_problem` accepts one it can create): the trace folder and the
+  loop's workdir are made in it with `tempfile.mkdtemp`, which creates no parents."""
+  work_root = tmp_path / "new" / "work"
+  monkeypatch.setattr(resnet50_end_to_end, "measure", lambda args: {} if work_root.is_dir() else pytest.fail("none"))
+  _main(monkeypatch, ["--dry-run", "--step-only", f"--work-root={work_root}"])
+
+
 def test_a_failed_step_process_reports_its_error_without_a_traceback(tmp_path):
   """A config only the step process refuses (the check above resolves the parent's overrides first): its message
   ends this process, not a nested RuntimeError traceback."""
