@@ -82,15 +82,16 @@ class LoopStep:
 
 
 def _round_times(steps: dict, rounds: int, repeats: int) -> dict[str, tuple[list[float], list[float]]]:
-  """Per variant, (wall seconds, process CPU seconds) per update in each interleaved round.
+  """Per variant, (wall seconds, process CPU seconds) per update in each interleaved round (`report.round_order`).
 
   CPU seconds (all threads of this process) are the work a step costs, less sensitive than wall
   time to other jobs on a loaded machine; both are reported."""
   for step in steps.values():
     jax.block_until_ready(step())
   times = {name: ([], []) for name in steps}
-  for _ in range(rounds):
-    for name, step in steps.items():
+  for round_index in range(rounds):
+    for name in report.round_order(list(steps), round_index):
+      step = steps[name]
       wall, cpu = time.perf_counter(), time.process_time()
       for _ in range(repeats):
         result = step()

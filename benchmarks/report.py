@@ -34,6 +34,13 @@ interleaved rounds, medians taken, because the machine is shared and noisy.
 """
 
 
+def round_order(names: list[str], round_index: int) -> list[str]:
+  """The order of `names` in interleaved round `round_index`: rotated by one each round, so that none always runs
+  first (after a pause) or last."""
+  shift = round_index % len(names)
+  return names[shift:] + names[:shift]
+
+
 def round_seconds(functions: dict[str, Callable[[], object]], *, rounds: int,
                   repeats: int | dict[str, int], sync: Callable[[object], object] = jax.block_until_ready
                   ) -> dict[str, list[float]]:
@@ -62,8 +69,7 @@ def round_seconds(functions: dict[str, Callable[[], object]], *, rounds: int,
   names = list(functions)
   times = {name: [] for name in names}
   for round_index in range(rounds):
-    shift = round_index % len(names)
-    for name in names[shift:] + names[:shift]:
+    for name in round_order(names, round_index):
       function = functions[name]
       start = time.perf_counter()
       for _ in range(repeats[name]):

@@ -5,6 +5,8 @@ import os
 import statistics
 import time
 
+from benchmarks import report
+
 
 def rate(function, batch_size: int, rounds: int, seconds: float) -> float:
   """Median examples/s of `function()` (one batch per call) over `rounds` timed rounds."""
@@ -41,11 +43,11 @@ def cpu_rates(functions, count: int, rounds: int, seconds: float) -> dict[str, l
   next(iter(functions.values()))()
   repeats = max(1, round(seconds / max(time.process_time() - start, 1e-6)))
   rates = {name: [] for name in functions}
-  for _ in range(rounds):
-    for name, function in functions.items():
+  for round_index in range(rounds):
+    for name in report.round_order(list(functions), round_index):
       start = time.process_time()
       for _ in range(repeats):
-        function()
+        functions[name]()
       rates[name].append(count * repeats / (time.process_time() - start))
   return rates
 

@@ -72,6 +72,18 @@ def test_round_seconds_interleaves_with_rotating_order():
   assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3, "c": 3}
 
 
+def test_the_timers_that_also_count_cpu_seconds_rotate_their_order_too():
+  """The accumulation benchmark's (wall and CPU seconds) and the input pipeline's (CPU seconds): "any" ran first
+  and "whole" last in every round."""
+  from benchmarks import accumulation  # pylint: disable=import-outside-toplevel
+  from benchmarks.input_pipeline import timing  # pylint: disable=import-outside-toplevel
+  for measure in (lambda functions: accumulation._round_times(functions, rounds=3, repeats=1),
+                  lambda functions: timing.cpu_rates(functions, count=1, rounds=3, seconds=0.0)):
+    calls = []
+    measure({name: (lambda name=name: calls.append(name)) for name in "abc"})
+    assert calls[-9:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
 def test_a_table_measured_on_an_accelerator_goes_to_its_own_section(tmp_path, monkeypatch):
   readme = tmp_path / "README.md"
   report.write_section("optimizer", "Optimizer", "cpu table", readme=readme)
