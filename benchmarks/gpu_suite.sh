@@ -47,6 +47,7 @@
 #                  and with none, each in processes of its own, alternated
 # Each part's log, the results file and benchmarks/README.md (with the sections the benchmarks wrote) are
 # packed into <out>/gpu_suite.tgz after every part, so a call cut short still returns what it finished.
+# A part that fails does not stop the next ones; the suite then ends with exit status 1, naming them.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -181,9 +182,11 @@ part() {
   local status=$?
   echo "== $name: exit $status after $((SECONDS - start))s" | tee -a "$RESULTS/suite.log"
   tail -n 4 "$RESULTS/$name.log"
+  [ "$status" -eq 0 ] || FAILED_PARTS="$FAILED_PARTS $name"
   pack
-  return 0
+  return 0  # the next parts still run: a lent GPU's minutes are spent on what works
 }
+FAILED_PARTS=""
 
 install_part() {
   if [ ! -f "$WHEELS/site-cp312.tar.xz" ]; then
@@ -299,7 +302,7 @@ case "$MODE" in
 esac
 
 mkdir -p "$OUT_DIR"
-RESULTS="$(mktemp -d /tmp/gpu-suite-XXXX)"
+RESULTS="$(mktemp -d "${TMPDIR:-/tmp}/gpu-suite-XXXX")"
 mkdir -p "$RESULTS/work"
 cp "$ROOT/benchmarks/README.md" "$RESULTS/README.before.md"  # --unpack takes only the sections this run changes
 if [ "$MODE" = dry-run ]; then
@@ -387,3 +390,7 @@ for name in ${PARTS//,/ }; do
 done
 pack
 echo "Archive: $OUT_DIR/gpu_suite.tgz ($(du -k "$OUT_DIR/gpu_suite.tgz" | cut -f1) KiB)"
+if [ -n "$FAILED_PARTS" ]; then  # packed all the same; the status says that not every part ran to exit 0
+  echo "gpu_suite.sh: parts that did not exit 0:$FAILED_PARTS (their logs are in the archive)" | tee -a "$RESULTS/suite.log"
+  exit 1
+fi

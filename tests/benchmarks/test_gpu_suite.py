@@ -1,7 +1,9 @@
-"""benchmarks/gpu_suite.sh, read without running it: what it asks of the benchmarks exists."""
+"""benchmarks/gpu_suite.sh: what it asks of the benchmarks exists (read without running it), and how it ends."""
 
+import os
 import pathlib
 import re
+import subprocess
 
 from benchmarks import optimizer
 
@@ -26,3 +28,14 @@ def test_every_default_part_has_its_branch_and_every_test_file_it_runs_exists():
   assert test_files
   for path in test_files:
     assert (SUITE.parents[1] / path).is_file(), path
+
+
+def test_a_part_that_fails_ends_the_dry_run_with_status_1_naming_it(tmp_path):
+  """The CPU rehearsal (--dry-run) must say when a part fails (it exited 0 whatever its parts did); the next parts
+  still run and the archive is still packed."""
+  env = dict(os.environ, PYTHON="false", TMPDIR=str(tmp_path))
+  done = subprocess.run(["bash", str(SUITE), "--dry-run", "--parts", "max_pool,repeatability", "--out",
+                         str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert done.returncode == 1, done.stdout + done.stderr
+  assert "parts that did not exit 0: max_pool repeatability" in done.stdout
+  assert (tmp_path / "out" / "gpu_suite.tgz").is_file()
