@@ -6,8 +6,8 @@
       --label stream --set data_options.eval_protocol=stream --set eval_batch_size=1 \
       --out docs/results/ptb_lstm_headline
 
-For every run of the table (`<workdir>/<row>_s<seed>`, as `experiments.variant_table` trained it) that
-finished, the row's config with the `--set` overrides starts from the run's final parameters
+For every run of the table (`<workdir>/<row>_s<seed>`, as `experiments.variant_table` trained it: the table
+file's seeds and those `<out>.csv` records, e.g. from variant_table's `--seeds`) that finished, the row's config with the `--set` overrides starts from the run's final parameters
 (`init_from`) and evaluates them once: nothing is trained, and the run directory is only read. `--out`
 is the table's results prefix (variant_table's `--out`): each evaluation is a line of
 `<out>.reevaluated.csv` next to the run's own final metric, and the table's page `<out>.md` gains a
@@ -58,8 +58,9 @@ def reevaluate(table: variant_table.Table, workdir: str | pathlib.Path, out: str
                      "experiments.variant_table's --out (e.g. docs/results/ptb_lstm_headline).")
   evaluations = run_records.read_evaluations(out)
   done = {(e.name, e.seed, e.label) for e in evaluations}
-  for row in table.rows:
-    for seed in table.seeds:
+  recorded = variant_table.read_results(out.with_suffix(".csv"))
+  for row in table.rows:  # the table file's seeds, and those its runs were given (variant_table's --seeds)
+    for seed in sorted(set(table.seeds) | {r.seed for r in recorded if r.name == row.name}):
       run_dir = variant_table.row_run_dir(workdir, row.name, seed)
       final = run_records.final_eval(run_dir) if (run_dir / "metrics.jsonl").is_file() else None
       if (row.name, seed, label) in done or final is None or not (run_dir / "checkpoints").is_dir():

@@ -2,6 +2,7 @@
 evaluation protocols), from their final parameters, resumably."""
 
 import pathlib
+import shutil
 
 import pytest
 
@@ -47,6 +48,22 @@ def test_recorded_runs_are_not_evaluated_again(trained, monkeypatch):
   monkeypatch.setattr(reevaluate, "evaluate_run", lambda *args: pytest.fail("evaluated a recorded run again"))
   assert reevaluate.reevaluate(table, tmp_path / "runs", out, "stream",
                                ["data_options.eval_protocol=stream"]) == first
+
+
+def test_the_seeds_the_table_s_csv_records_are_evaluated_not_only_the_table_file_s(trained):
+  """A table trained with `--seeds 0,1` over a table file of seeds [0]: both runs are evaluated again (seed 1
+  was dropped from the section without a word)."""
+  table, tmp_path = trained
+  out, runs = tmp_path / "seeds", tmp_path / "runs_seeds"
+  shutil.copytree(tmp_path / "runs" / "base_s0", runs / "base_s0")
+  shutil.copytree(tmp_path / "runs" / "base_s0", runs / "base_s1")
+  lines = (tmp_path / "table.csv").read_text().splitlines()
+  header = lines[0].split(",")
+  seed_one = [",".join("1" if field == "seed" else value for field, value in zip(header, line.split(",")))
+              for line in lines[1:]]
+  out.with_suffix(".csv").write_text("\n".join(lines + seed_one) + "\n")
+  evaluated = reevaluate.reevaluate(table, runs, out, "same", ["eval_batch_size=16"])
+  assert sorted(e.seed for e in evaluated) == [0, 1]
 
 
 def test_no_table_results_no_finished_run_and_missing_settings_exit_2_with_a_message(trained, tmp_path, capsys):
