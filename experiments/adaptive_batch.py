@@ -101,9 +101,11 @@ def _logged(directory: pathlib.Path, kind: str) -> list[dict[str, Any]]:
   return run_records.read_records(directory, kind) if (directory / "metrics.jsonl").is_file() else []
 
 
-def _final(directory: pathlib.Path) -> dict[str, Any] | None:
-  """The run's final evaluation; None for a run that has not finished (or diverged)."""
-  return next((r for r in reversed(_logged(directory, "eval")) if r.get("final")), None)
+def _final(directory: pathlib.Path, diverged_above: float) -> dict[str, Any] | None:
+  """The run's final evaluation; None for a run that has not finished, or diverged: a non-finite step stopped it,
+  or it ended at a loss above `diverged_above` (`runner.learned`, as every experiment counts it)."""
+  final = next((r for r in reversed(_logged(directory, "eval")) if r.get("final")), None)
+  return final if runner.learned(final, diverged_above) else None
 
 
 def train_runs(configs: dict, workdir: str) -> None:
@@ -137,15 +139,15 @@ def _cell(values: Sequence[float], fmt: str) -> str:
   return mean if len(values) == 1 else f"{mean} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 
-def baseline_target(workdir: str, seeds: Sequence[int], metric: str) -> float | None:
+def baseline_target(workdir: str, seeds: Sequence[int], metric: str, diverged_above: float) -> float | None:
   """The baseline's final test `metric`, its mean over the seeds that finished; None if none did."""
-  finals = [_final(runner.run_dir(workdir, "baseline", s)) for s in seeds]
+  finals = [_final(runner.run_dir(workdir, "baseline", s), diverged_above) for s in seeds]
   values = [final[metric] for final in finals if final is not None]
   return statistics.fmean(values) if values else None
 
 
-def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: float, metric: str
-              ) -> list[dict[str, Any]]:
+def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: float, metric: str,
+              diverged_above: float) -> list[dict[str, Any]]:
   """Per run: final test `metric` (accuracy in %), updates, wall time, and updates/wall time to the
   `target`."""
   scale = 100.0 if metric == "accuracy" else 1.0
@@ -155,7 +157,7 @@ def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: f
            "sizes": set(), "diverged": 0}
     for seed in seeds:
       directory = runner.run_dir(workdir, run, seed)
-      batches, final = _logged(directory, "batch"), _final(directory)
+      batches, final = _logged(directory, "batch"), _final(directory, diverged_above)
       if final is None:  # diverged: its updates up to the last step it logged
         row["diverged"] += 1
         row["updates"].append(max((r["step"] for r in _logged(directory, "train") + batches), default=0))
@@ -173,9 +175,11 @@ def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: f
 
 
 def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[int], title: str, command: str,
-                  metric: str, run_labels: dict[str, str], extra_targets: Sequence[float] = ()) -> None:
+                  metric: str, run_labels: dict[str, str], diverged_above: float,
+                  extra_targets: Sequence[float] = ()) -> None:
   """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the finished runs; `extra_targets` are test
-  `metric` values as the runs record them (accuracy as a fraction)."""
+  `metric` values as the runs record them (accuracy as a fraction); a run that ended at a loss above
+  `diverged_above` (`runner.diverged_above`) diverged."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   with open(out_path.with_suffix(".csv"), "w", newline="") as f:
@@ -193,7 +197,7 @@ def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[i
           writer.writerow((run, seed, "batch", r["step"], f"{r['epoch']:.4f}", "", r["batch_size"], r["noise_scale"],
                            r["statistical_efficiency"], r["examples_per_second"], r["goodput"],
                            r["learning_rate"], f"{r['wall_seconds']:.1f}"))
-  baseline = baseline_target(workdir, seeds, metric) if "baseline" in runs else None
+  baseline = baseline_target(workdir, seeds, metric, diverged_above) if "baseline" in runs else None
   targets = [(f"the baseline's final {metric}", baseline)] if baseline is not None else []
   targets += [(f"a fixed {metric}", t) for t in extra_targets]
   reached = "at least" if metric == "accuracy" else "at most"
@@ -206,7 +210,7 @@ def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[i
     lines += [f"## Target: {name} ({sweep_table.format_value(target, metric)})", "",
               f"| run | batch sizes used | final test {metric} | optimizer updates | wall s | updates to target "
               "| wall s to target |", "|---|---|---:|---:|---:|---:|---:|"]
-    lines += _table_rows(summarize(workdir, runs, seeds, target, metric), metric, run_labels) + [""]
+    lines += _table_rows(summarize(workdir, runs, seeds, target, metric, diverged_above), metric, run_labels) + [""]
   out_path.with_suffix(".md").write_text("\n".join(lines))
   _plot(workdir, runs, seeds, title, metric, run_labels, out_path.with_suffix(".png"))
 
@@ -295,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   title = (args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))
            or "Adaptive batch vs fixed and scheduled batches")
   write_outputs(args.workdir, args.out, runs, seeds, title.rstrip("."), command, metric_of(configs),
-                labels(configs), args.targets)
+                labels(configs), runner.diverged_above(next(iter(configs.values()))), args.targets)
 
 
 if __name__ == "__main__":

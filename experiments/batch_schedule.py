@@ -14,6 +14,7 @@ per seed).
 
 import argparse
 import csv
+import math
 import pathlib
 import shlex
 import sys
@@ -25,6 +26,7 @@ from experiments import run_records
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
+from lbjax import config_files
 from lbjax.train.errors import exit_on_user_errors
 
 SCHEDULES = ("decay_lr", "grow_batch", "hybrid")
@@ -92,9 +94,11 @@ def _batch_history(workdir: str, schedule: str, seed: int) -> str:
 
 
 def write_outputs(workdir: str, out: str, schedules: Sequence[str] = SCHEDULES, title: str = "",
-                  seeds: Sequence[int] = (0,), command: str = "") -> None:
+                  seeds: Sequence[int] = (0,), command: str = "", diverged_above: float = math.inf) -> None:
   """Writes `<out>.csv`, `<out>.md` (under `command`, the one that made it, if given) and `<out>.png` from the
-  runs in `workdir` (a run not started is left out; the table counts each realisation's finished seeds)."""
+  runs in `workdir` (a run not started is left out; the table counts each realisation's finished seeds). A run
+  diverged when a non-finite step stopped it or it ended at a loss above `diverged_above`
+  (`runner.diverged_above`, as every experiment counts it): named, and out of the mean."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   data = curves(workdir, schedules, seeds)
@@ -112,15 +116,21 @@ def write_outputs(workdir: str, out: str, schedules: Sequence[str] = SCHEDULES, 
            "| realisation | batch sizes | parameter updates | final test accuracy | seeds | per seed |",
            "|---|---|---:|---:|---:|---|"]
   for schedule in schedules:
-    finals = {seed: records[-1] for (s, seed), records in data.items()
-              if s == schedule and records and records[-1].get("final")}
+    ended = {seed: records[-1] if records and records[-1].get("final") else None
+             for (s, seed), records in data.items() if s == schedule}
+    diverged = [seed for seed, final in ended.items() if (final is not None or (
+        runner.run_dir(workdir, schedule, seed) / runner.DIVERGED_NOTE).is_file()) and not runner.learned(
+            final, diverged_above)]
+    finals = {seed: final for seed, final in ended.items() if final is not None and seed not in diverged}
+    failed = ", ".join(f"diverged (seed {seed})" for seed in diverged)
     if not finals:
-      lines.append(f"| {LABELS[schedule]} | | | not run | 0/{len(seeds)} | |")
+      lines.append(f"| {LABELS[schedule]} | | | {'diverged' if diverged else 'not run'} | 0/{len(seeds)} | {failed} |")
       continue
     histories = {_batch_history(workdir, schedule, seed) for seed in finals}
     updates = sorted({r["step"] for r in finals.values()})
     accuracies = [r["accuracy"] for r in finals.values()]
-    per_seed = ", ".join(f"{100 * value:.2f}% (seed {seed})" for seed, value in zip(finals, accuracies))
+    per_seed = ", ".join([f"{100 * value:.2f}% (seed {seed})" for seed, value in zip(finals, accuracies)]
+                         + ([failed] if failed else []))
     lines.append(f"| {LABELS[schedule]} | {' / '.join(sorted(histories))} | {' / '.join(map(str, updates))} | "
                  f"{sweep_table.mean_sd(accuracies, scale=100.0, unit='%')} | {len(finals)}/{len(seeds)} | "
                  f"{per_seed} |")
@@ -184,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.dry_run:
     return
   write_outputs(args.workdir, args.out, schedules, args.title, args.seeds,
-                "python -m experiments.batch_schedule " + shlex.join(argv))
+                "python -m experiments.batch_schedule " + shlex.join(argv),
+                runner.diverged_above(config_files.load(config_spec(args.config, args.variant)).config))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@
       --out docs/results/ptb_lstm_headline
 
 For every run of the table (`<workdir>/<row>_s<seed>`, as `experiments.variant_table` trained it: the table
-file's seeds and those `<out>.csv` records, e.g. from variant_table's `--seeds`) that finished, the row's config with the `--set` overrides starts from the run's final parameters
-(`init_from`) and evaluates them once: nothing is trained, and the run directory is only read. `--out`
-is the table's results prefix (variant_table's `--out`): each evaluation is a line of
-`<out>.reevaluated.csv` next to the run's own final metric, and the table's page `<out>.md` gains a
-section with the two side by side (mean ± sample sd over seeds). Runs already recorded under the label
-are skipped, so the command resumes, and several labels can share one table.
+file's seeds and those `<out>.csv` records, e.g. from variant_table's `--seeds`) that finished, the row's
+config with the `--set` overrides starts from the run's final parameters (`init_from`) and evaluates them
+once: nothing is trained, and the run directory is only read. `--out` is the table's results prefix
+(variant_table's `--out`): each evaluation is a line of `<out>.reevaluated.csv` next to the run's own final
+metric, and the table's page `<out>.md` gains a section with the two side by side (mean ± sample sd over
+seeds). Runs already recorded under the label are skipped, so the command resumes, and several labels can
+share one table.
 
 The use it was made for: papers/001's PTB baseline is TensorFlow `ptb_word_lm`'s, which evaluates one
 stream from a zero state (`data_options.eval_protocol=stream`), while the tables evaluate in batched

@@ -233,6 +233,18 @@ def uniform_guess_loss(config: ml_collections.ConfigDict) -> float:
   return math.log(classes) if classes else math.inf
 
 
+def diverged_above(config: ml_collections.ConfigDict) -> float:
+  """The final evaluation loss above which a run of `config` diverged without a non-finite step
+  (`uniform_guess_loss` + `DIVERGED_ABOVE_UNIFORM_NATS`)."""
+  return uniform_guess_loss(config) + DIVERGED_ABOVE_UNIFORM_NATS
+
+
+def learned(final: dict | None, above: float) -> bool:
+  """Whether a run whose final evaluation record is `final` (None: it has none, a non-finite step stopped it)
+  learned: it ended at a loss of at most `above` (`diverged_above`)."""
+  return final is not None and not ("loss" in final and float(final["loss"]) > above)
+
+
 def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, name: str,
              metric: str | None = None, seconds: float = 0.0) -> RunRow | None:
   """The row of the run of `config` in `run_dir`; None while it has not ended. `metric` None: the final
@@ -252,10 +264,8 @@ def read_row(config: ml_collections.ConfigDict, run_dir: str | pathlib.Path, *, 
   final = None if (run_dir / DIVERGED_NOTE).is_file() else run_records.final_eval(run_dir)
   last = final or (logged[-1] if logged else {"epoch": 0.0, "step": 0})
   metric = metric or next((m for m in ("accuracy", "perplexity") if final and m in final), "accuracy")
-  learned = final is not None and not (
-      "loss" in final and float(final["loss"]) > uniform_guess_loss(config) + DIVERGED_ABOVE_UNIFORM_NATS)
-  return RunRow(name, config.seed, evaluated_split(config), metric,
-                float(final[metric]) if final else math.nan, "done" if learned else "diverged", recipe.learning_rate,
+  return RunRow(name, config.seed, evaluated_split(config), metric, float(final[metric]) if final else math.nan,
+                "done" if learned(final, diverged_above(config)) else "diverged", recipe.learning_rate,
                 recipe.warmup_epochs if has_warmup else 0.0, last["epoch"], last["step"], seconds,
                 run_records.training_devices(), config_lib.batch_sizes(config)[0])
 

@@ -1,6 +1,7 @@
 """experiments.adaptive_batch on tiny configs: every run trains, the table and plot are written, a
 perplexity target is met from below, and an interrupted experiment resumes."""
 
+import json
 import os
 import pathlib
 import signal
@@ -149,3 +150,18 @@ def test_dry_run_prints_each_run_and_trains_nothing(tmp_path, capsys, monkeypatc
                                                     for run in ("baseline", "adaptive") for seed in (0, 1)]
   assert all(line.endswith(f"{tmp_path / 'runs'}/{line.split()[1]}_seed{line.split()[2][5]}: new") for line in lines)
   assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_run_that_ends_far_above_a_uniform_guess_counts_as_diverged_as_in_every_experiment(tmp_path):
+  """`runner.learned`: a final evaluation loss above `diverged_above` (a nat above ln K) is a run that diverged
+  without a non-finite step; its metric stays out of the table's mean, and out of the baseline's target."""
+  for seed, loss, accuracy in ((0, 1.0, 0.9), (1, 50.0, 0.1)):
+    directory = runner.run_dir(str(tmp_path), "baseline", seed)
+    directory.mkdir(parents=True)
+    records = [{"kind": "train", "step": 4, "epoch": 1.0, "loss": loss, "batch_size": 32},
+               {"kind": "eval", "step": 4, "epoch": 1.0, "loss": loss, "accuracy": accuracy, "final": True}]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  above = 2.303 + runner.DIVERGED_ABOVE_UNIFORM_NATS
+  assert adaptive_batch.baseline_target(str(tmp_path), (0, 1), "accuracy", above) == 0.9
+  [row] = adaptive_batch.summarize(str(tmp_path), ("baseline",), (0, 1), 0.5, "accuracy", above)
+  assert row["metric"] == [90.0] and row["diverged"] == 1

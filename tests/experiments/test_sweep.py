@@ -251,28 +251,29 @@ def test_batch_schedule_tables_every_seed_and_their_mean_and_spread(tmp_path):
   """The table: per realisation its batch sizes, updates, mean ± sample sd of the final accuracy over the
   seeds that finished (a seed still running is counted out) and each seed's; the CSV a row per evaluation."""
   from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
-  finals = {("decay_lr", 0): 0.98, ("decay_lr", 1): 0.99, ("grow_batch", 0): 0.97}
+  finals = {("decay_lr", 0): 0.98, ("decay_lr", 1): 0.99, ("grow_batch", 0): 0.97, ("hybrid", 0): 0.1}
   for (schedule, seed), accuracy in finals.items():
     directory = runner.run_dir(str(tmp_path), schedule, seed)
     directory.mkdir()
     sizes = (128,) if schedule == "decay_lr" else (128, 640)
+    loss = 50.0 if schedule == "hybrid" else 0.1  # hybrid: far above a uniform guess's ln 10, diverged
     records = [{"kind": "compile", "step": 5 * i, "batch_size": size} for i, size in enumerate(sizes)] + [
-        {"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": accuracy - 0.1},
-        {"kind": "eval", "step": 10, "epoch": 2.0, "accuracy": accuracy, "final": True}]
+        {"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": accuracy - 0.1, "loss": loss},
+        {"kind": "eval", "step": 10, "epoch": 2.0, "accuracy": accuracy, "loss": loss, "final": True}]
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   running = runner.run_dir(str(tmp_path), "grow_batch", 1)
   running.mkdir()
   (running / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 5, "epoch": 1.0, "accuracy": 0.5})
                                          + "\n")
   out = tmp_path / "out"
-  batch_schedule.write_outputs(str(tmp_path), str(out), seeds=(0, 1))
+  batch_schedule.write_outputs(str(tmp_path), str(out), seeds=(0, 1), diverged_above=2.303 + 1)
   table = out.with_suffix(".md").read_text()
   assert "| decaying learning rate | 128 | 10 | 98.50 ± 0.71% | 2/2 | 98.00% (seed 0), 99.00% (seed 1) |" in table
   assert "| increasing batch size | 128 → 640 | 10 | 97.00% | 1/2 | 97.00% (seed 0) |" in table
-  assert "| hybrid (batch up to B_max, then LR decay) | | | not run | 0/2 | |" in table
+  assert "| hybrid (batch up to B_max, then LR decay) | | | diverged | 0/2 | diverged (seed 0) |" in table
   with open(out.with_suffix(".csv")) as f:
     rows = list(csv.DictReader(f))
-  assert len(rows) == 2 * 3 + 1 and {r["seed"] for r in rows} == {"0", "1"}
+  assert len(rows) == 2 * 4 + 1 and {r["seed"] for r in rows} == {"0", "1"}
   assert out.with_suffix(".png").is_file()
 
 
