@@ -84,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"error: {path} not found or empty; pass CSVs written by `python -m experiments.sweep`.",
             file=sys.stderr)
       return 2
+  if (split := sweep_table.rows_split(new)) != (other := sweep_table.rows_split(reference)):
+    print(f"error: {args.new} holds {split} {args.metric}, {args.reference} {other} {args.metric}: compare tables of "
+          "the same split.", file=sys.stderr)
+    return 2
   table = comparison_table(new, reference, args.metric, args.tolerance)
   print(table)
   return 1 if any(line.endswith(tuple(f"| {v} |" for v in FAILING)) for line in table.splitlines()) else 0

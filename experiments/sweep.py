@@ -124,20 +124,28 @@ def spec_problem(spec: SweepSpec) -> str:
   csvs = {pathlib.Path(spec.out).with_suffix(".csv"): "move it away or choose another --out"}  # rows recorded
   if spec.reference:
     csvs[pathlib.Path(spec.reference)] = f"pass a --reference of a sweep that measured {spec.metric}"
+  recorded = {}
   for path, advice in csvs.items() if spec.metric in ("accuracy", "perplexity") else ():
     try:  # a sweep's CSV, of this metric
-      sweep_table.read_csv(path, spec.metric, advice)
+      recorded[path] = sweep_table.read_csv(path, spec.metric, advice)
     except ValueError as e:
       errors.append(str(e))
   if not errors:  # the config loads: its dataset's test metric must be the one the sweep measures
     try:
-      dataset = config_files.load(config).config.dataset
+      loaded = config_files.load(config).config
+      split = runner.evaluated_split(loaded)
     except train.ConfigError as e:
       errors.append(str(e))
     else:
-      if METRIC_KEYS.get(dataset, spec.metric) != spec.metric:
-        errors.append(f"{spec.config} trains on {dataset!r}, whose test metric is {METRIC_KEYS[dataset]!r}, but "
-                      f"the sweep measures {spec.metric!r}; pass --metric {METRIC_KEYS[dataset]}.")
+      if METRIC_KEYS.get(loaded.dataset, spec.metric) != spec.metric:
+        errors.append(f"{spec.config} trains on {loaded.dataset!r}, whose test metric is "
+                      f"{METRIC_KEYS[loaded.dataset]!r}, but the sweep measures {spec.metric!r}; pass --metric "
+                      f"{METRIC_KEYS[loaded.dataset]}.")
+      for path, rows in recorded.items():  # one split per table, and compared with the same split
+        if rows and (other := sweep_table.rows_split(rows)) != split:
+          what = "the reference" if str(path) == str(spec.reference) else "the recorded rows of --out"
+          errors.append(f"{path} ({what}) holds {other} {spec.metric}, but this sweep evaluates the {split} split; "
+                        f"pass a {'--reference' if what == 'the reference' else '--out'} of the {split} split.")
   return "Invalid sweep:\n  - " + "\n  - ".join(errors) if errors else ""
 
 

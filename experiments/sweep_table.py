@@ -1,5 +1,6 @@
 """The results of a batch-size sweep: the CSV file that records its rows (`runner.RunRow`, whose `name` is
-the scaling rule and `value` the final test metric), markdown table and plot.
+the scaling rule and `value` the final metric on the split the runs evaluate), markdown table and plot. The
+split names the metric's column (`test_accuracy`, `validation_accuracy`) and the page's words.
 
 A point (rule, batch size) may have several rows, one per seed; the table and the plot show their mean
 and sample standard deviation.
@@ -22,14 +23,30 @@ LATER_FIELDS = {"seed", "device"}
 DEFAULT_SEED = 0
 
 
-def metric_column(metric: str) -> str:
-  """The CSV column of a metric: `test_accuracy` or `test_perplexity`."""
-  return f"test_{metric}"
+SPLITS = ("test", "validation", "valid")  # the evaluation splits of lbjax's datasets (`data_options.eval_split`)
+
+
+def metric_column(metric: str, split: str = "test") -> str:
+  """The CSV column of a metric on a split: `test_accuracy`, `validation_accuracy`, `valid_perplexity`."""
+  return f"{split}_{metric}"
+
+
+def rows_split(rows: list[RunRow]) -> str:
+  """The split all `rows` evaluate ("test" for none).
+
+  Raises:
+    ValueError: they evaluate different splits (one table holds one split's metric).
+  """
+  splits = sorted({r.split for r in rows})
+  if len(splits) > 1:
+    raise ValueError(f"the rows evaluate different splits ({', '.join(splits)}); a table holds one split's metric: "
+                     "write each split's runs to their own --out.")
+  return splits[0] if splits else "test"
 
 
 def write_csv(rows: list[RunRow], path: str | pathlib.Path, metric: str) -> None:
-  """Writes `rule,batch_size,test_<metric>,status,...`, one line per row, sorted by rule and batch."""
-  column = metric_column(metric)
+  """Writes `rule,batch_size,<split>_<metric>,status,...`, one line per row, sorted by rule and batch."""
+  column = metric_column(metric, rows_split(rows))
   with open(path, "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(("rule", "batch_size", column) + FIELDS[2:])
@@ -50,14 +67,15 @@ def read_csv(path: str | pathlib.Path, metric: str,
   path = pathlib.Path(path)
   if not path.is_file():
     return []
-  column = metric_column(metric)
   with open(path, newline="") as f:
     reader = csv.DictReader(f)
+    split = next((s for s in SPLITS if metric_column(metric, s) in (reader.fieldnames or ())), "test")
+    column = metric_column(metric, split)
     missing = {"rule", "batch_size", column, *FIELDS} - LATER_FIELDS - set(reader.fieldnames or ())
     if missing:
       raise ValueError(f"{path} lacks the column(s) {sorted(missing)}: it was not written by a sweep "
                        f"measuring {metric!r}; {advice}.")
-    return [RunRow(name=d["rule"], batch_size=int(d["batch_size"]), split="test", metric=metric, value=float(d[column]),
+    return [RunRow(name=d["rule"], batch_size=int(d["batch_size"]), split=split, metric=metric, value=float(d[column]),
                    status=d["status"], learning_rate=float(d["learning_rate"]),
                    warmup_epochs=float(d["warmup_epochs"]), epochs=float(d["epochs"]),
                    steps=int(d["steps"]), seconds=float(d["seconds"]), same_as=d["same_as"],
@@ -130,15 +148,16 @@ def markdown_table(rows: list[RunRow], metric: str, title: str) -> str:
   """A markdown page: the metric by batch size (rows) and rule (columns), then every run's recipe."""
   rules = list(dict.fromkeys(r.name for r in rows))
   sizes = sorted({r.batch_size for r in rows})
+  split = rows_split(rows)
   cell = summarize(rows)
   spread = " (mean ± sample standard deviation over seeds)" if any(p.finished > 1 for p in cell.values()) else ""
-  lines = [f"# {title}", "", f"Final test {metric} by batch size and scaling rule{spread}.", "",
+  lines = [f"# {title}", "", f"Final {split} {metric} by batch size and scaling rule{spread}.", "",
            "| batch size | " + " | ".join(rules) + " |", "|---:|" + "---:|" * len(rules)]
   for size in sizes:
     lines.append(f"| {size} | " + " | ".join(format_summary(cell.get((rule, size)), metric)
                                               for rule in rules) + " |")
   lines += ["", "Runs (peak LR and warm-up after the scaling rule; `same as`: identical recipe, one run):", "",
-            f"| rule | batch | seed | peak LR | warm-up epochs | epochs | steps | seconds | device | test {metric} "
+            f"| rule | batch | seed | peak LR | warm-up epochs | epochs | steps | seconds | device | {split} {metric} "
             "| status | same as |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
   for r in sorted(rows, key=lambda r: (rules.index(r.name), r.batch_size, r.seed)):
@@ -163,7 +182,7 @@ def _zoom_limits(values: list[float], metric: str) -> tuple[float, float] | None
 
 
 def plot(rows: list[RunRow], metric: str, title: str, path: str | pathlib.Path) -> None:
-  """Final test metric vs batch size (log2 x-axis), one line per rule, like papers/001 Figure 1.
+  """Final metric (on the rows' split) vs batch size (log2 x-axis), one line per rule, like papers/001 Figure 1.
 
   A point with several seeds is drawn at their mean with a bar of one standard deviation. Points none
   of whose seeds finished are drawn as crosses at the bottom of the axes. When collapsed runs stretch the
@@ -194,7 +213,7 @@ def plot(rows: list[RunRow], metric: str, title: str, path: str | pathlib.Path) 
     axes.set_xscale("log", base=2)
     axes.set_xticks(sizes, [str(s) for s in sizes])
     axes.set_xlabel("batch size")
-    axes.set_ylabel(f"test {metric}" + (" (%)" if metric == "accuracy" else ""))
+    axes.set_ylabel(f"{rows_split(rows)} {metric}" + (" (%)" if metric == "accuracy" else ""))
     axes.grid(alpha=0.3)
     if index == 1:
       axes.set_ylim(*zoom)

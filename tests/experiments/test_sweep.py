@@ -446,3 +446,25 @@ def test_a_point_that_cannot_run_is_refused_naming_it_before_the_first_point_tra
   with pytest.raises(train.ConfigError, match=r"(?s)Invalid sweep:\n  - rule=legw batch=512: .*warm-up"):
     sweep.run_sweep(_spec(tmp_path, rules=("none", "legw"), batch_sizes=(32, 512)))
   assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_on_the_validation_split_says_so_and_is_compared_only_with_one(tmp_path, capsys):
+  """Rows of the validation split: the CSV's column is `validation_accuracy` and the page says validation (it said
+  test); read back they are the validation split's. A sweep, --out or --reference of another split is refused,
+  and so is a comparison across splits."""
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  rows = [RunRow("none", 0, "validation", "accuracy", 0.9, "done", 0.05, 0.0, 1.0, 8, 1.0, batch_size=32)]
+  sweep_table.write_csv(rows, tmp_path / "validation.csv", "accuracy")
+  assert (tmp_path / "validation.csv").read_text().startswith("rule,batch_size,validation_accuracy,")
+  assert sweep_table.read_csv(tmp_path / "validation.csv", "accuracy") == rows
+  page = sweep_table.markdown_table(rows, "accuracy", "t")
+  assert "Final validation accuracy by batch size" in page and "| validation accuracy |" in page
+  with pytest.raises(ValueError, match="different splits"):
+    sweep_table.write_csv(rows + [dataclasses.replace(rows[0], split="test", seed=1)], tmp_path / "x.csv", "accuracy")
+  with pytest.raises(ValueError, match=r"validation.csv \(the reference\) holds validation accuracy, but this sweep "
+                                       "evaluates the test split"):
+    sweep.run_sweep(_spec(tmp_path, reference=str(tmp_path / "validation.csv")))
+  sweep_table.write_csv([dataclasses.replace(rows[0], split="test")], tmp_path / "test.csv", "accuracy")
+  assert compare.main([str(tmp_path / "validation.csv"), str(tmp_path / "test.csv")]) == 2
+  assert "holds validation accuracy" in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists()
