@@ -38,6 +38,7 @@ import argparse
 import os
 import pathlib
 import sys
+import traceback
 from typing import NamedTuple
 
 from lbjax import dependencies
@@ -287,18 +288,27 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(TRACEBACK_ENV):
       raise
     print_error("lbjax-train", e)
-    if isinstance(e, CheckpointSaveError):
-      return SAVE_FAILED
-    return 2 if isinstance(e, USER_ERRORS) else 1
+    status = SAVE_FAILED if isinstance(e, CheckpointSaveError) else 2 if isinstance(e, USER_ERRORS) else 1
+    if distributed.in_job():  # the other processes wait for this one in a collective: tell them, end at once
+      distributed.stop_on_error(str(e), status)
+    return status
   except KeyboardInterrupt:  # before training started (during it, Ctrl-C saves and exits 0)
     print("lbjax-train: interrupted before training started; nothing was saved.", file=sys.stderr)
+    if distributed.in_job():
+      distributed.stop_on_error("interrupted before training started", 130)
     return 130
   return 0
 
 
 def run() -> None:
   """Console-script entry point (`lbjax-train`)."""
-  status = main()
+  try:
+    status = main()
+  except Exception as e:  # a bug, or LBJAX_TRACEBACK=1: the traceback, then end as on any error of a job
+    if not distributed.in_job():
+      raise
+    traceback.print_exc()
+    distributed.stop_on_error(f"{type(e).__name__}: {e}", 1)
   if status == SAVE_FAILED:
     # Orbax's writer threads of the failed save are abandoned; at interpreter shutdown they would
     # print a traceback each ("Event loop is closed"), burying the message. Everything of lbjax is

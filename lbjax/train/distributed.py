@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 SUPERVISED_ENV = "LBJAX_SUPERVISED_STATE"  # set in the training process: where it records its progress
 LOST_HOST_EXIT = 5
@@ -82,8 +82,14 @@ def supervise(argv: list[str], workdir: str, process_id: int | None, heartbeat_t
   """Runs `python -m lbjax.main argv` as the training process of this host and returns its exit status,
   or `LOST_HOST_EXIT` with the lost-host message when the JAX runtime ended it because a process of the
   job was lost. SIGTERM and SIGINT are passed on to it (a preemption saves, as without a supervisor);
-  it dies with the supervisor (`kill -9` of either is the loss of this host)."""
+  it dies with the supervisor (`kill -9` of either is the loss of this host).
+
+  Raises:
+    WorkdirInUseError: a run of this host holds the workdir (checked before its logs are touched).
+  """
+  from lbjax.train import workdir_lock  # pylint: disable=import-outside-toplevel
   check_heartbeat_timeout(heartbeat_timeout_seconds)
+  workdir_lock.WorkdirLock(workdir).refuse_if_held_here()
   logs = pathlib.Path(workdir).absolute() / LOG_DIR
   logs.mkdir(parents=True, exist_ok=True)
   name = _log_name(process_id)
@@ -167,8 +173,11 @@ def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, 
   lost = lost_processes(runtime_log)
   named = ", ".join(f"{i} (host {hosts.get(str(i), '?')})" for i in lost)
   named = f"process{'es' * (len(lost) > 1)} {named}" if lost else "a process (the runtime's log does not say which)"
+  errors = {i: error for i in lost if (error := _recorded_error(workdir, i))}
   how = ("the coordinator (process 0) cannot be reached" if lost == [0] else
          f"no heartbeat for config.heartbeat_timeout_seconds={heartbeat_timeout_seconds} s")
+  if errors:
+    how = "; ".join(f"process {i} stopped on an error: {error}" for i, error in errors.items())
   me = progress.get("process_index", "?")
   step = progress.get("step")
   at = f"at step {step}" if step is not None else "before its first step"
@@ -182,9 +191,39 @@ def lost_host_message(runtime_log: str, progress: dict[str, Any], workdir: str, 
   return "\n".join([
       f"lbjax-train: lost {named} of the job: {how}. This process ({me}) stopped {at}.",
       newest,
-      f"To resume, relaunch all {count} processes with the commands they were started with; this one's:",
+      ("To resume, mend what stopped it (its console says more), then relaunch" if errors else "To resume, relaunch")
+      + f" all {count} processes with the commands they were started with; this one's:",
       f"  {command}",
       f"(The JAX runtime's messages of this process are in {log_path}.)"])
+
+
+def _recorded_error(workdir: str, process_id: int) -> str:
+  """The error process `process_id` of the job recorded before it stopped (`stop_on_error`), or ""."""
+  state = pathlib.Path(workdir).absolute() / LOG_DIR / f"{_log_name(process_id)}.json"
+  try:
+    return json.loads(state.read_text()).get("error", "")
+  except (OSError, ValueError):
+    return ""
+
+
+def in_job() -> bool:
+  """Whether this is the supervised training process of a job of several processes, joined (`initialize`)."""
+  return supervised_state() is not None and _PROGRESS.get("process_count", 1) > 1
+
+
+def stop_on_error(message: str, status: int) -> NoReturn:
+  """Ends the training process of a job of several processes that stops on an error (`in_job`), at once: records
+  `message` (its first line) for the other processes' lost-host message and exits with `status`, skipping the
+  interpreter's exit. That exit would call `jax.distributed.shutdown`, whose barrier waits up to 300 s for
+  processes that are themselves waiting in a collective for this one: the job hung for 5 minutes, then every
+  process reported a lost host."""
+  state = supervised_state()
+  if state is not None and message.strip():
+    _PROGRESS["error"] = message.strip().splitlines()[0]
+    _write_progress(state)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
 
 
 def initialize(coordinator_address: str | None, num_processes: int | None, process_id: int | None,

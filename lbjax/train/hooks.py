@@ -315,6 +315,12 @@ class Checkpoint:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def _as_sigterm(signum, frame) -> None:
+  """A Ctrl-C in a process of a multi-process run: the SIGTERM that JAX's preemption service acts on."""
+  del signum, frame
+  os.kill(os.getpid(), signal.SIGTERM)
+
+
 class PreemptionFlag:
   """Whether a SIGTERM or SIGINT (Ctrl-C) asks the run to save and stop, read at step boundaries.
 
@@ -323,8 +329,9 @@ class PreemptionFlag:
   installed until the checkpoint is on disk, so no signal can cut a save short). Several processes
   must stop at the same step (a process that stops alone leaves the others waiting in the next
   collective): there JAX's preemption service catches SIGTERM on any host, and
-  `reached_preemption_sync_point(step)` turns true on every host at the same step, so no Python
-  handler is installed.
+  `reached_preemption_sync_point(step)` turns true on every host at the same step. The service knows
+  no SIGINT, which would raise KeyboardInterrupt in the middle of a step of one process only: a Ctrl-C
+  is turned into a SIGTERM to this process (the only Python handler installed there).
   """
 
   def __init__(self):
@@ -333,12 +340,15 @@ class PreemptionFlag:
     self.signal_name: str | None = None
     self._multi_process = jax.process_count() > 1
     self._preemption_service = bool(jax.config.jax_enable_preemption_service)
+    on_main_thread = threading.current_thread() is threading.main_thread()
     if self._multi_process:
       if not self._preemption_service:
         logging.warning("jax_enable_preemption_service is off: a SIGTERM will kill this process "
                         "without a checkpoint and leave the others waiting; the last periodic "
                         "checkpoint is what a restart resumes from.")
-    elif threading.current_thread() is threading.main_thread():
+      elif on_main_thread:
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, _as_sigterm)
+    elif on_main_thread:
       for signum in STOP_SIGNALS:
         self._previous[signum] = signal.signal(signum, self._handle)
 

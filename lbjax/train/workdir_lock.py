@@ -137,11 +137,7 @@ class WorkdirLock:
                             self.path, _describe(holder))
             self.stale_holder = holder
           continue
-        hint = ("" if holder.get("host") == self._record["host"] else
-                f" It is held from another host; if that run is gone, delete {self.path}.")
-        raise WorkdirInUseError(
-            f"The workdir {self.path.parent} is in use by another run ({_describe(holder)}). Wait for it "
-            f"to finish, stop it, or use another --workdir.{hint}") from None
+        raise self._in_use(holder) from None
       with os.fdopen(fd, "w") as f:
         json.dump(self._record, f)
         f.flush()
@@ -149,6 +145,22 @@ class WorkdirLock:
       self._held = True
       return
     raise WorkdirInUseError(f"Could not take the workdir lock {self.path}: other runs keep replacing it.")
+
+  def refuse_if_held_here(self) -> None:
+    """Raises `WorkdirInUseError` if a live process of this host holds the lock (a run of it is going on), without
+    taking it: the check of a multi-host job's supervisors before they write the workdir's logs (the lock is
+    process 0's training process's to take, and the other processes would wait for it in a collective)."""
+    holder = self._read_holder()
+    if holder is not None and holder.get("host") == self._record["host"] and _process_exists(
+        int(holder.get("pid", -1))):
+      raise self._in_use(holder)
+
+  def _in_use(self, holder: dict) -> WorkdirInUseError:
+    hint = ("" if holder.get("host") == self._record["host"] else
+            f" It is held from another host; if that run is gone, delete {self.path}.")
+    return WorkdirInUseError(
+        f"The workdir {self.path.parent} is in use by another run ({_describe(holder)}). Wait for it "
+        f"to finish, stop it, or use another --workdir.{hint}")
 
   def _remove_stale(self, holder: dict) -> bool:
     """Removes the lock of the crashed run `holder` unless it changed since it was read; returns whether it

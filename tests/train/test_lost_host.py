@@ -176,6 +176,69 @@ def test_a_hung_process_of_three_ends_the_other_two_within_the_heartbeat_timeout
     job.kill_all()
 
 
+def test_an_error_on_one_process_ends_it_with_its_message_and_the_other_naming_it(tmp_path):
+  """Process 1 alone meets an undecodable record (tests/train/one_bad_record.py). It exits 1 with the message at
+  once, and process 0 exits 5 naming process 1 and its error. Before, process 1's exit waited in
+  jax.distributed.shutdown's barrier for process 0, which waited in a collective for process 1: both hung for
+  300 s, then reported a lost host."""
+  job = Job(tmp_path / "run", 2, CLASSIFIER, "--config.dataset=tests.train.one_bad_record:bad_mnist",
+            "--config.num_epochs=2", "--config.eval_every_epochs=1000")
+  started = time.monotonic()
+  try:
+    statuses = job.finish(timeout=HEARTBEAT + 120)
+  finally:
+    job.kill_all()
+  assert statuses == [distributed.LOST_HOST_EXIT, 1] and time.monotonic() - started < 100
+  _, failed = job.console(1)
+  assert "cannot be decoded" in failed and not CONSOLE_NOISE.search(failed), failed[-3000:]
+  _, survivor = job.console(0)
+  assert "lbjax-train: lost process 1 (host" in survivor and "process 1 stopped on an error: " in survivor, survivor
+  assert "cannot be decoded" in survivor and "mend what stopped it" in survivor
+  assert not CONSOLE_NOISE.search(survivor), survivor[-3000:]
+
+
+def test_ctrl_c_at_one_process_of_two_saves_and_stops_both_at_the_same_step(tmp_path):
+  """SIGINT to process 1's `lbjax-train` (a Ctrl-C at its terminal) is a preemption, as SIGTERM is: both save
+  the same step and exit 0. Before, it raised KeyboardInterrupt in process 1's step alone ("interrupted before
+  training started; nothing was saved"), and the job hung 300 s."""
+  workdir = tmp_path / "run"
+  job = Job(workdir, 2, CLASSIFIER, "--config.num_epochs=500", "--config.eval_every_epochs=1000",
+            "--config.checkpoint_every_steps=2")
+  try:
+    job.wait_for_checkpoint(2)
+    job.processes[1].send_signal(signal.SIGINT)
+    statuses = job.finish(timeout=HEARTBEAT + 120)
+  finally:
+    job.kill_all()
+  assert statuses == [0, 0], job.console(1)[1][-3000:]
+  newest = complete_steps(workdir / "checkpoints")[0]
+  for i in (0, 1):
+    stdout, stderr = job.console(i)
+    assert f"preemption: saved checkpoint {newest}" in stdout + stderr
+    assert "interrupted before training started" not in stderr and not CONSOLE_NOISE.search(stderr)
+
+
+def test_a_second_job_on_a_workdir_in_use_ends_at_once_on_every_process_touching_nothing(tmp_path):
+  """A job of 2 started on the workdir of a running job of 2 (on this host): both of its supervisors exit 2 at once
+  naming the running one, before they touch the workdir's logs, and the running job goes on. Before, its process
+  0 printed the message and waited at the shutdown barrier for process 1, which waited for it in a collective."""
+  workdir = tmp_path / "run"
+  running = Job(workdir, 2, CLASSIFIER, "--config.num_epochs=500", "--config.eval_every_epochs=1000",
+                "--config.checkpoint_every_steps=2")
+  try:
+    running.wait_for_checkpoint(2)
+    second = Job(workdir, 2, CLASSIFIER)
+    try:
+      assert second.finish(timeout=120) == [2, 2]
+    finally:
+      second.kill_all()
+    for i in (0, 1):
+      assert "is in use by another run" in second.console(i)[1]
+    assert all(p.poll() is None for p in running.processes)
+  finally:
+    running.kill_all()
+
+
 @pytest.mark.parametrize("log, lost", [
     # what the runtime of jax 0.10 and 0.12 writes when a worker stops sending heartbeats (3 processes: 2 lost) ...
     ("F1126 16:10:00.468580 22569 client.h:86] Terminating process because the JAX distributed service detected "
