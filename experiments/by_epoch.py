@@ -1,4 +1,4 @@
-"""Test metric by epoch for several runs side by side -> CSV and markdown (from their metrics.jsonl).
+"""The evaluated metric by epoch for several runs side by side -> CSV and markdown (from their metrics.jsonl).
 
   python -m experiments.by_epoch --metric perplexity --out reproduced/ptb_lstm_by_epoch \
       --title "PTB LSTM: test perplexity by epoch" \
@@ -6,15 +6,19 @@
 
 Each `--run "label=workdir"` adds a column with the run's evaluations (`lbjax.train` logs one per
 `eval_every_epochs`, and the final one); rows are epochs rounded to 3 decimals. Unfinished runs are
-included as far as they got, and marked so in the header. Writes `<out>.csv` (`epoch,<label>,...`)
-and `<out>.md`.
+included as far as they got, and marked so in the header. The page names the split the runs evaluated
+(their `config.json`: `data_options.eval_split` or the dataset's default). Writes `<out>.csv`
+(`epoch,<label>,...`) and `<out>.md`.
 """
 
 import argparse
 import csv
+import json
 import pathlib
 import sys
 from typing import NamedTuple, Sequence
+
+import ml_collections
 
 from experiments import run_records
 from experiments import runner
@@ -24,7 +28,7 @@ METRICS = ("accuracy", "perplexity", "loss")
 
 
 class Curve(NamedTuple):
-  values: dict[float, float]  # {epoch (rounded to 3 decimals): test metric}
+  values: dict[float, float]  # {epoch (rounded to 3 decimals): the evaluated metric}
   finished: bool  # the run wrote its final evaluation
 
 
@@ -54,6 +58,15 @@ def curves(runs: Sequence[tuple[str, str]], metric: str) -> dict[str, Curve]:
   return result
 
 
+def evaluated_split(workdir: str) -> str:
+  """The split the run in `workdir` evaluated (`runner.evaluated_split` of its `config.json`), or "evaluation"
+  where its config is not recorded."""
+  path = pathlib.Path(workdir) / "config.json"
+  if not path.is_file():
+    return "evaluation"
+  return runner.evaluated_split(ml_collections.ConfigDict(json.loads(path.read_text())["config"]))
+
+
 def write_outputs(runs: Sequence[tuple[str, str]], metric: str, out: str, title: str) -> None:
   """Writes `<out>.csv` and `<out>.md` for `runs` (see `curves`)."""
   by_curve = curves(runs, metric)
@@ -69,7 +82,8 @@ def write_outputs(runs: Sequence[tuple[str, str]], metric: str, out: str, title:
       writer.writerow([f"{epoch:g}", *(f"{v[epoch]:.6g}" if epoch in v else "" for v in by_label.values())])
   fmt = (lambda x: f"{100 * x:.2f}%") if metric == "accuracy" else (lambda x: f"{x:.2f}")
   header = [label + ("" if finished[label] else " (unfinished)") for label in by_label]
-  lines = [f"# {title}", "", f"Test {metric} after each evaluated epoch; runs:", ""]
+  split = "/".join(dict.fromkeys(evaluated_split(workdir) for _, workdir in runs))
+  lines = [f"# {title}", "", f"{split.capitalize()} {metric} after each evaluated epoch; runs:", ""]
   lines += [f"- {label}: `{workdir}`" for label, workdir in runs]
   lines += ["", "| epoch | " + " | ".join(header) + " |", "|---:|" + "---:|" * len(header)]
   for epoch in epochs:
@@ -90,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--run", type=_run, action="append", default=[], help='"label=workdir", repeatable')
   parser.add_argument("--metric", default="accuracy", help="accuracy | perplexity | loss")
   parser.add_argument("--out", required=True, help="output path without extension")
-  parser.add_argument("--title", default="Test metric by epoch")
+  parser.add_argument("--title", default="Metric by epoch")
   args = parser.parse_args(argv)
   runner.check_paths(parser, out=args.out)
   try:

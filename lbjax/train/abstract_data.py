@@ -119,7 +119,7 @@ def _mnist(a):
 # Each dataset function of `lbjax.train.datasets` -> its shapes from its (complete) arguments.
 SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
     datasets.mnist: _mnist,
-    datasets.synthetic_mnist: lambda a: _image_classes(28, 1, np.uint8, a["num_train_examples"], 10, "test",
+    datasets.synthetic_mnist: lambda a: _image_classes(28, 1, np.uint8, a["num_train_examples"], 10, a["eval_split"],
                                                        lbdata.MNIST_NORMALIZATION),
     datasets.synthetic_images: lambda a: _image_classes(a["image_size"], 3, np.float32, a["num_train_examples"],
                                                         a["num_classes"], a["eval_split"]),
@@ -133,7 +133,7 @@ SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
     datasets.cifar10: lambda a: _image_classes(32, 3, np.uint8, SPLIT_SIZES["cifar10"], 10, a["eval_split"],
                                                lbdata.CIFAR10_NORMALIZATION, in_memory=False),
     datasets.ptb: lambda a: _tokens(a, SPLIT_SIZES["ptb"], 10_000, a["eval_split"]),
-    datasets.synthetic_ptb: lambda a: _tokens(a, a["num_train_tokens"], a["vocab_size"], "valid"),
+    datasets.synthetic_ptb: lambda a: _tokens(a, a["num_train_tokens"], a["vocab_size"], a["eval_split"]),
 }
 
 

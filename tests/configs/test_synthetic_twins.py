@@ -2,6 +2,7 @@
 the dataset's options: a config can be tried without its data."""
 
 import inspect
+import typing
 
 import numpy as np
 import pytest
@@ -57,6 +58,22 @@ def test_a_twin_hands_over_the_batches_its_dataset_does(name):
   protocols.take_carry_reset(batch)
   assert {key: (value.shape[1:], value.dtype) for key, value in batch.items()} == real.example
   assert twin.image_normalization == real.dataset.image_normalization
+
+
+@pytest.mark.parametrize("twin", ["synthetic_mnist", "synthetic_ptb", "synthetic_images", "synthetic_imagenet",
+                                  "synthetic_cifar10"])
+def test_the_shapes_of_a_twin_name_the_split_it_evaluates(twin):
+  """`abstract_data.SHAPES` (what --dry-run, --compile-only and the experiments' tables read) says the split the
+  opened twin evaluates, for each split it takes (synthetic_mnist said test and synthetic_ptb valid whatever
+  they were given)."""
+  function = getattr(datasets, twin)
+  for split in typing.get_args(typing.get_type_hints(function)["eval_split"]):
+    options = {"eval_split": split, **({"image_size": 16} if twin in ("synthetic_images", "synthetic_imagenet")
+                                       else {})}
+    bound = inspect.signature(function).bind_partial(**options)
+    bound.apply_defaults()
+    assert abstract_data.SHAPES[function](dict(bound.arguments)).dataset.eval_split == function(
+        **options).eval_split == split
 
 
 @pytest.mark.parametrize("name", config_files.packaged_names())

@@ -30,6 +30,20 @@ def test_runs_become_columns_and_unfinished_runs_are_marked(tmp_path):
   assert "| 2 | 159.50 | – |" in markdown
 
 
+def test_the_page_names_the_split_the_runs_evaluated(tmp_path):
+  """From each run's config.json: a validation run's curve is not called a test curve (it always was)."""
+  from tests.train import helpers  # pylint: disable=import-outside-toplevel
+  config = helpers.tiny_classifier_config()
+  config.data_options.eval_split = "validation"
+  _write_run(tmp_path / "a", [(1.0, 212.4)], final=True)
+  (tmp_path / "a" / "config.json").write_text(json.dumps({"config": json.loads(config.to_json())}))
+  by_epoch.main(["--metric", "perplexity", "--out", str(tmp_path / "t"), "--run", f"a={tmp_path / 'a'}"])
+  assert "Validation perplexity after each evaluated epoch" in (tmp_path / "t.md").read_text()
+  _write_run(tmp_path / "b", [(1.0, 212.4)], final=True)  # no config.json
+  by_epoch.main(["--metric", "perplexity", "--out", str(tmp_path / "u"), "--run", f"b={tmp_path / 'b'}"])
+  assert "Evaluation perplexity after each evaluated epoch" in (tmp_path / "u.md").read_text()
+
+
 def test_bad_requests_are_refused_before_reading(tmp_path):
   with pytest.raises(ValueError, match="no runs given"):
     by_epoch.curves([], "perplexity")
