@@ -313,6 +313,16 @@ def _subprocess_step(args, spec: str, overrides: list[str], env: dict[str, str])
   return json.loads(lines[-1][len(STEP_RESULT):])
 
 
+def _commit() -> str:
+  """The lbjax commit measured (`git rev-parse --short HEAD` of this checkout; "" outside a git checkout)."""
+  try:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pathlib.Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=30, check=False)
+  except OSError:
+    return ""
+  return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def measure(args) -> dict:
   """One point: data, step, loop; the result row (also appended to `--results`)."""
   data_dir = pathlib.Path(args.data_dir)
@@ -327,7 +337,7 @@ def measure(args) -> dict:
          "overrides": args.override, "image_size": args.image_size, "cpu_count": os.cpu_count(),
          "dry_run": args.dry_run, "step_images_per_second": batch / step["step_seconds"]["lars"],
          "step_ms": step["step_seconds_quartiles"]["lars"], "data_write_seconds": round(write_seconds, 1),
-         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit()}
   if not args.step_only:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="rn50-e2e-", dir=args.work_root))
     loop = measure_loop(args, spec, run_overrides(args, data_dir, num_workers=args.decode_workers), env, workdir)
@@ -352,7 +362,8 @@ def measure(args) -> dict:
 
 def table(rows: list[dict]) -> str:
   from benchmarks import report  # pylint: disable=import-outside-toplevel
-  lines = [[r["device"], r["batch_per_device"], r["decode_workers"], r["xla_flags"] or "default",
+  lines = [[r["device"], r["measured_at"][:10] + (f" ({r['commit']})" if r.get("commit") else ""),
+            r["batch_per_device"], r["decode_workers"], r["xla_flags"] or "default",
             r["max_device_batch"], " ".join(r["overrides"]), f"{r['step_images_per_second']:,.0f}",
             f"{r['loop_images_per_second']:,.0f}" if "loop_images_per_second" in r else "(step only)",
             f"{r['fraction_of_step']:.3f}" if "fraction_of_step" in r else "", r.get("lars_over_momentum", ""),
@@ -361,8 +372,9 @@ def table(rows: list[dict]) -> str:
             f"{100 * r['step_trace']['device_busy_fraction']:.0f}%"
             if "device_busy_fraction" in r.get("step_trace", {}) else ""]
            for r in rows]
-  return report.markdown_table(["device", "batch per device", "decode workers", "XLA flags", "max_device_batch",
-                                "other overrides", "step images/s (LARS)", "whole loop images/s", "loop / step rate",
+  return report.markdown_table(["device", "measured (commit)", "batch per device", "decode workers", "XLA flags",
+                                "max_device_batch", "other overrides", "step images/s (LARS)", "whole loop images/s",
+                                "loop / step rate",
                                 "LARS / momentum step time", "LARS flat layout / momentum step time",
                                 "XLA's state layouts / row-major step time",
                                 "jax.nn.relu / lbjax.models.relu step time", "device busy in the traced step"],
@@ -441,7 +453,9 @@ def write_table(results: pathlib.Path, no_readme: bool) -> None:
            "Device busy in the traced step (`--trace-steps`): the share of the wall time of a few traced steps "
            "in which the device ran kernels (`lbjax.train.trace_analysis`); the row's `step_trace` in the results "
            "file lists the kernels that take the step's time, and the suite's archive holds the trace. "
-           "Each row's windows are in the results file.")
+           "Each row's windows are in the results file. Rows keep what the code of their date measured: a later "
+           "change is in the rows measured after it only (the stem's max-pool gradient stopped being a scatter-add "
+           "on GPUs on 2026-11-27 at 12:19 UTC, after the 08:45-08:53 rows: Findings 11).")
   body = (f"Rows, in order (`bash benchmarks/gpu_suite.sh` runs them on the device machine; `--unpack` adds its "
           f"rows to `{results}` and writes this section with `python -m benchmarks.resnet50_end_to_end --table "
           f"{results}`; what each part does: the module's docstring):\n\n{commands}\n\n"

@@ -39,7 +39,7 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
            "overrides": ["--config.deterministic=True"], "measured_at": "2026-11-27 08:49 UTC",
            "step_images_per_second": 4500.0},
           {**common, "batch_per_device": 256, "xla_flags": "default", "overrides": [],
-           "measured_at": "2026-11-28 08:45 UTC", "step_images_per_second": 6500.0,
+           "measured_at": "2026-11-28 08:45 UTC", "commit": "abc1234", "step_images_per_second": 6500.0,
            "lars_xla_layouts_over_lars": "0.980 [0.975, 0.985]", "jax_relu_over_lars": "1.020 [1.010, 1.030]",
            "step_trace": {"steps": 5, "device_busy_fraction": 0.912, "top_kernels": []}},
           {**common, "dry_run": True, "batch_per_device": 8, "xla_flags": "default", "overrides": [],
@@ -58,6 +58,8 @@ def test_the_table_names_each_row_s_command_and_groups_the_machines(tmp_path, ca
   assert "| 6,400 | 6,080 | 0.950 | 1.003 [1.003, 1.005] | 1.005 [1.004, 1.007] |  |  |" in body
   assert "| 6,500 | (step only) |  |  |  | 0.980 [0.975, 0.985] | 1.020 [1.010, 1.030] | 91% |" in body
   assert "| 4,500 | (step only) |" in body and "--batch-per-device 8 " not in body  # the dry run is left out
+  # Rows of one command measured on other dates (other code) are told apart: the date, and the commit where recorded.
+  assert "| NVIDIA H200 | 2026-11-27 | 256 |" in body and "| NVIDIA H200 | 2026-11-28 (abc1234) | 256 |" in body
 
 
 def test_a_missing_results_file_for_the_table_is_named_without_a_traceback(tmp_path):
