@@ -72,7 +72,8 @@ def scale_by_lars(
     stacked: layerwise.StackedOrFn = None,
     axis_name: layerwise.AxisName = None,
 ) -> optax.GradientTransformation:
-  """The layer-wise part of LARS on its own: `u^l = lambda^l * (g^l + beta * w^l)` (papers/000 eq 5).
+  """The layer-wise part of LARS on its own: `u^l = lambda^l * (g^l + beta * w^l)` (papers/000
+  Algorithm 1: eq. 5 with weight decay).
 
   `lambda^l` is `lars_rate` (papers/000 Algorithm 1: `eta * ||w|| / (||g|| + beta * ||w||)`).
   Unselected leaves pass through unchanged (no weight decay, no trust ratio). Composes with any optax

@@ -239,7 +239,7 @@ def scale_by_summed_rate(
 
   For a selected layer `l` (the layout's mask), with `beta = weight_decay`,
 
-      u^l = rate(sums^l, beta) * (g^l + beta * w^l)      (papers/000 eq. 5; papers/003 eq. 21-24)
+      u^l = rate(sums^l, beta) * (g^l + beta * w^l)   (papers/000 Algorithm 1; papers/003 eq. 21-24)
 
   and `u = g` elsewhere. The sums of every layer of a buffer come from one block reduction and one
   `segment_sum`, all sums of a rate vector are completed across devices in one `psum` (with
