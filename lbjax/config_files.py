@@ -180,7 +180,11 @@ def _parse_typed(text: str, kind: type, where: str) -> Any:
 
 
 def _literal(text: str) -> Any:
-  """A new field's value: a Python literal where it parses as one (1e-4, True, (1, 2)), else the text."""
+  """A new field's value: a Python literal where it parses as one (1e-4, True, (1, 2)), true/false in any case
+  as the bool a typed field takes, else the text. ('false' left as text was a true string to a function that
+  tests it: optax.sgd's nesterov='false' turned Nesterov on.)"""
+  if text.strip().lower() in ("true", "false"):
+    return text.strip().lower() == "true"
   try:
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):

@@ -40,6 +40,16 @@ def test_every_optimizer_argument_is_honoured_or_refused(capsys):
   assert status == 2 and "config.optimizer.momentum: lbjax.optim.lamb takes no argument 'momentum'" in err
 
 
+def test_true_and_false_are_bools_for_a_field_the_config_does_not_have_yet(capsys):
+  """An argument of the named function (optax.sgd's nesterov) is a new field: `false` as for a typed field, not
+  the string 'false', which optax tests as true (Nesterov on). So for a variant key of an argument section."""
+  status, out, _ = _run(capsys, "--config", "mnist_lstm", "--config.optimizer=sgd", "--config.optimizer.momentum=0.9",
+                        "--config.optimizer.nesterov=false", "--dry-run")
+  assert status == 0 and "optax.sgd(momentum=0.9, nesterov=False)" in out
+  status, out, _ = _run(capsys, "--config", "ptb_lstm:carry_state=FALSE", "--dry-run")
+  assert status == 0 and "carry_state=False" in out
+
+
 def test_a_mistyped_optimizer_exits_2_naming_it_and_suggesting_the_right_one(capsys):
   status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.optimizer.name=larz")
   assert status == 2 and "'larz'" in err and "Did you mean 'lars'?" in err
