@@ -51,9 +51,8 @@ def build_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | No
       devices.
   """
   devices = list(devices) if devices is not None else jax.devices()
-  for name, size in (("fsdp", fsdp), ("stage", stage), ("model", model)):
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-      raise ConfigError(f"config.mesh.{name} must be an integer >= 1, got {size!r}.")
+  if problems := size_problems(data, fsdp, stage, model):
+    raise ConfigError(problems[0])
   others = fsdp * stage * model
   if data == -1:
     if len(devices) % others:
@@ -61,15 +60,23 @@ def build_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | No
       raise ConfigError(f"{' * '.join(named)}{f' = {others}' if len(named) > 1 else ''} does not divide the "
                         f"{len(devices)} devices; choose sizes whose product divides it.")
     data = len(devices) // others
-  if data < 1:
-    raise ConfigError(f"config.mesh.data must be -1 (the devices left after fsdp, stage and model) or >= 1, "
-                      f"got {data}.")
   if data * others != len(devices):
     factors = [("data", data), ("fsdp", fsdp)] + [(n, v) for n, v in (("stage", stage), ("model", model)) if v > 1]
     raise ConfigError(
         f"{' * '.join(f'config.mesh.{n}' for n, _ in factors)} = {' * '.join(str(v) for _, v in factors)} = "
         f"{data * others} but there are {len(devices)} devices; set config.mesh.data=-1 to use all devices.")
   return jax.make_mesh((data, fsdp, stage, model), MESH_AXES, axis_types=(AxisType.Auto,) * 4, devices=devices)
+
+
+def size_problems(data: Any, fsdp: Any, stage: Any, model: Any) -> list[str]:
+  """What is wrong with the mesh's axis sizes whatever the devices (`--dry-run` says it, `build_mesh` raises it)."""
+  problems = [f"config.mesh.{name} must be an integer >= 1, got {size!r}."
+              for name, size in (("fsdp", fsdp), ("stage", stage), ("model", model))
+              if isinstance(size, bool) or not isinstance(size, int) or size < 1]
+  if isinstance(data, bool) or not isinstance(data, int) or not (data == -1 or data >= 1):
+    problems.append(f"config.mesh.data must be -1 (the devices left after fsdp, stage and model) or an integer "
+                    f">= 1, got {data!r}.")
+  return problems
 
 
 def data_parallel_size(mesh: Mesh) -> int:

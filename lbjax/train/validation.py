@@ -140,6 +140,7 @@ def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
     problems.append(f"config.seed must be an integer >= 0, got {config.seed!r}.")
   if config.mesh.num_devices < 0:
     problems.append(f"config.mesh.num_devices must be >= 0 (0 = all devices), got {config.mesh.num_devices}.")
+  problems += mesh.size_problems(config.mesh.data, config.mesh.fsdp, config.mesh.stage, config.mesh.model)
   try:  # read by multi-host runs only, but a wrong value is wrong in any run (--dry-run included)
     distributed.check_heartbeat_timeout(config.heartbeat_timeout_seconds)
   except ConfigError as e:

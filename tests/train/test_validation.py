@@ -205,3 +205,11 @@ def test_another_max_device_batch_on_resume_is_a_recipe_change_where_micro_batch
     return
   with pytest.raises(ValueError, match=r"max_device_batch: checkpoint 0 vs now 2.*changes the update"):
     check_resumable(saved.to_json(), config, "runs/x", False, run.micro_batches_change_the_update)
+
+
+@pytest.mark.parametrize("field, value", [("data", 0), ("data", -2), ("fsdp", 0), ("fsdp", -1), ("stage", 0),
+                                          ("model", 0)])
+def test_mesh_sizes_no_device_count_allows_are_refused_by_the_checks_dry_run_makes(field, value):
+  """They passed --dry-run and were refused only when the run built its mesh."""
+  with pytest.raises(ConfigError, match=f"config.mesh.{field} must be"):
+    validate(helpers.tiny_classifier_config(**{f"mesh.{field}": value}))
