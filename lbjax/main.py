@@ -124,6 +124,8 @@ def _train(args, loaded: config_files.LoadedConfig, resolved, argv: list[str], p
                                    processes.num_processes)
     distributed.initialize(args.coordinator_address, processes.num_processes, processes.process_id,
                            resolved.heartbeat_timeout_seconds)
+  from lbjax.train import abstract_data  # pylint: disable=import-outside-toplevel
+  abstract_data.check_without_data(resolved)  # as --dry-run does: the model against the data's shapes, in shapes
   if not os.environ.get(TRACEBACK_ENV):  # a failed save's Orbax tracebacks: in <workdir>/logs, not on the console
     state = distributed.supervised_state()
     orbax_log.keep_orbax_reports_in_log(args.workdir, f"{state.stem}.{orbax_log.LOG_NAME}" if state else None)

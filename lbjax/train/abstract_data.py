@@ -185,15 +185,17 @@ def check_data(run: Any, data: DataShapes) -> tasks.ClassificationTask | tasks.L
 
 
 def check_without_data(run: Any) -> None:
-  """`check_data` where the dataset's shapes are known without reading it (`SHAPES`; `--dry-run`), and the model
-  and the optimizer's state in shapes (`build.abstract_model`, `build.abstract_optimizer_state`: a mask of none of
-  the parameters): a dataset function not in `SHAPES` (a user's) is neither opened nor checked here, but at the
-  start of the run."""
+  """`check_data` where the dataset's shapes are known without reading it (`SHAPES`; `--dry-run`), and the model, its
+  training loss on such batches and the optimizer's state in shapes (`build.abstract_model`,
+  `build.check_model_takes_batches`, `build.abstract_optimizer_state`: a mask of none of the parameters): a dataset
+  function not in `SHAPES` (a user's) is neither opened nor checked here, but at the start of the run."""
   data = described_shapes(run.dataset)
   if data is None:
     return
   task = check_data(run, data)
-  _, params, _ = nnx.split(build.abstract_model(run, task), nnx.Param, nnx.BatchStat)
+  model = build.abstract_model(run, task)
+  build.check_model_takes_batches(run, task, model, data.example)
+  _, params, _ = nnx.split(model, nnx.Param, nnx.BatchStat)
   build.abstract_optimizer_state(run, run.build_optimizer(), nnx.to_pure_dict(params))
 
 

@@ -130,6 +130,28 @@ def abstract_model(resolved: ResolvedRun, task: Task) -> nnx.Module:
                       f"fails: {e}") from e
 
 
+def check_model_takes_batches(resolved: ResolvedRun, task: Task, model: nnx.Module,
+                              example: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+  """Traces the training loss of `model` (abstract, `abstract_model`) on a batch of the run's first size whose
+  examples have `example`'s shapes and dtypes (`DataShapes.example`), in shapes only.
+
+  Raises:
+    ConfigError: the model does not take the dataset's batches (an MNIST LSTM given 32x32 RGB images); the
+      run would fail tracing its first step.
+  """
+  size = resolved.batch.first
+  batch = {k: jax.ShapeDtypeStruct((size, *shape), dtype) for k, (shape, dtype) in example.items()}
+  graphdef, state = nnx.split(model)
+  carry = task.zero_carry(model, size)
+  try:
+    jax.eval_shape(lambda state, batch: task.train_loss(nnx.merge(graphdef, state), batch, carry,
+                                                        jax.random.key(0))[0], state, batch)
+  except (ValueError, TypeError) as e:
+    shapes = ", ".join(f"{k} {tuple(v.shape[1:])} {v.dtype}" for k, v in batch.items())
+    raise ConfigError(f"config.model / config.dataset: {task.model_description} does not take the batches of "
+                      f"{resolved.dataset_name} ({shapes} per example): {e}") from e
+
+
 def abstract_optimizer_state(resolved: ResolvedRun, optimizer: optax.GradientTransformation,
                              abstract_params: Any) -> Any:
   """The optimizer's state for `abstract_params`, in shapes only.

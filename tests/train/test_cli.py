@@ -50,6 +50,16 @@ def test_true_and_false_are_bools_for_a_field_the_config_does_not_have_yet(capsy
   assert status == 0 and "carry_state=False" in out
 
 
+def test_a_model_that_does_not_take_the_dataset_s_batches_is_refused_before_training(capsys, tmp_path):
+  """The MNIST LSTM on 32x32 RGB images: --dry-run and the run refuse it naming both (exit 2); the run failed
+  with a traceback tracing its first step."""
+  for mode in (["--dry-run"], ["--workdir", str(tmp_path / "w"), "--config.num_steps=2"]):
+    status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.dataset=synthetic_images", *mode)
+    assert status == 2 and "Traceback" not in err
+    assert "MnistLSTM(num_classes=10) does not take the batches of synthetic_images (images (32, 32, 3)" in err
+  assert not (tmp_path / "w" / "checkpoints").exists()
+
+
 def test_a_mistyped_optimizer_exits_2_naming_it_and_suggesting_the_right_one(capsys):
   status, _, err = _run(capsys, "--config", "mnist_lstm", "--config.optimizer.name=larz")
   assert status == 2 and "'larz'" in err and "Did you mean 'lars'?" in err
