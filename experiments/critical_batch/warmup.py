@@ -179,7 +179,7 @@ def write_warmup(configs: dict, workdir: pathlib.Path, seeds: Sequence[int], out
   metric = METRIC_KEYS[first.dataset]
   split = first.data_options.get("eval_split", "test")
   num_examples = train_examples(first)
-  baseline = adaptive_batch.baseline_target(str(workdir), seeds, metric)
+  baseline = adaptive_batch.baseline_target(str(workdir), seeds, metric, runner.diverged_above(first))
   scale = 100.0 if metric == "accuracy" else 1.0
   unit = "%" if metric == "accuracy" else ""
   schedule = " → ".join(f"{b} from epoch {e:g}" for b, e in zip(sizes, (0.0, *boundaries)))
