@@ -280,10 +280,16 @@ def _runtime_stderr_to(path: pathlib.Path) -> None:
     pass
 
 
+_PROGRESS_WRITE = threading.Lock()
+
+
 def _write_progress(state: pathlib.Path) -> None:
-  temporary = state.with_suffix(".tmp")
-  temporary.write_text(json.dumps(_PROGRESS))
-  temporary.replace(state)
+  """Writes `_PROGRESS` to `state` atomically. One writer at a time: the step recorder (`watch`) and the main
+  thread (`stop_on_error`) shared the temporary file, and one's rename found it gone."""
+  with _PROGRESS_WRITE:
+    temporary = state.with_suffix(".tmp")
+    temporary.write_text(json.dumps(_PROGRESS))
+    temporary.replace(state)
 
 
 def watch(step: Callable[[], int]) -> None:

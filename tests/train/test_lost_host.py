@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from unittest import mock
 
@@ -288,3 +289,29 @@ def _aborted_child(runtime_log: pathlib.Path):
       return -signal.SIGABRT
 
   return AbortedChild
+
+
+def test_the_step_recorder_and_an_error_record_the_progress_at_the_same_time(tmp_path, monkeypatch):
+  """`watch`'s thread records the step while the main thread records the error it stops on (`stop_on_error`): both
+  wrote `process1.tmp`, and one's rename found it gone (FileNotFoundError, a traceback in CI instead of the error's
+  message)."""
+  state = tmp_path / "process1.json"
+  monkeypatch.setenv(distributed.SUPERVISED_ENV, str(state))
+  monkeypatch.setattr(distributed, "_PROGRESS", {"process_index": 1})
+  errors = []
+
+  def write(key):
+    try:
+      for value in range(300):
+        distributed._PROGRESS[key] = value  # pylint: disable=protected-access
+        distributed._write_progress(state)  # pylint: disable=protected-access
+    except OSError as e:
+      errors.append(e)
+
+  threads = [threading.Thread(target=write, args=(key,)) for key in ("step", "error", "other")]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors
+  assert json.loads(state.read_text()) == {"process_index": 1, "step": 299, "error": 299, "other": 299}
