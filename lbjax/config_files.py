@@ -333,7 +333,18 @@ def load(spec: str, overrides: Sequence[str] = ()) -> LoadedConfig:
       _assign(config, path, text, where)
   elif any(v is not None for v in presets.values()):
     raise ConfigError(f"{source}: presets {sorted(presets)} declared without a finalize(config, presets).")
+  _refuse_moot(config, explicit)
   return LoadedConfig(config, source, variant, tuple(overrides), describe_module(module))
+
+
+def _refuse_moot(config: ml_collections.ConfigDict, explicit: Sequence[tuple[str, str, str]]) -> None:
+  """Refuses an explicit setting that the config's other settings make moot: `batch_size` beside a
+  `batch_sizes` schedule that does not start at it (the schedule gives the batch of every epoch)."""
+  for path, _, where in explicit:
+    if path == "batch_size" and config.get("batch_sizes") and config.batch_size != config.batch_sizes[0]:
+      raise ConfigError(f"{where}={config.batch_size} is not used: config.batch_sizes={tuple(config.batch_sizes)} "
+                        "gives the batch size of every epoch. Set config.batch_sizes (and "
+                        "config.batch_size_boundaries) instead, or --config.batch_sizes=() for a constant batch.")
 
 
 def variant_help(module: ModuleType) -> list[str]:

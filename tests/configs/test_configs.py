@@ -203,6 +203,12 @@ def test_an_explicit_setting_wins_over_what_the_config_derives():
     ("mnist_lstm", ("--config.lr.base=fast",), r"--config.lr.base='fast': expected float"),
     ("mnist_lsmt", (), r"No config named 'mnist_lsmt'. Did you mean 'mnist_lstm'"),
     ("configs/mnist_lstm.py", (), r"Config file configs/mnist_lstm.py not found. The packaged config 'mnist_lstm'"),
+    # a batch size beside a schedule that does not start at it would be ignored: the schedule gives every batch
+    ("mnist_lstm", ("--config.batch_sizes=(128,256)", "--config.batch_size_boundaries=(1.0,)",
+                    "--config.batch_size=512"),
+     r"--config.batch_size=512 is not used: config.batch_sizes=\(128, 256\) gives the batch size of every epoch"),
+    ("mnist_lstm:batch=512", ("--config.batch_sizes=(128,256)", "--config.batch_size_boundaries=(1.0,)"),
+     r"variant batch \(config.batch_size\)=512 is not used"),
 ])
 def test_bad_settings_name_the_key_and_what_it_wants(spec, overrides, message):
   with pytest.raises(train.ConfigError, match=message):
