@@ -18,7 +18,10 @@ Every script takes `--config` as `lbjax-train` does: a packaged config (`mnist_l
 `lbjax.config_files.load`.
 """
 
+from collections.abc import Hashable, Mapping
+
 from lbjax import config_files
+from lbjax import train
 
 
 def config_spec(config: str, *variants: str) -> str:
@@ -30,6 +33,24 @@ def config_spec(config: str, *variants: str) -> str:
   source, _, variant = config.partition(":")
   keys = ",".join(v for v in (variant, *variants) if v)
   return f"{source}:{keys}" if keys else source
+
+
+def run_specs(config: str, variant: str, own_keys: Mapping[Hashable, str]) -> dict[Hashable, str]:
+  """The spec of each run of an experiment: `config` with the run's own keys (`own_keys[run]`, e.g.
+  "run=legw,seed=0") and the keys every run shares (`variant`), less the shared keys the run's own presets make
+  moot (`lbjax.configs.Variant.only_with`: `large_batch` is the LEGW run's, not the baseline's).
+
+  Raises:
+    lbjax.train.ConfigError: a shared key that applies to none of the runs.
+  """
+  specs = {run: config_spec(config, own, variant) for run, own in own_keys.items()}
+  moot = {run: config_files.moot_keys(spec) for run, spec in specs.items()}
+  unused = set.intersection(*(set(keys) for keys in moot.values()))
+  if unused:
+    raise train.ConfigError(f"variant {'keys' if len(unused) > 1 else 'key'} {', '.join(sorted(unused))} "
+                            f"{'apply' if len(unused) > 1 else 'applies'} to none of the experiment's runs: "
+                     + " ".join(next(iter(moot.values()))[key] for key in sorted(unused)))
+  return {run: config_files.without_keys(spec, moot[run]) for run, spec in specs.items()}
 
 
 def variant_fields(spec: str) -> set[str]:

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from experiments import config_spec
 from experiments import fields_the_experiment_sets
 from experiments import run_records
+from experiments import run_specs
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
@@ -75,9 +76,8 @@ def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant
   """
   if problem := argument_problem(runs, seeds):
     raise ValueError(problem)
-  configs = runner.load_runs({(run, seed): runner.config_loader(config_spec(config, f"run={run}", f"seed={seed}",
-                                                                            variant))
-                              for run in runs for seed in seeds},
+  specs = run_specs(config, variant, {(run, seed): f"run={run},seed={seed}" for run in runs for seed in seeds})
+  configs = runner.load_runs({key: runner.config_loader(spec) for key, spec in specs.items()},
                              "experiment", label=lambda key: f"run {key[0]} seed {key[1]}")
   datasets = {c.dataset for c in configs.values()}
   if len(datasets) != 1 or not datasets <= set(METRIC_KEYS):

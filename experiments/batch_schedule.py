@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from experiments import config_spec
 from experiments import fields_the_experiment_sets
 from experiments import run_records
+from experiments import run_specs
 from experiments import runner
 from experiments import sweep_table
 from experiments import variant_fields
@@ -64,9 +65,8 @@ def run_schedules(config: str, workdir: str, schedules: Sequence[str] = SCHEDULE
   if problem := argument_problem(schedules, seeds, max_device_batch):
     raise ValueError(problem)
   overrides = [f"--config.max_device_batch={max_device_batch}"] if max_device_batch else []
-  configs = runner.load_runs({(s, k): runner.config_loader(config_spec(config, f"schedule={s}", f"seed={k}", variant),
-                                                           overrides)
-                              for k in seeds for s in schedules},
+  specs = run_specs(config, variant, {(s, k): f"schedule={s},seed={k}" for k in seeds for s in schedules})
+  configs = runner.load_runs({key: runner.config_loader(spec, overrides) for key, spec in specs.items()},
                              "batch-schedule experiment", label=lambda key: f"{key[0]} seed={key[1]}")
   if dry_run:
     runner.print_dry_run("[batch_schedule]", ((f"{schedule} seed={seed}", run_config,
@@ -193,9 +193,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 dry_run=args.dry_run)
   if args.dry_run:
     return
+  shared = config_files.load(config_files.without_keys(spec, config_files.moot_keys(spec))).config
   write_outputs(args.workdir, args.out, schedules, args.title, args.seeds,
-                "python -m experiments.batch_schedule " + shlex.join(argv),
-                runner.diverged_above(config_files.load(config_spec(args.config, args.variant)).config))
+                "python -m experiments.batch_schedule " + shlex.join(argv), runner.diverged_above(shared))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ it imports the configs and the trainer, and neither imports it.
 """
 
 import ast
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 import dataclasses
 import functools
 import importlib
@@ -297,6 +297,48 @@ def parse_variant(variant: str, declared: Mapping[str, Variant], source: str) ->
   return parsed
 
 
+def _presets(declared: Mapping[str, Variant], given: Mapping[str, str]) -> dict[str, Any]:
+  """The value of every preset key (one without a field): given, or its default."""
+  presets = {key: v.default for key, v in declared.items() if v.field is None}
+  for key, text in given.items():
+    declaration = declared[key]
+    if declaration.field is None:
+      value = _parse_typed(text, declaration.type, f"variant {key}")
+      if declaration.choices and value not in declaration.choices:
+        raise ConfigError(f"variant {key}={text!r}: choose one of {', '.join(map(str, declaration.choices))}.")
+      presets[key] = value
+  return presets
+
+
+def _moot_keys(declared: Mapping[str, Variant], given: Mapping[str, str], presets: Mapping[str, Any]) -> list[str]:
+  """A sentence for each given key that applies only with other presets than these (`Variant.only_with`)."""
+  moot = []
+  for key, text in given.items():
+    if declared[key].only_with and presets[declared[key].only_with[0]] not in declared[key].only_with[1]:
+      preset, values = declared[key].only_with
+      moot.append(f"variant {key}={text} applies only with {preset}={' or '.join(map(str, values))}, and {preset} "
+                  f"is {presets[preset]}: remove {key}, or set {preset}.")
+  return moot
+
+
+def moot_keys(spec: str) -> dict[str, str]:
+  """The variant keys of `spec` (`name[:variant]`) that its presets make moot (`Variant.only_with`), each with
+  the sentence `load` refuses it with."""
+  source, _, variant = spec.partition(":")
+  declared: Mapping[str, Variant] = getattr(config_module(source), "VARIANTS", {})
+  given = parse_variant(variant, declared, source)
+  presets = _presets(declared, given)
+  return {key: sentence for key, text in given.items() for sentence in _moot_keys(declared, {key: text}, presets)}
+
+
+def without_keys(spec: str, keys: Collection[str]) -> str:
+  """`spec` (`name[:variant]`) without the variant `keys`."""
+  source, _, variant = spec.partition(":")
+  declared: Mapping[str, Variant] = getattr(config_module(source), "VARIANTS", {})
+  kept = ",".join(f"{key}={text}" for key, text in parse_variant(variant, declared, source).items() if key not in keys)
+  return f"{source}:{kept}" if kept else source
+
+
 def load(spec: str, overrides: Sequence[str] = ()) -> LoadedConfig:
   """The config `spec` (`name[:variant]` or `path.py[:variant]`) with command-line `overrides`.
 
@@ -308,17 +350,13 @@ def load(spec: str, overrides: Sequence[str] = ()) -> LoadedConfig:
   declared: Mapping[str, Variant] = getattr(module, "VARIANTS", {})
   config = _file_config(module, source)
   explicit: list[tuple[str, str, str]] = []  # (field, value, where)
-  presets = {key: v.default for key, v in declared.items() if v.field is None}
-  for key, text in parse_variant(variant, declared, source).items():
-    declaration = declared[key]
-    where = f"variant {key}"
-    if declaration.field is not None:
-      explicit.append((declaration.field, text, f"{where} (config.{declaration.field})"))
-      continue
-    value = _parse_typed(text, declaration.type, where)
-    if declaration.choices and value not in declaration.choices:
-      raise ConfigError(f"{where}={text!r}: choose one of {', '.join(map(str, declaration.choices))}.")
-    presets[key] = value
+  given = parse_variant(variant, declared, source)
+  presets = _presets(declared, given)
+  if moot := _moot_keys(declared, given, presets):
+    raise ConfigError(f"{source}:{variant}: " + " ".join(moot))
+  for key, text in given.items():
+    if declared[key].field is not None:
+      explicit.append((declared[key].field, text, f"variant {key} (config.{declared[key].field})"))
   for item in overrides:
     path, text = parse_override(item)
     explicit.append((path, text, f"--config.{path}"))
@@ -353,5 +391,6 @@ def variant_help(module: ModuleType) -> list[str]:
   for key, v in getattr(module, "VARIANTS", {}).items():
     what = f"= --config.{v.field}" if v.field else (" | ".join(map(str, v.choices)) if v.choices else v.type.__name__)
     default = f" (default {v.default})" if v.field is None and v.default is not None else ""
-    lines.append(f"{key:<10} {v.help} [{what}]{default}")
+    only = f", only with {v.only_with[0]}={' or '.join(map(str, v.only_with[1]))}" if v.only_with else ""
+    lines.append(f"{key:<10} {v.help} [{what}]{default}{only}")
   return lines

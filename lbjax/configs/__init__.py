@@ -19,9 +19,12 @@ class Variant:
     type: a preset's type (int, float, str, bool).
     default: a preset's value when not given.
     choices: a preset's allowed values, if limited.
+    only_with: `(key, values)`: the key applies only where preset `key` has one of `values`; given elsewhere it
+      is refused (an experiment that gives every run the same keys drops it from the runs it does not apply to).
   """
   help: str
   field: str | None = None
   type: type = str
   default: Any = None
   choices: tuple[Any, ...] = ()
+  only_with: tuple[str, tuple[Any, ...]] | None = None

@@ -28,7 +28,8 @@ VARIANTS = {
     "lr": Variant("initial learning rate", field="lr.base"),
     "seed": Variant("initialisation and shuffling seed", field="seed"),
     "schedule": Variant("how the noise decays", default="decay_lr", choices=("decay_lr", "grow_batch", "hybrid")),
-    "max_batch": Variant("hybrid's largest batch B_max (default: batch x 5^2)", type=int, default=0),
+    "max_batch": Variant("hybrid's largest batch B_max (default: batch x 5^2)", type=int, default=0,
+                         only_with=("schedule", ("hybrid",))),
 }
 
 

@@ -209,6 +209,12 @@ def test_an_explicit_setting_wins_over_what_the_config_derives():
      r"--config.batch_size=512 is not used: config.batch_sizes=\(128, 256\) gives the batch size of every epoch"),
     ("mnist_lstm:batch=512", ("--config.batch_sizes=(128,256)", "--config.batch_size_boundaries=(1.0,)"),
      r"variant batch \(config.batch_size\)=512 is not used"),
+    # a preset key that the other presets make moot
+    ("batch_schedule_mnist:schedule=grow_batch,max_batch=3200", (),
+     r"variant max_batch=3200 applies only with schedule=hybrid, and schedule is grow_batch: remove max_batch, or set "
+     r"schedule\."),
+    ("adaptive_batch_mnist:large_batch=512", (), r"variant large_batch=512 applies only with run=legw, and run is "
+                                                 r"adaptive"),
 ])
 def test_bad_settings_name_the_key_and_what_it_wants(spec, overrides, message):
   with pytest.raises(train.ConfigError, match=message):

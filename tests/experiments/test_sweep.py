@@ -247,6 +247,25 @@ def test_batch_schedule_dry_run_prints_each_realisation_and_trains_nothing(monke
   assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
 
 
+def test_batch_schedule_gives_a_variant_key_only_to_the_realisations_it_applies_to(monkeypatch, tmp_path):
+  """`max_batch` is hybrid's B_max: the other realisations train without it; given to none of them it is refused."""
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  trained = {}
+  def run_once(config, run_dir, *, name, prefix):
+    trained[pathlib.Path(run_dir).name] = config
+    return RunRow(name, config.seed, "test", "accuracy", 0.9, "done", 0.1, 0.0, 5.0, 10, 1.0)
+
+  monkeypatch.setattr(batch_schedule.runner, "run_once", run_once)
+  batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow_batch", "hybrid"),
+                               variant="max_batch=16000")
+  assert trained["hybrid_seed0"].batch_sizes == (128, 640, 3200, 16000)
+  assert trained["grow_batch_seed0"].batch_sizes == (128, 640, 3200, 16000)
+  with pytest.raises(train.ConfigError, match=r"variant key max_batch applies to none of the experiment's runs: "
+                                              r"variant max_batch=16000 applies only with schedule=hybrid, and "
+                                              r"schedule is grow_batch"):
+    batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow_batch",), variant="max_batch=16000")
+
+
 def test_batch_schedule_tables_every_seed_and_their_mean_and_spread(tmp_path):
   """The table: per realisation its batch sizes, updates, mean ± sample sd of the final accuracy over the
   seeds that finished (a seed still running is counted out) and each seed's; the CSV a row per evaluation."""
