@@ -126,6 +126,20 @@ def state_checksums(state: Any, replicated: jax.sharding.Sharding) -> dict[str, 
   return {name: checksums[name] for name in named}
 
 
+def _check_sums(meta: dict[str, Any], restored: Any, replicated: jax.sharding.Sharding, whole: bool) -> None:
+  """Raises `CheckpointCorruptError` naming the leaves of `restored` whose checksums differ from those `meta`
+  records; `whole`: `restored` is the whole state, so a leaf only one of them has differs too."""
+  expected = meta.get("checksums")
+  if expected is None:
+    return
+  found = state_checksums(restored, replicated)
+  names = set(expected) | set(found) if whole else set(found) & set(expected)
+  differing = sorted(name for name in names if expected.get(name) != found.get(name))
+  if differing:
+    raise CheckpointCorruptError(f"the checksum of {', '.join(differing[:3])} differs from the one "
+                                 "saved (the files changed on disk)")
+
+
 def _meta_digest(meta: dict[str, Any]) -> str:
   body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -239,14 +253,22 @@ class Checkpointer:
       state = self.restore_state(step, abstract_state)
     except Exception as e:  # pylint: disable=broad-except  (truncated files, bad headers, ...)
       raise CheckpointCorruptError(f"its arrays cannot be read ({_short(e)})") from e
-    expected = meta.get("checksums")
-    if expected is not None:
-      found = state_checksums(state, replicated)
-      differing = sorted(name for name in set(expected) | set(found) if expected.get(name) != found.get(name))
-      if differing:
-        raise CheckpointCorruptError(f"the checksum of {', '.join(differing[:3])} differs from the one "
-                                     "saved (the files changed on disk)")
+    _check_sums(meta, state, replicated, whole=True)
     return state
+
+  def restore_fields_verified(self, step: int, abstract_fields: dict[str, Any],
+                              replicated: jax.sharding.Sharding) -> dict[str, Any]:
+    """`restore_fields`, checked against the checksums checkpoint `step`'s meta records for those fields.
+
+    Raises:
+      CheckpointCorruptError: the meta is unreadable or altered, or a restored leaf's checksum differs (named).
+      Exception: what Orbax raises when the arrays cannot be read into `abstract_fields` (other shapes, damaged
+        files): the two look alike.
+    """
+    meta = self.read_meta_verified(step)
+    fields = self.restore_fields(step, abstract_fields)
+    _check_sums(meta, fields, replicated, whole=False)
+    return fields
 
   def set_aside(self, step: int, reason: str) -> pathlib.Path:
     """Moves checkpoint `step` to `<workdir>/skipped_checkpoints/<step>` (kept for inspection, out of

@@ -45,12 +45,14 @@ class Start:
     meta: the resumed checkpoint's meta (stream position, examples seen, carry, batch policy), or {}.
     changes: the optimizer settings changed on purpose (`config.resume_with_changed_optimizer`).
     initialized_from: (workdir, step) of the `config.init_from` checkpoint, or None.
+    init_skipped: (step, reason) of each newer checkpoint of `config.init_from` that did not read back.
   """
   state: TrainState
   resumed_from: int | None = None
   meta: dict[str, Any] = dataclasses.field(default_factory=dict)
   changes: dict[str, list] = dataclasses.field(default_factory=dict)
   initialized_from: tuple[pathlib.Path, int] | None = None
+  init_skipped: tuple[tuple[int, str], ...] = ()
 
   @property
   def saved_data_parallel_size(self) -> int | None:
@@ -177,23 +179,37 @@ class Checkpoints:
 
   def _start_from(self, source: str, initial: TrainState, model_description: str) -> Start:
     """The parameters and BatchNorm statistics of the checkpoint `source` (a workdir, its
-    `checkpoints/` folder or one step folder); optimizer, step and data start afresh."""
+    `checkpoints/` folder or one step folder); optimizer, step and data start afresh. Of a workdir, the
+    newest checkpoint whose arrays read back with the checksums it saved; the source is left as it is."""
     path, step = init_source(source)
     source_checkpointer = Checkpointer(path, max_to_keep=None)
+    failed: list[tuple[int, str]] = []
     try:
       steps = [step] if step is not None else source_checkpointer.all_steps()
       if not steps:
         raise ConfigError(f"config.init_from={source!r}: {path / 'checkpoints'} holds no complete checkpoint.")
       fields = abstract_like({"params": initial.params, "model_state": initial.model_state})
-      try:
-        restored = source_checkpointer.restore_fields(steps[0], fields)
-      except Exception as e:  # pylint: disable=broad-except  (shapes differ, files unreadable, ...)
-        raise ConfigError(f"config.init_from={source!r}: the parameters of checkpoint {steps[0]} do not fit this "
-                          f"run's model {model_description}: {str(e).strip().splitlines()[-1][:300]}") from e
+      for candidate in steps:
+        try:
+          restored = source_checkpointer.restore_fields_verified(candidate, fields, self._replicated)
+          break
+        except CheckpointCorruptError as e:
+          failed.append((candidate, str(e)))
+        except Exception as e:  # pylint: disable=broad-except  (shapes differ, files unreadable, ...)
+          failed.append((candidate, f"its parameters do not fit this run's model {model_description} or cannot "
+                                    f"be read: {str(e).strip().splitlines()[-1][:300]}"))
+      else:
+        raise ConfigError(f"config.init_from={source!r}: no checkpoint there gives this run its parameters: "
+                          + "; ".join(f"checkpoint {s}: {reason}" for s, reason in failed) + ".")
     finally:
       source_checkpointer.close()
+    for skipped, reason in failed:
+      logging.warning("config.init_from: skipped checkpoint %d of %s: %s.", skipped, path, reason)
+      if self._run.watch.progress and jax.process_index() == 0:
+        print(f"Warning: config.init_from: skipped checkpoint {skipped} of {path}: {reason}; trying the one before "
+              "it.", flush=True)
     state = initial._replace(params=restored["params"], model_state=restored["model_state"])
-    return Start(state, initialized_from=(path, steps[0]))
+    return Start(state, initialized_from=(path, candidate), init_skipped=tuple(failed))
 
   def _record_history(self, start: Start) -> None:
     """Appends this start to `<workdir>/history.jsonl`: resumed or new, from where, what changed."""
@@ -208,6 +224,8 @@ class Checkpoints:
       record["skipped_checkpoints"] = [{"step": step, "reason": reason} for step, reason in self.skipped]
     if start.initialized_from:
       record["init_from"] = {"workdir": str(start.initialized_from[0]), "step": start.initialized_from[1]}
+      if start.init_skipped:
+        record["init_from"]["skipped"] = [{"step": step, "reason": reason} for step, reason in start.init_skipped]
     if start.saved_data_parallel_size not in (None, record["data_parallel_size"]):
       record["saved_data_parallel_size"] = start.saved_data_parallel_size
     if self._lock is not None and self._lock.stale_holder is not None:

@@ -26,8 +26,8 @@ from lbjax import config_files
 from lbjax.train import CheckpointMismatchError, NonFiniteError, Run, train_and_evaluate
 from lbjax.train import datasets
 from lbjax.train import optimizer as optimizer_lib
-from lbjax.train.checkpointing import Checkpointer
-from lbjax.train.errors import DataMismatchError
+from lbjax.train.checkpointing import Checkpointer, abstract_like
+from lbjax.train.errors import ConfigError, DataMismatchError
 from tests.train import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -192,6 +192,42 @@ def test_a_corrupt_newest_checkpoint_is_skipped_with_a_warning_and_the_previous_
                                  tmp_path / "reference")
   assert resumed.step == 12
   helpers.assert_trees_equal(resumed.state, reference.state)
+
+
+@pytest.mark.parametrize("damage", ["other readable arrays", "truncate"])
+def test_init_from_takes_the_newest_checkpoint_that_reads_back_and_leaves_the_source_as_it_is(tmp_path, damage):
+  """`config.init_from` checks the parameters it reads against the checksums saved with them, as a resume does:
+  it started from a silently altered checkpoint, and refused a damaged one as not fitting the model."""
+  source = tmp_path / "source"
+  config = helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0)
+  train_and_evaluate(config, source)
+  if damage == "truncate":  # every file of the state: the parameters' too
+    for file in (f for f in (source / "checkpoints" / "8" / "state").rglob("*") if f.is_file()):
+      file.write_bytes(file.read_bytes()[:64])
+  else:
+    other = tmp_path / "other_seed"
+    train_and_evaluate(helpers.tiny_classifier_config(checkpoint_every_steps=4, num_steps=8, num_epochs=2.0, seed=1),
+                       other)
+    _replace_arrays_with_readable_other_ones(source, 8, other)
+  before = sorted(p.relative_to(source) for p in source.rglob("*"))
+  started = Run(helpers.tiny_classifier_config(num_steps=2, init_from=str(source)), tmp_path / "new")
+  try:
+    reference = Checkpointer(source, max_to_keep=None)
+    try:
+      saved = reference.restore_fields(4, abstract_like({"params": started.state.params}))["params"]
+    finally:
+      reference.close()
+    helpers.assert_trees_equal(started.state.params, saved)
+  finally:
+    started.close()
+  history = json.loads((tmp_path / "new" / "history.jsonl").read_text())
+  assert history["init_from"]["step"] == 4 and history["init_from"]["skipped"][0]["step"] == 8
+  assert ("the checksum of params/" if damage == "other readable arrays" else "cannot be read") in \
+      history["init_from"]["skipped"][0]["reason"]
+  assert sorted(p.relative_to(source) for p in source.rglob("*")) == before
+  with pytest.raises(ConfigError, match=r"config.init_from=.*/checkpoints/8.*: no checkpoint there gives this run its "
+                                        r"parameters: checkpoint 8: "):
+    Run(helpers.tiny_classifier_config(num_steps=2, init_from=str(source / "checkpoints" / "8")), tmp_path / "newest")
 
 
 def test_a_non_finite_step_names_the_step_and_quantity_and_both_ways_on_work(tmp_path):
