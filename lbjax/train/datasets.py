@@ -397,6 +397,9 @@ def check_language_model_options(seq_len: int, carry_state: bool, eval_protocol:
 def _language_model(train_tokens: np.ndarray, eval_tokens: np.ndarray, *, vocab_size: int, seq_len: int,
                     eval_split: str, carry_state: bool, eval_protocol: str, stream_window: int) -> Dataset:
   check_language_model_options(seq_len, carry_state, eval_protocol, stream_window)
+  if len(train_tokens) < seq_len + 1:  # here, where the dataset opens: the stream is made only once training starts
+    raise ValueError(f"the training split has {len(train_tokens)} tokens; windows of seq_len={seq_len} need at least "
+                     f"seq_len + 1 = {seq_len + 1}. Use a longer training text or a smaller seq_len.")
 
   def make_train_stream(process_index, process_count):
     return lbdata.PtbStream(train_tokens, seq_len=seq_len, process_index=process_index,

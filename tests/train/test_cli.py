@@ -167,6 +167,17 @@ def test_what_a_run_refuses_of_its_token_data_dry_run_refuses_too(capsys, tmp_pa
   assert status == 2 and message in err and "Traceback" not in err
 
 
+def test_a_training_text_shorter_than_one_window_is_refused_naming_its_length(capsys, tmp_path):
+  """It ended in a traceback from the training stream, made after the dataset had opened."""
+  (tmp_path / "ptb").mkdir()
+  for split in ("train", "valid", "test"):
+    (tmp_path / "ptb" / f"ptb.{split}.txt").write_text("a b c\n")
+  status, _, err = _run(capsys, "--config", "ptb_lstm", f"--config.data_dir={tmp_path}", "--config.num_steps=1",
+                        "--config.mesh.num_devices=1", "--workdir", str(tmp_path / "run"))
+  assert status == 2 and "Traceback" not in err
+  assert "the training split has 4 tokens; windows of seq_len=20 need at least seq_len + 1 = 21" in err
+
+
 @pytest.mark.parametrize("override, message", [
     ("--config.optimizer.mask=nomatch",
      "config.optimizer (lbjax.optim.mclr(mask='nomatch', momentum=0.9)) does not fit the model's parameters: mask "
