@@ -193,14 +193,17 @@ class WorkdirLock:
     except FileNotFoundError:
       return None
     try:
-      return json.loads(text)
+      holder = json.loads(text)
     except json.JSONDecodeError:
-      # Written by a run that died between creating and filling it, or being written right now.
-      age = time.time() - self.path.stat().st_mtime
-      if age < 5:
-        return None
-      return {"host": self._record["host"], "pid": -1, "started": self.path.stat().st_mtime,
-              "command": "(unreadable lock file)"}
+      holder = None
+    if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+      return holder
+    # Written by a run that died between creating and filling it, being written right now, or damaged.
+    age = time.time() - self.path.stat().st_mtime
+    if age < 5:
+      return None
+    return {"host": self._record["host"], "pid": -1, "started": self.path.stat().st_mtime,
+            "command": "(unreadable lock file)"}
 
   def release(self) -> None:
     """Removes the lock if this run holds it."""

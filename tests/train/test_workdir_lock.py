@@ -32,6 +32,19 @@ def test_a_crashed_run_s_lock_is_taken_over_and_named(tmp_path):
   assert not (tmp_path / "lock").exists()
 
 
+@pytest.mark.parametrize("text", ["", "{not json", "[]", "null", '{"host": "h", "pid": "abc"}'])
+def test_a_lock_file_that_is_not_a_lock_is_taken_over_once_it_is_5_s_old(tmp_path, text):
+  """Not a holder's record (a crash while it was written, or damage): taken over as an unreadable lock. A list or
+  a non-integer pid raised AttributeError or ValueError, and `null` was retried for 5 s, then called a race."""
+  (tmp_path / "lock").write_text(text)
+  os.utime(tmp_path / "lock", (0, 0))
+  lock = workdir_lock.WorkdirLock(tmp_path)
+  lock.acquire()
+  assert lock.stale_holder["command"] == "(unreadable lock file)"
+  assert json.loads((tmp_path / "lock").read_text())["pid"] == os.getpid()
+  lock.release()
+
+
 def test_a_stale_lock_another_run_took_over_first_is_not_removed(tmp_path, monkeypatch):
   """Two runs find the same stale lock; the first removes it and makes its own before the second acts: the
   second must find the first's lock and refuse, not remove it (then both would run)."""
