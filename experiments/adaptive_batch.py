@@ -14,7 +14,8 @@ adascale; `lbjax.configs.adaptive_batch_mnist`, `lbjax.configs.adaptive_batch_pt
     baseline's final test metric (its mean over seeds), or "not reached";
   `<out>.png`: test metric vs updates, batch size and noise scale vs epochs.
 The test metric is the dataset's (`experiments.sweep.METRIC_KEYS`): accuracy, reached when at least the
-target, or perplexity, reached when at most the target.
+target, or perplexity, reached when at most the target; on the split the runs evaluate
+(`data_options.eval_split`, "test" unless set), which the CSV column, the table and the plot name.
 Wall time to the target is the `wall_seconds` of the run's `batch` record at or after that evaluation
 (records every `batch.adapt_every` steps); it includes evaluations and compilation. A run stopped by a
 non-finite loss or update is recorded as diverged (`<workdir>/<r>_seed<s>/diverged.txt`, the error) and
@@ -84,6 +85,11 @@ def load_configs(config: str, runs: Sequence[str], seeds: Sequence[int], variant
     raise ValueError(f"{config} trains on {sorted(datasets)}; the experiment needs one dataset with a known "
                      f"test metric: {', '.join(sorted(METRIC_KEYS))}.")
   return configs
+
+
+def split_of(configs: dict) -> str:
+  """The split the runs of `configs` evaluate: the config's `data_options.eval_split`, which no run changes."""
+  return runner.evaluated_split(next(iter(configs.values())))
 
 
 def metric_of(configs: dict) -> str:
@@ -176,15 +182,15 @@ def summarize(workdir: str, runs: Sequence[str], seeds: Sequence[int], target: f
 
 def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[int], title: str, command: str,
                   metric: str, run_labels: dict[str, str], diverged_above: float,
-                  extra_targets: Sequence[float] = ()) -> None:
-  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the finished runs; `extra_targets` are test
-  `metric` values as the runs record them (accuracy as a fraction); a run that ended at a loss above
-  `diverged_above` (`runner.diverged_above`) diverged."""
+                  extra_targets: Sequence[float] = (), split: str = "test") -> None:
+  """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the finished runs, which evaluated `metric` on `split`
+  (`split_of`); `extra_targets` are `metric` values as the runs record them (accuracy as a fraction); a run that
+  ended at a loss above `diverged_above` (`runner.diverged_above`) diverged."""
   out_path = pathlib.Path(out)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   with open(out_path.with_suffix(".csv"), "w", newline="") as f:
     writer = csv.writer(f)
-    writer.writerow(("run", "seed", "kind", "step", "epoch", sweep_table.metric_column(metric), "batch_size",
+    writer.writerow(("run", "seed", "kind", "step", "epoch", sweep_table.metric_column(metric, split), "batch_size",
                      "noise_scale", "statistical_efficiency", "examples_per_second", "goodput", "learning_rate",
                      "wall_seconds"))
     for run in runs:
@@ -205,14 +211,14 @@ def write_outputs(workdir: str, out: str, runs: Sequence[str], seeds: Sequence[i
            f"Seeds: {', '.join(map(str, seeds))}; mean over seeds, [min-max] when several. 'wall s': the run's "
            "wall-clock time to its last `batch` record (training, periodic evaluations and compilation; not "
            "the final evaluation), on a shared, loaded 2-core CPU. 'to target': the updates and wall time at "
-           f"the first periodic evaluation whose test {metric} was {reached} the target.", ""]
+           f"the first periodic evaluation whose {split} {metric} was {reached} the target.", ""]
   for name, target in targets:
     lines += [f"## Target: {name} ({sweep_table.format_value(target, metric)})", "",
-              f"| run | batch sizes used | final test {metric} | optimizer updates | wall s | updates to target "
+              f"| run | batch sizes used | final {split} {metric} | optimizer updates | wall s | updates to target "
               "| wall s to target |", "|---|---|---:|---:|---:|---:|---:|"]
     lines += _table_rows(summarize(workdir, runs, seeds, target, metric, diverged_above), metric, run_labels) + [""]
   out_path.with_suffix(".md").write_text("\n".join(lines))
-  _plot(workdir, runs, seeds, title, metric, run_labels, out_path.with_suffix(".png"))
+  _plot(workdir, runs, seeds, title, metric, split, run_labels, out_path.with_suffix(".png"))
 
 
 def _table_rows(rows: list[dict[str, Any]], metric: str, run_labels: dict[str, str]) -> list[str]:
@@ -232,7 +238,7 @@ def _table_rows(rows: list[dict[str, Any]], metric: str, run_labels: dict[str, s
   return lines
 
 
-def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, metric: str,
+def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, metric: str, split: str,
           run_labels: dict[str, str], path: pathlib.Path) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -251,7 +257,8 @@ def _plot(workdir: str, runs: Sequence[str], seeds: Sequence[int], title: str, m
       epochs = [r["epoch"] for r in records]
       batch.plot(epochs, [r["batch_size"] for r in records], color=color, label=label)
       noise.plot(epochs, [float(r["noise_scale"]) for r in records], color=color, label=label)
-  quality.set(xlabel="optimizer updates", ylabel="test accuracy (%)" if metric == "accuracy" else "test perplexity",
+  quality.set(xlabel="optimizer updates",
+              ylabel=f"{split} accuracy (%)" if metric == "accuracy" else f"{split} perplexity",
               xscale="log", yscale="linear" if metric == "accuracy" else "log")
   batch.set(xlabel="epochs", ylabel="batch size", yscale="log")
   noise.set(xlabel="epochs", ylabel="noise scale B_noise (EMA)", yscale="log")
@@ -299,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   title = (args.title or config_files.describe_module(config_files.config_module(args.config.partition(":")[0]))
            or "Adaptive batch vs fixed and scheduled batches")
   write_outputs(args.workdir, args.out, runs, seeds, title.rstrip("."), command, metric_of(configs),
-                labels(configs), runner.diverged_above(next(iter(configs.values()))), args.targets)
+                labels(configs), runner.diverged_above(next(iter(configs.values()))), args.targets, split_of(configs))
 
 
 if __name__ == "__main__":

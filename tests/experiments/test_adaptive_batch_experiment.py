@@ -165,3 +165,24 @@ def test_a_run_that_ends_far_above_a_uniform_guess_counts_as_diverged_as_in_ever
   assert adaptive_batch.baseline_target(str(tmp_path), (0, 1), "accuracy", above) == 0.9
   [row] = adaptive_batch.summarize(str(tmp_path), ("baseline",), (0, 1), 0.5, "accuracy", above)
   assert row["metric"] == [90.0] and row["diverged"] == 1
+
+
+def test_the_outputs_name_the_split_the_runs_evaluated(tmp_path):
+  """Runs evaluated on the validation split: the CSV column, the table and the plot say so (they said "test")."""
+  runs = tmp_path / "runs"
+  for run in ("baseline", "adaptive"):
+    directory = runner.run_dir(str(runs), run, 0)
+    directory.mkdir(parents=True)
+    records = [{"kind": "batch", "step": 5, "epoch": 0.5, "batch_size": 64, "noise_scale": 100.0,
+                "statistical_efficiency": 1.0, "examples_per_second": 10.0, "goodput": 10.0, "learning_rate": 0.1,
+                "wall_seconds": 3.0},
+               {"kind": "eval", "step": 10, "epoch": 1.0, "accuracy": 0.9, "loss": 0.3, "final": True}]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  out = tmp_path / "out"
+  adaptive_batch.write_outputs(str(runs), str(out), ("baseline", "adaptive"), (0,), "t", "cmd", "accuracy",
+                               {"baseline": "baseline", "adaptive": "adaptive"}, diverged_above=3.3,
+                               split="validation")
+  assert "validation_accuracy" in out.with_suffix(".csv").read_text().splitlines()[0]
+  table = out.with_suffix(".md").read_text()
+  assert "| final validation accuracy |" in table and "test" not in table
+
