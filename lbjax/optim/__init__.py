@@ -32,6 +32,9 @@ from lbjax.optim.median_curvature import scale_by_median_curvature
 from lbjax.optim.percent_delta import percent_delta
 from lbjax.optim.percent_delta import percent_delta_rate
 from lbjax.optim.percent_delta import scale_by_percent_delta
+from lbjax.optim import flax_state
+
+flax_state.register_if_flax_is_loaded()  # Flax's serializer learns the state classes (`lbjax.optim.flax_state`)
 
 __all__ = [
     "compression",

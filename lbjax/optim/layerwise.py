@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.optim import flax_state
 from lbjax.optim import low_precision
 from lbjax.optim import validation
 from lbjax.optim.leaf_names import leaf_name
@@ -283,6 +284,7 @@ class LayerRates:
   @classmethod
   def zeros(cls, layout: RatesLayout) -> "LayerRates":
     """Every rate 0 (the state before the first update)."""
+    flax_state.register_if_flax_is_loaded()
     return cls(tuple(jnp.zeros((n,), dtype) for n, dtype in zip(layout.sizes(), layout.dtypes)), layout)
 
   def leaves(self) -> list[jax.Array | None]:

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lbjax.optim import flax_state
 from lbjax.optim import fused
 from lbjax.optim import layerwise
 from lbjax.optim import validation
@@ -121,6 +122,7 @@ class FlatLayout:
         parts[place.buffer].append(jnp.pad(x, ((0, 0), (0, padding))).reshape(-1))
     buffers = tuple(jnp.concatenate(p).reshape(-1, BLOCK) if p else jnp.zeros((0, BLOCK), dtype)
                     for p, dtype in zip(parts, self.dtypes))
+    flax_state.register_if_flax_is_loaded()
     return FlatTree(buffers, self)
 
   def unflatten(self, flat: "FlatTree") -> Any:
