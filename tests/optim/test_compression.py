@@ -155,6 +155,32 @@ def _shard_map_over_devices(fn, mesh):
   return call
 
 
+@pytest.mark.parametrize("name, options", [("one_bit", {}), ("qsgd", {"num_levels": 4}), ("powersgd", {"rank": 1})])
+def test_a_leaf_without_entries_passes_through_every_compressor(name, options):
+  """`jnp.max` of qsgd's empty leaf raised "zero-size array to reduction operation max"."""
+  comp = getattr(compression, name)(**options)
+  grads = {"empty": jnp.zeros((0, 3)), "w": jnp.ones((4, 3))}
+  sent, _ = comp.update(grads, comp.init(grads))
+  assert sent["empty"].shape == (0, 3) and bool(jnp.all(jnp.isfinite(sent["w"])))
+
+
+def test_one_bit_keeps_its_residual_in_float32_under_scan():
+  """bfloat16 parameters, float32 gradients: the residual, made in bfloat16, became float32 after a step, and a
+  scan's carry refused the state ("the input carry ... has type bfloat16[4] but the corresponding output carry
+  ... float32[4]"). It is float32 from the start, as PowerSGD's: error feedback accumulates remainders below a
+  bfloat16 step."""
+  comp = compression.one_bit(error_feedback=True)
+  state = comp.init({"w": jnp.zeros((4,), jnp.bfloat16)})
+  grads = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+
+  def step(state, g):
+    sent, state = comp.update({"w": g}, state)
+    return state, sent["w"]
+
+  state, _ = jax.lax.scan(step, state, grads)
+  assert state.residual["w"].dtype == jnp.float32
+
+
 def test_compressed_pmean_uncompressed_equals_pmean_over_8_devices():
   mesh = _data_mesh()
   grads = jax.random.normal(jax.random.key(0), (8, 3))

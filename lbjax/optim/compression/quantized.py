@@ -65,7 +65,8 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
   gradient up to the bounded residual. Gradients must be real: a complex leaf raises a TypeError.
 
   Args:
-    error_feedback: keep the residual in the state and add it to the next gradient.
+    error_feedback: keep the residual in the state (float32, or the parameters' dtype if wider) and add it to
+      the next gradient.
 
   Returns:
     A `GradientCompressor` (an Optax transform).
@@ -83,7 +84,9 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
 
   def init(params):
     if error_feedback:
-      return ErrorFeedbackState(residual=jax.tree.map(jnp.zeros_like, params))
+      # at least float32, as PowerSGD's: the remainders it accumulates are below a bfloat16 step of the leaf
+      return ErrorFeedbackState(residual=jax.tree.map(
+          lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(jnp.result_type(p), jnp.float32)), params))
     return optax.EmptyState()
 
   def update(grads, state, params=None):
@@ -93,8 +96,10 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
       return jax.tree.map(_one_bit_decode, grads), state
     corrected = jax.tree.map(jnp.add, grads, state.residual)
     decoded = jax.tree.map(_one_bit_decode, corrected)
-    residual = jax.tree.map(jnp.subtract, corrected, decoded)
-    return decoded, ErrorFeedbackState(residual=residual)
+    # the residual stays in the dtype it was made in (a state whose dtype changes breaks scan carries); what is
+    # sent has the gradients' dtype, as every update
+    residual = jax.tree.map(lambda c, d, old: (c - d).astype(old.dtype), corrected, decoded, state.residual)
+    return jax.tree.map(lambda d, g: d.astype(g.dtype), decoded, grads), ErrorFeedbackState(residual=residual)
 
   return GradientCompressor(init, update, lambda shape: float(math.prod(shape) + 2 * FLOAT_BITS), None, False)
 
@@ -110,7 +115,7 @@ def _qsgd_decode(v: jax.Array, key: jax.Array, num_levels: int) -> jax.Array:
   exactly 2^k Q(v). A decoded entry is at most |v_i| + ||v||/s: in a float16 leaf it is inf past 65504.
   """
   x = v.astype(jnp.float32)
-  largest = jnp.max(jnp.abs(x))
+  largest = jnp.max(jnp.abs(x), initial=0.0)  # 0 for a leaf without entries
   unit = x / jnp.where(largest > 0, largest, 1.0)
   unit_norm = jnp.sqrt(jnp.sum(jnp.square(unit)))  # ||v|| / m, in [1, sqrt(n)] for a non-zero leaf
   scaled = num_levels * jnp.abs(unit) / jnp.where(largest > 0, unit_norm, 1.0)
