@@ -76,18 +76,22 @@ def curvature_radius(w: jax.Array, g: jax.Array, weight_decay: float = 0.0) -> j
 
 
 def _check_weight_decay(weight_decay, where):
-  if isinstance(weight_decay, numbers.Real) and not 0 <= weight_decay < math.inf:  # a traced beta is the caller's
-    raise ValueError(f"{where}: weight_decay must be a finite number >= 0, got {weight_decay}.")
+  if isinstance(weight_decay, jax.Array):  # a traced beta is the caller's
+    return
+  if isinstance(weight_decay, bool) or not isinstance(weight_decay, numbers.Real) or not 0 <= weight_decay < math.inf:
+    raise ValueError(f"{where}: weight_decay must be a finite number >= 0, got {weight_decay!r}.")
 
 
 def _check_options(weight_decay, quantile_levels, min_abs_weight, min_abs_grad, where):
   _check_weight_decay(weight_decay, where)
-  if not (min_abs_weight >= 0 and min_abs_grad >= 0):
+  if not all(isinstance(v, numbers.Real) and v >= 0 for v in (min_abs_weight, min_abs_grad)):
     raise ValueError(
-        f"{where}: min_abs_weight and min_abs_grad must be >= 0, got {min_abs_weight} and "
-        f"{min_abs_grad}.")
-  if any(not 0.0 <= q <= 1.0 for q in quantile_levels):
-    raise ValueError(f"{where}: quantile levels must be in [0, 1], got {tuple(quantile_levels)}.")
+        f"{where}: min_abs_weight and min_abs_grad must be numbers >= 0, got {min_abs_weight!r} and "
+        f"{min_abs_grad!r}.")
+  if (isinstance(quantile_levels, str) or not isinstance(quantile_levels, Sequence)
+      or any(not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0 for q in quantile_levels)):
+    raise ValueError(f"{where}: quantile_levels must be a sequence of levels in [0, 1], e.g. (0.5, 0.9), got "
+                     f"{quantile_levels!r}.")
 
 
 def _layer_stats(w, g, weight_decay, levels, min_abs_weight, min_abs_grad):
@@ -154,9 +158,12 @@ def curvature_radius_rows(
     min_abs_grad: float = 0.0,
 ) -> list[CurvatureRadiusRow]:
   """Host-side rows of `per_layer_curvature_radius`, one per leaf, named by pytree path."""
+  if isinstance(weight_decay, jax.Array) and weight_decay.ndim == 0:
+    weight_decay = weight_decay.item()  # a static argument of the compiled statistics: hashable
+  _check_options(weight_decay, quantile_levels, min_abs_weight, min_abs_grad, "curvature_radius_rows")
   levels = tuple(float(q) for q in quantile_levels)
   stats = jax.device_get(_per_layer_curvature_radius_jit(
-      params, grads, weight_decay=weight_decay, quantile_levels=levels,
+      params, grads, weight_decay=float(weight_decay), quantile_levels=levels,
       min_abs_weight=min_abs_weight, min_abs_grad=min_abs_grad))
   leaves = jax.tree.leaves(stats, is_leaf=lambda x: isinstance(x, CurvatureRadiusStats))
   return [

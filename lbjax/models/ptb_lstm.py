@@ -31,6 +31,7 @@ Model parallelism (`lbjax.train` reads the two class attributes; the model knows
   over a `model` mesh axis.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -128,17 +129,17 @@ class PtbLSTM(nnx.Module):
 
     Raises:
       ValueError: on `rngs` that is not an `nnx.Rngs`, non-positive sizes, `dropout_rate` outside [0, 1) or a
-        negative `init_scale`.
+        negative or infinite `init_scale`.
     """
     validation.check_rngs(rngs)
     validation.check_positive_int("vocab_size", vocab_size)
     validation.check_positive_int("embed_size", embed_size)
     validation.check_positive_int("hidden_size", hidden_size)
     validation.check_positive_int("num_layers", num_layers)
-    if not 0.0 <= dropout_rate < 1.0:
-      raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate!r}.")
-    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or not init_scale >= 0.0:
-      raise ValueError(f"init_scale must be a number >= 0 (0: the default initialisers), got {init_scale!r}.")
+    if not validation.is_real(dropout_rate) or not 0.0 <= dropout_rate < 1.0:
+      raise ValueError(f"dropout_rate must be a number in [0, 1), got {dropout_rate!r}.")
+    if not validation.is_real(init_scale) or not 0.0 <= init_scale < math.inf:
+      raise ValueError(f"init_scale must be a finite number >= 0 (0: the default initialisers), got {init_scale!r}.")
     self.vocab_size = vocab_size
     self.hidden_size = hidden_size
     self.num_layers = num_layers

@@ -243,8 +243,9 @@ class ResNet(nnx.Module):
     validation.check_batch_norm("bn_momentum", bn_momentum, "bn_epsilon", bn_epsilon)
     validation.check_float_dtype("dtype", dtype)
     validation.check_float_dtype("param_dtype", param_dtype)
-    if not isinstance(param_dtype_gradients, bool):
-      raise ValueError(f"param_dtype_gradients must be True or False, got {param_dtype_gradients!r}.")
+    for name, value in (("small_inputs", small_inputs), ("zero_init_last_bn_scale", zero_init_last_bn_scale),
+                        ("param_dtype_gradients", param_dtype_gradients)):
+      validation.check_bool(name, value)
     settings = _BNSettings(bn_group_size, bn_momentum, bn_epsilon, zero_init_last_bn_scale,
                            dtype, param_dtype, param_dtype_gradients)
     self.bn_group_size = bn_group_size

@@ -15,6 +15,13 @@ def check_positive_int(name: str, value: object) -> int:
   return value
 
 
+def check_bool(name: str, value: object) -> bool:
+  """Returns `value` if it is True or False, else raises a `ValueError` naming `name` (a string "no" is truthy)."""
+  if not isinstance(value, bool):
+    raise ValueError(f"{name} must be True or False, got {value!r}.")
+  return value
+
+
 def check_rngs(value: object) -> None:
   """Raises a `ValueError` unless `value` is an `nnx.Rngs` (a seed alone is flax's AttributeError deep inside
   the first layer)."""
@@ -23,9 +30,14 @@ def check_rngs(value: object) -> None:
     raise ValueError(f"rngs must be an nnx.Rngs, e.g. rngs={hint}; got {value!r}.")
 
 
+def is_real(value: object) -> bool:
+  """Whether `value` is a real number (not a bool, a string or None)."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def check_finite_number(name: str, value: object) -> float:
   """Returns `value` as a float if it is a finite real number (not a bool, a string or NaN/inf)."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+  if not is_real(value) or not math.isfinite(value):
     raise ValueError(f"{name} must be a finite number, got {value!r}.")
   return float(value)
 

@@ -71,7 +71,7 @@ def test_rows_are_named_per_layer():
 
 def test_bad_inputs_raise_clear_errors():
   p = {"l": jnp.ones(3)}
-  with pytest.raises(ValueError, match="quantile levels"):
+  with pytest.raises(ValueError, match="quantile_levels must be a sequence of levels in"):
     diagnostics.per_layer_curvature_radius(p, p, quantile_levels=(1.5,))
   with pytest.raises(ValueError, match="weight_decay"):
     diagnostics.per_layer_curvature_radius(p, p, weight_decay=-1.0)
@@ -79,8 +79,27 @@ def test_bad_inputs_raise_clear_errors():
     diagnostics.per_layer_curvature_radius(p, {"m": jnp.ones(3)})
   with pytest.raises(ValueError, match="weight_decay must be a finite number >= 0, got nan"):
     diagnostics.per_layer_curvature_radius(p, p, weight_decay=float("nan"))
-  with pytest.raises(ValueError, match="min_abs_weight and min_abs_grad must be >= 0"):
+  with pytest.raises(ValueError, match="min_abs_weight and min_abs_grad must be numbers >= 0"):
     diagnostics.per_layer_curvature_radius(p, p, min_abs_grad=float("nan"))
+
+
+@pytest.mark.parametrize("options, message", [
+    # A Python TypeError or JAX's "Non-hashable static arguments" from the compiled statistics:
+    ({"quantile_levels": 0.5}, r"quantile_levels must be a sequence of levels in \[0, 1\], e.g. \(0.5, 0.9\), got 0.5"),
+    ({"min_abs_weight": None}, r"min_abs_weight and min_abs_grad must be numbers >= 0, got None and 0.0"),
+    ({"weight_decay": "0.1"}, r"weight_decay must be a finite number >= 0, got '0.1'"),
+])
+def test_the_rows_refuse_a_bad_option_naming_it(options, message):
+  p = {"l": jnp.ones(3)}
+  with pytest.raises(ValueError, match=message):
+    diagnostics.curvature_radius_rows(p, p, **options)
+
+
+def test_the_rows_take_an_array_weight_decay_as_the_jittable_statistics_do():
+  p = {"l": jnp.arange(1.0, 4.0)}
+  rows = diagnostics.curvature_radius_rows(p, p, weight_decay=jnp.float32(0.5))
+  stats = diagnostics.per_layer_curvature_radius(p, p, weight_decay=jnp.float32(0.5))
+  assert rows[0].median_approx == pytest.approx(float(stats["l"].median_approx))
 
 
 def test_the_elementwise_radius_refuses_what_would_broadcast_or_a_bad_weight_decay():

@@ -283,12 +283,15 @@ def test_ptb_lstm_init_scale_draws_every_weight_uniform_as_ptb_word_lm():
 
 
 def test_ptb_lstm_validation():
-  with pytest.raises(ValueError, match=r"dropout_rate must be in \[0, 1\)"):
-    PtbLSTM(dropout_rate=1.0, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"init_scale must be a number >= 0 \(0: the default initialisers\), got -0.1"):
+  for rate in (1.0, "0.5", None, float("nan")):  # a string or None raised TypeError from the comparison
+    with pytest.raises(ValueError, match=r"dropout_rate must be a number in \[0, 1\), got"):
+      PtbLSTM(dropout_rate=rate, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"init_scale must be a finite number >= 0 \(0: the default initialisers\), "
+                                       r"got -0.1"):
     PtbLSTM(init_scale=-0.1, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"init_scale must be a number >= 0 .*, got 'abc'"):
-    PtbLSTM(init_scale="abc", rngs=nnx.Rngs(0))
+  for scale in ("abc", float("inf")):  # inf drew uniform(-inf, inf): NaN weights
+    with pytest.raises(ValueError, match=r"init_scale must be a finite number >= 0 .*, got"):
+      PtbLSTM(init_scale=scale, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="vocab_size must be a positive int"):
     PtbLSTM(vocab_size=0, rngs=nnx.Rngs(0))
   model = _tiny_ptb(dropout_rate=0.5)

@@ -178,6 +178,9 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     (dict(stage_sizes=(1,), dtype="bf16"), "dtype must name a floating-point dtype .* got 'bf16'"),
     (dict(stage_sizes=(1,), dtype="int8"), "dtype must be a floating-point dtype .* got int8"),
     (dict(stage_sizes=(1,), param_dtype="float8"), "param_dtype must name a floating-point dtype"),
+    # An "off" that is a truthy string built the CIFAR stem or zeroed the last BN scales.
+    (dict(stage_sizes=(1,), small_inputs="no"), "small_inputs must be True or False, got 'no'"),
+    (dict(stage_sizes=(1,), zero_init_last_bn_scale="false"), "zero_init_last_bn_scale must be True or False"),
 ])
 def test_constructor_validation(kwargs, message):
   kwargs.setdefault("num_classes", 3)
