@@ -130,6 +130,20 @@ def test_bfloat16_output_with_float32_statistics():
   assert bn.running_mean[...].dtype == jnp.float32
 
 
+def test_bfloat16_parameters_keep_float32_running_averages_that_track_the_batches():
+  """In bfloat16 a step's change of the average rounded away: after 200 steps they stood 1.5-3.5% off."""
+  averages = {}
+  for param_dtype in (jnp.float32, jnp.bfloat16):
+    bn = GhostBatchNorm(2, group_size=2, param_dtype=param_dtype)
+    for step in range(200):
+      x = jax.random.normal(jax.random.key(step), (64, 2)) * jnp.sqrt(jnp.array([1.3, 1.0])) + jnp.array([3.0, 0.02])
+      bn(x, train=True)
+    assert bn.scale[...].dtype == param_dtype and bn.running_mean[...].dtype == jnp.float32
+    averages[param_dtype] = (bn.running_mean[...], bn.running_var[...])
+  for ours, reference in zip(averages[jnp.bfloat16], averages[jnp.float32]):
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+
+
 def test_state_is_params_and_batch_stats_only():
   bn = GhostBatchNorm(3, group_size=2)
   _, params, stats, rest = nnx.split(bn, nnx.Param, nnx.BatchStat, ...)
