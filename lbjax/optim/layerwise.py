@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
@@ -332,7 +333,10 @@ def _resolve_stacked(stacked: StackedOrFn, params: Params) -> Params:
   """Number of leading stacked-layer axes of every leaf (a pytree of ints like `params`)."""
   if stacked is None:
     stacked = 0
-  if isinstance(stacked, int):
+  if isinstance(stacked, numbers.Integral) and not isinstance(stacked, bool):
+    stacked = int(stacked)  # a NumPy integer too
+  if isinstance(stacked, (int, jax.Array)) and np.ndim(stacked) == 0:
+    # one count for every leaf; an array (optax.inject_hyperparams makes one) is refused below naming static_args
     stacked = jax.tree.map(lambda _: stacked, params)
   tree = _tree_like("stacked", stacked, params)
   for path, p, k in _zip_with_path(params, tree):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -205,3 +206,14 @@ def test_sharded_parameters_under_jit_need_no_gather():
   hlo = jax.jit(step).lower(sp, jax.jit(opt.init)(sp), shard(grads)).compile().as_text()
   assert not re.search(r" (all-gather|all-to-all|collective-permute)(-start)?\(", hlo)
   assert re.search(r" all-reduce(-start)?\(", hlo)
+
+
+def test_stacked_takes_a_numpy_integer_and_names_static_args_for_an_array():
+  """A NumPy integer is an int; optax.inject_hyperparams turns `stacked` into an array, which was refused as "must
+  have the same tree structure as the parameters" without the static_args hint."""
+  params = {"b": jnp.ones((4, 3)), "k": jnp.ones((4, 3, 2))}
+  assert optim.lars(0.1, stacked=np.int64(1)).init(params)[0].rates.vectors[0].shape == (4,)
+  with pytest.raises(ValueError, match=r"must be a Python int .* pass static_args=\('stacked',\)"):
+    optax.inject_hyperparams(optim.lars)(learning_rate=0.1, stacked=1).init(params)
+  injected = optax.inject_hyperparams(optim.lars, static_args=("stacked",))(learning_rate=0.1, stacked=1)
+  assert injected.init(params).inner_state[0].rates.vectors[0].shape == (4,)
