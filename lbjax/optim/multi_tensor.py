@@ -16,7 +16,9 @@ is that design within XLA:
 `flat_layout(inner, mask, stacked)` wraps a chain written for `FlatTree`s (`scale_by_summed_rate`
 and any elementwise optax transform) into a transformation of ordinary pytrees. `lars`, `lamb` and
 `percent_delta` take `layout="flat"` to be built this way. Same numbers as the per-leaf layout up to
-the order of summation; the rates are the same vectors (`trust_ratios` reads them unchanged).
+the order of summation; the rates are the same vectors (`trust_ratios` reads them unchanged). The one
+difference: updates come out in the parameters' dtype, the per-leaf layout's in the gradients' (bfloat16
+parameters with float32 gradients: the flat layout's updates are rounded to bfloat16).
 
 Costs: the update concatenates w and g into the layout (two full copies read and written: XLA cannot
 alias a concatenation), so on XLA:CPU, which is not launch-bound, the per-leaf layout is faster
