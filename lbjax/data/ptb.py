@@ -15,6 +15,7 @@ reset at the start of each epoch and where a batch change re-lays the rest of th
 import collections
 from collections.abc import Iterator, Mapping, Sequence
 import dataclasses
+import fractions
 import numbers
 import os
 import pathlib
@@ -239,9 +240,9 @@ class PtbStream:
 
   def _set_relays(self, relays: list[tuple[int, int]]) -> None:
     """Replays the epoch's re-lays: the stream they leave and the fraction of the epoch before it."""
-    rest, done = self._tokens, 0.0
+    rest, done = self._tokens, fractions.Fraction(0)
     for batch_size, windows_done in relays:
-      done += (1.0 - done) * windows_done / _rows(rest, batch_size, self._seq_len)[1]
+      done += (1 - done) * fractions.Fraction(windows_done, _rows(rest, batch_size, self._seq_len)[1])
       rest = _rest_after(rest, batch_size, windows_done, self._seq_len)
     self._relays, self._rest, self._done_before_rest = list(relays), rest, done
     self._layout: tuple[int, np.ndarray, int] | None = None
@@ -292,13 +293,15 @@ class PtbStream:
     """Exact position of the next batch in epochs: epochs completed + windows done / windows.
 
     After re-lays, the fraction f of the epoch before the current layout grows by (1 - f) x the
-    fraction of each layout's windows done, so `epoch()` never jumps at a batch change.
+    fraction of each layout's windows done, so `epoch()` never jumps at a batch change. Computed in
+    rationals and rounded once: summed in floats, 0.3 + 0.7 x 5/10 was 0.6499999999999999, and a batch
+    size or LR boundary at epoch 0.65 took effect a step late.
     """
-    if self._windows_done == 0:
-      return self._epochs_completed + self._done_before_rest
-    windows = _rows(self._rest, self._batch_size, self._seq_len)[1]
-    return self._epochs_completed + self._done_before_rest + (
-        1.0 - self._done_before_rest) * self._windows_done / windows
+    done = self._done_before_rest
+    if self._windows_done:
+      windows = _rows(self._rest, self._batch_size, self._seq_len)[1]
+      done += (1 - done) * fractions.Fraction(self._windows_done, windows)
+    return float(self._epochs_completed + done)
 
   def next_batch(self, global_batch_size: int) -> Batch:
     """Returns the next window for this process's rows.

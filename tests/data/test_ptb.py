@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lbjax import data
+from lbjax import schedules
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,18 @@ def test_epoch_never_jumps_at_a_relay_and_ends_at_the_layouts_last_window():
     stream.next_batch(2)
   assert stream.epoch() == 1.0 and stream.get_state()["relays"] == []
   assert stream.next_batch(2)["reset_carry"] and stream.get_state()["windows_done"] == 1
+
+
+def test_epoch_after_a_relay_is_the_exact_fraction_rounded_once():
+  """Half an epoch at 2 rows (83 of 166 windows), then 35 of the rest's 55 windows at 3 rows: 9/11 of the epoch.
+  Summed in floats it was 0.8181818181818181, below a boundary at epoch 9/11, whose batch size (or LR) then
+  began a step late."""
+  stream = data.PtbStream(np.arange(1000, dtype=np.int32), seq_len=3)
+  for size, windows in ((2, 83), (3, 35)):
+    for _ in range(windows):
+      stream.next_batch(size)
+  assert stream.epoch() == 9 / 11
+  assert schedules.BatchSizeSchedule((3, 6), (9 / 11,))(stream.epoch()) == 6
 
 
 def test_a_rest_too_short_for_the_new_rows_ends_the_epoch():
