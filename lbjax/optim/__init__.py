@@ -33,8 +33,11 @@ from lbjax.optim.percent_delta import percent_delta
 from lbjax.optim.percent_delta import percent_delta_rate
 from lbjax.optim.percent_delta import scale_by_percent_delta
 from lbjax.optim import flax_state
+from lbjax.optim import multi_tensor
 
-flax_state.register_if_flax_is_loaded()  # Flax's serializer learns the state classes (`lbjax.optim.flax_state`)
+# Flax's serializer learns the state classes (`lbjax.optim.flax_state`)
+flax_state.register_if_flax_is_loaded(LayerRates, "vectors")
+flax_state.register_if_flax_is_loaded(multi_tensor.FlatTree, "buffers")
 
 __all__ = [
     "compression",

@@ -14,16 +14,15 @@ import sys
 from typing import Any
 
 
-def register_if_flax_is_loaded() -> None:
-  """Registers `LayerRates` and `FlatTree` with `flax.serialization`, if flax has been imported (once)."""
+def register_if_flax_is_loaded(cls: type, field: str) -> None:
+  """Registers `cls`, a dataclass whose arrays are the tuple `field`, with `flax.serialization`, if flax has been
+  imported (once)."""
   if "flax" not in sys.modules:
     return
   from flax import serialization  # pylint: disable=import-outside-toplevel
-  from lbjax.optim import layerwise, multi_tensor  # pylint: disable=import-outside-toplevel  (they call this)
-  for cls, field in ((layerwise.LayerRates, "vectors"), (multi_tensor.FlatTree, "buffers")):
-    if not serialization.is_serializable(cls):
-      serialization.register_serialization_state(cls, functools.partial(_to_state_dict, field=field),
-                                                 functools.partial(_from_state_dict, field=field))
+  if not serialization.is_serializable(cls):
+    serialization.register_serialization_state(cls, functools.partial(_to_state_dict, field=field),
+                                               functools.partial(_from_state_dict, field=field))
 
 
 def _to_state_dict(value: Any, field: str) -> dict[str, Any]:

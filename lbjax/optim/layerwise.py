@@ -285,7 +285,7 @@ class LayerRates:
   @classmethod
   def zeros(cls, layout: RatesLayout) -> "LayerRates":
     """Every rate 0 (the state before the first update)."""
-    flax_state.register_if_flax_is_loaded()
+    flax_state.register_if_flax_is_loaded(cls, "vectors")
     return cls(tuple(jnp.zeros((n,), dtype) for n, dtype in zip(layout.sizes(), layout.dtypes)), layout)
 
   def leaves(self) -> list[jax.Array | None]:

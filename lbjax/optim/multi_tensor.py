@@ -124,7 +124,7 @@ class FlatLayout:
         parts[place.buffer].append(jnp.pad(x, ((0, 0), (0, padding))).reshape(-1))
     buffers = tuple(jnp.concatenate(p).reshape(-1, BLOCK) if p else jnp.zeros((0, BLOCK), dtype)
                     for p, dtype in zip(parts, self.dtypes))
-    flax_state.register_if_flax_is_loaded()
+    flax_state.register_if_flax_is_loaded(FlatTree, "buffers")
     return FlatTree(buffers, self)
 
   def unflatten(self, flat: "FlatTree") -> Any:
