@@ -83,7 +83,8 @@ def test_a_target_is_met_from_above_for_accuracy_and_from_below_for_perplexity(v
 def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_path, monkeypatch):
   """SIGTERM at step 9 of the adaptive run stops the experiment; run again, the finished baseline is not
   retrained and the adaptive run goes on from its checkpoint (no step logged twice). The table gives
-  test perplexity: a target above every perplexity is met at the first evaluation, one below none."""
+  the perplexity on the split evaluated (valid): a target above every perplexity is met at the first evaluation,
+  one below none."""
   args = ["--config", TINY_PTB, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs"),
           "--runs", "baseline,adaptive", "--targets", "1e6,1"]
   after_step = batch_policy.BatchPolicy.after_step
@@ -106,7 +107,7 @@ def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_pat
   assert run_records.final_eval(tmp_path / "runs" / "adaptive_seed0")["step"] > 9
 
   table = (tmp_path / "out.md").read_text()
-  assert "## Target: the baseline's final perplexity" in table and "| final test perplexity |" in table
+  assert "## Target: the baseline's final perplexity" in table and "| final valid perplexity |" in table
   first_eval = {run: run_records.eval_curve(tmp_path / "runs" / f"{run}_seed0")[0]["step"]
                 for run in ("baseline", "adaptive")}
   reached_all, reached_none = table.split("## Target: a fixed perplexity")[1:]
@@ -115,7 +116,7 @@ def test_the_ptb_experiment_resumes_and_reads_perplexity_lower_is_better(tmp_pat
                        and "run" not in row]
   assert updates_to_target == [str(first_eval["baseline"]), str(first_eval["adaptive"])]
   assert reached_none.count("not reached") == 4
-  assert "test_perplexity" in (tmp_path / "out.csv").read_text().splitlines()[0]
+  assert "valid_perplexity" in (tmp_path / "out.csv").read_text().splitlines()[0]  # the synthetic chain's valid walk
 
 
 def test_a_diverged_run_is_recorded_and_the_experiment_goes_on(tmp_path, monkeypatch):
