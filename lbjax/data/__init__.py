@@ -27,6 +27,7 @@ from lbjax.data.crops import Box
 from lbjax.data.crops import sample_crop_box
 from lbjax.data.imagenet import center_crop_eval
 from lbjax.data.imagenet import IMAGENET_NORMALIZATION
+from lbjax.data.crops import check_image_size
 from lbjax.data.imagenet import imagenet_eval_batches
 from lbjax.data.imagenet import imagenet_train_stream
 from lbjax.data.imagenet import random_resized_crop
@@ -44,6 +45,7 @@ from lbjax.data.ptb import ptb_eval_batches
 from lbjax.data.ptb import ptb_stream_eval_batches
 from lbjax.data.sharding import process_slice
 from lbjax.data.stream import ArraySource
+from lbjax.data.stream import check_skip_undecodable
 from lbjax.data.stream import Batch
 from lbjax.data.stream import epoch_permutation
 from lbjax.data.stream import eval_batches
@@ -58,5 +60,6 @@ from lbjax.data.synthetic import synthetic_images
 from lbjax.data.synthetic import synthetic_mnist
 from lbjax.data.synthetic import synthetic_ptb_tokens
 from lbjax.data.tfds_source import prepared_builder
+from lbjax.data.workers import check_num_workers
 from lbjax.data.tfds_source import TfdsSource
 from lbjax.data.workers import WorkerTrainStream

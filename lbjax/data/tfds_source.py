@@ -8,6 +8,7 @@ TFDS and Pillow are the optional `[tfds]` extra, imported when first needed.
 
 from collections.abc import Sequence
 import os
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,14 @@ def build_hint(name: str, data_dir: str) -> str:
           name=name, data_dir=data_dir)
 
 
+def _data_dir_root(name: str, builder) -> str:
+  """The data_dir that holds `builder`'s dataset: its `data_dir` is `<root>/<name>[/<config>]/<version>`."""
+  levels = len(name.split(":")[0].split("/")) + 1  # the name's parts ("imagenet2012_subset/1pct": 2), the version
+  return str(pathlib.PurePath(builder.data_dir).parents[levels - 1])
+
+
 def _not_prepared(name: str, builder) -> FileNotFoundError:
-  root = os.path.dirname(os.path.dirname(builder.data_dir))
+  root = _data_dir_root(name, builder)
   return FileNotFoundError(
       f"TFDS dataset {name!r} is not prepared in data_dir={root!r} (searched {builder.data_dir}). lbjax "
       f"never downloads data; to prepare it, {build_hint(name, root)}. Or pass the data_dir that holds it "
@@ -144,7 +151,7 @@ def _open(name: str, split: str, data_dir: Any, encoded_features: tuple[str, ...
   except (FileNotFoundError, NotImplementedError, AssertionError) as err:
     builder = tfds.builder(name, data_dir=data_dir)
     if builder.is_prepared():
-      root = os.path.dirname(os.path.dirname(builder.data_dir))
+      root = _data_dir_root(name, builder)
       raise FileNotFoundError(
           f"TFDS dataset {name!r} is prepared in {builder.data_dir} but not as array_record "
           f"files, which random access without TensorFlow needs ({err}). Rebuild it: "

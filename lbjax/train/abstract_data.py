@@ -116,6 +116,18 @@ def _mnist(a):
   return _image_classes(28, 1, np.uint8, train, 10, a["eval_split"], lbdata.MNIST_NORMALIZATION)
 
 
+def _imagenet(a):
+  datasets.check_image_stream_options(a["image_size"], a["num_workers"], a["skip_undecodable"])
+  return _image_classes(a["image_size"], 3, np.uint8, SPLIT_SIZES["imagenet"], 1000, a["eval_split"],
+                        lbdata.IMAGENET_NORMALIZATION, in_memory=False)
+
+
+def _cifar10(a):
+  datasets.check_image_stream_options(None, a["num_workers"], a["skip_undecodable"])
+  return _image_classes(32, 3, np.uint8, SPLIT_SIZES["cifar10"], 10, a["eval_split"], lbdata.CIFAR10_NORMALIZATION,
+                        in_memory=False)
+
+
 # Each dataset function of `lbjax.train.datasets` -> its shapes from its (complete) arguments.
 SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
     datasets.mnist: _mnist,
@@ -128,10 +140,8 @@ SHAPES: dict[Callable, Callable[[dict[str, Any]], DataShapes]] = {
                                                           lbdata.IMAGENET_NORMALIZATION),
     datasets.synthetic_cifar10: lambda a: _image_classes(32, 3, np.uint8, a["num_train_examples"], 10, a["eval_split"],
                                                          lbdata.CIFAR10_NORMALIZATION),
-    datasets.imagenet: lambda a: _image_classes(a["image_size"], 3, np.uint8, SPLIT_SIZES["imagenet"], 1000,
-                                                a["eval_split"], lbdata.IMAGENET_NORMALIZATION, in_memory=False),
-    datasets.cifar10: lambda a: _image_classes(32, 3, np.uint8, SPLIT_SIZES["cifar10"], 10, a["eval_split"],
-                                               lbdata.CIFAR10_NORMALIZATION, in_memory=False),
+    datasets.imagenet: _imagenet,
+    datasets.cifar10: _cifar10,
     datasets.ptb: lambda a: _tokens(a, SPLIT_SIZES["ptb"], 10_000, a["eval_split"]),
     datasets.synthetic_ptb: lambda a: _tokens(a, a["num_train_tokens"], a["vocab_size"], a["eval_split"]),
 }

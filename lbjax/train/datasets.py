@@ -296,16 +296,30 @@ def _tfds_fingerprint(name: str, data_dir, splits: tuple[str, str]) -> dict[str,
   builder = lbdata.prepared_builder(name, data_dir)
   fingerprint = {}
   for role, split in zip(("train", "eval"), splits):
-    if split not in builder.info.splits:
-      raise FileNotFoundError(f"TFDS dataset {name!r} in {builder.data_dir} has no split {split!r}; it has "
-                              f"{', '.join(builder.info.splits)}.")
-    fingerprint[role] = f"tfds:{name}:{builder.version}:{split} ({builder.info.splits[split].num_examples} rows)"
+    try:  # a name, or TFDS's slicing of one ("validation[:1000]", "train[90%:]")
+      rows = builder.info.splits[split].num_examples
+    except (KeyError, ValueError, AssertionError) as e:
+      raise ValueError(f"{'eval_split' if role == 'eval' else 'the training split'} {split!r}: TFDS dataset "
+                       f"{name!r} in {builder.data_dir} has the splits {', '.join(builder.info.splits)}, and "
+                       f"TFDS's slices of them such as 'validation[:1000]' ({e}).") from None
+    fingerprint[role] = f"tfds:{name}:{builder.version}:{split} ({rows} rows)"
   return fingerprint
+
+
+def check_image_stream_options(image_size: int | None, num_workers: int, skip_undecodable: bool) -> None:
+  """The options of a TFDS image dataset (`imagenet`, `cifar10`; `image_size` None where fixed), checked when it
+  opens (a config error, not an error of the first stream made) and by `--dry-run` without the data
+  (`lbjax.train.abstract_data`)."""
+  if image_size is not None:
+    lbdata.check_image_size(image_size)
+  lbdata.check_num_workers(num_workers)
+  lbdata.check_skip_undecodable(skip_undecodable)
 
 
 def _tfds_vision(train_stream, eval_batches, *, tfds_name: str, data_dir, seed: int, eval_split: str,
                  num_classes: int, small_inputs: bool, normalization: lbdata.Normalization,
                  **kwargs) -> Dataset:
+  check_image_stream_options(kwargs.get("image_size"), kwargs["num_workers"], kwargs["skip_undecodable"])
   fingerprint = _tfds_fingerprint(tfds_name, data_dir, ("train", eval_split))
 
   def make_train_stream(process_index, process_count):

@@ -231,3 +231,11 @@ def test_bad_arguments_are_rejected_before_reading():
     imagenet.center_crop_eval(np.zeros((8, 8, 3), np.uint8), 8, resize_size=4)
   with pytest.raises(ValueError, match="uint8"):
     imagenet.center_crop_eval(np.zeros((8, 8, 3), np.float32), 4)
+
+
+def test_the_not_prepared_message_of_a_dataset_with_a_config_names_the_data_dir_given(tmp_path):
+  """`<data_dir>/<name>/<config>/<version>`: the message named `<data_dir>/<name>` and a build command there."""
+  data_dir = tmp_path / "tfds"
+  with pytest.raises(FileNotFoundError) as error:
+    tfds_source.TfdsSource("imagenet2012_subset/1pct", split="train", data_dir=data_dir)
+  assert f"data_dir='{data_dir}'" in str(error.value) and f"--data_dir={data_dir}`" in str(error.value)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from lbjax.train import datasets
 from lbjax.train import resolved
 from lbjax.train import validate
 from lbjax.train import train_and_evaluate
@@ -213,3 +214,37 @@ def test_mesh_sizes_no_device_count_allows_are_refused_by_the_checks_dry_run_mak
   """They passed --dry-run and were refused only when the run built its mesh."""
   with pytest.raises(ConfigError, match=f"config.mesh.{field} must be"):
     validate(helpers.tiny_classifier_config(**{f"mesh.{field}": value}))
+
+
+@pytest.fixture(scope="module")
+def tiny_imagenet(tmp_path_factory):
+  """A prepared TFDS `imagenet2012` of 8 training and 6 validation JPEGs (benchmarks.resnet50_end_to_end)."""
+  pytest.importorskip("tensorflow_datasets")
+  from benchmarks import resnet50_end_to_end  # pylint: disable=import-outside-toplevel
+  data_dir = tmp_path_factory.mktemp("tfds")
+  resnet50_end_to_end.write_imagenet_like(data_dir, train_images=8, distinct_images=4, validation_images=6)
+  return data_dir
+
+
+def test_a_tfds_eval_split_may_be_a_slice_and_an_unknown_one_names_the_splits(tiny_imagenet):
+  """TFDS's slices ("validation[:3]") were refused as "has no split"; the name of an unknown one is a config error."""
+  dataset = datasets.imagenet(tiny_imagenet, eval_split="validation[:3]")
+  assert dataset.fingerprint["eval"].endswith(":validation[:3] (3 rows)")
+  batches = list(dataset.make_eval_batches(4, 0, 1))
+  assert sum(int(b["mask"].sum()) for b in batches) == 3
+  with pytest.raises(ValueError, match=r"eval_split 'valid': TFDS dataset 'imagenet2012' .* has the splits "
+                                       r"train, validation, and TFDS's slices"):
+    datasets.imagenet(tiny_imagenet, eval_split="valid")
+
+
+@pytest.mark.parametrize("option, message", [("image_size", "image_size must be >= 1, got 0"),
+                                             ("num_workers", "num_workers must be >= 0")])
+def test_an_image_option_the_stream_refuses_is_a_config_error_before_training(tiny_imagenet, tmp_path, option,
+                                                                             message):
+  """They passed --dry-run and ended the run in a traceback from the first training stream."""
+  value = {"image_size": 0, "num_workers": -1}[option]
+  config = helpers.tiny_resnet_config(dataset="imagenet", data_dir=str(tiny_imagenet),
+                                      data_options={"image_size": 32, option: value})
+  with pytest.raises(ConfigError, match=message):
+    train_and_evaluate(config, tmp_path / "run")
+  assert not (tmp_path / "run" / "metrics.jsonl").exists()
