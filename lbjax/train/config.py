@@ -168,8 +168,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.resume_with_changed_optimizer = False
   config.resume_with_changed_data = False
   # A checkpoint (a workdir, its checkpoints/ folder or one step folder) whose parameters and BatchNorm
-  # statistics start this run; the optimizer, step and data start afresh. Ignored once the workdir holds
-  # a checkpoint of its own (the run then resumes that).
+  # statistics start this run; the optimizer, step and data start afresh. Of a workdir, the newest checkpoint
+  # that reads back with the checksums saved with it. Ignored once the workdir holds a checkpoint of its own
+  # (the run then resumes that).
   config.init_from = ""
   config.tensorboard = False
   config.progress = True
