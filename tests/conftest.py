@@ -15,7 +15,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # numbers wherever the tests compare two programs; at -O0 some differ (an unrolled LSTM's last bits, float16 LAMB
 # ratios). `.ci/run`'s suites on a cold compilation cache, 2 cores, 2026-12-02: Python 3.13 13:47 (20:00 before),
 # the oldest versions 15:26 (30:07 before). With more tests they took 18:29 and 21:10 in CI; with 3 test processes
-# (README's command) the Python 3.13 suite took 10:56 here, on a warm cache (-n 2: 16:17, with other work beside).
+# (README's command) the Python 3.13 suite took 10:56 here, on a warm cache (-n 2: 16:17, with other work beside), and
+# `.ci/run` on a cold one 17:14 (Python 3.13) and 22:54 (oldest versions): compile-bound.
 # Put before the caller's XLA_FLAGS, which can set other levels (the last of a flag wins).
 _FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [_FAST_COMPILE_FLAGS, os.environ.get("XLA_FLAGS", "")]))
