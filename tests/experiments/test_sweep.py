@@ -211,14 +211,22 @@ def test_config_spec_appends_variant_keys():
   assert variant_fields(TINY_CONFIG) == set()
 
 
-def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
-  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+def _configs_trained(monkeypatch, runner_module) -> dict:
+  """Replaces `runner_module.run_once` by a recorder: the returned dict fills with each run folder's config."""
   trained = {}
+
   def run_once(config, run_dir, *, name, prefix):
+    del prefix
     trained[pathlib.Path(run_dir).name] = config
     return RunRow(name, config.seed, "test", "accuracy", 0.9, "done", 0.1, 0.0, 5.0, 10, 1.0)
 
-  monkeypatch.setattr(batch_schedule.runner, "run_once", run_once)
+  monkeypatch.setattr(runner_module, "run_once", run_once)
+  return trained
+
+
+def test_batch_schedule_loads_each_realisation(monkeypatch, tmp_path):
+  from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
+  trained = _configs_trained(monkeypatch, batch_schedule.runner)
   batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), variant="epochs=5", max_device_batch=128,
                                seeds=(0, 3))
   assert set(trained) == {f"{s}_seed{k}" for s in batch_schedule.SCHEDULES for k in (0, 3)}
@@ -250,12 +258,7 @@ def test_batch_schedule_dry_run_prints_each_realisation_and_trains_nothing(monke
 def test_batch_schedule_gives_a_variant_key_only_to_the_realisations_it_applies_to(monkeypatch, tmp_path):
   """`max_batch` is hybrid's B_max: the other realisations train without it; given to none of them it is refused."""
   from experiments import batch_schedule  # pylint: disable=g-import-not-at-top
-  trained = {}
-  def run_once(config, run_dir, *, name, prefix):
-    trained[pathlib.Path(run_dir).name] = config
-    return RunRow(name, config.seed, "test", "accuracy", 0.9, "done", 0.1, 0.0, 5.0, 10, 1.0)
-
-  monkeypatch.setattr(batch_schedule.runner, "run_once", run_once)
+  trained = _configs_trained(monkeypatch, batch_schedule.runner)
   batch_schedule.run_schedules("batch_schedule_mnist", str(tmp_path), ("grow_batch", "hybrid"),
                                variant="max_batch=16000")
   assert trained["hybrid_seed0"].batch_sizes == (128, 640, 3200, 16000)
