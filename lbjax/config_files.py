@@ -310,32 +310,35 @@ def _presets(declared: Mapping[str, Variant], given: Mapping[str, str]) -> dict[
   return presets
 
 
-def _moot_keys(declared: Mapping[str, Variant], given: Mapping[str, str], presets: Mapping[str, Any]) -> list[str]:
-  """A sentence for each given key that applies only with other presets than these (`Variant.only_with`)."""
-  moot = []
+def _moot_keys(declared: Mapping[str, Variant], given: Mapping[str, str], presets: Mapping[str, Any]) -> dict[str, str]:
+  """Each given key that applies only with other presets than these (`Variant.only_with`), with why."""
+  moot = {}
   for key, text in given.items():
     if declared[key].only_with and presets[declared[key].only_with[0]] not in declared[key].only_with[1]:
       preset, values = declared[key].only_with
-      moot.append(f"variant {key}={text} applies only with {preset}={' or '.join(map(str, values))}, and {preset} "
-                  f"is {presets[preset]}: remove {key}, or set {preset}.")
+      moot[key] = (f"variant {key}={text} applies only with {preset}={' or '.join(map(str, values))}, and {preset} "
+                   f"is {presets[preset]}: remove {key}, or set {preset}.")
   return moot
+
+
+def _declared_and_given(spec: str) -> tuple[str, Mapping[str, Variant], dict[str, str]]:
+  """`spec` (`name[:variant]`) read: its source, the variant keys its config declares and those it gives."""
+  source, _, variant = spec.partition(":")
+  declared: Mapping[str, Variant] = getattr(config_module(source), "VARIANTS", {})
+  return source, declared, parse_variant(variant, declared, source)
 
 
 def moot_keys(spec: str) -> dict[str, str]:
   """The variant keys of `spec` (`name[:variant]`) that its presets make moot (`Variant.only_with`), each with
   the sentence `load` refuses it with."""
-  source, _, variant = spec.partition(":")
-  declared: Mapping[str, Variant] = getattr(config_module(source), "VARIANTS", {})
-  given = parse_variant(variant, declared, source)
-  presets = _presets(declared, given)
-  return {key: sentence for key, text in given.items() for sentence in _moot_keys(declared, {key: text}, presets)}
+  _, declared, given = _declared_and_given(spec)
+  return _moot_keys(declared, given, _presets(declared, given))
 
 
 def without_keys(spec: str, keys: Collection[str]) -> str:
   """`spec` (`name[:variant]`) without the variant `keys`."""
-  source, _, variant = spec.partition(":")
-  declared: Mapping[str, Variant] = getattr(config_module(source), "VARIANTS", {})
-  kept = ",".join(f"{key}={text}" for key, text in parse_variant(variant, declared, source).items() if key not in keys)
+  source, _, given = _declared_and_given(spec)
+  kept = ",".join(f"{key}={text}" for key, text in given.items() if key not in keys)
   return f"{source}:{kept}" if kept else source
 
 
@@ -353,7 +356,7 @@ def load(spec: str, overrides: Sequence[str] = ()) -> LoadedConfig:
   given = parse_variant(variant, declared, source)
   presets = _presets(declared, given)
   if moot := _moot_keys(declared, given, presets):
-    raise ConfigError(f"{source}:{variant}: " + " ".join(moot))
+    raise ConfigError(f"{source}:{variant}: " + " ".join(moot.values()))
   for key, text in given.items():
     if declared[key].field is not None:
       explicit.append((declared[key].field, text, f"variant {key} (config.{declared[key].field})"))
