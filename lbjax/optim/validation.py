@@ -85,6 +85,15 @@ def check_bool(name: str, value: Any) -> None:
     raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
 
 
+def check_seed(seed: Any, where: str) -> None:
+  """Raises TypeError unless `seed` is an int, ValueError unless it fits `jax.random.key` (a signed 64-bit integer,
+  which a larger one overflows when the state is first made)."""
+  if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+    raise TypeError(f"{where}: seed must be an int, got {seed!r}.")
+  if not -2**63 <= seed < 2**63:
+    raise ValueError(f"{where}: seed must fit a signed 64-bit integer (|seed| < 2**63), got {seed}.")
+
+
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
   """Raises ValueError unless `value` is one of `choices`."""
   if value not in choices:

@@ -33,6 +33,10 @@ class GradientCompressor(NamedTuple):
     aggregates: whether `update` itself returns the mean over `axis_name` of the devices' decoded
       gradients (PowerSGD, whose all-reduces are steps of the algorithm), so `compressed_pmean`
       must not average again.
+    per_device_state: whether each device's state differs (an error-feedback residual: 1-bit SGD's,
+      PowerSGD's), so a data-parallel trainer keeps one per device and checkpoints them all; False for
+      a state that is the same on every device (QSGD's key). True unless the compressor says otherwise,
+      which is always correct: a replicated state kept per device only costs memory.
   """
 
   init: optax.TransformInitFn
@@ -41,6 +45,7 @@ class GradientCompressor(NamedTuple):
   axis_name: AxisName | None
   stochastic: bool
   aggregates: bool = False
+  per_device_state: bool = True
 
 
 class ErrorFeedbackState(NamedTuple):
@@ -106,7 +111,8 @@ def no_compression() -> GradientCompressor:
     del params
     return grads, state
 
-  return GradientCompressor(init, update, lambda shape: float(FLOAT_BITS * math.prod(shape)), None, False)
+  return GradientCompressor(init, update, lambda shape: float(FLOAT_BITS * math.prod(shape)), None, False,
+                            per_device_state=False)
 
 
 def compressed_pmean(
@@ -161,8 +167,9 @@ def bits_per_step(params: optax.Params, compressor: GradientCompressor) -> BitsP
   """Bits one device sends per step with `compressor`, vs the uncompressed float32 gradient.
 
   Counted per leaf of n entries: no_compression 32n; one_bit n + 64 (signs + two float means);
-  qsgd per its `encoding` (`qsgd_dense_bits` or `qsgd_elias_bits`); powersgd 32 r (rows + cols)
-  for a compressed matrix (`powersgd_bits`), 32n for a leaf it sends whole.
+  qsgd per its `encoding` (`qsgd_dense_bits`; with "elias" one bit more than the shorter of
+  `qsgd_elias_bits` and `qsgd_dense_bits`); powersgd 32 r (rows + cols) for a compressed matrix
+  (`powersgd_bits`), 32n for a leaf it sends whole.
 
   Args:
     params: pytree of arrays or `jax.ShapeDtypeStruct` with the gradient's shapes.

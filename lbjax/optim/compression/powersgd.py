@@ -39,6 +39,7 @@ from lbjax.optim.compression.base import GradientCompressor
 from lbjax.optim.compression.base import check_real
 from lbjax.optim.compression.base import device_index
 from lbjax.optim.validation import check_axis_name
+from lbjax.optim.validation import check_seed
 
 
 class PowerSGDState(NamedTuple):
@@ -136,8 +137,7 @@ def powersgd(
     raise TypeError(f"powersgd: rank must be a Python int >= 1, got {rank!r} of type {type(rank).__name__}.")
   if rank < 1:
     raise ValueError(f"powersgd: rank must be >= 1, got {rank}. Rank r sends r (rows + cols) floats per matrix.")
-  if isinstance(seed, bool) or not isinstance(seed, int):
-    raise TypeError(f"powersgd: seed must be an int, got {seed!r}.")
+  check_seed(seed, "powersgd")
   if not isinstance(error_feedback, bool):
     raise TypeError(f"powersgd: error_feedback must be a bool, got {error_feedback!r}.")
   check_axis_name(axis_name, "powersgd")

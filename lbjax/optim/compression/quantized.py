@@ -26,6 +26,7 @@ from lbjax.optim.compression.base import GradientCompressor
 from lbjax.optim.compression.base import check_real
 from lbjax.optim.compression.base import device_index
 from lbjax.optim.validation import check_axis_name
+from lbjax.optim.validation import check_seed
 
 
 class QSGDState(NamedTuple):
@@ -95,13 +96,15 @@ def one_bit(error_feedback: bool = False) -> GradientCompressor:
     if not error_feedback:
       return jax.tree.map(_one_bit_decode, grads), state
     corrected = jax.tree.map(jnp.add, grads, state.residual)
-    decoded = jax.tree.map(_one_bit_decode, corrected)
-    # the residual stays in the dtype it was made in (a state whose dtype changes breaks scan carries); what is
-    # sent has the gradients' dtype, as every update
-    residual = jax.tree.map(lambda c, d, old: (c - d).astype(old.dtype), corrected, decoded, state.residual)
-    return jax.tree.map(lambda d, g: d.astype(g.dtype), decoded, grads), ErrorFeedbackState(residual=residual)
+    # what is sent has the gradients' dtype, as every update; the residual is what was not sent, rounding to
+    # that dtype included (so sum_t sent_t = sum_t g_t - r_T holds for bfloat16 gradients too), and stays in
+    # the dtype it was made in (a state whose dtype changes breaks scan carries)
+    sent = jax.tree.map(lambda c, g: _one_bit_decode(c).astype(g.dtype), corrected, grads)
+    residual = jax.tree.map(lambda c, s, old: (c - s).astype(old.dtype), corrected, sent, state.residual)
+    return sent, ErrorFeedbackState(residual=residual)
 
-  return GradientCompressor(init, update, lambda shape: float(math.prod(shape) + 2 * FLOAT_BITS), None, False)
+  return GradientCompressor(init, update, lambda shape: float(math.prod(shape) + 2 * FLOAT_BITS), None, False,
+                            per_device_state=error_feedback)
 
 
 def _qsgd_decode(v: jax.Array, key: jax.Array, num_levels: int) -> jax.Array:
@@ -137,13 +140,22 @@ def qsgd_dense_bits(n: int, num_levels: int) -> float:
 def qsgd_elias_bits(n: int, num_levels: int) -> float:
   """Bound on the expected bits of Elias-coded QSGD (papers/004; Alistarh et al. 2017 Thm 3.2).
 
-  (3/2 log2(2(s^2 + n)/(s(s + sqrt n))) + 3) s(s + sqrt n) + F, where s(s + sqrt n) bounds the
-  expected number of non-zeros (the lecture writes s^2 + sqrt(n), equal for s = 1 but not an upper
-  bound for s > 1: a uniform vector has s*sqrt(n) expected non-zeros).
+  (3/2 log2(2(s^2 + n)/z) + 3) z + F with z = min(n, s(s + sqrt n)), which bounds the expected number
+  of non-zeros (the lecture writes s^2 + sqrt(n), equal for s = 1 but not an upper bound for s > 1: a
+  uniform vector has s*sqrt(n) expected non-zeros; and no leaf has more than its n entries). The bound
+  grows with z, so the smaller z keeps it a bound.
   """
   s = num_levels
-  nnz = s * (s + math.sqrt(n))
+  nnz = min(n, s * (s + math.sqrt(n)))
+  if nnz == 0:  # a leaf without entries: the norm alone
+    return float(FLOAT_BITS)
   return 1.5 * math.log2(2 * (s * s + n) / nnz) * nnz + 3 * nnz + FLOAT_BITS
+
+
+def _qsgd_shorter_code_bits(n: int, num_levels: int) -> float:
+  """Bits of an encoder that sends each leaf in the shorter of the Elias code (its bound) and the dense code,
+  and one bit saying which: on small leaves (biases) or with many levels the dense code is shorter."""
+  return 1 + min(qsgd_elias_bits(n, num_levels), qsgd_dense_bits(n, num_levels))
 
 
 def qsgd(
@@ -172,7 +184,8 @@ def qsgd(
     seed: integer seed of the key in the state.
     axis_name: data-parallel axis name, or None outside shard_map/pmap.
     encoding: which message size `bits_per_step` reports: "dense" (exact, fixed-length:
-      `qsgd_dense_bits`) or "elias" (the paper's bound on the expected size: `qsgd_elias_bits`).
+      `qsgd_dense_bits`) or "elias" (the paper's bound on the expected size, `qsgd_elias_bits`, or the
+      dense code where that is shorter, plus one bit per leaf saying which).
 
   Returns:
     A `GradientCompressor` (an Optax transform).
@@ -192,13 +205,12 @@ def qsgd(
         f"{type(num_levels).__name__}. QSGD quantizes |v_i|/||v|| to the grid l/s, l = 0..s.")
   if num_levels < 1:
     raise ValueError(f"qsgd: num_levels (s) must be >= 1, got {num_levels}.")
-  if isinstance(seed, bool) or not isinstance(seed, int):
-    raise TypeError(f"qsgd: seed must be an int, got {seed!r}.")
+  check_seed(seed, "qsgd")
   check_axis_name(axis_name, "qsgd")
   if encoding == "dense":
     bits_per_leaf = lambda shape: qsgd_dense_bits(math.prod(shape), num_levels)
   elif encoding == "elias":
-    bits_per_leaf = lambda shape: qsgd_elias_bits(math.prod(shape), num_levels)
+    bits_per_leaf = lambda shape: _qsgd_shorter_code_bits(math.prod(shape), num_levels)
   else:
     raise ValueError(f"qsgd: encoding must be 'dense' or 'elias', got {encoding!r}.")
 
@@ -218,4 +230,4 @@ def qsgd(
     new_state = QSGDState(key=jax.random.key_data(key))
     return jax.tree.unflatten(treedef, decoded), new_state
 
-  return GradientCompressor(init, update, bits_per_leaf, axis_name, True)
+  return GradientCompressor(init, update, bits_per_leaf, axis_name, True, per_device_state=False)
