@@ -122,7 +122,8 @@ def takes(function: Callable[..., Any], name: str) -> bool:
 
 
 def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
-         supplied: Mapping[str, Any] = None, required: Sequence[str] = ()) -> dict[str, Any]:
+         supplied: Mapping[str, Any] = None, required: Sequence[str] = (), owned: Sequence[str] = ()
+         ) -> dict[str, Any]:
   """The keyword arguments of `resolved.function`: the config's `options` and what the trainer supplies.
 
   Args:
@@ -132,6 +133,8 @@ def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
     supplied: arguments the trainer provides (e.g. a model's `num_classes` from its dataset); used
       where the function takes them and the config does not set them.
     required: arguments of `supplied` the function must take (e.g. an optimizer's `learning_rate`).
+    owned: arguments of `supplied` the config may not set, where the function takes them (a compressor's
+      `axis_name`, which must be the mesh axes the trainer reduces over). `required` ones are owned too.
 
   Raises:
     ConfigError: an option the function does not take, a required argument it lacks, or a
@@ -144,7 +147,7 @@ def bind(section: str, resolved: Resolved, options: Mapping[str, Any], *,
     raise ConfigError(f"config.{section}: {resolved.qualified_name} takes no {', '.join(missing_required)} "
                       f"argument, which the trainer must pass; its arguments are {', '.join(accepted) or 'none'}.")
   options = dict(options)
-  trainer_owned = sorted(set(options) & set(supplied) & set(required))
+  trainer_owned = sorted(set(options) & set(supplied) & (set(required) | set(owned)))
   if trainer_owned:
     raise ConfigError(f"config.{section}.{trainer_owned[0]} is set by the trainer (from the rest of the "
                       "config); remove it from the section.")

@@ -206,7 +206,8 @@ def resolve_compressor(read: FieldReads) -> names.Call | None:
     return None
   resolved = names.resolve("compression.name", name, [compression])
   call = names.Call(resolved, names.bind("compression", resolved, options,
-                                         supplied={"seed": read("seed"), "axis_name": DATA_AXES}))
+                                         supplied={"seed": read("seed"), "axis_name": DATA_AXES},
+                                         owned=("axis_name",)))
   _built_once("compression", resolved, call)  # e.g. qsgd's num_levels=0, powersgd's rank=0
   return call
 

@@ -136,8 +136,9 @@ def _range_problems(config: ml_collections.ConfigDict) -> list[str]:
   if not config.eval_every_epochs > 0:
     problems.append(f"config.eval_every_epochs must be > 0 (epochs between evaluations), got "
                     f"{config.eval_every_epochs!r}.")
-  if not isinstance(config.seed, int) or config.seed < 0:
-    problems.append(f"config.seed must be an integer >= 0, got {config.seed!r}.")
+  if isinstance(config.seed, bool) or not isinstance(config.seed, int) or not 0 <= config.seed < 2**63:
+    problems.append(f"config.seed must be an integer from 0 to 2**63 - 1 (it seeds jax.random.key), got "
+                    f"{config.seed!r}.")
   if config.mesh.num_devices < 0:
     problems.append(f"config.mesh.num_devices must be >= 0 (0 = all devices), got {config.mesh.num_devices}.")
   problems += mesh.size_problems(config.mesh.data, config.mesh.fsdp, config.mesh.stage, config.mesh.model)

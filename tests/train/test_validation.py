@@ -45,6 +45,11 @@ from tests.train import helpers
     ({"compression.name": "qsgd", "compression.num_levels": 0, "mesh.per_device_gradients": True},
      r"config.compression.name='qsgd': lbjax.optim.compression.qsgd refuses its arguments: qsgd: num_levels \(s\) "
      r"must be >= 1, got 0"),
+    ({"compression.name": "qsgd", "compression.num_levels": 4, "compression.axis_name": "data"},
+     r"config.compression.axis_name is set by the trainer"),
+    ({"compression.name": "qsgd", "compression.num_levels": 4, "compression.seed": 2**64},
+     r"qsgd: seed must fit a signed 64-bit integer"),
+    ({"seed": 2**63}, r"config.seed must be an integer from 0 to 2\*\*63 - 1"),
     ({"batch_size": 36}, r"global batch size 36 is not divisible by the data-parallel size 8"),
     ({"batch_sizes": (32, 64), "batch_size_boundaries": ()}, r"has 2 sizes but .* 0 epochs"),
     # A Python config may set any value: a field the trainer reads has its default's kind.
