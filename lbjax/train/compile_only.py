@@ -60,6 +60,7 @@ class Program:
   per_step: float
   num_microbatches: int = 1
   steps_per_call: int = 1
+  resident_state: Any = None  # the train state's parts that stay on the devices while it runs, not its arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +150,11 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   eval_size = resolved.batch.eval_batch_size
   eval_batch = build.abstract(data.eval_batch(eval_size), batch_sharding)
   eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
+  # The train state is not donated to the eval step: what it does not take (the optimizer and compression state)
+  # stays on the devices beside it.
   programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
-                          _shardings(eval_arguments), None, (), 0.0))
+                          _shardings(eval_arguments), None, (), 0.0,
+                          resident_state=state._replace(params=None, model_state=None)))
   return AbstractRun(mesh, data, state, tuple(programs), holds_training_set=resolved.train_data_on_device)
 
 

@@ -7,7 +7,9 @@ backward pass and XLA's scratch) and the generated code; the step needs
   memory = arguments + outputs - aliased + temporaries + generated code
 
 (MaxText's `train_compile.py` total, plus the code), against the device's HBM (`lbjax.train.topology`):
-it **fits** when memory <= HBM. From `compiled.cost_analysis()`: XLA's FLOPs and its estimated step
+it **fits** when memory <= HBM. The eval step takes the parameters and model state but not the rest of the
+train state, which is not donated to it: the optimizer and compression state stay resident beside it, and it
+fits when memory + resident <= HBM. From `compiled.cost_analysis()`: XLA's FLOPs and its estimated step
 time (`optimal_seconds`), both per device. XLA's cost analysis counts a loop body once (an LSTM's
 time steps, an accumulation loop), so where the program has loops both are scaled by the matmul
 FLOPs counted per iteration over those counted once (`hlo_analysis.HloFigures.loop_flop_ratio`).
@@ -69,17 +71,18 @@ class ProgramFigures:
   kernel_bytes: float | None = None  # the bytes they read and write (`hlo_analysis.HloFigures.kernel_bytes`)
   steps_per_call: int = 1  # training steps one run of the program takes (`config.steps_per_call`)
   all_reduce_16bit_bytes: int = 0  # the all-reduce bytes summed in bf16/f16 (`HloFigures`)
+  resident_bytes: int = 0  # the train state that stays on the device beside it, not its argument (the eval step's)
 
   def fits(self, hbm_bytes: int | None) -> bool:
     if self.compiler_message:
       return False
-    return hbm_bytes is None or self.memory_per_device_bytes <= hbm_bytes
+    return hbm_bytes is None or self.memory_per_device_bytes + self.resident_bytes <= hbm_bytes
 
 
 def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: float) -> ProgramFigures:
   """The figures of one compiled program (`compile_only.Program`) of the run whose abstract state is `state`."""
   stats = compiled.memory_analysis()
-  memory = {**_state_memory(program, state),
+  memory = {**_state_memory(state),
             "arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
             "aliased": stats.alias_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
             "generated_code": stats.generated_code_size_in_bytes}
@@ -100,7 +103,7 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
                         flops, hlo.collective_bytes, None if seconds is None or seconds < 0 else seconds * ratio,
                         compile_seconds, all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes,
                         steps_per_call=program.steps_per_call, flops_counted=counted, kernels=hlo.kernels,
-                        kernel_bytes=hlo.kernel_bytes)
+                        kernel_bytes=hlo.kernel_bytes, resident_bytes=_tree_bytes(program.resident_state))
 
 
 # XLA:TPU's out-of-memory message, needed then available HBM: libtpu 0.0.50.1 (with jax 0.12) says "the total memory
@@ -109,10 +112,11 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
 COMPILER_HBM_FIGURES = (r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", r"Used ([\d.]+)G of ([\d.]+)G hbm")
 
 
-def _state_memory(program, state) -> dict[str, int]:
-  """Per device: the parameters and the optimizer state a program holds (the eval step takes no optimizer state)."""
-  return {"parameters": _tree_bytes(state.params),
-          "optimizer_state": 0 if program.name == "eval" else _tree_bytes(state.opt_state)}
+def _state_memory(state) -> dict[str, int]:
+  """Per device: the run's parameters, optimizer state and compression state (held by the train step as its
+  arguments, and beside the eval step as resident state)."""
+  return {"parameters": _tree_bytes(state.params), "optimizer_state": _tree_bytes(state.opt_state),
+          "compression_state": _tree_bytes(state.compression_state)}
 
 
 def out_of_memory_figures(program, message: str, state) -> ProgramFigures:
@@ -121,9 +125,14 @@ def out_of_memory_figures(program, message: str, state) -> ProgramFigures:
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   figures = [line for line in lines if any(w in line for w in ("Used", "Exceeded", "memory", "hbm", "HBM"))]
   return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, None,
-                        _state_memory(program, state),
+                        _state_memory(state),
                         None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600],
-                        steps_per_call=program.steps_per_call)
+                        steps_per_call=program.steps_per_call, resident_bytes=_tree_bytes(program.resident_state))
+
+
+def _resident_state_words(memory: dict[str, int]) -> str:
+  """What stays resident beside the eval step: "the optimizer state", or with a compressor's state too."""
+  return "the optimizer and compression state" if memory["compression_state"] else "the optimizer state"
 
 
 def _gib(n: float | None) -> str:
@@ -177,6 +186,7 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
       "programs": [p.name for p in parts],
       "memory_per_device_bytes": max(p.memory_per_device_bytes for p in parts) if all(
           p.memory_per_device_bytes is not None for p in parts) else None,
+      "resident_bytes": max(p.resident_bytes for p in parts),
       "memory": parts[0].memory if len(parts) == 1 else {p.name: p.memory for p in parts},
       "fits": all(p.fits(hbm) for p in parts),
       "flops_per_device": flops,
@@ -254,7 +264,7 @@ class CompileReport:
         "topology": self.topology, "platform": self.platform, "devices": self.devices,
         "device_kind": self.device_kind, "mesh": self.mesh, "hbm_bytes": self.hbm_bytes, "hbm_source": self.hbm_source,
         "fits": self.fits,
-        "memory_per_device_bytes": max((s["memory_per_device_bytes"] or 0) for s in self.steps),
+        "memory_per_device_bytes": max((s["memory_per_device_bytes"] or 0) + s["resident_bytes"] for s in self.steps),
         "batch_size": head["batch_size"],
         "flops_per_step": None if head["flops_per_device"] is None else head["flops_per_device"] * self.devices,
         "flops_counted": head["flops_counted"], "kernels_per_step": head["kernels_per_step"],
@@ -292,9 +302,15 @@ class CompileReport:
         continue
       memory = step["memory"] if step["step"] != "any_batch" else max(step["memory"].values(),
                                                                       key=lambda m: m["temporaries"])
-      out.append(f"    memory per device {_gib(step['memory_per_device_bytes'])} of {_gib(self.hbm_bytes)}: parameters "
-                 f"{_gib(memory['parameters'])}, optimizer state {_gib(memory['optimizer_state'])}, activations and "
-                 f"temporaries {_gib(memory['temporaries'])}")
+      if step["resident_bytes"]:
+        out.append(f"    memory per device {_gib(step['memory_per_device_bytes'])} of {_gib(self.hbm_bytes)}, beside "
+                   f"{_resident_state_words(memory)} {_gib(step['resident_bytes'])} resident "
+                   f"({_gib(step['memory_per_device_bytes'] + step['resident_bytes'])} in all): parameters "
+                   f"{_gib(memory['parameters'])}, activations and temporaries {_gib(memory['temporaries'])}")
+      else:
+        out.append(f"    memory per device {_gib(step['memory_per_device_bytes'])} of {_gib(self.hbm_bytes)}: "
+                   f"parameters {_gib(memory['parameters'])}, optimizer state {_gib(memory['optimizer_state'])}, "
+                   f"activations and temporaries {_gib(memory['temporaries'])}")
       flops = step["flops_per_device"]
       collectives = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in step["collective_bytes"].items() if v) or "none"
       counted = "; its dots and convolutions, counted in the compiled HLO" if (
@@ -346,14 +362,17 @@ class CompileReport:
     name = "eval step" if step["step"] == "eval" else "train step"
     held = (f", {_gib(self.available_bytes)} of it beside the training set it holds ({_gib(self.held_bytes)})"
             if self.held_bytes else "")
+    memory = step["memory"] if step["step"] != "any_batch" else next(iter(step["memory"].values()))
+    resident = (f" beside {_resident_state_words(memory)} that stays resident while it runs "
+                f"({_gib(step['resident_bytes'])}), {_gib(step['memory_per_device_bytes'] + step['resident_bytes'])} "
+                "in all" if step["resident_bytes"] and step["memory_per_device_bytes"] is not None else "")
     need = (f"the compiler ran out of memory ({step['compiler_message']})" if step["compiler_message"] else
-            f"it needs {_gib(step['memory_per_device_bytes'])} per device; a {self.device_kind} device has "
+            f"it needs {_gib(step['memory_per_device_bytes'])} per device{resident}; a {self.device_kind} device has "
             f"{_gib(self.hbm_bytes)}{held}")
     available = self.available_bytes
     data_parallel = self.mesh.get("data", 1) * self.mesh.get("fsdp", 1)
     share = step["batch_size"] // max(data_parallel, 1)
     lines = [f"The {name} at batch {step['batch_size']} does not fit: {need}. What to change:"]
-    memory = step["memory"] if step["step"] != "any_batch" else next(iter(step["memory"].values()))
     state_bytes = memory["parameters"] + memory["optimizer_state"] if memory else 0
     fsdp = (f"  - parameters and optimizer state ({_gib(state_bytes)} per device) split over devices: "
             f"--config.mesh.fsdp=N (now {self.mesh.get('fsdp', 1)})")
@@ -374,7 +393,8 @@ class CompileReport:
     lines.append("  - rematerialisation: pipeline the model (--config.mesh.stage=S) with --config.pipeline.remat=True "
                  "to recompute activations in the backward pass")
     if step["memory_per_device_bytes"] and available:
-      lines.append(f"  - a larger slice: about {math.ceil(step['memory_per_device_bytes'] / available)}x the "
+      device_bytes = step["memory_per_device_bytes"] + step["resident_bytes"]
+      lines.append(f"  - a larger slice: about {math.ceil(device_bytes / available)}x the "
                    f"{self.devices} devices, or a chip with more HBM")
     else:
       lines.append(f"  - a larger slice than {self.devices} devices, or a chip with more HBM")

@@ -333,9 +333,10 @@ def test_the_batch_that_fits_is_scaled_by_the_compilers_own_figures(refusal):
 def _refused_report(refusal: str, parameter_bytes: int, held_bytes: int = 0) -> compile_report.CompileReport:
   """The report of a train step at batch 60,000 on 8 devices of 16 GiB that the compiler refused with `refusal`;
   parameters and momentum of `parameter_bytes` each."""
-  train = types.SimpleNamespace(name="train", batch_size=60_000, num_microbatches=1, per_step=1.0, steps_per_call=1)
+  train = types.SimpleNamespace(name="train", batch_size=60_000, num_microbatches=1, per_step=1.0, steps_per_call=1,
+                                resident_state=None)
   leaf = jax.ShapeDtypeStruct((parameter_bytes // 4,), jnp.float32)
-  state = types.SimpleNamespace(params={"w": leaf}, opt_state={"momentum": leaf})
+  state = types.SimpleNamespace(params={"w": leaf}, opt_state={"momentum": leaf}, compression_state=None)
   step = compile_report.step_record([compile_report.out_of_memory_figures(train, refusal, state)], 60_000, 1, 25.0,
                                     16 * 2**30 - held_bytes)
   return compile_report.CompileReport("v3:2x2", "tpu", 8, "TPU v3", {"data": 8, "fsdp": 1, "stage": 1, "model": 1},
@@ -394,6 +395,29 @@ def test_a_step_that_cannot_fit_on_a_tpu_exits_4_with_the_compilers_figures(caps
   # half the 7,500: 3,750 divides it.
   assert "--config.max_device_batch=3750" in err
   assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30 and report["device_kind"] == "TPU v3"
+
+
+@needs_libtpu
+def test_the_eval_step_must_fit_beside_the_optimizer_state_that_stays_resident(capsys, tmp_path):
+  """An MNIST LSTM of 12,288 units with Adam on a 16 GiB v5e chip: the eval step at batch 10,000 takes 14.70 GiB,
+  its parameters among its arguments, and the train state is not donated to it: Adam's 4.55 GiB stay on the
+  device beside it, 19.25 GiB in all (it was judged to fit on its own 14.70 GiB)."""
+  status, out, err, report = _compile(capsys, tmp_path, "mnist_lstm:optimizer=adam", "--topology", "v5e:1x1",
+                                      "--config.model_options.hidden_size=12288", "--config.batch_size=8",
+                                      "--config.eval_batch_size=10000")
+  train, evaluation = report["steps"]
+  assert train["fits"] and train["resident_bytes"] == 0
+  adam = train["memory"]["optimizer_state"]
+  assert adam > 4.5 * 2**30 and evaluation["memory"]["arguments"] >= evaluation["memory"]["parameters"]
+  assert 0 <= evaluation["resident_bytes"] - adam <= 64  # and the step counter, the key and the non-finite marker
+  assert status == 4 and not evaluation["fits"] and not report["fits"] and "Traceback" not in err
+  in_all = evaluation["memory_per_device_bytes"] + evaluation["resident_bytes"]
+  assert report["memory_per_device_bytes"] == in_all > report["hbm_bytes"]
+  assert ("memory per device 14.70 GiB of 16.00 GiB, beside the optimizer state 4.55 GiB resident (19.25 GiB in "
+          "all): parameters 2.27 GiB, activations and temporaries 12.42 GiB") in out
+  assert ("The eval step at batch 10000 does not fit: it needs 14.70 GiB per device beside the optimizer state that "
+          "stays resident while it runs (4.55 GiB), 19.25 GiB in all; a TPU v5 lite device has 16.00 GiB. ") in err
+  assert "a smaller config.eval_batch_size (now 10000, 10000 per device)" in err and "--config.mesh.fsdp=N" in err
 
 
 def test_a_workdir_that_is_a_file_is_refused_before_anything_compiles(capsys, tmp_path, monkeypatch):
