@@ -88,6 +88,12 @@ def _gib(n):
   return "?" if n is None else f"{n / 2**30:.2f}"
 
 
+def _memory(result: dict) -> str:
+  """An entry's memory per device: at least the compiler's figure where it refused a step ("?" without one)."""
+  memory = result["memory_per_device_bytes"]
+  return "?" if memory is None else ("≥ " if result.get("memory_per_device_is_lower_bound") else "") + _gib(memory)
+
+
 def _duration(seconds):
   if seconds is None:
     return "n/a"
@@ -147,7 +153,7 @@ def render(results: dict, command: str) -> str:
       calibrated = _duration(factor * step["estimated_recipe_seconds"])
     lines.append(
         f"| {entry.key} | `{r['config']}` | {entry.topology} | {r['devices']} {r['device_kind']} | {mesh} | "
-        f"{'yes' if r['fits'] else '**no**'} | {_gib(r['memory_per_device_bytes'])} of {_gib(r['hbm_bytes'])} | "
+        f"{'yes' if r['fits'] else '**no**'} | {_memory(r)} of {_gib(r['hbm_bytes'])} | "
         f"{collectives['all-reduce'] / 2**20:.1f} | {collectives['all-reduce'] / step['memory']['parameters']:.2f} | "
         f"{others} | "
         f"{'?' if flops is None else f'{flops:.3g}'} | "
@@ -157,9 +163,10 @@ def render(results: dict, command: str) -> str:
       "",
       "`all-reduce / f32 gradient`: the all-reduce bytes per device over the bytes of the float32 parameters "
       "(the gradient a data-parallel step sums). `n/a`: XLA's cost model gave no estimate for the program "
-      "(`optimal_seconds` < 0). The LSTM rows are uncalibrated: an LSTM step is a chain of small sequential "
-      "matmuls, latency-bound on a TPU in a way the cost model does not see, so their times are lower bounds "
-      "only.",
+      "(`optimal_seconds` < 0). `≥`: the compiler refused the step for lack of memory, and its figure for what the "
+      "step needed is a lower bound (`?`: it gave none). The LSTM rows are uncalibrated: an LSTM step is a chain "
+      "of small sequential matmuls, latency-bound on a TPU in a way the cost model does not see, so their times are "
+      "lower bounds only.",
       "", "## Calibration", ""]
   if factor is None:
     lines.append("The calibration entry is not compiled yet.")

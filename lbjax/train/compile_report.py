@@ -112,6 +112,13 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
 COMPILER_HBM_FIGURES = (r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", r"Used ([\d.]+)G of ([\d.]+)G hbm")
 
 
+def compiler_hbm_figures(message: str) -> tuple[int, int] | None:
+  """The bytes the compiler needed and the HBM it had, from its out-of-memory `message` (its G read as 2**30 bytes),
+  or None where it gives no figures."""
+  found = next(filter(None, (re.search(pattern, message) for pattern in COMPILER_HBM_FIGURES)), None)
+  return None if found is None else (round(float(found.group(1)) * 2**30), round(float(found.group(2)) * 2**30))
+
+
 def _state_memory(state) -> dict[str, int]:
   """Per device: the run's parameters, optimizer state and compression state (held by the train step as its
   arguments, and beside the eval step as resident state)."""
@@ -121,10 +128,13 @@ def _state_memory(state) -> dict[str, int]:
 
 def out_of_memory_figures(program, message: str, state) -> ProgramFigures:
   """A program the compiler refused for lack of memory, with the compiler's own figures and what the state of the
-  run (`state`, abstract) holds: the parameters and the optimizer state, which decide whether fsdp is the remedy."""
+  run (`state`, abstract) holds: the parameters and the optimizer state, which decide whether fsdp is the remedy.
+  Its memory is the compiler's "needed" figure (a lower bound: libtpu counts its temporaries), None without one."""
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   figures = [line for line in lines if any(w in line for w in ("Used", "Exceeded", "memory", "hbm", "HBM"))]
-  return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step, None,
+  needed = compiler_hbm_figures(message)
+  return ProgramFigures(program.name, program.batch_size, program.num_microbatches, program.per_step,
+                        None if needed is None else needed[0],
                         _state_memory(state),
                         None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600],
                         steps_per_call=program.steps_per_call, resident_bytes=_tree_bytes(program.resident_state))
@@ -258,13 +268,23 @@ class CompileReport:
     train = [s for s in self.steps if s["step"] != "eval"]
     return max(train, key=lambda s: (not s["fits"], s["memory_per_device_bytes"] or 0, s["batch_size"]))
 
+  @property
+  def memory_per_device_bytes(self) -> int | None:
+    """The most memory a device needs for any step (the eval step's with the state resident beside it); None where
+    the compiler refused a step without saying how much it needed (the figure would read as small)."""
+    if any(s["memory_per_device_bytes"] is None for s in self.steps):
+      return None
+    return max(s["memory_per_device_bytes"] + s["resident_bytes"] for s in self.steps)
+
   def to_json(self) -> dict[str, Any]:
     head = self.headline()
     return {
         "topology": self.topology, "platform": self.platform, "devices": self.devices,
         "device_kind": self.device_kind, "mesh": self.mesh, "hbm_bytes": self.hbm_bytes, "hbm_source": self.hbm_source,
         "fits": self.fits,
-        "memory_per_device_bytes": max((s["memory_per_device_bytes"] or 0) + s["resident_bytes"] for s in self.steps),
+        "memory_per_device_bytes": self.memory_per_device_bytes,
+        # A refused step's memory is the compiler's figure for what it needed: the step needs at least that.
+        "memory_per_device_is_lower_bound": any(s["compiler_message"] for s in self.steps),
         "batch_size": head["batch_size"],
         "flops_per_step": None if head["flops_per_device"] is None else head["flops_per_device"] * self.devices,
         "flops_counted": head["flops_counted"], "kernels_per_step": head["kernels_per_step"],
@@ -347,12 +367,8 @@ class CompileReport:
     """A guess at the examples per device that fit: `at_once` scaled by HBM / memory needed (the compiler's
     figures where it refused the step), since activations grow with the examples; the largest divisor of
     `at_once` below that, so that the share splits into whole micro-batches."""
-    found = next(filter(None, (re.search(pattern, step["compiler_message"]) for pattern in COMPILER_HBM_FIGURES)),
-                 None)
-    if found:
-      need, available = float(found.group(1)), float(found.group(2))
-    else:
-      need, available = step["memory_per_device_bytes"] or 0, self.available_bytes or 0
+    need, available = compiler_hbm_figures(step["compiler_message"]) or (step["memory_per_device_bytes"] or 0,
+                                                                          self.available_bytes or 0)
     scaled = at_once * available / need if need and available else at_once / 2
     return next(d for d in range(max(int(min(scaled, at_once / 2)), 1), 0, -1) if at_once % d == 0)
 

@@ -55,3 +55,18 @@ def test_render_only_without_the_json_names_it_and_the_command_that_writes_it(tm
           f"not exist: compile the entries into it first with `python -m experiments.tpu_pod_plan --out {out}` "
           "(needs libtpu).") in err
   assert not (tmp_path / "o").exists()
+
+
+def test_a_refused_entry_shows_at_least_the_compilers_figure_for_its_memory():
+  """The compile.json of a train step the compiler refused beside a small eval step: its memory is the compiler's
+  figure, a lower bound (the column showed the eval step's 0.00 GiB)."""
+  step = {"step": "train", "memory": {"parameters": 2**20}, "estimated_epoch_seconds": None}
+  refused = {"key": "mnist_lstm_8k", "config": "mnist_lstm", "devices": 4, "device_kind": "TPU v5", "mesh": {"data": 4},
+             "fits": False, "memory_per_device_bytes": 63 * 2**30, "memory_per_device_is_lower_bound": True,
+             "hbm_bytes": 16 * 2**30, "collective_bytes": {"all-reduce": 0}, "flops_per_step": None,
+             "estimated_step_seconds": None, "estimated_recipe_seconds": None, "epochs": 25.0, "steps": [step],
+             "wall_seconds": 1.0, "lines": []}
+  text = tpu_pod_plan.render({"mnist_lstm_8k": refused}, "python -m experiments.tpu_pod_plan")
+  assert "| **no** | ≥ 63.00 of 16.00 |" in text
+  unknown = dict(refused, memory_per_device_bytes=None)
+  assert "| **no** | ? of 16.00 |" in tpu_pod_plan.render({"mnist_lstm_8k": unknown}, "")

@@ -395,6 +395,10 @@ def test_a_step_that_cannot_fit_on_a_tpu_exits_4_with_the_compilers_figures(caps
   # half the 7,500: 3,750 divides it.
   assert "--config.max_device_batch=3750" in err
   assert report["fits"] is False and report["hbm_bytes"] == 16 * 2**30 and report["device_kind"] == "TPU v3"
+  # Its memory is the compiler's figure for what it needed, at least, not the small eval step's (it read 1.5 MiB).
+  needed, _ = compile_report.compiler_hbm_figures(report["steps"][0]["compiler_message"])
+  assert report["steps"][0]["memory_per_device_bytes"] == report["memory_per_device_bytes"] == needed
+  assert needed > report["hbm_bytes"] and report["memory_per_device_is_lower_bound"]
 
 
 @needs_libtpu
