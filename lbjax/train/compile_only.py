@@ -2,8 +2,9 @@
 
 `compile_run(config, topology="v3:32x32")` builds the run as `lbjax.train.run.Run` does (the
 `data`/`fsdp`/`stage`/`model` mesh, the model, the optimizer and its state, the gradient compressor,
-the trainer's own train step per batch size of the schedule, or the any-batch pair, and the eval
-step), but every array is a `jax.ShapeDtypeStruct` carrying its sharding: no data is read
+the trainer's own train step per batch size of the schedule, or the any-batch pair, the eval step,
+and the Lipschitz probe where `config.diagnostics.lipschitz_every` asks for it), but every array is
+a `jax.ShapeDtypeStruct` carrying its sharding: no data is read
 (`lbjax.train.abstract_data`), no parameter initialised, no checkpoint touched. Each step is lowered
 and compiled for the devices of the TPU topology (`lbjax.train.topology`, needs libtpu) or for the
 local devices, and measured (`lbjax.train.compile_report`): memory per device against the device's
@@ -30,6 +31,7 @@ from lbjax.train import build
 from lbjax.train import compile_report
 from lbjax.train import determinism
 from lbjax.train import device_data
+from lbjax.train import evaluation
 from lbjax.train import gpu_targets
 from lbjax.train import hlo_analysis
 from lbjax.train import mesh as mesh_lib
@@ -61,6 +63,8 @@ class Program:
   num_microbatches: int = 1
   steps_per_call: int = 1
   resident_state: Any = None  # the train state's parts that stay on the devices while it runs, not its arguments
+  # Around its lowering: what turns the compiler's refusal into the trainer's ConfigError (the Lipschitz probe's).
+  lowering_refusals: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,17 +148,24 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
                     (_shardings(state), _shardings(totals), replicated, replicated),
                     (_shardings(state), replicated, _shardings(totals)), (0, 1), 1.0, count))
 
+  # The train state is not donated to the eval step (nor the probe): what it does not take (the optimizer and
+  # compression state) stays on the devices beside it.
+  beside = state._replace(params=None, model_state=None)
   programs = []
+  if resolved.watch.lipschitz_every:  # the probe's program, as `evaluation.LipschitzProbe` lowers it: first, as the
+    probe_size = resolved.watch.lipschitz_batch_size  # run builds it before its first step (and may refuse it)
+    probe_arguments = (state.params, state.model_state, build.abstract(data.train_batch(probe_size), batch_sharding),
+                       carry(probe_size))
+    programs.append(Program("lipschitz", probe_size, evaluation.lipschitz_function(parts, resolved.seed),
+                            probe_arguments, _shardings(probe_arguments), replicated, (), 0.0, resident_state=beside,
+                            lowering_refusals=lambda: evaluation.forward_mode_refused(evaluation.LIPSCHITZ_FIELD)))
   for size in dict.fromkeys(resolved.batch.sizes):  # a schedule may come back to a size: one program, as in a run
     programs += any_batch_steps(size) if resolved.batch.micro_batch_size else [train_step(size)]
   eval_size = resolved.batch.eval_batch_size
   eval_batch = build.abstract(data.eval_batch(eval_size), batch_sharding)
   eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
-  # The train state is not donated to the eval step: what it does not take (the optimizer and compression state)
-  # stays on the devices beside it.
   programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
-                          _shardings(eval_arguments), None, (), 0.0,
-                          resident_state=state._replace(params=None, model_state=None)))
+                          _shardings(eval_arguments), None, (), 0.0, resident_state=beside))
   return AbstractRun(mesh, data, state, tuple(programs), holds_training_set=resolved.train_data_on_device)
 
 
@@ -223,7 +234,8 @@ def compile_run(config: ml_collections.ConfigDict, topology: str | None = None,
       log(f"compiling the {program.name} step at batch {program.batch_size} for {run.mesh.size} "
           f"{device.device_kind} device(s)...")
       try:
-        compiled, seconds = compile_program(program)
+        with program.lowering_refusals():
+          compiled, seconds = compile_program(program)
       except Exception as e:  # pylint: disable=broad-except  (XLA's out-of-memory is a JaxRuntimeError)
         if not _is_out_of_memory(e):
           raise

@@ -7,10 +7,12 @@ backward pass and XLA's scratch) and the generated code; the step needs
   memory = arguments + outputs - aliased + temporaries + generated code
 
 (MaxText's `train_compile.py` total, plus the code), against the device's HBM (`lbjax.train.topology`):
-it **fits** when memory <= HBM. The eval step takes the parameters and model state but not the rest of the
-train state, which is not donated to it: the optimizer and compression state stay resident beside it, and it
-fits when memory + resident <= HBM. From `compiled.cost_analysis()`: XLA's FLOPs and its estimated step
-time (`optimal_seconds`), both per device. XLA's cost analysis counts a loop body once (an LSTM's
+it **fits** when memory <= HBM. The eval step (and the Lipschitz probe) takes the parameters and model
+state but not the rest of the train state, which is not donated to it: the optimizer and compression
+state stay resident beside it, and it fits when memory + resident <= HBM.
+
+From `compiled.cost_analysis()`: XLA's FLOPs and its estimated step time (`optimal_seconds`), both per
+device. XLA's cost analysis counts a loop body once (an LSTM's
 time steps, an accumulation loop), so where the program has loops both are scaled by the matmul
 FLOPs counted per iteration over those counted once (`hlo_analysis.HloFigures.loop_flop_ratio`).
 Every time figure is XLA's cost-model estimate, not a measurement. A deviceless GPU has no cost
@@ -41,6 +43,10 @@ COMPILE_FILE = "compile.json"
 # Who counted a program's FLOPs: XLA's cost analysis (every operation), or, where it gives none (a deviceless
 # GPU), the dots and convolutions of the compiled HLO (`hlo_analysis`).
 FLOPS_FROM_COST_ANALYSIS, FLOPS_FROM_MATMULS = "xla_cost_analysis", "matmuls_in_hlo"
+# The programs that run beside training, not in a step (`compile_only.Program.per_step` 0), by name: what the report
+# calls them, and the config field of their batch size.
+MEASUREMENTS = {"eval": "eval step", "lipschitz": "Lipschitz probe"}
+MEASUREMENT_BATCH_FIELDS = {"eval": "config.eval_batch_size", "lipschitz": "config.diagnostics.lipschitz_batch_size"}
 
 
 def _tree_bytes(tree: Any) -> int:
@@ -141,7 +147,7 @@ def out_of_memory_figures(program, message: str, state) -> ProgramFigures:
 
 
 def _resident_state_words(memory: dict[str, int]) -> str:
-  """What stays resident beside the eval step: "the optimizer state", or with a compressor's state too."""
+  """What stays resident beside the eval step or the probe: "the optimizer state", or with a compressor's state too."""
   return "the optimizer and compression state" if memory["compression_state"] else "the optimizer state"
 
 
@@ -173,12 +179,13 @@ def epochs_per_batch_size(config: ml_collections.ConfigDict) -> dict[int, float]
 
 def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | None, epochs: float,
                 hbm: int | None) -> dict[str, Any]:
-  """One step (a train step, the any-batch pair at one batch size, or the eval step) as a report record.
+  """One step (a train step, the any-batch pair at one batch size, the eval step or the Lipschitz probe) as a report
+  record.
 
-  `hbm` is the device memory the step must fit in (None: unknown); `steps_per_epoch` None for the eval step.
+  `hbm` is the device memory the step must fit in (None: unknown); `steps_per_epoch` None for the `MEASUREMENTS`.
   """
   first = parts[0]
-  if first.name == "eval":
+  if first.name in MEASUREMENTS:
     seconds = first.estimated_seconds
   elif all(p.estimated_seconds is not None for p in parts):
     seconds = sum(p.per_step * p.estimated_seconds for p in parts)
@@ -191,7 +198,7 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
   kernel_bytes = (sum((p.per_step or 1.0) * p.kernel_bytes for p in parts)
                   if all(p.kernel_bytes is not None for p in parts) else None)
   record = {
-      "step": "eval" if first.name == "eval" else ("any_batch" if len(parts) > 1 else "train"),
+      "step": first.name if first.name in MEASUREMENTS else ("any_batch" if len(parts) > 1 else "train"),
       "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
       "programs": [p.name for p in parts],
       "memory_per_device_bytes": max(p.memory_per_device_bytes for p in parts) if all(
@@ -247,14 +254,14 @@ class CompileReport:
     # What the programs must fit in: the device's memory, less the training set it holds (config.train_data_on_device).
     available = None if memory.bytes is None else memory.bytes - run.held_bytes
     steps, recipe = [], 0.0
-    for size in sorted({f.batch_size for f in figures if f.name != "eval"}):
-      parts = [f for f in figures if f.batch_size == size and f.name != "eval"]
+    for size in sorted({f.batch_size for f in figures if f.name not in MEASUREMENTS}):
+      parts = [f for f in figures if f.batch_size == size and f.name not in MEASUREMENTS]
       steps.append(step_record(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), available))
       if recipe is not None and steps[-1]["estimated_recipe_seconds"] is not None:
         recipe += steps[-1]["estimated_recipe_seconds"]
       else:
         recipe = None
-    steps += [step_record([f], f.batch_size, None, 0.0, available) for f in figures if f.name == "eval"]
+    steps += [step_record([f], f.batch_size, None, 0.0, available) for f in figures if f.name in MEASUREMENTS]
     return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
                memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes),
                run.held_bytes)
@@ -265,7 +272,7 @@ class CompileReport:
 
   def headline(self) -> dict[str, Any]:
     """The train step with the largest memory (the one that decides whether the run fits)."""
-    train = [s for s in self.steps if s["step"] != "eval"]
+    train = [s for s in self.steps if s["step"] not in MEASUREMENTS]
     return max(train, key=lambda s: (not s["fits"], s["memory_per_device_bytes"] or 0, s["batch_size"]))
 
   @property
@@ -311,7 +318,7 @@ class CompileReport:
            f"HBM per device {_gib(self.hbm_bytes)} ({self.hbm_source})."]
     for step in self.steps:
       name = {"train": "train step", "any_batch": "any-batch step (accumulate + apply)",
-              "eval": "eval step"}[step["step"]]
+              **MEASUREMENTS}[step["step"]]
       micro = f", {step['num_microbatches']} micro-batches" if step["num_microbatches"] > 1 else ""
       if step["steps_per_call"] > 1:
         micro += f" ({step['steps_per_call']} steps per call; figures per step, memory per call)"
@@ -343,16 +350,17 @@ class CompileReport:
                    else f", reading and writing {_gib(step['kernel_bytes_per_step'])}")
         out.append(f"    kernels launched per step {step['kernels_per_step']:,} (fusions, cuDNN/cuBLAS calls and "
                    f"copies; a loop's per iteration){traffic}")
-      if step["step"] != "eval" and step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]:
+      summed_in_16_bits = step["all_reduce_16bit_bytes"] > 0.01 * step["collective_bytes"]["all-reduce"]
+      if step["step"] not in MEASUREMENTS and summed_in_16_bits:
         low = step["all_reduce_16bit_bytes"] / 2**20
         out.append(f"    of the all-reduce, {low:.1f} MiB is summed in 16-bit floats: the gradients are added across "
                    "the devices in bfloat16 (a ResNet's model_options.param_dtype_gradients=True makes its kernel "
                    "gradients in float32 first; mesh.per_device_gradients=True sums each device's float32 gradient "
                    "where each device holds whole BatchNorm groups; docs/running.md)")
-      if step["step"] != "eval" and step["estimated_step_seconds"] is None:
+      if step["step"] not in MEASUREMENTS and step["estimated_step_seconds"] is None:
         out.append(f"    estimated step: none (XLA's cost model gave no estimate for this program); epoch "
                    f"{step['steps_per_epoch']} steps, {step['epochs']:g} epochs")
-      elif step["step"] != "eval":
+      elif step["step"] not in MEASUREMENTS:
         out.append(f"    estimated step {_duration(step['estimated_step_seconds'])}, epoch "
                    f"({step['steps_per_epoch']} steps) {_duration(step['estimated_epoch_seconds'])}, "
                    f"{step['epochs']:g} epochs {_duration(step['estimated_recipe_seconds'])}")
@@ -375,7 +383,7 @@ class CompileReport:
   def does_not_fit_message(self) -> str:
     """What does not fit, by how much, and what to change."""
     step = next(s for s in self.steps if not s["fits"])
-    name = "eval step" if step["step"] == "eval" else "train step"
+    name = MEASUREMENTS.get(step["step"], "train step")
     held = (f", {_gib(self.available_bytes)} of it beside the training set it holds ({_gib(self.held_bytes)})"
             if self.held_bytes else "")
     memory = step["memory"] if step["step"] != "any_batch" else next(iter(step["memory"].values()))
@@ -398,8 +406,9 @@ class CompileReport:
     if available and state_bytes >= available:
       lines.append(fsdp + "; they alone exceed the device's memory")
     at_once = share // max(step["num_microbatches"], 1)
-    if step["step"] == "eval":
-      lines.append(f"  - a smaller config.eval_batch_size (now {step['batch_size']}, {share} per device)")
+    if step["step"] in MEASUREMENTS:
+      lines.append(f"  - a smaller {MEASUREMENT_BATCH_FIELDS[step['step']]} (now {step['batch_size']}, {share} per "
+                   "device)")
     elif at_once > 1:
       fitting = self._examples_that_fit(step, at_once)
       lines.append(f"  - fewer examples per device at once: --config.max_device_batch={fitting} "

@@ -2,6 +2,8 @@
 split) and `LipschitzProbe` (papers/001 §4: the curvature along the gradient on its first examples)."""
 
 import collections
+from collections.abc import Callable, Iterator
+import contextlib
 
 import jax
 from flax import nnx
@@ -49,6 +51,43 @@ def _real_rows(mask: np.ndarray) -> int:
   return int(np.sum(np.any(mask.reshape(mask.shape[0], -1) > 0, axis=1)))
 
 
+LIPSCHITZ_FIELD = "config.diagnostics.lipschitz_every"  # the config field that asks for the probe
+
+
+def lipschitz_function(parts: StepParts, seed: int) -> Callable[..., jax.Array]:
+  """The probe's program, (params, model_state, batch, carry) -> L(x, g) on `batch` (a batch's model inputs),
+  as `LipschitzProbe` runs it and `--compile-only` compiles it (each lowering it in `forward_mode_refused`)."""
+  key = jax.random.key(seed)
+
+  def probe(params, model_state, batch, carry):
+    def loss_fn(params, batch):
+      model = nnx.merge(parts.graphdef, params, model_state)
+      return parts.task.train_loss(model, batch, carry, key)[0]
+
+    return diagnostics.lipschitz_along_gradient(loss_fn, params, batch)
+
+  return probe
+
+
+@contextlib.contextmanager
+def forward_mode_refused(field: str) -> Iterator[None]:
+  """Lowering the probe (`lipschitz_function`) inside: JAX's refusal of a layer it cannot differentiate forward
+  (a `custom_vjp`, found when lowering), which the Hessian-vector product needs, raised as the ConfigError naming
+  `field`, the config field that asked for the probe."""
+  try:
+    yield
+  except TypeError as e:
+    if "forward-mode" not in str(e):
+      raise
+    raise ConfigError(
+        f"{field}: the Lipschitz estimate (papers/001 §4) takes a Hessian-vector product, forward-mode over "
+        f"reverse-mode differentiation, and this model has a layer whose derivative is written for reverse "
+        f"mode only (JAX: {e}). Of lbjax's models' options, model_options.param_dtype_gradients=True writes its "
+        f"layers' kernel gradients so: turn it off for runs with the estimate, or set {field}=0. In a model "
+        f"of your own, a jax.custom_vjp is such a layer (a jax.custom_jvp differentiates both ways)."
+    ) from None
+
+
 class LipschitzProbe:
   """L(x, g) = |g^T H g| / ||g||^2 along the gradient on the first `batch_size` evaluation examples."""
 
@@ -67,28 +106,11 @@ class LipschitzProbe:
       raise ConfigError(
           f"config.diagnostics.lipschitz_batch_size={batch_size}: the evaluation split's first batch holds {real} "
           f"real examples; the rest would be padding (copies or empty rows) taken for data. Use at most {real}.")
-    batch = global_batch(protocols.model_inputs(local), parts.batch_sharding)
-    carry = parts.zero_carry(batch_size)
-    key = jax.random.key(seed)
-
-    def loss_fn(params, batch, model_state):
-      model = nnx.merge(parts.graphdef, params, model_state)
-      return parts.task.train_loss(model, batch, carry, key)[0]
-
-    self._fn = jax.jit(lambda params, model_state: diagnostics.lipschitz_along_gradient(
-        lambda p, b: loss_fn(p, b, model_state), params, batch))
-    try:  # lowered before any step (JAX finds a custom_vjp under jvp when lowering): refused before training
-      self._fn.trace(state.params, state.model_state).lower()
-    except TypeError as e:
-      if "forward-mode" not in str(e):
-        raise
-      raise ConfigError(
-          f"{field}: the Lipschitz estimate (papers/001 §4) takes a Hessian-vector product, forward-mode over "
-          f"reverse-mode differentiation, and this model has a layer whose derivative is written for reverse "
-          f"mode only (JAX: {e}). Of lbjax's models' options, model_options.param_dtype_gradients=True writes its "
-          f"layers' kernel gradients so: turn it off for runs with the estimate, or set {field}=0. In a model "
-          f"of your own, a jax.custom_vjp is such a layer (a jax.custom_jvp differentiates both ways)."
-      ) from None
+    self._batch = global_batch(protocols.model_inputs(local), parts.batch_sharding)
+    self._carry = parts.zero_carry(batch_size)
+    self._fn = jax.jit(lipschitz_function(parts, seed))
+    with forward_mode_refused(field):  # lowered before any step: refused before training
+      self._fn.trace(state.params, state.model_state, self._batch, self._carry).lower()
 
   def __call__(self, state: TrainState) -> float:
-    return float(jax.device_get(self._fn(state.params, state.model_state)))
+    return float(jax.device_get(self._fn(state.params, state.model_state, self._batch, self._carry)))

@@ -47,7 +47,7 @@ from lbjax.train.build import CallPlacement, MeshPlacement, StepParts, described
 from lbjax.train.checkpointing import Checkpointer, abstract_like, state_checksums
 from lbjax.train.device_data import DeviceTrainingSet
 from lbjax.train.errors import ConfigError
-from lbjax.train.evaluation import Evaluator, LipschitzProbe
+from lbjax.train.evaluation import LIPSCHITZ_FIELD, Evaluator, LipschitzProbe
 from lbjax.train.mesh import data_parallel_size
 from lbjax.train.resolved import MeshPlan, ResolvedRun
 from lbjax.train.resume import HISTORY_FILE, Checkpoints, Start
@@ -173,7 +173,7 @@ class Run:
       watch = resolved.watch
       initial = self.parts.initial_state()
       self._lipschitz = (LipschitzProbe(self.parts, watch.lipschitz_batch_size, resolved.seed, initial,
-                                        "config.diagnostics.lipschitz_every") if watch.lipschitz_every else None)
+                                        LIPSCHITZ_FIELD) if watch.lipschitz_every else None)
       if self.workdir is not None:
         self.checkpoints = Checkpoints(self.workdir, resolved, self.task.dataset, self.data_parallel_size,
                                        self.parts.replicated, self.lock)

@@ -137,6 +137,25 @@ def test_the_programs_must_fit_beside_the_training_set_the_devices_hold(monkeypa
   assert not compile_only.compile_run(config(True), evaluation=False).fits
 
 
+def test_the_lipschitz_probe_is_compiled_and_refused_as_training_refuses_it(capsys, tmp_path):
+  """`diagnostics.lipschitz_every` > 0: the probe's program (`evaluation.lipschitz_function`, as the run lowers it)
+  is one more program of the report, beside the resident optimizer state; a model it cannot differentiate
+  forward is refused as training refuses it, exit 2 (compile-only said it fits)."""
+  probe = {"diagnostics.lipschitz_every": 10, "diagnostics.lipschitz_batch_size": 16}
+  report = compile_only.compile_run(helpers.tiny_classifier_config(**probe), evaluation=False)
+  train, lipschitz = report.steps
+  assert (lipschitz["step"], lipschitz["batch_size"], lipschitz["fits"]) == ("lipschitz", 16, True)
+  assert lipschitz["resident_bytes"] >= train["memory"]["optimizer_state"] > 0
+  assert lipschitz["flops_per_device"] > train["flops_per_device"] / 2  # a gradient and a Hessian-vector product
+  assert "  Lipschitz probe at batch 16: fits" in report.lines()
+  status, out, err, _ = _compile(capsys, tmp_path, "resnet_tiny_synthetic_cifar",
+                                 "--config.model_options.param_dtype_gradients=True",
+                                 "--config.diagnostics.lipschitz_every=10")
+  assert status == 2 and "Traceback" not in err and "fits" not in out
+  assert err.startswith("lbjax-train: config.diagnostics.lipschitz_every: the Lipschitz estimate (papers/001 §4) "
+                        "takes a Hessian-vector product, forward-mode over reverse-mode differentiation")
+
+
 def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs():
   config = helpers.tiny_classifier_config(batch_sizes=(32, 64), batch_size_boundaries=(0.25,))
   report = compile_only.compile_run(config, evaluation=False)
