@@ -34,7 +34,7 @@ from lbjax.train.errors import ConfigError
 from lbjax.train.protocols import HostBatch, Task
 from lbjax.train.resolved import ResolvedRun
 from lbjax.train.state import TrainState
-from lbjax.train.step import make_eval_step, make_train_step, per_device_compression_state
+from lbjax.train.step import make_eval_step, make_train_step
 
 
 def global_batch(local: HostBatch, sharding) -> dict[str, jax.Array]:
@@ -248,7 +248,7 @@ class StepParts:
     if self.compressor is None:
       return None
     state = jax.device_get(jax.jit(self.compressor.init)(params))
-    if not per_device_compression_state(state):
+    if not self.compressor.per_device_state:
       return place(state, self.replicated)
     per_device = jax.tree.map(lambda x: np.broadcast_to(x, (self.data_parallel_size,) + x.shape), state)
     return place(per_device, self.batch_sharding)
@@ -261,7 +261,7 @@ class StepParts:
     compression_state = None
     if self.compressor is not None:
       shapes = jax.eval_shape(self.compressor.init, self.abstract_params)
-      if per_device_compression_state(shapes):
+      if self.compressor.per_device_state:
         per_device = jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.data_parallel_size,) + x.shape, x.dtype),
                                   shapes)
         compression_state = abstract(per_device, self.batch_sharding)

@@ -29,7 +29,6 @@ from lbjax.train.errors import (CheckpointCorruptError, CheckpointMismatchError,
                                 DataMismatchError)
 from lbjax.train.resolved import ResolvedRun
 from lbjax.train.state import TrainState
-from lbjax.train.step import per_device_compression_state
 from lbjax.train.workdir_lock import WorkdirLock
 
 HISTORY_FILE = "history.jsonl"
@@ -149,11 +148,17 @@ class Checkpoints:
   def _check_compression_state(self, meta: dict[str, Any], state: TrainState) -> None:
     """Refuses a per-device compression state saved on another device count."""
     saved, now = meta.get("data_parallel_size"), self._data_parallel_size
-    if saved is None or saved == now or not per_device_compression_state(state.compression_state):
+    compressor, kept_state = self._run.build_compressor(), state.compression_state
+    if (saved is None or saved == now or compressor is None or not compressor.per_device_state
+        or not jax.tree.leaves(kept_state)):
       return
-    kept = ("its query factors per device (the same on every device without error feedback, but stored once per "
-            "device)" if isinstance(state.compression_state, compression.PowerSGDState)
-            and not state.compression_state.residuals else "an error-feedback residual per device")
+    if isinstance(kept_state, compression.PowerSGDState) and not kept_state.residuals:
+      kept = ("its query factors per device (the same on every device without error feedback, but stored once "
+              "per device)")
+    elif isinstance(kept_state, (compression.ErrorFeedbackState, compression.PowerSGDState)):
+      kept = "an error-feedback residual per device"
+    else:
+      kept = "its state per device (its GradientCompressor has per_device_state=True)"
     raise CheckpointMismatchError(
         f"config.compression.name={self._run.compressor.resolved.name!r} keeps {kept}; "
         f"the checkpoint in {self.directory} holds {saved} of them, this run has {now} data-parallel "

@@ -136,11 +136,6 @@ def _all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def per_device_compression_state(state: Any) -> bool:
-  """Whether a compressor state differs per device (1-bit SGD's and PowerSGD's error-feedback memory)."""
-  return isinstance(state, (compression.ErrorFeedbackState, compression.PowerSGDState))
-
-
 def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.GradientTransformation,
                     mesh: Mesh, num_microbatches: int, discard_fraction: float = 0.0,
                     compressor: compression.GradientCompressor | None = None
@@ -222,7 +217,7 @@ def make_train_step(graphdef: nnx.GraphDef, task: Task, optimizer: optax.Gradien
     return loss, metrics, model_state, merge_microbatches(carries, split_mesh), grads
 
   def per_device_gradients(state: TrainState, batch: Batch, key: jax.Array, rows: jax.Array):
-    per_device = per_device_compression_state(state.compression_state)
+    per_device = compressor.per_device_state  # an error-feedback residual per device: sharded, one row each
     state_spec = P(DATA_AXES) if per_device else P()
 
     def local(params, model_state, batch, carry, key, rows, compression_state):

@@ -132,12 +132,15 @@ def test_a_small_first_epoch_batch_is_a_batch_size_schedule(tmp_path):
 
 @pytest.mark.parametrize("name, options", [("one_bit", {"compression.error_feedback": True}),
                                            ("qsgd", {"compression.num_levels": 4}),
-                                           ("powersgd", {"compression.rank": 2})])
+                                           ("powersgd", {"compression.rank": 2}),
+                                           ("tests.train.user_compressor:scaled_sign", {"lr.base": 0.3})])
 def test_compressed_data_parallel_training_learns_and_resumes_exactly(tmp_path, name, options):
   """papers/004 compressors in the shard_map step over 8 devices; the compressor state (QSGD key,
-  per-device error-feedback residual, PowerSGD's Q and memories) is checkpointed, so resume stays exact."""
+  per-device error-feedback residual, PowerSGD's Q and memories) is checkpointed, so resume stays exact.
+  A user's compressor with its own error-feedback state type keeps it per device too (GradientCompressor's
+  per_device_state): kept as one replicated copy of 8 different ones, its checkpoint failed its checksums."""
   make = lambda **kw: helpers.tiny_classifier_config(
-      **{"compression.name": name, **options, "num_epochs": 8.0, "lr.base": 0.1, **kw})
+      **{"compression.name": name, "num_epochs": 8.0, "lr.base": 0.1, **options, **kw})
   full = train_and_evaluate(make(), tmp_path / "full")
   # It learns: the loss at chance is ln(10) = 2.30; 0.60-1.48 over seeds 0-3 of this recipe (2026-11-30).
   assert full.eval_metrics["loss"] < 1.8
