@@ -74,6 +74,7 @@ class AbstractRun:
   data: abstract_data.DataShapes
   state: TrainState  # of ShapeDtypeStructs with their shardings
   programs: tuple[Program, ...]
+  stages: tuple[compile_report.Stage, ...]  # the recipe as the run trains it (`compile_report.recipe_stages`)
   holds_training_set: bool = False  # config.train_data_on_device (`lbjax.train.device_data`)
 
   @property
@@ -166,7 +167,9 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
   eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
   programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
                           _shardings(eval_arguments), None, (), 0.0, resident_state=beside))
-  return AbstractRun(mesh, data, state, tuple(programs), holds_training_set=resolved.train_data_on_device)
+  return AbstractRun(mesh, data, state, tuple(programs), tuple(compile_report.recipe_stages(resolved,
+                                                                                           data.steps_per_epoch)),
+                     holds_training_set=resolved.train_data_on_device)
 
 
 def _is_out_of_memory(error: Exception) -> bool:

@@ -23,9 +23,11 @@ printed for GPUs, where a step of many short kernels takes about as long as laun
 elementwise and reduction kernels as long as their memory traffic.
 
 The one clock: a recipe of E_i epochs at each batch size B_i of the schedule takes
-sum_i E_i * steps_per_epoch(B_i) * estimated_step_seconds(B_i) (evaluation not included).
+sum_i E_i * steps_per_epoch(B_i) * estimated_step_seconds(B_i) (evaluation not included), its stages
+walked in order and cut at `config.num_steps` steps when that is > 0 (`recipe_stages`).
 """
 
+from collections.abc import Callable
 import dataclasses
 import json
 import math
@@ -34,10 +36,9 @@ import re
 from typing import Any
 
 import jax
-import ml_collections
 
-from lbjax.train import config as config_lib
 from lbjax.train.hlo_analysis import COLLECTIVES, HloFigures
+from lbjax.train.resolved import ResolvedRun
 
 COMPILE_FILE = "compile.json"
 # Who counted a program's FLOPs: XLA's cost analysis (every operation), or, where it gives none (a deviceless
@@ -167,14 +168,28 @@ def _duration(seconds: float | None) -> str:
   return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def epochs_per_batch_size(config: ml_collections.ConfigDict) -> dict[int, float]:
-  """Epochs of the recipe at each batch size of its schedule (one clock: boundaries in epochs)."""
-  sizes = config_lib.batch_sizes(config)
-  edges = [0.0, *[float(b) for b in config.batch_size_boundaries], float(config.num_epochs)]
-  epochs: dict[int, float] = {}
-  for i, size in enumerate(sizes):
-    epochs[size] = epochs.get(size, 0.0) + max(min(edges[i + 1], edges[-1]) - min(edges[i], edges[-1]), 0.0)
-  return epochs
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A stretch of the recipe at one batch size: its epochs and training steps."""
+  batch_size: int
+  epochs: float
+  steps: float
+
+
+def recipe_stages(resolved: ResolvedRun, steps_per_epoch: Callable[[int], int]) -> list[Stage]:
+  """The recipe of `resolved` as the run trains it: each batch size of the schedule for its
+  epochs (one clock: boundaries in epochs, up to `num_epochs`), in order, and no more than `num_steps` steps in all
+  when that is > 0; `steps_per_epoch(batch_size)` the data's."""
+  edges = [0.0, *resolved.batch.boundaries, resolved.num_epochs]
+  steps_left = resolved.num_steps or math.inf
+  stages = []
+  for i, size in enumerate(resolved.batch.sizes):
+    epochs = max(min(edges[i + 1], edges[-1]) - min(edges[i], edges[-1]), 0.0)
+    per_epoch = steps_per_epoch(size)
+    steps = min(epochs * per_epoch, steps_left)
+    steps_left -= steps
+    stages.append(Stage(size, steps / per_epoch if steps < epochs * per_epoch else epochs, steps))
+  return stages
 
 
 def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | None, epochs: float,
@@ -241,6 +256,7 @@ class CompileReport:
   estimated_recipe_seconds: float | None
   notes: list[str] = dataclasses.field(default_factory=list)  # settings of the run the compile leaves out
   held_bytes: int = 0  # per device, the training set it holds (config.train_data_on_device) beside the programs
+  num_steps: int = 0  # > 0: the run stops after this many steps (config.num_steps), and so does the recipe
 
   @property
   def available_bytes(self) -> int | None:
@@ -250,7 +266,9 @@ class CompileReport:
   @classmethod
   def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures],
             notes: list[str] = ()) -> "CompileReport":
-    epochs = epochs_per_batch_size(config)
+    epochs: dict[int, float] = {}
+    for stage in run.stages:  # a schedule may come back to a size: its step's epochs are those of every stage
+      epochs[stage.batch_size] = epochs.get(stage.batch_size, 0.0) + stage.epochs
     # What the programs must fit in: the device's memory, less the training set it holds (config.train_data_on_device).
     available = None if memory.bytes is None else memory.bytes - run.held_bytes
     steps, recipe = [], 0.0
@@ -264,7 +282,7 @@ class CompileReport:
     steps += [step_record([f], f.batch_size, None, 0.0, available) for f in figures if f.name in MEASUREMENTS]
     return cls(topology, device.platform, run.mesh.size, device.device_kind, dict(run.mesh.shape), memory.bytes,
                memory.source, run.data.read_from_data, steps, float(config.num_epochs), recipe, list(notes),
-               run.held_bytes)
+               run.held_bytes, config.num_steps)
 
   @property
   def fits(self) -> bool:
@@ -298,7 +316,7 @@ class CompileReport:
         "kernel_bytes_per_step": head["kernel_bytes_per_step"],
         "collective_bytes": head["collective_bytes"],
         "estimated_step_seconds": head["estimated_step_seconds"],
-        "estimated_recipe_seconds": self.estimated_recipe_seconds, "epochs": self.epochs,
+        "estimated_recipe_seconds": self.estimated_recipe_seconds, "epochs": self.epochs, "num_steps": self.num_steps,
         "estimates": "time figures are XLA's cost-model estimates (cost_analysis optimal_seconds), not measurements",
         "data_shapes_read_from_files": self.data_from_files,
         "notes": self.notes,
@@ -364,7 +382,8 @@ class CompileReport:
         out.append(f"    estimated step {_duration(step['estimated_step_seconds'])}, epoch "
                    f"({step['steps_per_epoch']} steps) {_duration(step['estimated_epoch_seconds'])}, "
                    f"{step['epochs']:g} epochs {_duration(step['estimated_recipe_seconds'])}")
-    out.append(f"Recipe ({self.epochs:g} epochs): estimated {_duration(self.estimated_recipe_seconds)} of training "
+    length = f"{self.epochs:g} epochs" + (f", at most {self.num_steps} steps" if self.num_steps else "")
+    out.append(f"Recipe ({length}): estimated {_duration(self.estimated_recipe_seconds)} of training "
                "steps (XLA's cost-model estimate; evaluation not included).")
     if self.data_from_files:
       out.append("(The batch shapes were read from one batch of the data: the dataset is not in "

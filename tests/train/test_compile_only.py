@@ -25,6 +25,7 @@ from lbjax.train import datasets
 from lbjax.train import determinism
 from lbjax.train import topology
 from lbjax.train import train_and_evaluate
+from lbjax.train import validation
 from lbjax.train.errors import ConfigError
 from tests.train import helpers
 
@@ -167,6 +168,28 @@ def test_a_batch_size_schedule_compiles_one_step_per_size_and_splits_the_epochs(
                                                                  batch_size_boundaries=(0.25, 0.5)), evaluation=False)
   assert [(s["step"], s["batch_size"], s["epochs"]) for s in back.steps] == [("train", 32, 0.75), ("train", 64, 0.25)]
   assert back.steps[0]["flops_per_device"] == report.steps[0]["flops_per_device"]
+
+
+def test_the_recipe_stops_at_num_steps_as_the_run_does():
+  """`config.num_steps=10` of a 25-epoch recipe: the estimate was of 25 epochs (11,700 steps). The stages are
+  walked in order and cut at the 10th step; the report says "at most 10 steps", as --dry-run does."""
+  schedule = dict(batch_sizes=(32, 64), batch_size_boundaries=(0.25,))  # 8 then 4 steps per epoch, 1 epoch
+  stages = lambda **fields: [(s.batch_size, s.epochs, s.steps) for s in compile_report.recipe_stages(
+      validation.validate(helpers.tiny_classifier_config(**schedule, **fields)), lambda size: 256 // size)]
+  assert stages() == [(32, 0.25, 2.0), (64, 0.75, 3.0)]
+  assert stages(num_steps=4) == [(32, 0.25, 2.0), (64, 0.5, 2.0)]
+  assert stages(num_steps=1) == [(32, 0.125, 1.0), (64, 0.0, 0.0)]
+
+
+@needs_libtpu
+def test_the_recipe_estimate_of_a_run_of_num_steps_is_of_those_steps():
+  """25 epochs of 8 steps, at most 10 steps: the recipe is 10 estimated steps (it was 200)."""
+  report = compile_only.compile_run(helpers.tiny_classifier_config(num_epochs=25.0, num_steps=10), "v5e:2x2",
+                                    evaluation=False)
+  train, = report.steps
+  assert (train["epochs"], report.to_json()["num_steps"]) == (10 / 8, 10)
+  assert report.estimated_recipe_seconds == pytest.approx(10 * train["estimated_step_seconds"])
+  assert report.lines()[-1].startswith("Recipe (25 epochs, at most 10 steps): estimated ")
 
 
 def test_steps_per_call_compiles_the_call_and_reports_its_figures_per_step():
