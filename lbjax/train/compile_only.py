@@ -62,6 +62,7 @@ class Program:
   per_step: float
   num_microbatches: int = 1
   steps_per_call: int = 1
+  discard_fraction: float = 0.0  # the train step's loss variant: the fraction of smallest losses it discards
   resident_state: Any = None  # the train state's parts that stay on the devices while it runs, not its arguments
   # Around its lowering: what turns the compiler's refusal into the trainer's ConfigError (the Lipschitz probe's).
   lowering_refusals: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
@@ -113,10 +114,10 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
                         build.abstract(jax.eval_shape(lambda: parts.model.initial_carry(size)), batch_sharding))
   learning_rate = parts.abstract_learning_rate()
 
-  def train_step(size: int) -> Program:
+  def train_step(size: int, discard_fraction: float) -> Program:
     """The train step, or with `steps_per_call` k > 1 the call of k steps the run takes."""
     k = resolved.steps_per_call
-    step = parts.train_function(size, 0.0, k)
+    step = parts.train_function(size, discard_fraction, k)
     run_state = state._replace(carry=carry(size))
     if k > 1:  # the call's batches stacked [k, B, ...] (`build.global_call_batches`), one rate per step
       stacked = {name: jax.ShapeDtypeStruct((k, *x.shape), x.dtype) for name, x in data.train_batch(size).items()}
@@ -125,9 +126,9 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
       batch, rate = build.abstract(data.train_batch(size), batch_sharding), learning_rate
     return Program("train", size, step, (run_state, batch, rate),
                    (_shardings(run_state), _shardings(batch), _shardings(rate)), (_shardings(run_state), replicated),
-                   (0,), 1.0 / k, resolved.batch.num_microbatches(size, data_parallel), k)
+                   (0,), 1.0 / k, resolved.batch.num_microbatches(size, data_parallel), k, discard_fraction)
 
-  def any_batch_steps(size: int) -> tuple[Program, Program]:
+  def any_batch_steps(size: int, discard_fraction: float) -> tuple[Program, Program]:
     micro = resolved.batch.micro_batch_size
     slots = 1 if loops_slow_down_convolutions(state.params, mesh) else SLOTS
     micro_batch = build.abstract(data.train_batch(micro), batch_sharding)
@@ -137,17 +138,19 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
     totals = build.abstract(shapes, Accumulator(replicated, jax.tree.map(lambda _: replicated, shapes.metrics),
                                            jax.tree.map(lambda _: replicated, shapes.model_state),
                                            _shardings(state.params), replicated))
-    accumulate = make_accumulate_step(graphdef, train_task, data_parallel, 0.0, slots)
+    accumulate = make_accumulate_step(graphdef, train_task, data_parallel, discard_fraction, slots)
     micro_batches, carries = (micro_batch,) * slots, (micro_carry,) * slots
     count = size // micro
     return (Program("accumulate", size, accumulate,
                     (totals, state, micro_batches, carries, scalar, scalar, scalar),
                     (_shardings(totals), _shardings(state), _shardings(micro_batches), _shardings(carries),
                      replicated, replicated, replicated), (_shardings(totals), _shardings(carries)), (0,),
-                    float(count), count),
-            Program("apply", size, make_apply_step(optimizer, micro), (state, totals, scalar, learning_rate),
+                    float(count), count, discard_fraction=discard_fraction),
+            Program("apply", size, make_apply_step(optimizer, micro, discard_fraction),
+                    (state, totals, scalar, learning_rate),
                     (_shardings(state), _shardings(totals), replicated, replicated),
-                    (_shardings(state), replicated, _shardings(totals)), (0, 1), 1.0, count))
+                    (_shardings(state), replicated, _shardings(totals)), (0, 1), 1.0, count,
+                    discard_fraction=discard_fraction))
 
   # The train state is not donated to the eval step (nor the probe): what it does not take (the optimizer and
   # compression state) stays on the devices beside it.
@@ -160,16 +163,16 @@ def abstract_run(config: ml_collections.ConfigDict, devices: list[Any]) -> Abstr
     programs.append(Program("lipschitz", probe_size, evaluation.lipschitz_function(parts, resolved.seed),
                             probe_arguments, _shardings(probe_arguments), replicated, (), 0.0, resident_state=beside,
                             lowering_refusals=lambda: evaluation.forward_mode_refused(evaluation.LIPSCHITZ_FIELD)))
-  for size in dict.fromkeys(resolved.batch.sizes):  # a schedule may come back to a size: one program, as in a run
-    programs += any_batch_steps(size) if resolved.batch.micro_batch_size else [train_step(size)]
+  stages = tuple(compile_report.recipe_stages(resolved, data.steps_per_epoch))
+  # A schedule may come back to a size: one program per size and loss variant, as in a run.
+  for size, discard in dict.fromkeys((stage.batch_size, stage.discard_fraction) for stage in stages):
+    programs += any_batch_steps(size, discard) if resolved.batch.micro_batch_size else [train_step(size, discard)]
   eval_size = resolved.batch.eval_batch_size
   eval_batch = build.abstract(data.eval_batch(eval_size), batch_sharding)
   eval_arguments = (state.params, state.model_state, eval_batch, carry(eval_size))
   programs.append(Program("eval", eval_size, make_eval_step(graphdef, task), eval_arguments,
                           _shardings(eval_arguments), None, (), 0.0, resident_state=beside))
-  return AbstractRun(mesh, data, state, tuple(programs), tuple(compile_report.recipe_stages(resolved,
-                                                                                           data.steps_per_epoch)),
-                     holds_training_set=resolved.train_data_on_device)
+  return AbstractRun(mesh, data, state, tuple(programs), stages, holds_training_set=resolved.train_data_on_device)
 
 
 def _is_out_of_memory(error: Exception) -> bool:

@@ -77,6 +77,7 @@ class ProgramFigures:
   kernels: int | None = None  # the kernels one run of the program launches (`hlo_analysis.HloFigures.kernels`)
   kernel_bytes: float | None = None  # the bytes they read and write (`hlo_analysis.HloFigures.kernel_bytes`)
   steps_per_call: int = 1  # training steps one run of the program takes (`config.steps_per_call`)
+  discard_fraction: float = 0.0  # the fraction of smallest losses the train step discards (papers/003 §3.1)
   all_reduce_16bit_bytes: int = 0  # the all-reduce bytes summed in bf16/f16 (`HloFigures`)
   resident_bytes: int = 0  # the train state that stays on the device beside it, not its argument (the eval step's)
 
@@ -110,7 +111,8 @@ def program_figures(program, compiled, hlo: HloFigures, state, compile_seconds: 
                         flops, hlo.collective_bytes, None if seconds is None or seconds < 0 else seconds * ratio,
                         compile_seconds, all_reduce_16bit_bytes=hlo.all_reduce_16bit_bytes,
                         steps_per_call=program.steps_per_call, flops_counted=counted, kernels=hlo.kernels,
-                        kernel_bytes=hlo.kernel_bytes, resident_bytes=_tree_bytes(program.resident_state))
+                        kernel_bytes=hlo.kernel_bytes, resident_bytes=_tree_bytes(program.resident_state),
+                        discard_fraction=program.discard_fraction)
 
 
 # XLA:TPU's out-of-memory message, needed then available HBM: libtpu 0.0.50.1 (with jax 0.12) says "the total memory
@@ -144,7 +146,8 @@ def out_of_memory_figures(program, message: str, state) -> ProgramFigures:
                         None if needed is None else needed[0],
                         _state_memory(state),
                         None, dict.fromkeys(COLLECTIVES, 0), None, None, " ".join((figures or lines)[:3])[:600],
-                        steps_per_call=program.steps_per_call, resident_bytes=_tree_bytes(program.resident_state))
+                        steps_per_call=program.steps_per_call, resident_bytes=_tree_bytes(program.resident_state),
+                        discard_fraction=program.discard_fraction)
 
 
 def _resident_state_words(memory: dict[str, int]) -> str:
@@ -170,25 +173,33 @@ def _duration(seconds: float | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """A stretch of the recipe at one batch size: its epochs and training steps."""
+  """A stretch of the recipe trained by one step: its batch size and loss variant (the fraction of smallest losses
+  it discards, papers/003 §3.1), its epochs and training steps."""
   batch_size: int
+  discard_fraction: float
   epochs: float
   steps: float
 
 
 def recipe_stages(resolved: ResolvedRun, steps_per_epoch: Callable[[int], int]) -> list[Stage]:
   """The recipe of `resolved` as the run trains it: each batch size of the schedule for its
-  epochs (one clock: boundaries in epochs, up to `num_epochs`), in order, and no more than `num_steps` steps in all
-  when that is > 0; `steps_per_epoch(batch_size)` the data's."""
+  epochs (one clock: boundaries in epochs, up to `num_epochs`), split where the discarding of small losses ends
+  (`discard_until_epoch`; a stage's loss variant is `ResolvedRun.discard_fraction_at` its start, as the run
+  chooses it), in order, and no more than `num_steps` steps in all when that is > 0; `steps_per_epoch(batch_size)`
+  the data's."""
   edges = [0.0, *resolved.batch.boundaries, resolved.num_epochs]
   steps_left = resolved.num_steps or math.inf
   stages = []
   for i, size in enumerate(resolved.batch.sizes):
-    epochs = max(min(edges[i + 1], edges[-1]) - min(edges[i], edges[-1]), 0.0)
+    start, end = min(edges[i], edges[-1]), max(min(edges[i + 1], edges[-1]), min(edges[i], edges[-1]))
+    ends_inside = resolved.discard_fraction > 0 and start < resolved.discard_until_epoch < end
+    cuts = [start, resolved.discard_until_epoch, end] if ends_inside else [start, end]
     per_epoch = steps_per_epoch(size)
-    steps = min(epochs * per_epoch, steps_left)
-    steps_left -= steps
-    stages.append(Stage(size, steps / per_epoch if steps < epochs * per_epoch else epochs, steps))
+    for first, last in zip(cuts, cuts[1:]):
+      steps = min((last - first) * per_epoch, steps_left)
+      steps_left -= steps
+      epochs = steps / per_epoch if steps < (last - first) * per_epoch else last - first
+      stages.append(Stage(size, resolved.discard_fraction_at(first), epochs, steps))
   return stages
 
 
@@ -214,7 +225,8 @@ def step_record(parts: list[ProgramFigures], size: int, steps_per_epoch: int | N
                   if all(p.kernel_bytes is not None for p in parts) else None)
   record = {
       "step": first.name if first.name in MEASUREMENTS else ("any_batch" if len(parts) > 1 else "train"),
-      "batch_size": size, "num_microbatches": first.num_microbatches, "steps_per_call": first.steps_per_call,
+      "batch_size": size, "discard_fraction": first.discard_fraction, "num_microbatches": first.num_microbatches,
+      "steps_per_call": first.steps_per_call,
       "programs": [p.name for p in parts],
       "memory_per_device_bytes": max(p.memory_per_device_bytes for p in parts) if all(
           p.memory_per_device_bytes is not None for p in parts) else None,
@@ -266,15 +278,18 @@ class CompileReport:
   @classmethod
   def build(cls, config, topology, run, device, memory, figures: list[ProgramFigures],
             notes: list[str] = ()) -> "CompileReport":
-    epochs: dict[int, float] = {}
+    epochs: dict[tuple[int, float], float] = {}
     for stage in run.stages:  # a schedule may come back to a size: its step's epochs are those of every stage
-      epochs[stage.batch_size] = epochs.get(stage.batch_size, 0.0) + stage.epochs
+      key = (stage.batch_size, stage.discard_fraction)
+      epochs[key] = epochs.get(key, 0.0) + stage.epochs
     # What the programs must fit in: the device's memory, less the training set it holds (config.train_data_on_device).
     available = None if memory.bytes is None else memory.bytes - run.held_bytes
     steps, recipe = [], 0.0
-    for size in sorted({f.batch_size for f in figures if f.name not in MEASUREMENTS}):
-      parts = [f for f in figures if f.batch_size == size and f.name not in MEASUREMENTS]
-      steps.append(step_record(parts, size, run.data.steps_per_epoch(size), epochs.get(size, 0.0), available))
+    trained = [f for f in figures if f.name not in MEASUREMENTS]
+    for size, discard in dict.fromkeys((f.batch_size, f.discard_fraction) for f in trained):  # in the run's order
+      parts = [f for f in trained if (f.batch_size, f.discard_fraction) == (size, discard)]
+      steps.append(step_record(parts, size, run.data.steps_per_epoch(size), epochs.get((size, discard), 0.0),
+                               available))
       if recipe is not None and steps[-1]["estimated_recipe_seconds"] is not None:
         recipe += steps[-1]["estimated_recipe_seconds"]
       else:
@@ -338,6 +353,8 @@ class CompileReport:
       name = {"train": "train step", "any_batch": "any-batch step (accumulate + apply)",
               **MEASUREMENTS}[step["step"]]
       micro = f", {step['num_microbatches']} micro-batches" if step["num_microbatches"] > 1 else ""
+      if step["discard_fraction"]:
+        micro += f", discarding the smallest losses (loss.discard_fraction={step['discard_fraction']:g})"
       if step["steps_per_call"] > 1:
         micro += f" ({step['steps_per_call']} steps per call; figures per step, memory per call)"
       out.append(f"  {name} at batch {step['batch_size']}{micro}: "

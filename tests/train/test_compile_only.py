@@ -192,6 +192,25 @@ def test_the_recipe_estimate_of_a_run_of_num_steps_is_of_those_steps():
   assert report.lines()[-1].startswith("Recipe (25 epochs, at most 10 steps): estimated ")
 
 
+def test_discarding_small_losses_compiles_the_discarding_step_for_the_epochs_it_trains():
+  """papers/003 §3.1: the smallest losses discarded until epoch 0.5 (a run compiles a (size, discard fraction)
+  step): a schedule of 32 then 64 at epoch 0.25 trains 32 discarding, 64 discarding until 0.5, then 64 not;
+  compile-only compiled the plain step only. The any-batch pair likewise."""
+  discard = {"loss.discard_fraction": 0.25, "loss.discard_until_epoch": 0.5}
+  config = helpers.tiny_classifier_config(batch_sizes=(32, 64), batch_size_boundaries=(0.25,), **discard)
+  variants = lambda run: [(p.name, p.batch_size, p.discard_fraction) for p in run.programs]
+  assert variants(compile_only.abstract_run(config, jax.devices())) == [
+      ("train", 32, 0.25), ("train", 64, 0.25), ("train", 64, 0.0), ("eval", 32, 0.0)]
+  any_batch = helpers.tiny_classifier_config(**discard, **{"batch.micro_batch_size": 16})
+  assert variants(compile_only.abstract_run(any_batch, jax.devices()))[:4] == [
+      ("accumulate", 32, 0.25), ("apply", 32, 0.25), ("accumulate", 32, 0.0), ("apply", 32, 0.0)]
+  report = compile_only.compile_run(config, evaluation=False)
+  assert [(s["batch_size"], s["discard_fraction"], s["epochs"]) for s in report.steps] == [
+      (32, 0.25, 0.25), (64, 0.25, 0.25), (64, 0.0, 0.5)]
+  assert report.fits and ("  train step at batch 64, discarding the smallest losses (loss.discard_fraction=0.25): "
+                          "fits") in report.lines()
+
+
 def test_steps_per_call_compiles_the_call_and_reports_its_figures_per_step():
   """With 4 steps per call the run's program is the call: its FLOPs and all-reduce bytes, counted
   through the scan and divided by 4, are one step's; its memory holds the 4 batches."""
