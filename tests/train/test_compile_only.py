@@ -6,6 +6,7 @@ it is absent. The others compile for the 8 simulated CPU devices.
 """
 
 import json
+import math
 import subprocess
 import sys
 import types
@@ -209,6 +210,22 @@ def test_discarding_small_losses_compiles_the_discarding_step_for_the_epochs_it_
       (32, 0.25, 0.25), (64, 0.25, 0.25), (64, 0.0, 0.5)]
   assert report.fits and ("  train step at batch 64, discarding the smallest losses (loss.discard_fraction=0.25): "
                           "fits") in report.lines()
+
+
+def test_a_simulated_compressor_is_noted_with_the_bits_a_real_encoder_would_send():
+  """1-bit SGD is simulated (the devices all-reduce the decoded float32 gradient), so the report's all-reduce is the
+  uncompressed one: a note says so, with the n + 64 bits per leaf of n entries that the encoder sends."""
+  config = helpers.tiny_classifier_config(**{"compression.name": "one_bit"})
+  run = compile_only.abstract_run(config, jax.devices())
+  leaves = [math.prod(leaf.shape) for leaf in jax.tree.leaves(run.state.params)]
+  sent, whole = (sum(leaves) + 64 * len(leaves)) / 8 / 2**20, 4 * sum(leaves) / 2**20
+  report = compile_only.compile_run(config, evaluation=False)
+  assert report.steps[0]["collective_bytes"]["all-reduce"] >= 4 * sum(leaves)
+  assert report.notes == [
+      "config.compression 'one_bit' is simulated: each device encodes and decodes its gradient and the devices "
+      "all-reduce the decoded float32 values (lbjax.optim.compression.compressed_pmean), so the all-reduce bytes above "
+      f"are those of the uncompressed gradient; a real encoder would send {sent:.3f} MiB per device per step, "
+      f"{whole / sent:.1f}x less than the float32 gradient's {whole:.3f} MiB (lbjax.optim.compression.bits_per_step)."]
 
 
 def test_steps_per_call_compiles_the_call_and_reports_its_figures_per_step():
