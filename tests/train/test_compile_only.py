@@ -412,7 +412,7 @@ def _refused_report(refusal: str, parameter_bytes: int, held_bytes: int = 0) -> 
   """The report of a train step at batch 60,000 on 8 devices of 16 GiB that the compiler refused with `refusal`;
   parameters and momentum of `parameter_bytes` each."""
   train = types.SimpleNamespace(name="train", batch_size=60_000, num_microbatches=1, per_step=1.0, steps_per_call=1,
-                                resident_state=None)
+                                resident_state=None, discard_fraction=0.0)
   leaf = jax.ShapeDtypeStruct((parameter_bytes // 4,), jnp.float32)
   state = types.SimpleNamespace(params={"w": leaf}, opt_state={"momentum": leaf}, compression_state=None)
   step = compile_report.step_record([compile_report.out_of_memory_figures(train, refusal, state)], 60_000, 1, 25.0,
