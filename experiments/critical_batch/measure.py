@@ -21,6 +21,7 @@ from lbjax.train.errors import WorkdirInUseError
 
 REFERENCE = "reference"  # the reference run's directory in the workdir
 KEEP_ALL_CHECKPOINTS = 1_000_000  # config.keep_checkpoints of the reference run: every branch point stays
+RATIO_PREFIX = "loss_ratio_b"  # the CBS table's column of batch B: loss_ratio_b<B>
 
 
 def critical_batch_size(losses: dict[int, float], tolerance: float) -> int | None:
@@ -86,24 +87,67 @@ def cbs_rows(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path
 
 def read_cbs_curve(path: str | pathlib.Path, tolerance: float | None = None) -> list[tuple[float, int]]:
   """(checkpoint epoch, CBS) of a `measure` table `<out>.csv`, for the checkpoints with a CBS: the
-  table's, or with `tolerance` the CBS at that tolerance from the table's loss ratios."""
-  with open(path, newline="") as f:
-    rows = [r for r in csv.DictReader(f) if r["critical_batch_size"]]
-  if tolerance is None:
-    return [(float(r["checkpoint_epoch"]), int(r["critical_batch_size"])) for r in rows]
+  table's, or with `tolerance` the CBS at that tolerance from the table's loss ratios.
+
+  Raises:
+    ValueError: `path` is not a `measure` table: a column of it missing (`checkpoint_epoch`, `loss_ratio_b<B>`
+      per batch B, `critical_batch_size`), or a cell that is not what `measure` writes there.
+  """
+  try:
+    with open(path, newline="") as f:
+      reader = csv.DictReader(f)
+      columns, rows = reader.fieldnames or [], list(reader)
+  except UnicodeDecodeError:
+    raise ValueError(f"{path} is not a `measure` table (<out>.csv): it is not text.") from None
+  ratio_columns = {c: int(c[len(RATIO_PREFIX):]) for c in columns
+                   if c.startswith(RATIO_PREFIX) and c[len(RATIO_PREFIX):].isdigit()}
+  if not ratio_columns or any(c not in columns for c in ("checkpoint_epoch", "critical_batch_size")):
+    raise ValueError(f"{path} is not a `measure` table (<out>.csv, with the columns checkpoint_epoch, "
+                     f"{RATIO_PREFIX}<B> for each batch B, critical_batch_size); its columns: {', '.join(columns)}.")
   curve = []
-  for row in rows:
-    ratios = {int(k[len("loss_ratio_b"):]): float("inf") if v == "diverged" else float(v)
-              for k, v in row.items() if k.startswith("loss_ratio_b")}
-    curve.append((float(row["checkpoint_epoch"]), critical_batch_size(ratios, tolerance)))
+  for line, row in enumerate(rows, start=2):  # line 1 is the header
+    if None in row or None in row.values():
+      raise ValueError(f"{path} line {line} has not one cell per column of its header; not a `measure` table "
+                       "(<out>.csv).")
+    if not row["critical_batch_size"]:
+      continue  # an incomplete checkpoint
+    epoch = _cell(path, line, "checkpoint_epoch", row, _epoch)
+    critical = _cell(path, line, "critical_batch_size", row, int)
+    if critical not in ratio_columns.values():
+      raise ValueError(f"{path} line {line}: critical_batch_size {critical} is none of the table's batch sizes "
+                       f"{sorted(ratio_columns.values())}; not a `measure` table (<out>.csv).")
+    if tolerance is not None:
+      ratios = {size: _cell(path, line, column, row, _loss_ratio) for column, size in ratio_columns.items()}
+      critical = critical_batch_size(ratios, tolerance)
+    curve.append((epoch, critical))
   return curve
+
+
+def _epoch(text: str) -> float:
+  epoch = float(text)
+  if not 0 <= epoch < math.inf:
+    raise ValueError(text)
+  return epoch
+
+
+def _loss_ratio(text: str) -> float:
+  return math.inf if text == "diverged" else float(text)
+
+
+def _cell(path: str | pathlib.Path, line: int, column: str, row: dict[str, str], parse):
+  """`parse(row[column])`, or a ValueError naming the cell when it is not what `measure` writes there."""
+  try:
+    return parse(row[column])
+  except ValueError:
+    raise ValueError(f"{path} line {line}: {column} {row[column]!r} is not what `measure` writes there (an epoch, a "
+                     "batch size, a loss ratio or 'diverged'); not a `measure` table (<out>.csv).") from None
 
 
 def write_measurement(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path,
                       steps: dict[float, int | None], out: pathlib.Path, command: str, title: str) -> None:
   """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the recorded branches."""
   rows = cbs_rows(grid, branches, reference_dir, steps)
-  header = (["checkpoint_epoch", "reference_loss"] + [f"loss_ratio_b{b}" for b in grid.batch_sizes]
+  header = (["checkpoint_epoch", "reference_loss"] + [f"{RATIO_PREFIX}{b}" for b in grid.batch_sizes]
             + ["critical_batch_size", "noise_scale", "noise_scale_epoch"])
   run_records.write_csv_rows(out.with_suffix(".csv"), header, [
       [r.checkpoint_epoch, r.reference_loss] + [_ratio(r, b) for b in grid.batch_sizes]

@@ -251,3 +251,27 @@ def test_a_run_trained_on_the_validation_split_s_data_is_evaluated_on_the_test_s
   assert sorted((tmp_path / "run").rglob("*")) == files  # the run's folder is only read
   assert warmup.final_test_metrics(config, tmp_path / "run") == metrics
   assert json.loads((tmp_path / "run" / warmup.TEST_FILE).read_text()) == metrics  # kept for the next call
+
+
+@pytest.mark.parametrize("table, message", [
+    (",".join(branches.BRANCH_FIELDS) + "\n0.0,0.0,0,16,1.0,0.05,8,128,test,2.3,accuracy,0.1,1.0,1x cpu\n",
+     "is not a `measure` table (<out>.csv, with the columns checkpoint_epoch, loss_ratio_b<B> for each batch B, "
+     "critical_batch_size); its columns: " + ", ".join(branches.BRANCH_FIELDS) + "."),
+    ("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,12.5\n",
+     "line 2: critical_batch_size '12.5' is not what `measure` writes there"),
+    ("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,64\n",
+     "line 2: critical_batch_size 64 is none of the table's batch sizes [16, 32]"),
+], ids=["the_branches_csv", "a_fractional_cbs", "a_cbs_off_the_grid"])
+def test_warmup_refuses_a_cbs_file_that_is_not_a_measure_table(tmp_path, capsys, monkeypatch, table, message):
+  """E.g. the `<out>_branches.csv` beside the table: a KeyError traceback, a bare int() message before."""
+  monkeypatch.setattr(warmup.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  path = tmp_path / "cbs_branches.csv"
+  path.write_text(table)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(path), "--out", str(tmp_path / "out"),
+              "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert f"{path} {message}" in err and "Traceback" not in err
+  with pytest.raises(ValueError, match="measure` table"):
+    measure.read_cbs_curve(path, tolerance=0.05)
