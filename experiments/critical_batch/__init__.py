@@ -21,8 +21,9 @@ batch-size warm-up built on it.
 3. takes each branch's loss on the evaluation split (the whole split, after the budget) and the
    critical batch size at that checkpoint: the largest B such that every branch with B' <= B ends
    within the relative `tolerance` of the B0 branch's loss, loss(B') <= (1 + tolerance) loss(B0).
-The budget is rounded to a whole number of the largest batch, so every branch sees exactly the same
-examples (at the largest batch, budget/B_max updates). Beside it, the gradient noise scale
+The budget is rounded to the nearest whole number of every batch of the grid (a multiple of their least
+common multiple; a grid whose multiple is twice the budget or more is refused), so every branch sees exactly the
+same examples (at batch B, budget/B updates). Beside it, the gradient noise scale
 B_noise = tr(Sigma)/|G|^2 the adaptive policy uses (`lbjax.train.batch_policy`: the EMA of the
 estimates from the micro-batch and the whole batch) as the reference run recorded it at each checkpoint.
 

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   measure_parser.add_argument("--batch_sizes", type=runner.ints, default="128,256,512,1024,2048,4096,8192",
                               help="the grid; the first is the reference batch")
   measure_parser.add_argument("--budget_epochs", type=float, default=0.5,
-                              help="examples per branch, in epochs (rounded to a whole number of the largest batch)")
+                              help="examples per branch, in epochs (rounded to a whole number of every batch size)")
   measure_parser.add_argument("--tolerance", type=float, default=0.02,
                               help="relative: B is within the CBS while loss(B) <= (1 + tolerance) loss(B0)")
   measure_parser.add_argument("--lr_multipliers", type=runner.floats, default="1",

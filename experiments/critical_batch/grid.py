@@ -1,6 +1,7 @@
 """The reference config of `measure` and its grid of branch points, batch sizes and LR multipliers."""
 
 import dataclasses
+import math
 from typing import Sequence
 
 import ml_collections
@@ -38,7 +39,8 @@ class Grid:
     checkpoints: epochs of the reference run to branch from, increasing, the first may be 0.
     batch_sizes: the grid, increasing; the first is the reference run's batch B0.
     lr_multipliers: each branch's LR is the scaling rule's at its batch times each of these.
-    budget_examples: examples each branch trains on, a whole number of the largest batch.
+    budget_examples: examples each branch trains on, a whole number of every batch of the grid (a multiple of
+      their least common multiple), so that every branch sees the same examples.
     tolerance: relative; a batch is within the CBS while loss(B) <= (1 + tolerance) loss(B0).
   """
   checkpoints: tuple[float, ...]
@@ -54,7 +56,8 @@ def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], b
 
   Raises:
     ValueError: every problem, named (the reference not on the any-batch step, a batch that is not a
-      whole number of micro-batches, checkpoints outside the reference run, a budget <= 0, ...).
+      whole number of micro-batches, checkpoints outside the reference run, a budget <= 0, batch sizes whose
+      least common multiple exceeds the budget, ...).
   """
   errors = []
   micro = config.batch.micro_batch_size
@@ -94,8 +97,14 @@ def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], b
       except train.ConfigError as e:
         errors.append(f"the branches at batch {size}: {e}")
   budget = 0
-  if not errors:
-    budget = sizes[-1] * max(1, round(budget_epochs * num_examples / sizes[-1]))
+  if not errors:  # the nearest whole number of every batch: each branch sees the same examples
+    whole = math.lcm(*sizes)
+    budget = whole * round(budget_epochs * num_examples / whole)
+    if not budget:
+      errors.append(f"--budget_epochs {budget_epochs:g} ({budget_epochs * num_examples:g} examples) holds no whole "
+                    f"number of every batch size {list(sizes)} (their least common multiple is {whole} examples, "
+                    f"{whole / num_examples:g} epochs): give a budget of at least that, or batch sizes that divide "
+                    "each other (e.g. B0 times powers of two).")
   if errors:
     raise ValueError("Invalid critical-batch grid:\n  - " + "\n  - ".join(errors))
   return Grid(points, sizes, tuple(float(m) for m in lr_multipliers), budget, float(tolerance))

@@ -275,3 +275,14 @@ def test_warmup_refuses_a_cbs_file_that_is_not_a_measure_table(tmp_path, capsys,
   assert f"{path} {message}" in err and "Traceback" not in err
   with pytest.raises(ValueError, match="measure` table"):
     measure.read_cbs_curve(path, tolerance=0.05)
+
+
+def test_the_budget_is_a_whole_number_of_every_batch_or_the_grid_is_refused():
+  """Rounded to the largest batch only, 128 examples gave the B=24 branch 5 updates (120 examples), the others 128."""
+  config = grid.load_config(REFERENCE)
+  assert grid.make_grid(config, (0.0,), (16, 24, 32), 0.5, 0.05, (1.0,), 256).budget_examples == 96
+  assert grid.make_grid(config, (0.0,), (16, 32, 64), 0.5, 0.05, (1.0,), 256).budget_examples == 128
+  with pytest.raises(ValueError) as error:
+    grid.make_grid(config, (0.0,), (16, 48, 80), 0.25, 0.05, (1.0,), 256)
+  assert ("--budget_epochs 0.25 (64 examples) holds no whole number of every batch size [16, 48, 80] (their least "
+          "common multiple is 240 examples, 0.9375 epochs)") in str(error.value)
