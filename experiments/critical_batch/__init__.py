@@ -12,7 +12,9 @@ batch-size warm-up built on it.
 `measure` (the method of Merrill et al. 2025, arXiv 2505.23971, §3):
 1. trains the reference run, the config at its smallest batch B0 (`<workdir>/reference`, resumable; it
    saves a checkpoint at every `config.eval_every_epochs`, all kept);
-2. from the state of the reference run at each checkpoint epoch (epoch 0: its initial state), trains a
+2. from the state of the reference run at each checkpoint epoch (epoch 0: its initial state; the checkpoint
+   saved there, at the step boundary the epoch falls in: a reference run without it, e.g. one trained
+   outside `measure` with fewer kept, is refused with the epochs it saved), trains a
    branch at every batch size B of the grid for the same number of examples, `budget`: the restored
    parameters, optimizer and data position, so every branch reads the same examples in the same order;
    the learning rate at B is the config's scaling rule at B on the run's clock (as a fixed-batch run at

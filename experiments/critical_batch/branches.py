@@ -18,6 +18,7 @@ from lbjax import train
 from lbjax.train import batch_policy as batch_policy_lib
 from lbjax.train.checkpointing import Checkpointer
 
+KEEP_ALL_CHECKPOINTS = 1_000_000  # config.keep_checkpoints of the reference run: every branch point stays
 BRANCH_FIELDS = ("checkpoint_epoch", "start_epoch", "start_step", "batch_size", "lr_multiplier", "learning_rate",
                  "updates", "examples", "split", "loss", "metric", "value", "seconds", "device")
 
@@ -29,27 +30,42 @@ class BranchPoint:
   step: int | None
 
 
-def branch_points(reference_dir: pathlib.Path, epochs: Sequence[float]) -> list[BranchPoint]:
-  """The reference checkpoint of each epoch: the first saved at or after it (0: the initial state).
+def branch_points(reference_dir: pathlib.Path, epochs: Sequence[float], step_epochs: float) -> list[BranchPoint]:
+  """The reference checkpoint of each epoch (0: the initial state): the one saved there, at the first step
+  boundary at or after it (less than `step_epochs`, one step of the reference run, after it).
 
   Raises:
-    ValueError: an epoch the reference run has no checkpoint at (it has not run that far).
+    ValueError: an epoch the reference run has no checkpoint at, with the epochs it saved: it has not run
+      that far, or it did not keep that checkpoint or save there (`config.keep_checkpoints`,
+      `config.eval_every_epochs` of a reference run trained outside `measure`).
   """
   checkpointer = Checkpointer(reference_dir, max_to_keep=None)
   try:
     saved = sorted((checkpointer.read_meta_verified(step)["epoch"], step) for step in checkpointer.all_steps())
   finally:
     checkpointer.close()
-  points = []
+  points, missing = [], []
   for epoch in epochs:
     if epoch == 0:
       points.append(BranchPoint(0.0, None))
       continue
-    later = [(e, step) for e, step in saved if e >= epoch - 1e-9]
-    if not later:
-      raise ValueError(f"{reference_dir} has no checkpoint at epoch {epoch} (its last: "
-                       f"{saved[-1][0] if saved else 'none'}); train the reference run further.")
-    points.append(BranchPoint(epoch, later[0][1]))
+    there = [step for e, step in saved if epoch - 1e-9 <= e < epoch + step_epochs - 1e-9]
+    if there:
+      points.append(BranchPoint(epoch, there[0]))
+    else:
+      missing.append(epoch)
+  if missing:
+    saved_epochs = ", ".join(f"{e:g}" for e, _ in saved) or "none"
+    if saved and all(epoch > saved[-1][0] for epoch in missing):
+      raise ValueError(f"{reference_dir} has no checkpoint at epochs {', '.join(f'{e:g}' for e in missing)}: the "
+                       f"reference run has not run that far (it saved epochs {saved_epochs}); train it further.")
+    raise ValueError(
+        f"{reference_dir} has no checkpoint at epochs {', '.join(f'{e:g}' for e in missing)} (within a step, "
+        f"{step_epochs:.4g} epochs, after each): it saved epochs {saved_epochs}. The reference run saves at every "
+        "config.eval_every_epochs and keeps config.keep_checkpoints of them; `measure`'s own reference run keeps "
+        f"them all (keep_checkpoints={KEEP_ALL_CHECKPOINTS}), a run trained there otherwise (e.g. by lbjax-train) "
+        "may not: give --checkpoints among the saved epochs, or a new --workdir where `measure` trains the "
+        "reference run.")
   return points
 
 

@@ -13,6 +13,7 @@ from experiments import fields_the_experiment_sets
 from experiments import runner
 from experiments import variant_fields
 from experiments.critical_batch import measure as measure_lib
+from experiments.critical_batch.branches import KEEP_ALL_CHECKPOINTS
 from experiments.critical_batch import warmup as warmup_lib
 from experiments.critical_batch.grid import load_config, make_grid, train_examples
 from lbjax import train
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _measure_command(args: argparse.Namespace, command: str) -> None:
   config = load_config(args.config,
-                       args.overrides + [f"keep_checkpoints={measure_lib.KEEP_ALL_CHECKPOINTS}"])
+                       args.overrides + [f"keep_checkpoints={KEEP_ALL_CHECKPOINTS}"])
   train.validate(config)
   grid = make_grid(config, args.checkpoints, args.batch_sizes, args.budget_epochs, args.tolerance,
                    args.lr_multipliers, train_examples(config))

@@ -42,12 +42,14 @@ class Grid:
     budget_examples: examples each branch trains on, a whole number of every batch of the grid (a multiple of
       their least common multiple), so that every branch sees the same examples.
     tolerance: relative; a batch is within the CBS while loss(B) <= (1 + tolerance) loss(B0).
+    epoch_examples: examples in an epoch of the reference run's training stream (`train_examples`).
   """
   checkpoints: tuple[float, ...]
   batch_sizes: tuple[int, ...]
   lr_multipliers: tuple[float, ...]
   budget_examples: int
   tolerance: float
+  epoch_examples: int
 
 
 def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], batch_sizes: Sequence[int],
@@ -107,7 +109,7 @@ def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], b
                     "each other (e.g. B0 times powers of two).")
   if errors:
     raise ValueError("Invalid critical-batch grid:\n  - " + "\n  - ".join(errors))
-  return Grid(points, sizes, tuple(float(m) for m in lr_multipliers), budget, float(tolerance))
+  return Grid(points, sizes, tuple(float(m) for m in lr_multipliers), budget, float(tolerance), num_examples)
 
 
 def train_examples(config: ml_collections.ConfigDict) -> int:

@@ -20,7 +20,6 @@ from lbjax.train.errors import RunPreempted
 from lbjax.train.errors import WorkdirInUseError
 
 REFERENCE = "reference"  # the reference run's directory in the workdir
-KEEP_ALL_CHECKPOINTS = 1_000_000  # config.keep_checkpoints of the reference run: every branch point stays
 RATIO_PREFIX = "loss_ratio_b"  # the CBS table's column of batch B: loss_ratio_b<B>
 
 
@@ -247,7 +246,7 @@ def measure(config: ml_collections.ConfigDict, grid: Grid, workdir: pathlib.Path
   out.parent.mkdir(parents=True, exist_ok=True)
   reference_dir = workdir / REFERENCE
   train_reference(config, reference_dir)
-  points = branch_points(reference_dir, grid.checkpoints)
+  points = branch_points(reference_dir, grid.checkpoints, config.batch_size / grid.epoch_examples)
   steps = {p.epoch: p.step for p in points}
   metric = METRIC_KEYS[config.dataset]
   work = [(p, b, m) for p in points for b in grid.batch_sizes for m in grid.lr_multipliers]

@@ -181,7 +181,7 @@ def test_warmup_refuses_a_run_or_seed_set_in_the_config_or_the_overrides(tmp_pat
 
 
 def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_path):
-  two_batches = grid.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05)
+  two_batches = grid.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05, 256)
 
   def branch(size, multiplier, loss):
     return branches.Branch(0.0, 0.0, 0, size, multiplier, 0.1, 64 // size, 64, "test", loss, "accuracy",
@@ -286,3 +286,37 @@ def test_the_budget_is_a_whole_number_of_every_batch_or_the_grid_is_refused():
     grid.make_grid(config, (0.0,), (16, 48, 80), 0.25, 0.05, (1.0,), 256)
   assert ("--budget_epochs 0.25 (64 examples) holds no whole number of every batch size [16, 48, 80] (their least "
           "common multiple is 240 examples, 0.9375 epochs)") in str(error.value)
+
+
+class _SavedCheckpoints:
+  """Stands in for the reference run's `Checkpointer` in `branches.branch_points`: steps 24 and 32 at epochs
+  1.5 and 2 of B=16 on 256 examples (0.0625 epoch a step), as a run that kept 2 checkpoints leaves them."""
+  SAVED = {24: 1.5, 32: 2.0}
+
+  def __init__(self, directory, max_to_keep):
+    del directory, max_to_keep
+
+  def all_steps(self):
+    return sorted(self.SAVED, reverse=True)
+
+  def read_meta_verified(self, step):
+    return {"epoch": self.SAVED[step]}
+
+  def close(self):
+    pass
+
+
+def test_a_branch_starts_at_the_checkpoint_of_its_epoch_never_a_later_one(tmp_path, monkeypatch):
+  """With keep_checkpoints=2 the branches of epochs 0.5 and 1 started from epoch 1.5 under their own epoch's name."""
+  monkeypatch.setattr(branches, "Checkpointer", _SavedCheckpoints)
+  assert branches.branch_points(tmp_path, (0.0, 1.5, 2.0), 0.0625) == [
+      branches.BranchPoint(0.0, None), branches.BranchPoint(1.5, 24), branches.BranchPoint(2.0, 32)]
+  with pytest.raises(ValueError) as error:
+    branches.branch_points(tmp_path, (0.0, 0.5, 1.0, 2.0), 0.0625)
+  message = str(error.value)
+  assert message.startswith(f"{tmp_path} has no checkpoint at epochs 0.5, 1 (within a step, 0.0625 epochs, after "
+                            "each): it saved epochs 1.5, 2.")
+  assert "keeps config.keep_checkpoints of them; `measure`'s own reference run keeps them all" in message
+  with pytest.raises(ValueError, match="has no checkpoint at epochs 3: the reference run has not run that far "
+                                       r"\(it saved epochs 1.5, 2\); train it further."):
+    branches.branch_points(tmp_path, (1.5, 3.0), 0.0625)
