@@ -39,6 +39,11 @@ merged under a lock. Outputs: `<out>_branches.csv` (every branch), `<out>.csv` a
 CBS table: per checkpoint the loss ratio of every batch, the CBS and B_noise), `<out>.png` (CBS and
 B_noise over training).
 
+Both commands choose on the evaluation split (`measure` each branch's LR and the CBS, `warmup` its target
+and the updates to it), so both refuse a config that evaluates on the test split (MNIST's default) unless
+`--allow_test_split` is given: pass `--overrides data_options.eval_split=validation` (`valid` for PTB, its
+default). Their tables name the split.
+
 `warmup` trains, with each seed, in `<workdir>/<run>_seed<s>` (resumable, `experiments.adaptive_batch`;
 several processes may share the runs, each skipping a run another one holds):
   baseline:   the config's run=baseline (its smallest batch throughout);

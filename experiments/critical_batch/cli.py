@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub.add_argument("--out", required=True, help="output prefix, e.g. docs/results/critical_batch_mnist")
     sub.add_argument("--workdir", required=True)
     sub.add_argument("--title", default="")
+    sub.add_argument("--allow_test_split", action="store_true",
+                     help="evaluate on the test split where the config does (refused without it: the choices "
+                     "would be made on the test split; pass --overrides data_options.eval_split=validation)")
   measure_parser, warmup_parser = commands.choices["measure"], commands.choices["warmup"]
   measure_parser.add_argument("--checkpoints", type=runner.floats, default="0,0.25,0.5,1,2,4",
                               help="epochs of the reference run")
@@ -76,12 +79,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.exit(2, f"{e}\n")
 
 
+def _test_split_refusal(args: argparse.Namespace, split: str, choices: str) -> str:
+  """Why the command refuses to evaluate on `split`, or "" if it does not: the test split, unless
+  --allow_test_split, since the command `choices` on the split it evaluates."""
+  if split != "test" or args.allow_test_split:
+    return ""
+  return (f"{args.command} {choices} on the evaluation split, which is the test split here (data_options.eval_split "
+          f"of --config {args.config}): pass --overrides data_options.eval_split=validation (valid for PTB) to "
+          "choose on data held out of training, or --allow_test_split to use the test split all the same.")
+
+
 def _measure_command(args: argparse.Namespace, command: str) -> None:
   config = load_config(args.config,
                        args.overrides + [f"keep_checkpoints={KEEP_ALL_CHECKPOINTS}"])
   train.validate(config)
   grid = make_grid(config, args.checkpoints, args.batch_sizes, args.budget_epochs, args.tolerance,
                    args.lr_multipliers, train_examples(config))
+  if refusal := _test_split_refusal(args, grid.split, "chooses each branch's LR and the critical batch size"):
+    raise ValueError(refusal)
   measure_lib.measure(config, grid, pathlib.Path(args.workdir), pathlib.Path(args.out), command,
           args.title or "Critical batch size vs the gradient noise scale")
 
@@ -112,6 +127,9 @@ def _warmup_command(args: argparse.Namespace, parser: argparse.ArgumentParser, c
   if 0 < args.max_batch <= probe.batch_size:
     parser.error(f"--max_batch {args.max_batch} caps the warm-up at or below the baseline batch {probe.batch_size}, "
                  "which it grows from: give a larger one, or 0 for no cap")
+  if refusal := _test_split_refusal(args, runner.evaluated_split(probe),
+                                    "takes its target, the baseline's final quality, and the updates to it"):
+    raise ValueError(refusal)
   sizes, boundaries = warmup_lib.warmup_schedule(curve, probe.batch_size, args.max_batch or max(c for _, c in curve),
                                       probe.num_epochs)
   if len(sizes) < 2:

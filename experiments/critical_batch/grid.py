@@ -6,6 +6,7 @@ from typing import Sequence
 
 import ml_collections
 
+from experiments import runner
 from lbjax import config_files
 from lbjax import train
 from lbjax.train import batch_plan
@@ -43,6 +44,7 @@ class Grid:
       their least common multiple), so that every branch sees the same examples.
     tolerance: relative; a batch is within the CBS while loss(B) <= (1 + tolerance) loss(B0).
     epoch_examples: examples in an epoch of the reference run's training stream (`train_examples`).
+    split: the split the branches evaluate (`data_options.eval_split`, or the dataset's default).
   """
   checkpoints: tuple[float, ...]
   batch_sizes: tuple[int, ...]
@@ -50,6 +52,7 @@ class Grid:
   budget_examples: int
   tolerance: float
   epoch_examples: int
+  split: str
 
 
 def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], batch_sizes: Sequence[int],
@@ -109,7 +112,8 @@ def make_grid(config: ml_collections.ConfigDict, checkpoints: Sequence[float], b
                     "each other (e.g. B0 times powers of two).")
   if errors:
     raise ValueError("Invalid critical-batch grid:\n  - " + "\n  - ".join(errors))
-  return Grid(points, sizes, tuple(float(m) for m in lr_multipliers), budget, float(tolerance), num_examples)
+  return Grid(points, sizes, tuple(float(m) for m in lr_multipliers), budget, float(tolerance), num_examples,
+              runner.evaluated_split(config))
 
 
 def train_examples(config: ml_collections.ConfigDict) -> int:

@@ -164,7 +164,7 @@ def _ratio(row: CbsRow, size: int) -> str:
 
 def measurement_markdown(grid: Grid, rows: Sequence[CbsRow], branches: Sequence[Branch], command: str,
                          title: str) -> str:
-  split = branches[0].split if branches else "validation"
+  split = grid.split
   multipliers = ", ".join(f"{m:g}" for m in grid.lr_multipliers)
   lines = [f"# {title}", "", f"Command: `{command}`", "",
            f"Branches of {grid.budget_examples} examples each from the reference run's state at each checkpoint "
@@ -183,8 +183,8 @@ def measurement_markdown(grid: Grid, rows: Sequence[CbsRow], branches: Sequence[
     lines.append(f"| {row.checkpoint_epoch:g} | {row.reference_loss:.4f} | " + " | ".join(cells)
                  + f" | {cbs} | {noise} |")
   lines += ["", "Branches (as trained):", "",
-            "| epoch | start epoch | B | LR multiplier | LR at end | updates | examples | loss | "
-            f"{branches[0].metric if branches else 'metric'} | seconds | device |",
+            f"| epoch | start epoch | B | LR multiplier | LR at end | updates | examples | {split} loss | "
+            f"{split} {branches[0].metric if branches else 'metric'} | seconds | device |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
   for b in branches:
     lines.append(f"| {b.checkpoint_epoch:g} | {b.start_epoch:.4f} | {b.batch_size} | {b.lr_multiplier:g} | "

@@ -26,9 +26,9 @@ REFERENCE = f"{TINY}:run=legw,large_batch=16,epochs=1"
 
 
 def _measure(tmp_path, *extra):
-  cli.main(["measure", "--config", REFERENCE, "--checkpoints", "0,0.5", "--batch_sizes", "16,32,64",
-            "--budget_epochs", "0.5", "--tolerance", "0.05", "--out", str(tmp_path / "cbs"),
-            "--workdir", str(tmp_path / "runs"), *extra])
+  cli.main(["measure", "--config", REFERENCE, "--overrides", "data_options.eval_split=validation", "--checkpoints",
+            "0,0.5", "--batch_sizes", "16,32,64", "--budget_epochs", "0.5", "--tolerance", "0.05",
+            "--out", str(tmp_path / "cbs"), "--workdir", str(tmp_path / "runs"), *extra])
   with open(tmp_path / "cbs_branches.csv", newline="") as f:
     return list(csv.DictReader(f))
 
@@ -36,6 +36,7 @@ def _measure(tmp_path, *extra):
 def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrained(tmp_path):
   recorded = _measure(tmp_path)
   assert len(recorded) == 6 and {int(b["examples"]) for b in recorded} == {128}
+  assert {b["split"] for b in recorded} == {"validation"}
   assert {(int(b["batch_size"]), int(b["updates"])) for b in recorded} == {(16, 8), (32, 4), (64, 2)}
   curve = run_records.eval_curve(tmp_path / "runs" / "reference")
   evals = {round(r["epoch"], 3): r["loss"] for r in curve}
@@ -44,7 +45,8 @@ def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrai
   assert reference[0.0] == pytest.approx(evals[0.5], rel=1e-5)
   assert reference[0.5] == pytest.approx(evals[1.0], rel=1e-5)
   table = (tmp_path / "cbs.md").read_text()
-  assert "| CBS | B_noise |" in table and (tmp_path / "cbs.png").stat().st_size > 0
+  assert "| B0 validation loss |" in table and "| CBS | B_noise |" in table
+  assert (tmp_path / "cbs.png").stat().st_size > 0
   with open(tmp_path / "cbs.csv", newline="") as f:
     rows = list(csv.DictReader(f))
   assert [r["checkpoint_epoch"] for r in rows] == ["0.0", "0.5"]
@@ -88,7 +90,7 @@ def test_the_warmup_comparison_trains_every_run_and_reports_validation_and_test(
   table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.0,1.0,1.5,16\n"
                    "0.5,1.0,1.04,16\n")
   assert measure.read_cbs_curve(table) == [(0.0, 16), (0.5, 16)]
-  cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--tolerance", "0.05",
+  cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--allow_test_split", "--cbs", str(table), "--tolerance", "0.05",
             "--seeds", "0", "--targets", "0.01", "--out", str(tmp_path / "warmup"),
             "--workdir", str(tmp_path / "runs")])
   page = (tmp_path / "warmup.md").read_text()
@@ -181,7 +183,7 @@ def test_warmup_refuses_a_run_or_seed_set_in_the_config_or_the_overrides(tmp_pat
 
 
 def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_path):
-  two_batches = grid.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05, 256)
+  two_batches = grid.Grid((0.0,), (16, 32), (0.5, 1.0), 64, 0.05, 256, "test")
 
   def branch(size, multiplier, loss):
     return branches.Branch(0.0, 0.0, 0, size, multiplier, 0.1, 64 // size, 64, "test", loss, "accuracy",
@@ -227,7 +229,8 @@ def test_warmup_dry_run_prints_the_warmup_and_each_run_and_trains_nothing(tmp_pa
   monkeypatch.setattr(warmup.train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
   table = tmp_path / "cbs.csv"
   table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
-  cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--cbs", str(table), "--seeds", "0", "--dry-run",
+  cli.main(["warmup", "--config", f"{TINY}:epochs=1", "--overrides", "data_options.eval_split=validation",
+            "--cbs", str(table), "--seeds", "0", "--dry-run",
             "--out", str(tmp_path / "out" / "w"), "--workdir", str(tmp_path / "runs")])
   lines = capsys.readouterr().out.splitlines()
   assert lines[0] == f"[critical_batch] the warm-up's batch sizes [16, 32] at epochs [0.5], from the CBS of {table}"
@@ -320,3 +323,26 @@ def test_a_branch_starts_at_the_checkpoint_of_its_epoch_never_a_later_one(tmp_pa
   with pytest.raises(ValueError, match="has no checkpoint at epochs 3: the reference run has not run that far "
                                        r"\(it saved epochs 1.5, 2\); train it further."):
     branches.branch_points(tmp_path, (1.5, 3.0), 0.0625)
+
+
+@pytest.mark.parametrize("command, choices", [
+    (["measure", "--config", REFERENCE, "--checkpoints", "0,0.5", "--batch_sizes", "16,32"],
+     "measure chooses each branch's LR and the critical batch size"),
+    (["warmup", "--config", f"{TINY}:epochs=1", "--cbs", "TABLE"],
+     "warmup takes its target, the baseline's final quality, and the updates to it"),
+], ids=["measure", "warmup"])
+def test_measure_and_warmup_refuse_the_test_split_unless_allowed(tmp_path, capsys, monkeypatch, command, choices):
+  """The tiny config, as MNIST's, evaluates on the test split unless told otherwise: the LR, the CBS and the warm-up's
+  target were chosen on it."""
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  table = tmp_path / "cbs.csv"
+  table.write_text("checkpoint_epoch,loss_ratio_b16,loss_ratio_b32,critical_batch_size\n0.5,1.0,1.04,32\n")
+  command = [str(table) if word == "TABLE" else word for word in command]
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main([*command, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (
+      f"{choices} on the evaluation split, which is the test split here (data_options.eval_split of --config "
+      f"{command[2]}): pass --overrides data_options.eval_split=validation (valid for PTB) to choose on data held "
+      "out of training, or --allow_test_split to use the test split all the same.\n")
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
