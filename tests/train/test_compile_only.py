@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lbjax import config_files
 from lbjax import data
 from lbjax import main as cli
 from lbjax.train import compile_only
@@ -346,23 +347,22 @@ def test_resnet_tiny_compiles_with_its_head_sharded_over_model(capsys, tmp_path)
 
 
 @needs_libtpu
-def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_told_otherwise(capsys, tmp_path):
+def test_a_bfloat16_resnet_sums_its_gradients_in_bfloat16_unless_told_otherwise():
   """Under jit the partitioner all-reduces a bfloat16 model's kernel gradients where the convolutions make
   them, in bfloat16: about half the float32 parameter bytes. `model_options.param_dtype_gradients=True` makes
   those products float32, and `mesh.per_device_gradients=True` takes each device's float32 gradient: either
   way the all-reduce sums float32 (docs/running.md), the parameter bytes and a few more."""
-  smoke = ("resnet50_imagenet:smoke=true", "--topology", "v5p:2x2x1", "--config.model_options.dtype=bfloat16",
-           "--config.eval_batch_size=32")
   all_reduce = {}
   for name, option in (("plain", "--config.mesh.per_device_gradients=False"),
                        ("per_device", "--config.mesh.per_device_gradients=True"),
                        ("param_dtype", "--config.model_options.param_dtype_gradients=True")):
-    status, out, err, report = _compile(capsys, tmp_path / name, *smoke, option)
-    assert status == 0, err
-    parameter_bytes = report["steps"][0]["memory"]["parameters"]
-    all_reduce[name] = (report["collective_bytes"]["all-reduce"] / parameter_bytes,
-                        report["steps"][0]["all_reduce_16bit_bytes"] / parameter_bytes)
-    assert ("summed in 16-bit floats" in out) == (name == "plain")
+    loaded = config_files.load("resnet50_imagenet:smoke=true", ["--config.model_options.dtype=bfloat16", option])
+    report = compile_only.compile_run(loaded.config, "v5p:2x2x1", evaluation=False)  # the train step: half the time
+    record = report.to_json()
+    parameter_bytes = record["steps"][0]["memory"]["parameters"]
+    all_reduce[name] = (record["collective_bytes"]["all-reduce"] / parameter_bytes,
+                        record["steps"][0]["all_reduce_16bit_bytes"] / parameter_bytes)
+    assert ("summed in 16-bit floats" in "\n".join(report.lines())) == (name == "plain")
   assert all_reduce["plain"][0] < 0.6 and all_reduce["plain"][1] > 0.4
   for name in ("per_device", "param_dtype"):  # float32 sums (per_device: a bf16[10] operand summed into an f32)
     assert 1.0 <= all_reduce[name][0] < 1.1 and all_reduce[name][1] == 0
