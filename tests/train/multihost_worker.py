@@ -2,15 +2,15 @@
 
 Runs the tiny classifier on this process's 2 CPU devices as part of a `jax.distributed` job on
 127.0.0.1 (or alone, COUNT=1, on all its devices) and saves the final parameters and eval metrics
-to OUT (process 0). MODE `dropout` runs the tiny PTB LSTM (dropout 0.1) instead: 4 updates of 16
+to OUT (process 0). MODE `ptb` runs the tiny PTB LSTM (dropout 0.1) instead: 4 updates of 16
 rows by the any-batch step in 2 micro-batches of 8, which each process cuts from its own rows on the
-host (`lbjax.train.any_batch`). MODE `until_sigterm` trains the classifier for 500 epochs instead, to
+host (`lbjax.train.any_batch`), evaluated as one stream (`data_options.eval_protocol`), which lies in row 0,
+process 0's. MODE `until_sigterm` trains the classifier for 500 epochs instead, to
 be stopped by a SIGTERM, and prints `preempted=<bool> step=<int>`; `until_sigterm_in_calls` the same
 with 4 steps per device call (`config.steps_per_call`). MODE `calls` trains the classifier with 4 steps per
 call, each call's batches stacked and placed in one transfer from every process's rows; `on_device` with the
 training set held on every device (`config.train_data_on_device`), 3 steps per call, each process placing its rows'
-indices; `profile` with steps 3-4 traced (`config.profile`), each process into its own folder; `stream_eval` the
-tiny PTB LSTM evaluated as one stream (`data_options.eval_protocol`), which lies in row 0, process 0's.
+indices; `profile` with steps 3-4 traced (`config.profile`), each process into its own folder.
 """
 
 import sys
@@ -31,16 +31,14 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
     result = train_and_evaluate(config, workdir)
     print(f"preempted={result.preempted} step={result.step}", flush=True)
     return
-  if mode == "dropout":
-    config = helpers.tiny_language_model_config(num_steps=4, **{"batch.micro_batch_size": 8})
+  if mode == "ptb":
+    config = helpers.tiny_language_model_config(num_steps=4, eval_batch_size=4,
+                                                **{"batch.micro_batch_size": 8, "data_options.eval_protocol": "stream",
+                                                   "data_options.stream_window": 100})
   elif mode == "calls":
     config = helpers.tiny_classifier_config(steps_per_call=4)
   elif mode == "on_device":
     config = helpers.tiny_classifier_config(steps_per_call=3, train_data_on_device=True)
-  elif mode == "stream_eval":
-    config = helpers.tiny_language_model_config(num_steps=4, eval_batch_size=4,
-                                                **{"data_options.eval_protocol": "stream",
-                                                   "data_options.stream_window": 100})
   elif mode == "profile":
     config = helpers.tiny_classifier_config(**{"profile.num_steps": 2, "profile.skip_steps": 2})
   else:

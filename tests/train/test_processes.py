@@ -99,17 +99,15 @@ def _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path: pathlib.Pat
   return multi
 
 
-def test_two_processes_of_two_devices_equal_one_process_of_four(tmp_path):
-  _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path)
-
-
-def test_two_processes_draw_the_dropout_masks_of_one_process(tmp_path):
+def test_two_processes_draw_the_dropout_masks_and_evaluate_the_stream_of_one_process(tmp_path):
   """The PTB LSTM with dropout on the any-batch step, whose micro-batches each process cuts from its
   own rows: row n of the global batch draws its masks from fold_in(step key, n) whichever process and
-  micro-batch hold it, so 2 processes of 2 devices end with the parameters of 1 process of 4."""
+  micro-batch hold it, so 2 processes of 2 devices end with the parameters of 1 process of 4.
+  Its stream evaluation fills row 0 only: process 1's share of every evaluation batch is padding. Whether
+  the split is empty is decided over both processes (process 1 refused to start, process 0 waited for it)."""
   assert helpers.tiny_language_model_config().model_options.dropout_rate > 0
-  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "dropout")
-  assert values["step"] == 4
+  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "ptb")
+  assert values["step"] == 4 and np.isfinite(values["perplexity"])
 
 
 def test_two_processes_place_each_calls_stacked_batches_as_one_process_does(tmp_path):
@@ -127,15 +125,9 @@ def test_two_processes_gather_the_batches_of_one_process_from_the_training_set_o
   assert values["step"] == 8
 
 
-def test_two_processes_evaluate_a_stream_that_lies_in_process_0_s_rows_as_one_process_does(tmp_path):
-  """PTB's stream evaluation fills row 0 only: process 1's share of every evaluation batch is padding. Whether
-  the split is empty is decided over both processes (process 1 refused to start, process 0 waited for it)."""
-  values = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "stream_eval")
-  assert values["step"] == 4 and np.isfinite(values["perplexity"])
-
-
-def test_each_of_two_processes_traces_the_same_steps_into_its_own_folder(tmp_path):
-  """Both processes start and stop their traces at the same steps (they wait for their devices there, no
+def test_two_processes_of_two_devices_equal_one_of_four_each_tracing_the_same_steps_into_its_own_folder(tmp_path):
+  """The tiny classifier ends with the same parameters and metrics on 2 processes of 2 devices as on 1 process
+  of 4. Both processes start and stop their traces at the same steps (they wait for their devices there, no
   collective), each writes its own; process 0 reads its back for the record."""
   _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "profile")
   for process in (0, 1):
