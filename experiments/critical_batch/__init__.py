@@ -35,9 +35,17 @@ programs, so the grid costs no compile beyond the first. A branch is recorded in
 as it finishes (skipped when the command runs again; an interrupted branch starts again from its
 checkpoint); several processes may share the grid (the same command started N times): each takes the
 next branch neither recorded nor locked by another (`<workdir>/branches/<branch>.lock`), and the CSV is
-merged under a lock. Outputs: `<out>_branches.csv` (every branch), `<out>.csv` and `<out>.md` (the
-CBS table: per checkpoint the loss ratio of every batch, the CBS and B_noise), `<out>.png` (CBS and
-B_noise over training).
+merged under a lock. Outputs: `<out>_branches.csv` (every branch) with `<out>_branches.json` (the budget
+and the reference config its branches were trained with), `<out>.csv` and `<out>.md` (the CBS table: per
+checkpoint the loss ratio of every batch, the CBS and B_noise; only the branches of this grid's
+checkpoints, batches and LR multipliers count), `<out>.png` (CBS and B_noise over training).
+
+A table never mixes two measurements: before training anything, `measure` refuses a finished reference
+run of another recipe in `--workdir` (give another `--workdir`), and branches recorded in
+`<out>_branches.csv` of another budget or reference recipe, or without their `.json` (give another `--out`),
+each with the fields that differ. It does not train them again in place: that would overwrite a finished
+measurement. Another grid on the same budget and recipe (more checkpoints, batches or LR multipliers)
+reads back the branches it shares.
 
 Both commands choose on the evaluation split (`measure` each branch's LR and the CBS, `warmup` its target
 and the updates to it), so both refuse a config that evaluates on the test split (MNIST's default) unless

@@ -1,9 +1,11 @@
 """The branches of `measure`: where they start (reference checkpoints), how one is trained on the shared
-`Run`, and how finished ones are recorded in `<out>_branches.csv` by processes sharing the grid."""
+`Run`, and how finished ones are recorded in `<out>_branches.csv` by processes sharing the grid, with the
+budget and reference recipe they were trained with beside it (`<out>_branches.json`)."""
 
 import csv
 import dataclasses
 import fcntl
+import json
 import math
 import pathlib
 import time
@@ -16,9 +18,13 @@ from experiments import run_records
 from experiments.critical_batch.grid import at_batch
 from lbjax import train
 from lbjax.train import batch_policy as batch_policy_lib
+from lbjax.train import config as config_lib
 from lbjax.train.checkpointing import Checkpointer
 
 KEEP_ALL_CHECKPOINTS = 1_000_000  # config.keep_checkpoints of the reference run: every branch point stays
+# What the reference config of recorded branches may differ in from the config now: how it is run, not what the
+# branches compute (`lbjax.train.config.OPERATIONAL_FIELDS` but the length of training, which the LR schedule reads).
+RUN_ONLY_FIELDS = tuple(f for f in config_lib.OPERATIONAL_FIELDS if f not in ("num_epochs", "num_steps"))
 BRANCH_FIELDS = ("checkpoint_epoch", "start_epoch", "start_step", "batch_size", "lr_multiplier", "learning_rate",
                  "updates", "examples", "split", "loss", "metric", "value", "seconds", "device")
 
@@ -156,13 +162,25 @@ def branch_key(branch: Branch) -> tuple[float, int, float]:
   return branch.checkpoint_epoch, branch.batch_size, branch.lr_multiplier
 
 
-def record_branch(branch: Branch, out: pathlib.Path, workdir: pathlib.Path) -> list[Branch]:
-  """Adds `branch` to `<out>_branches.csv` under the workdir's lock (processes sharing the grid never
-  lose each other's lines); returns every recorded branch."""
+def record_branch(branch: Branch, out: pathlib.Path, workdir: pathlib.Path, config: ml_collections.ConfigDict,
+                  budget_examples: int) -> list[Branch]:
+  """Adds `branch`, trained from the reference run of `config` on `budget_examples`, to `<out>_branches.csv`
+  under the workdir's lock (processes sharing the grid never lose each other's lines), and the budget and
+  recipe to `<out>_branches.json` with the first branch; returns every recorded branch.
+
+  Raises:
+    ValueError: the branches recorded meanwhile are of another budget or recipe (`recorded_branches_problem`).
+  """
   path = branches_csv(out)
   with open(workdir / "table.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
+    if problem := recorded_branches_problem(out, config, budget_examples):
+      raise ValueError(f"{branch_name(branch.checkpoint_epoch, branch.batch_size, branch.lr_multiplier)} is not "
+                       f"recorded: {problem}")
     branches = read_branches(path)
+    if not branches:
+      measurement_file(out).write_text(json.dumps({"budget_examples": budget_examples,
+                                                   "config": json.loads(config.to_json())}, indent=1) + "\n")
     if branch_key(branch) not in {branch_key(b) for b in branches}:
       branches.append(branch)
     branches.sort(key=branch_key)
@@ -170,8 +188,49 @@ def record_branch(branch: Branch, out: pathlib.Path, workdir: pathlib.Path) -> l
   return branches
 
 
+def recorded_branches_problem(out: pathlib.Path, config: ml_collections.ConfigDict, budget_examples: int) -> str:
+  """Why the branches in `<out>_branches.csv` are not branches of `config`'s reference run on `budget_examples`
+  each (`<out>_branches.json` records another budget or recipe, or none), or "" where they are, or where there
+  are none. Adding to them would mix two measurements in one table."""
+  path, record = branches_csv(out), measurement_file(out)
+  if not read_branches(path):
+    return ""
+  if not record.is_file():
+    return (f"{path} holds branches without {record}, the budget and reference recipe they were trained with "
+            f"(written before `measure` recorded them), so they cannot be checked against this measurement: give "
+            f"another --out, or delete {path} to train the branches again.")
+  advice = f"give another --out, or delete {path} and {record} to train the branches again."
+  try:
+    recorded = json.loads(record.read_text())
+    recorded_budget, recorded_config = recorded["budget_examples"], json.dumps(recorded["config"])
+  except (ValueError, KeyError, TypeError):
+    return f"{record} is not the record `measure` writes beside {path} (budget_examples, config): {advice}"
+  recipe = [line for field, (there, now) in config_lib.recipe_differences(recorded_config, config,
+                                                                           RUN_ONLY_FIELDS).items()
+            for line in _leaf_differences(field, there, now)]
+  budget = [f"budget: {recorded_budget} examples a branch there, {budget_examples} now"] if (
+      recorded_budget != budget_examples) else []
+  if not budget and not recipe:
+    return ""
+  return (f"{path} holds branches of another measurement ({'; '.join(budget + recipe)}): {advice}"
+          + (" (Their reference run was of another recipe: this one needs its own --workdir too.)" if recipe else ""))
+
+
+def _leaf_differences(name: str, there: object, now: object) -> list[str]:
+  """`name: <there> there, <now> now` for each leaf field in which two config values differ."""
+  if isinstance(there, dict) and isinstance(now, dict):
+    return [line for key in sorted(set(there) | set(now))
+            for line in _leaf_differences(f"{name}.{key}", there.get(key), now.get(key))]
+  return [] if there == now else [f"{name}: {there!r} there, {now!r} now"]
+
+
 def branches_csv(out: pathlib.Path) -> pathlib.Path:
   return out.with_name(out.name + "_branches.csv")
+
+
+def measurement_file(out: pathlib.Path) -> pathlib.Path:
+  """`<out>_branches.json`: the budget and the reference config of the branches in `<out>_branches.csv`."""
+  return out.with_name(out.name + "_branches.json")
 
 
 def lock_branch(workdir: pathlib.Path, name: str):

@@ -11,8 +11,10 @@ from typing import Sequence
 import ml_collections
 
 from experiments import run_records
+from experiments import runner
 from experiments.critical_batch.branches import (Branch, BranchTrainer, branch_key, branch_name, branch_points,
-                                                 branches_csv, lock_branch, read_branches, record_branch)
+                                                 branches_csv, lock_branch, read_branches, record_branch,
+                                                 recorded_branches_problem)
 from experiments.critical_batch.grid import Grid
 from experiments.sweep import METRIC_KEYS
 from lbjax import train
@@ -63,10 +65,11 @@ class CbsRow:
 def cbs_rows(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path,
              steps: dict[float, int | None]) -> list[CbsRow]:
   """One row per checkpoint with at least one branch; the CBS once every batch of the grid has all its
-  LR multipliers (a diverged branch counts as an infinite loss)."""
+  LR multipliers (a diverged branch counts as an infinite loss). Branches of other multipliers (recorded by
+  a measurement of another grid) do not count."""
   rows = []
   for point in grid.checkpoints:
-    mine = [b for b in branches if b.checkpoint_epoch == point]
+    mine = [b for b in branches if b.checkpoint_epoch == point and b.lr_multiplier in grid.lr_multipliers]
     if not mine:
       continue
     losses, complete = {}, True
@@ -182,7 +185,8 @@ def measurement_markdown(grid: Grid, rows: Sequence[CbsRow], branches: Sequence[
     noise = "–" if row.noise_scale is None else f"{row.noise_scale:.0f} (epoch {row.noise_scale_epoch:.3g})"
     lines.append(f"| {row.checkpoint_epoch:g} | {row.reference_loss:.4f} | " + " | ".join(cells)
                  + f" | {cbs} | {noise} |")
-  lines += ["", "Branches (as trained):", "",
+  lines += ["", "Branches (as trained; those of another grid's checkpoints, batches or LR multipliers count for "
+            "nothing above):", "",
             f"| epoch | start epoch | B | LR multiplier | LR at end | updates | examples | {split} loss | "
             f"{split} {branches[0].metric if branches else 'metric'} | seconds | device |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -225,7 +229,8 @@ def _plot_measurement(grid: Grid, rows: Sequence[CbsRow], path: pathlib.Path, ti
 
 
 def train_reference(config: ml_collections.ConfigDict, reference_dir: pathlib.Path) -> None:
-  """Trains the reference run unless finished; waits while another process trains it."""
+  """Trains the reference run unless finished; waits while another process trains it. (`measure` refuses a
+  finished one of another recipe before; an unfinished one the trainer refuses to resume.)"""
   while not ((reference_dir / "metrics.jsonl").is_file() and run_records.final_eval(reference_dir)):
     print(f"[critical_batch] reference run -> {reference_dir}", flush=True)
     try:
@@ -241,10 +246,20 @@ def train_reference(config: ml_collections.ConfigDict, reference_dir: pathlib.Pa
 
 def measure(config: ml_collections.ConfigDict, grid: Grid, workdir: pathlib.Path, out: pathlib.Path,
             command: str, title: str) -> list[Branch]:
-  """Trains the reference run and every branch of `grid` not yet recorded; writes the outputs."""
+  """Trains the reference run and every branch of `grid` not yet recorded; writes the outputs.
+
+  Raises:
+    ValueError: before any training, a finished reference run of another recipe in `workdir`
+      (`runner.recorded_recipe_problem`) or branches of another budget or recipe in `<out>_branches.csv`
+      (`recorded_branches_problem`).
+  """
+  reference_dir = workdir / REFERENCE
+  problems = [runner.recorded_recipe_problem(config, reference_dir) if runner.finished(reference_dir) else "",
+              recorded_branches_problem(out, config, grid.budget_examples)]
+  if any(problems):
+    raise ValueError("\n".join(p for p in problems if p))
   workdir.mkdir(parents=True, exist_ok=True)
   out.parent.mkdir(parents=True, exist_ok=True)
-  reference_dir = workdir / REFERENCE
   train_reference(config, reference_dir)
   points = branch_points(reference_dir, grid.checkpoints, config.batch_size / grid.epoch_examples)
   steps = {p.epoch: p.step for p in points}
@@ -273,7 +288,7 @@ def measure(config: ml_collections.ConfigDict, grid: Grid, workdir: pathlib.Path
           branch = Branch(point.epoch, math.nan, 0, size, multiplier, math.nan, 0, 0,
                           trainer.run.task.dataset.eval_split, math.inf, metric, math.nan, 0.0,
                           run_records.training_devices())
-        branches = record_branch(branch, out, workdir)
+        branches = record_branch(branch, out, workdir, config, grid.budget_examples)
       finally:
         lock.close()
       print(f"[critical_batch] {name}: loss {branch.loss:.4f}, {metric} {branch.value:.4f} "

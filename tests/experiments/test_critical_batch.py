@@ -3,6 +3,7 @@ run exactly, a lost branch is trained again to the same loss, the CBS and the wa
 definitions, and the warm-up comparison writes its table."""
 
 import csv
+import dataclasses
 import json
 import pathlib
 
@@ -33,8 +34,18 @@ def _measure(tmp_path, *extra):
     return list(csv.DictReader(f))
 
 
-def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrained(tmp_path):
-  recorded = _measure(tmp_path)
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+  """A folder where `_measure` ran: the reference run (`runs/reference`) and its 6 branches (`cbs_branches.csv`)."""
+  directory = tmp_path_factory.mktemp("measured")
+  _measure(directory)
+  return directory
+
+
+def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrained(measured):
+  tmp_path = measured
+  with open(tmp_path / "cbs_branches.csv", newline="") as f:
+    recorded = list(csv.DictReader(f))
   assert len(recorded) == 6 and {int(b["examples"]) for b in recorded} == {128}
   assert {b["split"] for b in recorded} == {"validation"}
   assert {(int(b["batch_size"]), int(b["updates"])) for b in recorded} == {(16, 8), (32, 4), (64, 2)}
@@ -194,6 +205,10 @@ def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_p
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size is None and row.noise_scale is None
   row, = measure.cbs_rows(two_batches, partial + [branch(32, 1.0, float("inf"))], tmp_path, {0.0: None})
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size == 32
+  # A multiplier of another grid recorded in the same CSV (--lr_multipliers 0.5,1,2 before) counts for nothing.
+  row, = measure.cbs_rows(two_batches, partial + [branch(32, 1.0, float("inf")), branch(32, 2.0, 0.5),
+                                                  branch(16, 2.0, 2.0)], tmp_path, {0.0: None})
+  assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size == 32
 
 
 def test_warmup_refuses_an_accuracy_target_given_as_a_percentage(tmp_path, capsys, monkeypatch):
@@ -346,3 +361,48 @@ def test_measure_and_warmup_refuse_the_test_split_unless_allowed(tmp_path, capsy
       f"{command[2]}): pass --overrides data_options.eval_split=validation (valid for PTB) to choose on data held "
       "out of training, or --allow_test_split to use the test split all the same.\n")
   assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags, messages", [
+    (["--budget_epochs", "1.0"],
+     ["cbs_branches.csv holds branches of another measurement (budget: 128 examples a branch there, 256 now): give "
+      "another --out, or delete"]),
+    (["--overrides", "data_options.eval_split=validation lr.base=0.5"],
+     ["runs/reference holds a finished run of another recipe (lr.base: 0.05 there, 0.5 now): delete that directory "
+      "to train this run, or choose another --workdir.",
+      "cbs_branches.csv holds branches of another measurement (lr.base: 0.05 there, 0.5 now)"]),
+    (["--overrides", "data_options.eval_split=validation seed=1", "--workdir", "OTHER"],
+     ["cbs_branches.csv holds branches of another measurement (seed: 0 there, 1 now)"]),
+], ids=["another_budget", "another_lr", "another_seed_in_a_new_workdir"])
+def test_measure_refuses_a_reference_run_or_branches_of_another_measurement(measured, tmp_path, capsys, monkeypatch,
+                                                                             flags, messages):
+  """It read them back: "6 recorded, 0 to train" under a budget of 256, branches restored from checkpoints of LR 0.05
+  under LR 0.5, a CSV of two seeds."""
+  monkeypatch.setattr(train, "train_and_evaluate", lambda *a, **k: pytest.fail("trained"))
+  monkeypatch.setattr(branches.BranchTrainer, "train", lambda *a, **k: pytest.fail("trained a branch"))
+  before = {path.name: path.read_bytes() for path in measured.glob("cbs*")}
+  with pytest.raises(SystemExit) as exit_info:
+    _measure(measured, *[str(tmp_path / "runs") if flag == "OTHER" else flag for flag in flags])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert all(f"{measured}/{message}" in err for message in messages), err
+  assert {path.name: path.read_bytes() for path in measured.glob("cbs*")} == before
+  assert not (tmp_path / "runs").exists()
+
+
+def test_a_branch_of_another_recipe_is_never_added_to_the_recorded_ones(tmp_path):
+  """A second process of another seed that passed the check before the first recorded anything."""
+  config = grid.load_config(REFERENCE)
+  other = grid.load_config(REFERENCE, ["seed=1"])
+  branch = branches.Branch(0.0, 0.0, 0, 16, 1.0, 0.1, 8, 128, "test", 1.0, "accuracy", 0.9, 1.0, "1x cpu")
+  branches.record_branch(branch, tmp_path / "cbs", tmp_path, config, 128)
+  with pytest.raises(ValueError, match=r"e0_b32_lr1 is not recorded: .* holds branches of another measurement "
+                                       r"\(seed: 0 there, 1 now\)"):
+    branches.record_branch(dataclasses.replace(branch, batch_size=32), tmp_path / "cbs", tmp_path, other, 128)
+  assert branches.read_branches(tmp_path / "cbs_branches.csv") == [branch]
+  assert branches.recorded_branches_problem(tmp_path / "cbs", config, 128) == ""
+  (tmp_path / "cbs_branches.json").unlink()  # a CSV of before the record: what it holds is unknown
+  assert branches.recorded_branches_problem(tmp_path / "cbs", config, 128) == (
+      f"{tmp_path}/cbs_branches.csv holds branches without {tmp_path}/cbs_branches.json, the budget and reference "
+      "recipe they were trained with (written before `measure` recorded them), so they cannot be checked against "
+      f"this measurement: give another --out, or delete {tmp_path}/cbs_branches.csv to train the branches again.")
