@@ -18,7 +18,6 @@ from lbjax.optim import fused
 from lbjax.optim import layerwise
 from lbjax.optim import multi_tensor_apply
 from tests.optim import test_battery as battery
-from tests.optim import test_multi_tensor
 
 CHUNK = multi_tensor_apply.CHUNK
 ON_GPU = jax.default_backend() == "gpu"
@@ -343,10 +342,3 @@ def test_what_the_kernels_cannot_run_is_refused_with_what_to_use():
   with pytest.raises(ValueError, match=r"needs the parameters: call update\(grads, state, params\)"):
     opt.update({"w": jnp.ones((2, 2))}, opt.init({"w": jnp.ones((2, 2))}))
 
-
-@test_multi_tensor.NEEDS_CUDA_PLUGIN
-def test_on_a_gpu_an_update_launches_the_same_few_kernels_for_48_leaves_of_any_shapes_as_for_24():
-  """Compiled for an H100: the two kernels, the weight update and a few small XLA kernels for the rates,
-  however many leaves and shapes (the flat layout adds one weight-update kernel per shape)."""
-  counts = test_multi_tensor.gpu_kernel_counts()
-  assert counts["fused 48 distinct"] == counts["fused 24 distinct"] == counts["fused 48 same"] <= 8

@@ -3,7 +3,6 @@ per-leaf layout, a state of a few buffers, and on a GPU a number of kernels that
 number of leaves. The battery (test_battery.py) runs every optax-style check on the flat `lars`, `lamb`
 and `percent_delta` too."""
 
-import functools
 import json
 import os
 import pathlib
@@ -208,7 +207,6 @@ print(json.dumps(counts))
 """
 
 
-@functools.cache
 def gpu_kernel_counts() -> dict[str, int]:
   """Kernels per LARS update of 24 and 48 leaves (same or distinct shapes) in each layout, compiled for an
   H100 on this machine (XLA:GPU's kernels, as the lent H200 counted them), in a process of its own."""
@@ -225,10 +223,13 @@ NEEDS_CUDA_PLUGIN = pytest.mark.skipif(
 
 
 @NEEDS_CUDA_PLUGIN
-def test_on_a_gpu_the_flat_update_launches_as_many_kernels_for_48_leaves_as_for_24():
+def test_on_a_gpu_the_flat_and_fused_updates_launch_as_many_kernels_for_48_leaves_as_for_24():
   """The per-leaf update adds kernels with every leaf, the flat one only with every new leaf shape (its
-  weight updates are grouped by shape)."""
+  weight updates are grouped by shape), the fused one (test_fused.py) none: its two kernels, the weight update
+  and a few small XLA kernels for the rates, however many leaves and shapes. One test, so that the counts'
+  process (30 s of compilation) runs once."""
   counts = gpu_kernel_counts()
   assert counts["flat 48 same"] == counts["flat 24 same"] <= 16
   assert counts["flat 48 distinct"] > counts["flat 24 distinct"]
   assert counts["per_leaf 48 same"] > counts["per_leaf 24 same"] + 24
+  assert counts["fused 48 distinct"] == counts["fused 24 distinct"] == counts["fused 48 same"] <= 8
