@@ -125,25 +125,21 @@ def test_two_processes_gather_the_batches_of_one_process_from_the_training_set_o
   assert values["step"] == 8
 
 
-def test_two_processes_of_two_devices_equal_one_of_four_each_tracing_the_same_steps_into_its_own_folder(tmp_path):
+def test_two_processes_equal_one_of_four_devices_trace_into_their_own_folders_and_agree_on_a_finished_run(tmp_path):
   """The tiny classifier ends with the same parameters and metrics on 2 processes of 2 devices as on 1 process
   of 4. Both processes start and stop their traces at the same steps (they wait for their devices there, no
-  collective), each writes its own; process 0 reads its back for the record."""
-  _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "profile")
+  collective), each writes its own; process 0 reads its back for the record. Relaunched on the finished run,
+  they agree that its last step was evaluated: only process 0 reads `metrics.jsonl`, which says so, and a
+  process that disagreed would wait in the evaluation's collectives alone."""
+  first = _assert_two_processes_of_two_devices_equal_one_of_four(tmp_path, "profile")
   for process in (0, 1):
     assert list((tmp_path / "multi" / "profile" / f"process_{process}").glob("plugins/profile/*/*.xplane.pb"))
   with open(tmp_path / "multi" / "metrics.jsonl") as f:
     [record] = [r for r in map(json.loads, f) if r["kind"] == "profile"]
   assert (record["first_step"], record["steps"], record["device_kind"]) == (3, 2, "cpu")
   assert record["directory"].endswith("profile/process_0")
-
-
-def test_two_processes_resuming_a_finished_run_agree_that_it_was_evaluated(tmp_path):
-  """Only process 0 reads `metrics.jsonl`, which says whether a finished run's last step was evaluated;
-  the processes must agree on it, or one would wait in the evaluation's collectives alone."""
-  for out in ("first.npz", "again.npz"):
-    _wait_for_success(_start_two_processes(tmp_path / "multi", tmp_path / out))
-  first, again = np.load(tmp_path / "first.npz"), np.load(tmp_path / "again.npz")
+  _wait_for_success(_start_two_processes(tmp_path / "multi", tmp_path / "again.npz", "profile"))
+  again = np.load(tmp_path / "again.npz")
   assert again["step"] == first["step"] == 8 and again["accuracy"] == first["accuracy"]
   with open(tmp_path / "multi" / "metrics.jsonl") as f:
     records = [r["kind"] for r in map(json.loads, f)]
