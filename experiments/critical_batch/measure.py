@@ -40,15 +40,16 @@ def critical_batch_size(losses: dict[int, float], tolerance: float) -> int | Non
   return critical
 
 
-def noise_scale_at(reference_dir: pathlib.Path, step: int | None) -> tuple[float, float] | None:
-  """(B_noise, its epoch): the reference run's `batch` record at the latest step <= `step` (the first
-  record for the initial state), or None when the run recorded none."""
+def noise_scale_at(reference_dir: pathlib.Path, step: int | None) -> tuple[float, float, float] | None:
+  """(B_noise, its epoch, the |G|^2 average it divides by): the reference run's `batch` record at the latest
+  step <= `step` (the first record for the initial state), or None when the run recorded none. B_noise is nan
+  while undetermined: before any estimate (the average 0), or while the |G|^2 average is not positive."""
   records = run_records.read_records(reference_dir, "batch") if (reference_dir / "metrics.jsonl").is_file() else []
   if not records:
     return None
   before = [r for r in records if step is not None and r["step"] <= step]
   record = before[-1] if before else records[0]
-  return float(record["noise_scale"]), float(record["epoch"])
+  return float(record["noise_scale"]), float(record["epoch"]), float(record["grad_norm_sq"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,7 @@ class CbsRow:
   critical_batch_size: int | None  # None until every batch of the grid has a branch
   noise_scale: float | None
   noise_scale_epoch: float | None
+  noise_grad_norm_sq: float | None  # the |G|^2 average under B_noise: where it is not positive, B_noise is nan
 
 
 def cbs_rows(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path,
@@ -83,7 +85,7 @@ def cbs_rows(grid: Grid, branches: Sequence[Branch], reference_dir: pathlib.Path
     noise = noise_scale_at(reference_dir, steps.get(point))
     rows.append(CbsRow(point, losses.get(grid.batch_sizes[0], math.nan), losses,
                        critical_batch_size(losses, grid.tolerance) if complete else None,
-                       noise[0] if noise else None, noise[1] if noise else None))
+                       *(noise if noise else (None, None, None))))
   return rows
 
 
@@ -150,11 +152,11 @@ def write_measurement(grid: Grid, branches: Sequence[Branch], reference_dir: pat
   """Writes `<out>.csv`, `<out>.md` and `<out>.png` from the recorded branches."""
   rows = cbs_rows(grid, branches, reference_dir, steps)
   header = (["checkpoint_epoch", "reference_loss"] + [f"{RATIO_PREFIX}{b}" for b in grid.batch_sizes]
-            + ["critical_batch_size", "noise_scale", "noise_scale_epoch"])
+            + ["critical_batch_size", "noise_scale", "noise_scale_epoch", "noise_grad_norm_sq"])
   run_records.write_csv_rows(out.with_suffix(".csv"), header, [
       [r.checkpoint_epoch, r.reference_loss] + [_ratio(r, b) for b in grid.batch_sizes]
-      + [r.critical_batch_size or "", "" if r.noise_scale is None else r.noise_scale,
-         "" if r.noise_scale_epoch is None else r.noise_scale_epoch] for r in rows])
+      + [r.critical_batch_size or ""]
+      + ["" if v is None else v for v in (r.noise_scale, r.noise_scale_epoch, r.noise_grad_norm_sq)] for r in rows])
   out.with_suffix(".md").write_text(measurement_markdown(grid, rows, branches, command, title))
   _plot_measurement(grid, rows, out.with_suffix(".png"), title)
 
@@ -163,6 +165,15 @@ def _ratio(row: CbsRow, size: int) -> str:
   if size not in row.losses:
     return ""
   return f"{row.losses[size] / row.reference_loss:.4f}" if math.isfinite(row.losses[size]) else "diverged"
+
+
+def _noise_scale_cell(row: CbsRow) -> str:
+  if row.noise_scale is None:
+    return "–"
+  if math.isnan(row.noise_scale):
+    why = f"|G|^2 average {row.noise_grad_norm_sq:.3g} <= 0" if row.noise_grad_norm_sq else "no estimate yet"
+    return f"n/a: {why} (epoch {row.noise_scale_epoch:.3g})"
+  return f"{row.noise_scale:.0f} (epoch {row.noise_scale_epoch:.3g})"
 
 
 def measurement_markdown(grid: Grid, rows: Sequence[CbsRow], branches: Sequence[Branch], command: str,
@@ -176,15 +187,16 @@ def measurement_markdown(grid: Grid, rows: Sequence[CbsRow], branches: Sequence[
            f"after the budget over the B={grid.batch_sizes[0]} branch's. CBS: the largest B with every B' <= B "
            f"at a ratio <= {1 + grid.tolerance:g} (tolerance {grid.tolerance:g}). B_noise: the gradient noise "
            "scale B_simple = tr(Sigma)/|G|^2 as the reference run recorded it (EMA, `batch` record at or before "
-           "the checkpoint; at epoch 0 the first record, at the epoch shown).", "",
+           "the checkpoint; at epoch 0 the first record, at the epoch shown); n/a where it is undetermined: before "
+           "any two-batch estimate, or while the |G|^2 average is not positive (the gradient's signal is below what "
+           "the averages resolve).", "",
            f"| epoch | B0 {split} loss | " + " | ".join(f"B={b}" for b in grid.batch_sizes) + " | CBS | B_noise |",
            "|---:|---:|" + "---:|" * len(grid.batch_sizes) + "---:|---:|"]
   for row in rows:
     cells = [_ratio(row, b) or "–" for b in grid.batch_sizes]
     cbs = str(row.critical_batch_size) if row.critical_batch_size else "(incomplete)"
-    noise = "–" if row.noise_scale is None else f"{row.noise_scale:.0f} (epoch {row.noise_scale_epoch:.3g})"
     lines.append(f"| {row.checkpoint_epoch:g} | {row.reference_loss:.4f} | " + " | ".join(cells)
-                 + f" | {cbs} | {noise} |")
+                 + f" | {cbs} | {_noise_scale_cell(row)} |")
   lines += ["", "Branches (as trained; those of another grid's checkpoints, batches or LR multipliers count for "
             "nothing above):", "",
             f"| epoch | start epoch | B | LR multiplier | LR at end | updates | examples | {split} loss | "

@@ -61,7 +61,10 @@ def test_branches_continue_the_reference_run_exactly_and_a_lost_branch_is_retrai
   with open(tmp_path / "cbs.csv", newline="") as f:
     rows = list(csv.DictReader(f))
   assert [r["checkpoint_epoch"] for r in rows] == ["0.0", "0.5"]
-  assert all(int(r["critical_batch_size"]) in (16, 32, 64) and float(r["noise_scale"]) != 0 for r in rows)
+  assert all(int(r["critical_batch_size"]) in (16, 32, 64) for r in rows)
+  # B_noise where the |G|^2 average is positive, else nan there and n/a in the table, saying why
+  assert all(float(r["noise_scale"]) > 0 or float(r["noise_grad_norm_sq"]) <= 0 for r in rows)
+  assert "| nan" not in table
 
   kept = [b for b in recorded if not (b["checkpoint_epoch"] == "0.5" and b["batch_size"] == "32")]
   with open(tmp_path / "cbs_branches.csv", "w", newline="") as f:
@@ -209,6 +212,23 @@ def test_the_cbs_row_takes_each_batch_best_lr_and_waits_for_the_whole_grid(tmp_p
   row, = measure.cbs_rows(two_batches, partial + [branch(32, 1.0, float("inf")), branch(32, 2.0, 0.5),
                                                   branch(16, 2.0, 2.0)], tmp_path, {0.0: None})
   assert row.losses == {16: 1.0, 32: 1.04} and row.critical_batch_size == 32
+
+
+def test_an_undetermined_noise_scale_is_n_a_with_why_in_the_table(tmp_path):
+  """The tiny run's |G|^2 average is negative at epoch 0.5 (a signal below what the averages resolve), where
+  B_noise is nan: the table printed "nan"; it says n/a and why, and the CSV keeps the average."""
+  records = [{"kind": "batch", "step": 0, "epoch": 0.0, "noise_scale": "nan", "grad_norm_sq": 0.0},
+             {"kind": "batch", "step": 4, "epoch": 0.25, "noise_scale": 17.5, "grad_norm_sq": 0.4},
+             {"kind": "batch", "step": 8, "epoch": 0.5, "noise_scale": "nan", "grad_norm_sq": -0.136}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  one_batch = grid.Grid((0.0, 0.25, 0.5), (16,), (1.0,), 64, 0.05, 256, "validation")
+  made = [branches.Branch(point, point, 0, 16, 1.0, 0.1, 4, 64, "validation", 1.0, "accuracy", 0.9, 1.0, "1x cpu")
+          for point in one_batch.checkpoints]
+  rows = measure.cbs_rows(one_batch, made, tmp_path, {0.0: None, 0.25: 4, 0.5: 8})
+  assert [r.noise_grad_norm_sq for r in rows] == [0.0, 0.4, -0.136]
+  table = measure.measurement_markdown(one_batch, rows, made, "measure ...", "tiny")
+  assert "| n/a: no estimate yet (epoch 0) |" in table and "| 18 (epoch 0.25) |" in table
+  assert "| n/a: |G|^2 average -0.136 <= 0 (epoch 0.5) |" in table and "nan" not in table
 
 
 def test_warmup_refuses_an_accuracy_target_given_as_a_percentage(tmp_path, capsys, monkeypatch):
